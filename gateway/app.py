@@ -1,0 +1,61 @@
+"""The app factory: settings in, a Litestar app out. No module-level state."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from litestar import Litestar, get
+from litestar.exceptions import HTTPException
+from litestar.openapi import OpenAPIConfig
+
+from gateway import errors
+from gateway.routes import proxy, trajectories
+from gateway.services import Services
+from gateway.settings import Settings
+from gateway.store.database import Database
+from gateway.store.writer import Writer
+from gateway.upstream import Upstream
+
+log = logging.getLogger("burnish.gateway")
+
+
+@get("/health", include_in_schema=False)
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+def create_app(settings: Settings | None = None) -> Litestar:
+    settings = settings or Settings.load()
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
+        if settings.auto_migrate:
+            await db.migrate()
+        writer = Writer(db, batch_max=settings.commit_batch_max)
+        writer.start()
+        upstream = Upstream(settings)
+        app.state.services = Services(settings=settings, db=db, writer=writer, upstream=upstream)
+        log.info("gateway up: upstream %s, store %s", settings.upstream, db.url.render_as_string(hide_password=True))
+        try:
+            yield
+        finally:
+            await upstream.aclose()
+            await writer.close()
+            await db.dispose()
+
+    return Litestar(
+        route_handlers=[health, *proxy.route_handlers, *trajectories.route_handlers],
+        lifespan=[lifespan],
+        exception_handlers={HTTPException: errors.handle_http_exception, Exception: errors.handle_unexpected},
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=OpenAPIConfig(title="burnish gateway", version="0.1.0", path="/docs"),
+        debug=False,
+    )
+
+
+def app_from_env() -> Litestar:
+    """Factory for ASGI servers started by import string (``uvicorn --factory gateway.app:app_from_env``)."""
+    return create_app(Settings.load())

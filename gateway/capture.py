@@ -1,0 +1,359 @@
+"""What the gateway learns from a response: the final message, usage, token ids.
+
+A plain response is decoded once. A stream is cut into server-sent events as it
+passes; each event is forwarded at once, except the stream's terminal event
+(``data: [DONE]``, ``message_stop``, ``response.completed``), which the relay
+holds until the call's record is committed. Events are also folded into the
+shape of the endpoint's plain response, so a streamed call is stored like a
+plain one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from gateway.store import tokens
+from gateway.store.models import OK, UPSTREAM_CUT, UPSTREAM_ERROR
+
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+
+
+def _append(target: dict, key: str, piece: Any) -> None:
+    if isinstance(piece, str):
+        target[key] = (target.get(key) or "") + piece
+
+
+class ChatAssembler:
+    """``chat.completion.chunk`` events into one ``chat.completion``."""
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] = {}
+        self.choices: dict[int, dict[str, Any]] = {}
+        self.extra: dict[str, Any] = {}
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        for key in ("id", "created", "model", "system_fingerprint", "service_tier"):
+            if key in chunk and key not in self.head:
+                self.head[key] = chunk[key]
+        if chunk.get("usage"):
+            self.extra["usage"] = chunk["usage"]
+        if chunk.get("prompt_token_ids") is not None:  # vLLM's return_token_ids
+            self.extra["prompt_token_ids"] = chunk["prompt_token_ids"]
+        for c in chunk.get("choices") or ():
+            choice = self.choices.setdefault(
+                c.get("index", 0),
+                {"index": c.get("index", 0), "message": {"role": "assistant", "content": None}, "finish_reason": None, "logprobs": None},
+            )
+            message = choice["message"]
+            delta = c.get("delta") or {}
+            if delta.get("role"):
+                message["role"] = delta["role"]
+            for key in ("content", "reasoning_content", "reasoning", "refusal"):
+                _append(message, key, delta.get(key))
+            for call in delta.get("tool_calls") or ():
+                calls = message.setdefault("tool_calls", [])
+                index = call.get("index", len(calls))
+                while len(calls) <= index:
+                    calls.append({"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+                slot = calls[index]
+                if call.get("id"):
+                    slot["id"] = call["id"]
+                if call.get("type"):
+                    slot["type"] = call["type"]
+                function = call.get("function") or {}
+                _append(slot["function"], "name", function.get("name"))
+                _append(slot["function"], "arguments", function.get("arguments"))
+            if c.get("finish_reason") is not None:
+                choice["finish_reason"] = c["finish_reason"]
+            if c.get("stop_reason") is not None:
+                choice["stop_reason"] = c["stop_reason"]
+            if logprobs := c.get("logprobs"):
+                merged = choice["logprobs"] = choice["logprobs"] or {"content": None}
+                for key in ("content", "refusal"):
+                    if logprobs.get(key) is not None:
+                        merged[key] = (merged.get(key) or []) + logprobs[key]
+            if c.get("token_ids") is not None:
+                choice["token_ids"] = choice.get("token_ids", []) + c["token_ids"]
+
+    def result(self) -> dict[str, Any]:
+        choices = [self.choices[i] for i in sorted(self.choices)]
+        return {**self.head, "object": "chat.completion", "choices": choices, **self.extra}
+
+
+class CompletionAssembler:
+    """``text_completion`` stream events into one ``text_completion``."""
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] = {}
+        self.choices: dict[int, dict[str, Any]] = {}
+        self.extra: dict[str, Any] = {}
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        for key in ("id", "created", "model", "system_fingerprint"):
+            if key in chunk and key not in self.head:
+                self.head[key] = chunk[key]
+        if chunk.get("usage"):
+            self.extra["usage"] = chunk["usage"]
+        for c in chunk.get("choices") or ():
+            choice = self.choices.setdefault(
+                c.get("index", 0), {"index": c.get("index", 0), "text": "", "finish_reason": None, "logprobs": None}
+            )
+            _append(choice, "text", c.get("text"))
+            if c.get("finish_reason") is not None:
+                choice["finish_reason"] = c["finish_reason"]
+            if c.get("stop_reason") is not None:
+                choice["stop_reason"] = c["stop_reason"]
+            if logprobs := c.get("logprobs"):
+                merged = choice["logprobs"] = choice["logprobs"] or {}
+                for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                    if logprobs.get(key) is not None:
+                        merged[key] = merged.get(key, []) + logprobs[key]
+            if c.get("token_ids") is not None:
+                choice["token_ids"] = choice.get("token_ids", []) + c["token_ids"]
+            if c.get("prompt_token_ids") is not None:
+                choice["prompt_token_ids"] = c["prompt_token_ids"]
+
+    def result(self) -> dict[str, Any]:
+        choices = [self.choices[i] for i in sorted(self.choices)]
+        return {**self.head, "object": "text_completion", "choices": choices, **self.extra}
+
+
+class ResponsesAssembler:
+    """Responses API events: the terminal event carries the whole response."""
+
+    TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+    def __init__(self) -> None:
+        self.response: dict[str, Any] | None = None
+        self.partial_text = ""
+        self.final = False
+
+    def add(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if isinstance(event.get("response"), dict):
+            self.response = event["response"]
+            self.final = kind in self.TERMINAL
+        elif kind == "response.output_text.delta":
+            self.partial_text += event.get("delta") or ""
+
+    def result(self) -> dict[str, Any]:
+        if self.final and self.response is not None:
+            return self.response
+        # Cut short: keep what arrived, marked as partial.
+        return {**(self.response or {"object": "response"}), "status": "incomplete", "partial_output_text": self.partial_text}
+
+
+class MessagesAssembler:
+    """Anthropic Messages events into one ``message``."""
+
+    def __init__(self) -> None:
+        self.message: dict[str, Any] = {"type": "message", "role": "assistant", "content": []}
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.partial_json: dict[int, str] = {}
+
+    def add(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "message_start":
+            self.message = {**event.get("message", {}), "content": []}
+        elif kind == "content_block_start":
+            self.blocks[event.get("index", 0)] = dict(event.get("content_block") or {})
+        elif kind == "content_block_delta":
+            index = event.get("index", 0)
+            block = self.blocks.setdefault(index, {})
+            delta = event.get("delta") or {}
+            match delta.get("type"):
+                case "text_delta":
+                    _append(block, "text", delta.get("text"))
+                case "thinking_delta":
+                    _append(block, "thinking", delta.get("thinking"))
+                case "signature_delta":
+                    block["signature"] = delta.get("signature")
+                case "input_json_delta":
+                    self.partial_json[index] = self.partial_json.get(index, "") + (delta.get("partial_json") or "")
+                case "citations_delta":
+                    block.setdefault("citations", []).append(delta.get("citation"))
+        elif kind == "content_block_stop":
+            index = event.get("index", 0)
+            if index in self.partial_json:
+                text = self.partial_json.pop(index)
+                try:
+                    self.blocks.setdefault(index, {})["input"] = _decode(text) if text else {}
+                except msgspec.DecodeError:
+                    self.blocks.setdefault(index, {})["input"] = text
+        elif kind == "message_delta":
+            self.message.update(event.get("delta") or {})
+            if event.get("usage"):
+                self.message["usage"] = {**(self.message.get("usage") or {}), **event["usage"]}
+
+    def result(self) -> dict[str, Any]:
+        for index, text in self.partial_json.items():  # a stream cut inside a tool_use block
+            self.blocks.setdefault(index, {})["input"] = text
+        return {**self.message, "content": [self.blocks[i] for i in sorted(self.blocks)]}
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A recorded endpoint: its name in the store, its path under /v1, its stream format."""
+
+    name: str
+    path: str
+    assembler: type
+    has_choices: bool
+
+    def is_terminal(self, event_name: str | None, data: bytes, obj: Any) -> bool:
+        if self.has_choices:
+            return data == b"[DONE]"
+        kind = obj.get("type") if isinstance(obj, dict) else event_name
+        if self.name == "messages":
+            return kind == "message_stop"
+        return kind in ResponsesAssembler.TERMINAL
+
+    def error_event(self, message: str) -> bytes:
+        """The event that tells a client its stream failed, in the endpoint's own format."""
+        if self.name == "messages":
+            body = {"type": "error", "error": {"type": "api_error", "message": message}}
+            return b"event: error\ndata: " + _encode(body) + b"\n\n"
+        if self.name == "responses":
+            body = {"type": "error", "code": "upstream_error", "message": message, "param": None}
+            return b"event: error\ndata: " + _encode(body) + b"\n\n"
+        body = {"error": {"message": message, "type": "api_error", "param": None, "code": "upstream_error"}}
+        return b"data: " + _encode(body) + b"\n\n"
+
+
+CHAT = Endpoint("chat.completions", "chat/completions", ChatAssembler, True)
+COMPLETIONS = Endpoint("completions", "completions", CompletionAssembler, True)
+RESPONSES = Endpoint("responses", "responses", ResponsesAssembler, False)
+MESSAGES = Endpoint("messages", "messages", MessagesAssembler, False)
+ENDPOINTS = (CHAT, COMPLETIONS, RESPONSES, MESSAGES)
+
+
+def _next_boundary(buf: bytes, start: int) -> tuple[int, int]:
+    """Where the next event ends: (index, separator length), or (-1, 0)."""
+    lf = buf.find(b"\n\n", start)
+    crlf = buf.find(b"\r\n\r\n", start)
+    if crlf != -1 and (lf == -1 or crlf < lf):
+        return crlf, 4
+    return lf, 2 if lf != -1 else 0
+
+
+def _parse_event(raw: bytes) -> tuple[str | None, bytes | None]:
+    name, data = None, []
+    for line in raw.splitlines():
+        if line.startswith(b"data:"):
+            data.append(line[5:].lstrip(b" ") if line[5:6] == b" " else line[5:])
+        elif line.startswith(b"event:"):
+            name = line[6:].strip().decode("utf-8", "replace")
+    return name, (b"\n".join(data) if data else None)
+
+
+class StreamCapture:
+    """Cuts a byte stream into events, folds them, and holds back the terminal one."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.assembler = endpoint.assembler()
+        self.buffer = b""
+        self.held = b""
+        self.terminal = False
+        self.error: str | None = None
+        self.events = 0
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Take an upstream chunk; return the bytes to forward now."""
+        buf = self.buffer + chunk if self.buffer else chunk
+        out: list[bytes] = []
+        start = 0
+        while True:
+            end, sep = _next_boundary(buf, start)
+            if end == -1:
+                break
+            event = buf[start : end + sep]
+            start = end + sep
+            if self.terminal or self._consume(event):
+                self.terminal = True
+                self.held += event
+            else:
+                out.append(event)
+        self.buffer = buf[start:]
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def _consume(self, event: bytes) -> bool:
+        name, data = _parse_event(event)
+        if data is None:
+            return False
+        obj = None
+        if data != b"[DONE]":
+            try:
+                obj = _decode(data)
+            except msgspec.DecodeError:
+                return False
+            if isinstance(obj, dict):
+                self.events += 1
+                if obj.get("error") is not None and (self.endpoint.has_choices or obj.get("type") == "error"):
+                    err = obj["error"]
+                    self.error = str(err.get("message") if isinstance(err, dict) else err)
+                elif name == "error" or obj.get("type") == "error":
+                    self.error = str(obj.get("message") or obj)
+                else:
+                    self.assembler.add(obj)
+        return self.endpoint.is_terminal(name, data, obj)
+
+    def outcome(self) -> tuple[str, str | None]:
+        """Status of the stream after the upstream closed it."""
+        if self.error is not None:
+            return UPSTREAM_ERROR, self.error
+        if self.terminal:
+            return OK, None
+        return UPSTREAM_CUT, "the upstream closed the stream before its end"
+
+    def result(self) -> dict[str, Any]:
+        return self.assembler.result()
+
+
+@dataclass(slots=True)
+class Tokens:
+    prompt_token_ids: bytes | None = None
+    completion_token_ids: bytes | None = None
+    completion_logprobs: bytes | None = None
+    completion_lengths: bytes | None = None
+
+
+def _choice_logprobs(choice: dict[str, Any]) -> list[float] | None:
+    logprobs = choice.get("logprobs")
+    if not isinstance(logprobs, dict):
+        return None
+    if isinstance(logprobs.get("content"), list):  # chat
+        return [entry.get("logprob") for entry in logprobs["content"]]
+    if isinstance(logprobs.get("token_logprobs"), list):  # completions
+        return logprobs["token_logprobs"]
+    return None
+
+
+def extract_tokens(endpoint: Endpoint, body: Any) -> Tokens | None:
+    """Token ids and sampled-token logprobs, where the upstream returned them (vLLM's fields)."""
+    if not endpoint.has_choices or not isinstance(body, dict) or not isinstance(body.get("choices"), list):
+        return None
+    choices = sorted((c for c in body["choices"] if isinstance(c, dict)), key=lambda c: c.get("index", 0))
+    if not choices:
+        return None
+    prompt = body.get("prompt_token_ids") or choices[0].get("prompt_token_ids")
+    ids = [c.get("token_ids") for c in choices]
+    lps = [_choice_logprobs(c) for c in choices]
+    have_ids = all(isinstance(x, list) for x in ids)
+    have_lps = all(isinstance(x, list) and None not in x for x in lps)
+    if have_ids and have_lps and any(len(a) != len(b) for a, b in zip(ids, lps)):
+        have_lps = False  # not aligned with the sampled tokens: keep the ids only
+    lengths = [len(x) for x in (ids if have_ids else lps)] if (have_ids or have_lps) else None
+    out = Tokens(
+        prompt_token_ids=tokens.pack_ids(prompt) if isinstance(prompt, list) else None,
+        completion_token_ids=tokens.pack_ids([t for x in ids for t in x]) if have_ids else None,
+        completion_logprobs=tokens.pack_floats([v for x in lps for v in x]) if have_lps else None,
+        completion_lengths=tokens.pack_ids(lengths) if lengths is not None else None,
+    )
+    if out.prompt_token_ids is None and lengths is None:
+        return None
+    return out

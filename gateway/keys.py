@@ -1,0 +1,72 @@
+"""Which trajectory (and group) a call belongs to.
+
+Precedence, as in DESIGN.md: the URL prefix ``/g/{group}/t/{trajectory}/v1`` or
+``/t/{trajectory}/v1``, then the headers ``X-Trajectory-Id``, ``X-Group-Id`` and
+``X-Group-Size``. A call with no trajectory key becomes a one-call trajectory
+with a generated id.
+
+Ids are 1 to 128 characters from ``A-Z a-z 0-9 _ - . :``; that keeps them safe
+in a URL path, a header and a file name without escaping.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gateway.errors import APIError
+
+ID_PATTERN = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
+MAX_GROUP_SIZE = 100_000
+
+TRAJECTORY_HEADER = "x-trajectory-id"
+GROUP_HEADER = "x-group-id"
+GROUP_SIZE_HEADER = "x-group-size"
+KEY_HEADERS = frozenset({TRAJECTORY_HEADER, GROUP_HEADER, GROUP_SIZE_HEADER})
+
+
+@dataclass(frozen=True, slots=True)
+class CallKey:
+    trajectory_id: str
+    group_id: str | None = None
+    group_size: int | None = None
+
+
+def check_id(value: str, what: str) -> str:
+    if not ID_PATTERN.fullmatch(value):
+        raise APIError(
+            400,
+            f"invalid {what} {value[:140]!r}: use 1 to 128 characters from A-Z a-z 0-9 _ - . :",
+            code="invalid_id",
+            param=what,
+        )
+    return value
+
+
+def new_trajectory_id() -> str:
+    return f"t-{uuid.uuid4().hex}"
+
+
+def resolve(path_params: Mapping[str, str], headers: Mapping[str, str]) -> CallKey:
+    trajectory = path_params.get("trajectory_id")
+    group = path_params.get("group_id")
+    if trajectory is None:
+        trajectory = headers.get(TRAJECTORY_HEADER)
+        if group is None:
+            group = headers.get(GROUP_HEADER)
+    size_text = headers.get(GROUP_SIZE_HEADER)
+
+    if group is not None:
+        check_id(group, "group_id")
+    size = None
+    if size_text is not None:
+        if group is None:
+            raise APIError(400, "X-Group-Size needs a group (X-Group-Id or the /g/{group}/t/{trajectory} prefix)", "invalid_group_size", "X-Group-Size")
+        if not size_text.isdigit() or not 1 <= int(size_text) <= MAX_GROUP_SIZE:
+            raise APIError(400, f"X-Group-Size must be an integer from 1 to {MAX_GROUP_SIZE}", "invalid_group_size", "X-Group-Size")
+        size = int(size_text)
+    if trajectory is None:
+        return CallKey(new_trajectory_id(), group, size)
+    return CallKey(check_id(trajectory, "trajectory_id"), group, size)

@@ -1,0 +1,24 @@
+"""What a request handler needs, built once per app by its lifespan and kept on ``app.state``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from litestar import Request
+
+from gateway.settings import Settings
+from gateway.store.database import Database
+from gateway.store.writer import Writer
+from gateway.upstream import Upstream
+
+
+@dataclass(slots=True)
+class Services:
+    settings: Settings
+    db: Database
+    writer: Writer
+    upstream: Upstream
+
+
+def services(request: Request) -> Services:
+    return request.app.state.services

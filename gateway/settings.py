@@ -1,0 +1,87 @@
+"""Settings: one frozen struct, read from ``BURNISH_*`` environment variables and CLI flags.
+
+Every knob has its default here and nowhere else. ``Settings.load()`` takes the
+environment, then explicit overrides (the CLI's flags) on top.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+ENV_PREFIX = "BURNISH_"
+
+
+class Settings(msgspec.Struct, kw_only=True, frozen=True):
+    # Where the embedded database and (later) adapters and logs live.
+    data_dir: str = "~/.burnish"
+    # SQLAlchemy async URL. Empty: SQLite file ``<data_dir>/burnish.db``.
+    # PostgreSQL: ``postgresql+asyncpg://user@host:5432/db`` (``postgresql://`` is accepted too).
+    database_url: str = ""
+    # The OpenAI-compatible server the gateway forwards to (vLLM by default).
+    upstream: str = "http://127.0.0.1:8000"
+    # If set, replaces the client's Authorization header on forwarded calls.
+    upstream_api_key: str = ""
+    admin_token: str = ""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+
+    # Requests with a larger body get 413 before anything is forwarded.
+    max_body_bytes: int = 32 * 1024 * 1024
+    # Seconds the upstream may stay silent (between bytes) before the call fails with 504.
+    upstream_timeout: float = 600.0
+    connect_timeout: float = 5.0
+    # Attempts per call, the first included, for connection errors and 429/502/503/504,
+    # made only while nothing has been sent to the client.
+    upstream_attempts: int = 3
+    retry_initial_wait: float = 0.2
+    retry_max_wait: float = 5.0
+    max_connections: int = 1024
+
+    # Recording. Off turns the gateway into a plain proxy (the benchmark's baseline).
+    record: bool = True
+    # Most records written in one commit by the group-commit writer.
+    commit_batch_max: int = 1024
+    # SQLite's synchronous pragma: NORMAL survives a process crash in WAL mode;
+    # FULL also survives power loss, at the price of an fsync per commit.
+    sqlite_synchronous: str = "NORMAL"
+    # Apply pending Alembic migrations at start. On PostgreSQL an advisory lock
+    # makes concurrent starters take turns.
+    auto_migrate: bool = True
+
+    log_level: str = "info"
+
+    @classmethod
+    def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Environment first, then overrides whose value is not None."""
+        environ = os.environ if environ is None else environ
+        fields = set(cls.__struct_fields__)
+        raw: dict[str, Any] = {}
+        for key, value in environ.items():
+            if key.startswith(ENV_PREFIX) and (name := key[len(ENV_PREFIX) :].lower()) in fields:
+                raw[name] = value
+        raw.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            # strict=False lets "8080" become 8080 and "true" become True.
+            return msgspec.convert(raw, cls, strict=False)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"invalid setting: {exc}") from None
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir).expanduser()
+
+    @property
+    def resolved_database_url(self) -> str:
+        url = self.database_url
+        if not url:
+            return f"sqlite+aiosqlite:///{self.data_path / 'burnish.db'}"
+        for plain, driver in (("postgresql://", "postgresql+asyncpg://"), ("postgres://", "postgresql+asyncpg://"), ("sqlite://", "sqlite+aiosqlite://")):
+            if url.startswith(plain):
+                return driver + url[len(plain) :]
+        return url

@@ -1,0 +1,118 @@
+"""The store's tables: groups, trajectories, calls, rewards.
+
+This module is the one thing the gateway and the trainer share besides HTTP.
+
+Request and response bodies are stored as the JSON bytes that crossed the wire
+(``LargeBinary``), so recording never re-encodes them; token ids and logprobs are
+packed little-endian arrays (see ``gateway.store.tokens``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, MetaData, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a BIGINT identity.
+PK = BigInteger().with_variant(Integer(), "sqlite")
+
+# Call statuses.
+OK = "ok"
+UPSTREAM_ERROR = "upstream_error"
+CLIENT_DISCONNECTED = "client_disconnected"
+UPSTREAM_CUT = "upstream_cut"
+CALL_STATUSES = (OK, UPSTREAM_ERROR, CLIENT_DISCONNECTED, UPSTREAM_CUT)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(
+        naming_convention={
+            "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+            "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+            "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+            "pk": "pk_%(table_name)s",
+        }
+    )
+
+
+class Group(Base):
+    """Trajectories that answer the same task; GRPO compares them."""
+
+    __tablename__ = "groups"
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(128), unique=True)
+    # Members expected (X-Group-Size); the group closes itself when that many are rewarded.
+    expected_size: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # "complete" (all expected members rewarded) or "closed" (POST /v1/groups/{id}/close).
+    close_reason: Mapped[str | None] = mapped_column(String(16))
+
+
+class Trajectory(Base):
+    """One episode of an agent: its calls in order, and the reward it earned."""
+
+    __tablename__ = "trajectories"
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(128), unique=True)
+    group_id: Mapped[str | None] = mapped_column(ForeignKey("groups.id"), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # The latest reward; every posted reward is also kept in `rewards`.
+    reward: Mapped[float | None] = mapped_column(Float)
+    reward_components: Mapped[dict[str, float] | None] = mapped_column(JSON)
+    rewarded_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Call(Base):
+    """One request through the gateway and what came back."""
+
+    __tablename__ = "calls"
+    __table_args__ = (Index("ix_calls_trajectory_id_started_at", "trajectory_id", "started_at"),)
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    trajectory_id: Mapped[str] = mapped_column(ForeignKey("trajectories.id"))
+    # "chat.completions", "completions", "responses" or "messages".
+    endpoint: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str | None] = mapped_column(String(256))
+    stream: Mapped[bool] = mapped_column(default=False)
+    status: Mapped[str] = mapped_column(String(32))
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    request: Mapped[bytes] = mapped_column(LargeBinary)
+    # A plain response as received; a stream reassembled into the plain response's shape.
+    response: Mapped[bytes | None] = mapped_column(LargeBinary)
+    usage: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    prompt_token_ids: Mapped[bytes | None] = mapped_column(LargeBinary)
+    # All choices' sampled tokens end to end; `completion_lengths` splits them per choice.
+    completion_token_ids: Mapped[bytes | None] = mapped_column(LargeBinary)
+    completion_logprobs: Mapped[bytes | None] = mapped_column(LargeBinary)
+    completion_lengths: Mapped[bytes | None] = mapped_column(LargeBinary)
+    attempts: Mapped[int] = mapped_column(Integer, default=1)
+    # Milliseconds from sending to the upstream until its first byte, and until its last.
+    upstream_first_byte_ms: Mapped[float | None] = mapped_column(Float)
+    upstream_ms: Mapped[float | None] = mapped_column(Float)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Reward(Base):
+    """Every reward ever posted for a trajectory, newest last."""
+
+    __tablename__ = "rewards"
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    trajectory_id: Mapped[str] = mapped_column(ForeignKey("trajectories.id"), index=True)
+    reward: Mapped[float] = mapped_column(Float)
+    components: Mapped[dict[str, float] | None] = mapped_column(JSON)
+    # "user" for POST /reward; later issues add "ruler".
+    source: Mapped[str] = mapped_column(String(32), default="user")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

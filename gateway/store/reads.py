@@ -1,0 +1,226 @@
+"""Reading the store back: one trajectory, one group, a filtered page, a streamed export.
+
+Everything is returned as plain dicts ready for ``msgspec.json.encode``; request
+and response bodies go out as ``msgspec.Raw``, the bytes that were recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from sqlalchemy import Select, func, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from gateway.store import tokens
+from gateway.store.models import Call, Group, Reward, Trajectory
+
+EXPORT_PAGE = 256  # trajectories per query while exporting
+_encode = msgspec.json.Encoder().encode
+
+
+def _ts(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:  # SQLite hands back naive datetimes; they were written in UTC
+        value = value.replace(tzinfo=UTC)
+    return value.isoformat()
+
+
+def trajectory_summary(row: Any, call_count: int | None = None) -> dict[str, Any]:
+    out = {
+        "id": row.id,
+        "object": "trajectory",
+        "group_id": row.group_id,
+        "created_at": _ts(row.created_at),
+        "updated_at": _ts(row.updated_at),
+        "reward": row.reward,
+        "reward_components": row.reward_components,
+        "rewarded_at": _ts(row.rewarded_at),
+    }
+    if call_count is not None:
+        out["call_count"] = call_count
+    return out
+
+
+def call_dict(row: Any) -> dict[str, Any]:
+    lengths = tokens.unpack_ids(row.completion_lengths)
+    token_info = None
+    if row.prompt_token_ids is not None or lengths is not None:
+        token_info = {
+            "prompt_token_ids": tokens.unpack_ids(row.prompt_token_ids),
+            "completion_token_ids": tokens.split(tokens.unpack_ids(row.completion_token_ids), lengths),
+            "completion_logprobs": tokens.split(tokens.unpack_floats(row.completion_logprobs), lengths),
+        }
+    return {
+        "id": row.pk,
+        "object": "trajectory.call",
+        "endpoint": row.endpoint,
+        "model": row.model,
+        "stream": row.stream,
+        "status": row.status,
+        "http_status": row.http_status,
+        "error": row.error,
+        "request": msgspec.Raw(row.request),
+        "response": msgspec.Raw(row.response) if row.response is not None else None,
+        "usage": row.usage,
+        "tokens": token_info,
+        "attempts": row.attempts,
+        "upstream_first_byte_ms": row.upstream_first_byte_ms,
+        "upstream_ms": row.upstream_ms,
+        "started_at": _ts(row.started_at),
+        "finished_at": _ts(row.finished_at),
+    }
+
+
+def group_summary(row: Any) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "object": "group",
+        "expected_size": row.expected_size,
+        "created_at": _ts(row.created_at),
+        "closed_at": _ts(row.closed_at),
+        "close_reason": row.close_reason,
+    }
+
+
+_CALLS_IN_ORDER = (Call.started_at, Call.pk)
+
+
+async def get_trajectory(conn: AsyncConnection, trajectory_id: str) -> dict[str, Any] | None:
+    row = (await conn.execute(select(Trajectory).where(Trajectory.id == trajectory_id))).first()
+    if row is None:
+        return None
+    calls = (await conn.execute(select(Call).where(Call.trajectory_id == trajectory_id).order_by(*_CALLS_IN_ORDER))).all()
+    rewards = (await conn.execute(select(Reward).where(Reward.trajectory_id == trajectory_id).order_by(Reward.pk))).all()
+    out = trajectory_summary(row, len(calls))
+    out["calls"] = [call_dict(c) for c in calls]
+    out["rewards"] = [
+        {"reward": r.reward, "components": r.components, "source": r.source, "created_at": _ts(r.created_at)} for r in rewards
+    ]
+    return out
+
+
+async def get_group(conn: AsyncConnection, group_id: str) -> dict[str, Any] | None:
+    row = (await conn.execute(select(Group).where(Group.id == group_id))).first()
+    if row is None:
+        return None
+    members = (
+        await conn.execute(
+            select(Trajectory, func.count(Call.pk).label("call_count"))
+            .outerjoin(Call, Call.trajectory_id == Trajectory.id)
+            .where(Trajectory.group_id == group_id)
+            .group_by(Trajectory.pk)
+            .order_by(Trajectory.pk)
+        )
+    ).all()
+    out = group_summary(row)
+    out["size"] = len(members)
+    out["rewarded"] = sum(1 for m in members if m.reward is not None)
+    out["members"] = [trajectory_summary(m, m.call_count) for m in members]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    group_id: str | None = None
+    rewarded: bool | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+    def apply(self, stmt: Select) -> Select:
+        if self.group_id is not None:
+            stmt = stmt.where(Trajectory.group_id == self.group_id)
+        if self.rewarded is not None:
+            stmt = stmt.where(Trajectory.reward.is_not(None) if self.rewarded else Trajectory.reward.is_(None))
+        if self.created_after is not None:
+            stmt = stmt.where(Trajectory.created_at > self.created_after)
+        if self.created_before is not None:
+            stmt = stmt.where(Trajectory.created_at < self.created_before)
+        return stmt
+
+
+async def list_trajectories(
+    conn: AsyncConnection, filters: Filters, *, limit: int, after: str | None, order: str
+) -> dict[str, Any] | None:
+    """One page, OpenAI list style. ``after`` is the last id of the previous page; None if it is unknown."""
+    stmt = filters.apply(select(Trajectory))
+    if after is not None:
+        after_pk = (await conn.execute(select(Trajectory.pk).where(Trajectory.id == after))).scalar()
+        if after_pk is None:
+            return None
+        stmt = stmt.where(Trajectory.pk < after_pk if order == "desc" else Trajectory.pk > after_pk)
+    stmt = stmt.order_by(Trajectory.pk.desc() if order == "desc" else Trajectory.pk).limit(limit + 1)
+    rows = (await conn.execute(stmt)).all()
+    page = rows[:limit]
+    counts: dict[str, int] = {}
+    if page:
+        ids = [r.id for r in page]
+        counts = dict(
+            (await conn.execute(select(Call.trajectory_id, func.count()).where(Call.trajectory_id.in_(ids)).group_by(Call.trajectory_id))).all()
+        )
+    data = [trajectory_summary(r, counts.get(r.id, 0)) for r in page]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": len(rows) > limit,
+    }
+
+
+async def export_jsonl(engine: AsyncEngine, filters: Filters, *, flush_bytes: int = 64 * 1024) -> AsyncIterator[bytes]:
+    """Trajectories as JSON lines, oldest first, each with its calls.
+
+    Memory stays bounded by one page of trajectory rows and one flush buffer: calls
+    are streamed from a server-side cursor and each line is written piece by piece,
+    so even a trajectory with a million calls is never held whole.
+    """
+    last_pk = 0
+    buffer = bytearray()
+    while True:
+        async with engine.connect() as conn:
+            page = (
+                await conn.execute(filters.apply(select(Trajectory)).where(Trajectory.pk > last_pk).order_by(Trajectory.pk).limit(EXPORT_PAGE))
+            ).all()
+            if not page:
+                break
+            last_pk = page[-1].pk
+            order = {r.id: i for i, r in enumerate(page)}
+            calls = await conn.stream(
+                select(Call)
+                .join(Trajectory, Trajectory.id == Call.trajectory_id)
+                .where(Call.trajectory_id.in_(list(order)))
+                .order_by(Trajectory.pk, *_CALLS_IN_ORDER)
+            )
+            current = -1  # index in `page` of the trajectory whose line is open
+            first_call = True
+            async for call in calls:
+                index = order[call.trajectory_id]
+                while current < index:  # close the open line, open the next (trajectories without calls included)
+                    if current >= 0:
+                        buffer += b"]}\n"
+                    current += 1
+                    head = _encode(trajectory_summary(page[current]))
+                    buffer += head[:-1] + b',"calls":['
+                    first_call = True
+                if not first_call:
+                    buffer += b","
+                buffer += _encode(call_dict(call))
+                first_call = False
+                if len(buffer) >= flush_bytes:
+                    yield bytes(buffer)
+                    buffer.clear()
+            while current < len(page) - 1:
+                if current >= 0:
+                    buffer += b"]}\n"
+                current += 1
+                buffer += _encode(trajectory_summary(page[current]))[:-1] + b',"calls":['
+            buffer += b"]}\n"
+        if len(page) < EXPORT_PAGE:
+            break
+    if buffer:
+        yield bytes(buffer)

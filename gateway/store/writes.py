@@ -1,0 +1,158 @@
+"""Everything that changes the store, as statements run by the writer in its transactions.
+
+Calls are written in bulk: one upsert of their groups, one of their trajectories,
+one insert of the calls, for a whole commit batch. Rewards and closes are small
+operations that check before they change anything; a check that fails returns an
+``APIError`` (the writer hands it to the caller) and changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from gateway.errors import APIError
+from gateway.store.models import Call, Group, Reward, Trajectory, utcnow
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """One call, as the proxy saw it. Field names follow the `calls` table."""
+
+    trajectory_id: str
+    group_id: str | None
+    group_size: int | None
+    endpoint: str
+    model: str | None
+    stream: bool
+    status: str
+    http_status: int | None
+    request: bytes
+    started_at: datetime
+    finished_at: datetime
+    response: bytes | None = None
+    error: str | None = None
+    usage: dict[str, Any] | None = None
+    prompt_token_ids: bytes | None = None
+    completion_token_ids: bytes | None = None
+    completion_logprobs: bytes | None = None
+    completion_lengths: bytes | None = None
+    attempts: int = 1
+    upstream_first_byte_ms: float | None = None
+    upstream_ms: float | None = None
+
+    def call_row(self) -> dict[str, Any]:
+        row = {name: getattr(self, name) for name in _CALL_COLUMNS}
+        return row
+
+
+_CALL_COLUMNS = tuple(c.name for c in Call.__table__.columns if c.name != "pk")
+
+
+def _insert(conn: AsyncConnection, model: type) -> Any:
+    return (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(model)
+
+
+async def insert_calls(conn: AsyncConnection, records: list[CallRecord]) -> None:
+    groups: dict[str, int | None] = {}
+    trajectories: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        if rec.group_id is not None and groups.get(rec.group_id) is None:
+            groups[rec.group_id] = rec.group_size
+        row = trajectories.get(rec.trajectory_id)
+        if row is None:
+            trajectories[rec.trajectory_id] = {
+                "id": rec.trajectory_id,
+                "group_id": rec.group_id,
+                "created_at": rec.started_at,
+                "updated_at": rec.finished_at,
+            }
+        else:
+            row["group_id"] = row["group_id"] or rec.group_id
+            row["created_at"] = min(row["created_at"], rec.started_at)
+            row["updated_at"] = max(row["updated_at"], rec.finished_at)
+
+    # Sorted keys: concurrent writers (several gateways on PostgreSQL) lock rows in one order.
+    if groups:
+        stmt = _insert(conn, Group)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["id"],
+            # The first size given wins; a later call may fill it in if none was given.
+            set_={"expected_size": func.coalesce(Group.expected_size, stmt.excluded.expected_size)},
+        )
+        now = utcnow()
+        await conn.execute(stmt, [{"id": g, "expected_size": groups[g], "created_at": now} for g in sorted(groups)])
+    stmt = _insert(conn, Trajectory)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["id"],
+        # A trajectory joins a group once; the first group it was seen with stays.
+        set_={
+            "group_id": func.coalesce(Trajectory.group_id, stmt.excluded.group_id),
+            "updated_at": stmt.excluded.updated_at,
+        },
+    )
+    await conn.execute(stmt, [trajectories[t] for t in sorted(trajectories)])
+    await conn.execute(Call.__table__.insert(), [rec.call_row() for rec in records])
+
+
+@dataclass(slots=True)
+class PostReward:
+    trajectory_id: str
+    reward: float
+    components: dict[str, float] = field(default_factory=dict)
+    source: str = "user"
+
+    async def apply(self, conn: AsyncConnection) -> dict[str, Any] | APIError:
+        group_id = (await conn.execute(select(Trajectory.group_id).where(Trajectory.id == self.trajectory_id))).first()
+        if group_id is None:
+            return APIError(404, f"no trajectory {self.trajectory_id!r}", "trajectory_not_found", "trajectory_id")
+        group_id = group_id[0]
+        group = None
+        if group_id is not None:
+            # Lock the group row: concurrent rewards of one group take turns, so
+            # the last of them sees all the others and closes the group.
+            group = (
+                await conn.execute(select(Group.expected_size, Group.closed_at).where(Group.id == group_id).with_for_update())
+            ).one()
+            if group.closed_at is not None:
+                return APIError(409, f"group {group_id!r} is closed; its rewards can no longer change", "group_closed", "trajectory_id")
+        now = utcnow()
+        await conn.execute(
+            update(Trajectory)
+            .where(Trajectory.id == self.trajectory_id)
+            .values(reward=self.reward, reward_components=self.components, rewarded_at=now)
+        )
+        await conn.execute(
+            Reward.__table__.insert().values(
+                trajectory_id=self.trajectory_id, reward=self.reward, components=self.components, source=self.source, created_at=now
+            )
+        )
+        closed = False
+        if group is not None and group.expected_size is not None:
+            rewarded = (
+                await conn.execute(
+                    select(func.count()).select_from(Trajectory).where(Trajectory.group_id == group_id, Trajectory.reward.is_not(None))
+                )
+            ).scalar_one()
+            if rewarded >= group.expected_size:
+                await conn.execute(update(Group).where(Group.id == group_id).values(closed_at=now, close_reason="complete"))
+                closed = True
+        return {"group_id": group_id, "group_closed": closed}
+
+
+@dataclass(slots=True)
+class CloseGroup:
+    group_id: str
+
+    async def apply(self, conn: AsyncConnection) -> dict[str, Any] | APIError:
+        row = (await conn.execute(select(Group.closed_at).where(Group.id == self.group_id).with_for_update())).first()
+        if row is None:
+            return APIError(404, f"no group {self.group_id!r}", "group_not_found", "group_id")
+        if row.closed_at is None:  # closing twice is not an error: the first close stands
+            await conn.execute(update(Group).where(Group.id == self.group_id).values(closed_at=utcnow(), close_reason="closed"))
+        return {"group_id": self.group_id}

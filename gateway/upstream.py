@@ -1,0 +1,102 @@
+"""The upstream: one pooled ``httpx.AsyncClient`` and the retry rule.
+
+A request is retried (tenacity, exponential backoff with jitter) on connection
+errors and on 429/502/503/504, and only here, before the gateway has sent the
+client anything. Once the first byte is on its way to the client, a failure is
+reported, never retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import httpx
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, retry_if_result, stop_after_attempt, wait_exponential_jitter
+
+from gateway.keys import KEY_HEADERS
+from gateway.settings import Settings
+
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+# The request never reached the upstream, or the connection died before any answer.
+CONNECTION_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
+
+_HOP_BY_HOP = frozenset(
+    {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade"}
+)
+# Not forwarded upstream: the gateway's own headers, and what httpx sets itself.
+_DROP_REQUEST = _HOP_BY_HOP | {b"host", b"content-length", b"accept-encoding", b"expect"} | {h.encode() for h in KEY_HEADERS}
+# Not relayed to the client: the ASGI server sets framing and its own date and server.
+_DROP_RESPONSE = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "date", "server", "te", "trailer", "upgrade"}
+)
+
+
+def base_url(upstream: str) -> str:
+    """Accept both ``http://host:8000`` and the ``.../v1`` people paste from client configs."""
+    url = upstream.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+class Upstream:
+    def __init__(self, settings: Settings) -> None:
+        self.attempts = max(1, settings.upstream_attempts)
+        self.wait = wait_exponential_jitter(initial=settings.retry_initial_wait, max=settings.retry_max_wait)
+        self.api_key = settings.upstream_api_key.encode() if settings.upstream_api_key else None
+        self.client = httpx.AsyncClient(
+            base_url=base_url(settings.upstream),
+            timeout=httpx.Timeout(settings.upstream_timeout, connect=settings.connect_timeout),
+            limits=httpx.Limits(max_connections=settings.max_connections, max_keepalive_connections=settings.max_connections),
+        )
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    def request_headers(self, raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        headers = [(k, v) for k, v in raw if k.lower() not in _DROP_REQUEST]
+        # Identity: the gateway reads what it forwards, and loopback bandwidth is free.
+        headers.append((b"accept-encoding", b"identity"))
+        if self.api_key is not None:
+            headers = [(k, v) for k, v in headers if k.lower() != b"authorization"]
+            headers.append((b"authorization", b"Bearer " + self.api_key))
+        return headers
+
+    async def send(self, method: str, path: str, *, content: bytes | None, headers: list[tuple[bytes, bytes]]) -> tuple[httpx.Response, int]:
+        """Send with retries; returns the (streaming) response and the attempts it took.
+
+        After the last attempt a retryable status is returned as it is (the caller
+        relays it); a connection error or time-out becomes ``UpstreamFailure``.
+        """
+        request = self.client.build_request(method, path, content=content, headers=headers)
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.attempts),
+            wait=self.wait,
+            retry=retry_if_exception_type(CONNECTION_ERRORS) | retry_if_result(lambda r: r.status_code in RETRY_STATUSES),
+            before_sleep=_discard_response,
+            retry_error_callback=lambda state: state.outcome.result(),
+        )
+        try:
+            response = await retrying(self.client.send, request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise UpstreamFailure(504, f"the upstream did not answer in time ({type(exc).__name__})", retrying) from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamFailure(502, f"could not reach the upstream: {exc or type(exc).__name__}", retrying) from exc
+        return response, retrying.statistics.get("attempt_number", 1)
+
+
+class UpstreamFailure(Exception):
+    """No usable answer from the upstream: what the client gets (502 or 504) and why."""
+
+    def __init__(self, status: int, message: str, retrying: AsyncRetrying | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.attempts = retrying.statistics.get("attempt_number", 1) if retrying is not None else 1
+
+
+async def _discard_response(state: RetryCallState) -> None:
+    if state.outcome is not None and not state.outcome.failed:
+        await state.outcome.result().aclose()
+
+
+def response_headers(response: httpx.Response) -> dict[str, str]:
+    return {k: v for k, v in response.headers.items() if k.lower() not in _DROP_RESPONSE}

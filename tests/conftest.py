@@ -1,0 +1,119 @@
+"""Fixtures: a deterministic upstream, fresh databases (SQLite and PostgreSQL), gateways."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from gateway.app import create_app
+from gateway.settings import Settings
+from tests.servers import ServerThread
+from tests.upstream import Upstream
+
+PG_URL = os.environ.get("BURNISH_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
+# In CI the PostgreSQL tests must run: an unreachable server fails them instead of skipping.
+PG_REQUIRED = os.environ.get("CI", "").lower() in {"1", "true"} or os.environ.get("BURNISH_REQUIRE_PG") == "1"
+
+
+def _pg_reachable() -> bool:
+    url = httpx.URL(PG_URL.replace("postgresql+asyncpg", "http"))
+    try:
+        with socket.create_connection((url.host, url.port or 5432), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+async def _reset_pg() -> None:
+    engine = create_async_engine(PG_URL)
+    async with engine.begin() as conn:
+        await conn.execute(text("DROP SCHEMA public CASCADE"))
+        await conn.execute(text("CREATE SCHEMA public"))
+    await engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty database of each kind."""
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'burnish.db'}"
+    if not _pg_reachable():
+        if PG_REQUIRED:
+            pytest.fail(f"PostgreSQL is required here and not reachable at {PG_URL}")
+        pytest.skip(f"PostgreSQL not reachable at {PG_URL}")
+    asyncio.run(_reset_pg())
+    return PG_URL
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite+aiosqlite:///{tmp_path / 'burnish.db'}"
+
+
+@pytest.fixture(scope="session")
+def upstream_server() -> Iterator[tuple[Upstream, str]]:
+    app = Upstream()
+    with ServerThread(app, log_level="critical") as server:
+        yield app, server.url
+
+
+@pytest.fixture
+def upstream(upstream_server: tuple[Upstream, str]) -> Upstream:
+    app, _ = upstream_server
+    app.requests.clear()
+    return app
+
+
+@dataclass
+class Gateway:
+    url: str
+    settings: Settings
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30, **kwargs)
+
+    def trajectory(self, trajectory_id: str) -> dict[str, Any]:
+        with self.client() as c:
+            r = c.get(f"/v1/trajectories/{trajectory_id}")
+            assert r.status_code == 200, r.text
+            return r.json()
+
+
+@pytest.fixture
+def make_gateway(upstream_server: tuple[Upstream, str], tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
+    servers: list[ServerThread] = []
+
+    def make(database_url: str | None = None, **overrides: Any) -> Gateway:
+        settings = Settings.load(
+            {},
+            upstream=overrides.pop("upstream", upstream_server[1]),
+            data_dir=str(tmp_path / "data"),
+            database_url=database_url or "",
+            upstream_timeout=overrides.pop("upstream_timeout", 10),
+            retry_initial_wait=0.01,
+            retry_max_wait=0.05,
+            **overrides,
+        )
+        server = ServerThread(create_app(settings)).start()
+        servers.append(server)
+        return Gateway(server.url, settings)
+
+    yield make
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def gateway(make_gateway: Callable[..., Gateway], upstream: Upstream) -> Gateway:
+    """A gateway on SQLite in front of the deterministic upstream."""
+    return make_gateway()
