@@ -40,7 +40,7 @@ def base_url(upstream: str) -> str:
 class Upstream:
     def __init__(self, settings: Settings) -> None:
         self.attempts = max(1, settings.upstream_attempts)
-        self.wait = wait_exponential_jitter(initial=settings.retry_initial_wait, max=settings.retry_max_wait)
+        self.wait = wait_exponential_jitter(multiplier=settings.retry_initial_wait, max=settings.retry_max_wait, jitter=settings.retry_initial_wait)
         self.api_key = settings.upstream_api_key.encode() if settings.upstream_api_key else None
         self.client = httpx.AsyncClient(
             base_url=base_url(settings.upstream),

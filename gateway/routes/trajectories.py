@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import msgspec
 from litestar import Request, get, post
-from litestar.params import Parameter
+from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Response, Stream
 
 from gateway.errors import APIError
@@ -59,7 +59,7 @@ async def _read_reward(request: Request) -> RewardIn:
 
 
 @post("/v1/trajectories/{trajectory_id:str}/reward", status_code=200)
-async def post_reward(request: Request, trajectory_id: str) -> Response:
+async def post_reward(request: Request, trajectory_id: FromPath[str]) -> Response:
     """Set a trajectory's reward. Every reward is kept; the latest is the trajectory's."""
     check_id(trajectory_id, "trajectory_id")
     data = await _read_reward(request)
@@ -74,7 +74,7 @@ async def post_reward(request: Request, trajectory_id: str) -> Response:
 
 
 @post("/v1/groups/{group_id:str}/close", status_code=200)
-async def close_group(request: Request, group_id: str) -> Response:
+async def close_group(request: Request, group_id: FromPath[str]) -> Response:
     """Close a group: it takes no more rewards and is ready for training."""
     check_id(group_id, "group_id")
     svc = services(request)
@@ -86,7 +86,7 @@ async def close_group(request: Request, group_id: str) -> Response:
 
 
 @get("/v1/trajectories/{trajectory_id:str}")
-async def get_trajectory(request: Request, trajectory_id: str) -> Response:
+async def get_trajectory(request: Request, trajectory_id: FromPath[str]) -> Response:
     check_id(trajectory_id, "trajectory_id")
     async with services(request).db.reader.connect() as conn:
         out = await reads.get_trajectory(conn, trajectory_id)
@@ -96,7 +96,7 @@ async def get_trajectory(request: Request, trajectory_id: str) -> Response:
 
 
 @get("/v1/groups/{group_id:str}")
-async def get_group(request: Request, group_id: str) -> Response:
+async def get_group(request: Request, group_id: FromPath[str]) -> Response:
     check_id(group_id, "group_id")
     async with services(request).db.reader.connect() as conn:
         out = await reads.get_group(conn, group_id)
@@ -122,13 +122,13 @@ def _filters(group_id: str | None, rewarded: bool | None, created_after: float |
 @get("/v1/trajectories")
 async def list_trajectories(
     request: Request,
-    group_id: str | None = None,
-    rewarded: bool | None = None,
-    created_after: float | None = None,
-    created_before: float | None = None,
-    limit: Annotated[int, Parameter(ge=1, le=1000)] = 100,
-    after: str | None = None,
-    order: Annotated[str, Parameter(pattern="^(asc|desc)$")] = "desc",
+    group_id: FromQuery[str | None] = None,
+    rewarded: FromQuery[bool | None] = None,
+    created_after: FromQuery[float | None] = None,
+    created_before: FromQuery[float | None] = None,
+    limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 100,
+    after: FromQuery[str | None] = None,
+    order: Annotated[str, QueryParameter(pattern="^(asc|desc)$")] = "desc",
 ) -> Response:
     """A page of trajectories, newest first by default; pass ``after=<last_id>`` for the next."""
     filters = _filters(group_id, rewarded, created_after, created_before)
@@ -144,10 +144,10 @@ async def list_trajectories(
 @get("/v1/trajectories/export")
 async def export_trajectories(
     request: Request,
-    group_id: str | None = None,
-    rewarded: bool | None = None,
-    created_after: float | None = None,
-    created_before: float | None = None,
+    group_id: FromQuery[str | None] = None,
+    rewarded: FromQuery[bool | None] = None,
+    created_after: FromQuery[float | None] = None,
+    created_before: FromQuery[float | None] = None,
 ) -> Stream:
     """Every matching trajectory with its calls, one JSON line each, streamed."""
     filters = _filters(group_id, rewarded, created_after, created_before)

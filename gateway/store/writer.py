@@ -103,7 +103,7 @@ class Writer:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(OperationalError),
             stop=stop_after_attempt(self.attempts),
-            wait=wait_exponential_jitter(initial=0.05, max=1.0),
+            wait=wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05),
             reraise=True,
         ):
             with attempt:
