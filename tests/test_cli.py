@@ -1,0 +1,65 @@
+"""The `burnish` command as a user runs it: a real process, settings from flags and environment."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+from tests.servers import free_port
+
+BURNISH = [sys.executable, "-m", "gateway.cli"]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "exited"
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise AssertionError("gateway did not become healthy")
+
+
+def test_gateway_command_serves_records_and_stops(upstream_server, tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "BURNISH_DATA_DIR": str(tmp_path / "data"), "BURNISH_PORT": "1"}  # the flag beats the environment
+    proc = subprocess.Popen([*BURNISH, "gateway", "--upstream", upstream_server[1] + "/v1", "--port", str(port)], env=env, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc)
+        client = openai.OpenAI(base_url=url + "/t/cli-1/v1", api_key="k")
+        reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+        assert reply.choices[0].message.content == "You said: hi ok"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    assert (tmp_path / "data" / "burnish.db").exists()
+    # A second start finds the schema in place and the call still there.
+    proc = subprocess.Popen([*BURNISH, "gateway", "--upstream", upstream_server[1], "--port", str(port)], env=env, stderr=subprocess.PIPE)
+    try:
+        wait_healthy(url, proc)
+        assert httpx.get(url + "/v1/trajectories/cli-1").json()["call_count"] == 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_db_upgrade_command(database_url: str) -> None:
+    out = subprocess.run([*BURNISH, "db", "upgrade", "--database-url", database_url], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "database at head" in out.stdout
+
+
+def test_bad_setting_is_a_usage_error(tmp_path: Path) -> None:
+    env = {**os.environ, "BURNISH_MAX_BODY_BYTES": "lots", "BURNISH_DATA_DIR": str(tmp_path)}
+    out = subprocess.run([*BURNISH, "gateway"], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 2 and "max_body_bytes" in out.stderr
