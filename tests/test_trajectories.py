@@ -145,7 +145,9 @@ def test_bad_proxy_requests_are_refused_and_store_nothing(make_gateway, upstream
         assert_openai_error(c.post(url, content=b"", headers={"content-type": "application/json"}), 400, "invalid_json")
         assert_openai_error(c.post(url, content=b"[1, 2]"), 400, "invalid_request")
         assert_openai_error(c.post(url, json={"model": 5, "messages": []}), 400, "invalid_request")
-        assert_openai_error(c.post(url, json={**CHAT, "pad": "x" * 5000}), 413, "body_too_large")
+        too_big = c.post(url, json={**CHAT, "pad": "x" * 5000}, headers={"x-trajectory-id": "big"})
+        assert_openai_error(too_big, 413, "body_too_large")
+        assert too_big.headers["x-trajectory-id"] == "big"
         assert_openai_error(c.post(url, json=CHAT, headers={"x-trajectory-id": "has space"}), 400, "invalid_id")
         assert_openai_error(c.post(url, json=CHAT, headers={"x-trajectory-id": "x" * 129}), 400, "invalid_id")
         assert_openai_error(c.post(url, json=CHAT, headers={"x-trajectory-id": ""}), 400, "invalid_id")

@@ -21,6 +21,7 @@ import anyio
 import httpx
 import msgspec
 from litestar import Request, get, post
+from litestar.exceptions import HTTPException
 from litestar.handlers import HTTPRouteHandler
 from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
@@ -128,8 +129,12 @@ class Call:
 async def forward(request: Request, endpoint: Endpoint) -> ASGIResponse:
     svc = services(request)
     key = keys.resolve(request.path_params, request.headers)
-    body = await request.body()
-    head = parse_head(body)
+    try:
+        body = await request.body()
+        head = parse_head(body)
+    except HTTPException as exc:  # refused, but still told which trajectory it would have joined
+        exc.headers = {**(exc.headers or {}), "x-trajectory-id": key.trajectory_id}
+        raise
     call = Call(svc, endpoint, key, head, body)
     path = f"/v1/{endpoint.path}"
     if query := request.scope.get("query_string"):
