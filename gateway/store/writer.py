@@ -26,7 +26,7 @@ log = logging.getLogger("burnish.store")
 
 
 class Operation(Protocol):
-    async def apply(self, conn: Any) -> Any: ...
+    def apply(self, conn: Any) -> Any: ...
 
 
 Item = CallRecord | Operation
@@ -107,12 +107,15 @@ class Writer:
             reraise=True,
         ):
             with attempt:
-                async with self.db.writer.begin() as conn:
-                    calls = [item for item in items if isinstance(item, CallRecord)]
-                    if calls:
-                        await insert_calls(conn, calls)
-                    return [None if isinstance(item, CallRecord) else await item.apply(conn) for item in items]
+                return await self.db.transaction(_apply, items)
         raise AssertionError("unreachable")
+
+
+def _apply(conn: Any, items: list[Item]) -> list[Any]:
+    calls = [item for item in items if isinstance(item, CallRecord)]
+    if calls:
+        insert_calls(conn, calls)
+    return [None if isinstance(item, CallRecord) else item.apply(conn) for item in items]
 
 
 def _resolve(future: asyncio.Future[Any], result: Any) -> None:

@@ -1,5 +1,7 @@
 """Everything that changes the store, as statements run by the writer in its transactions.
 
+These are plain functions of a sync ``Connection`` (see ``Database.transaction``).
+
 Calls are written in bulk: one upsert of their groups, one of their trajectories,
 one insert of the calls, for a whole commit batch. Rewards and closes are small
 operations that check before they change anything; a check that fails returns an
@@ -14,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.engine import Connection
 
 from gateway.errors import APIError
 from gateway.store.models import Call, Group, Reward, Trajectory, utcnow
@@ -47,18 +49,17 @@ class CallRecord:
     upstream_ms: float | None = None
 
     def call_row(self) -> dict[str, Any]:
-        row = {name: getattr(self, name) for name in _CALL_COLUMNS}
-        return row
+        return {name: getattr(self, name) for name in _CALL_COLUMNS}
 
 
 _CALL_COLUMNS = tuple(c.name for c in Call.__table__.columns if c.name != "pk")
 
 
-def _insert(conn: AsyncConnection, model: type) -> Any:
+def _insert(conn: Connection, model: type) -> Any:
     return (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(model)
 
 
-async def insert_calls(conn: AsyncConnection, records: list[CallRecord]) -> None:
+def insert_calls(conn: Connection, records: list[CallRecord]) -> None:
     groups: dict[str, int | None] = {}
     trajectories: dict[str, dict[str, Any]] = {}
     for rec in records:
@@ -86,7 +87,7 @@ async def insert_calls(conn: AsyncConnection, records: list[CallRecord]) -> None
             set_={"expected_size": func.coalesce(Group.expected_size, stmt.excluded.expected_size)},
         )
         now = utcnow()
-        await conn.execute(stmt, [{"id": g, "expected_size": groups[g], "created_at": now} for g in sorted(groups)])
+        conn.execute(stmt, [{"id": g, "expected_size": groups[g], "created_at": now} for g in sorted(groups)])
     stmt = _insert(conn, Trajectory)
     stmt = stmt.on_conflict_do_update(
         index_elements=["id"],
@@ -96,8 +97,8 @@ async def insert_calls(conn: AsyncConnection, records: list[CallRecord]) -> None
             "updated_at": stmt.excluded.updated_at,
         },
     )
-    await conn.execute(stmt, [trajectories[t] for t in sorted(trajectories)])
-    await conn.execute(Call.__table__.insert(), [rec.call_row() for rec in records])
+    conn.execute(stmt, [trajectories[t] for t in sorted(trajectories)])
+    conn.execute(Call.__table__.insert(), [rec.call_row() for rec in records])
 
 
 @dataclass(slots=True)
@@ -107,8 +108,8 @@ class PostReward:
     components: dict[str, float] = field(default_factory=dict)
     source: str = "user"
 
-    async def apply(self, conn: AsyncConnection) -> dict[str, Any] | APIError:
-        group_id = (await conn.execute(select(Trajectory.group_id).where(Trajectory.id == self.trajectory_id))).first()
+    def apply(self, conn: Connection) -> dict[str, Any] | APIError:
+        group_id = conn.execute(select(Trajectory.group_id).where(Trajectory.id == self.trajectory_id)).first()
         if group_id is None:
             return APIError(404, f"no trajectory {self.trajectory_id!r}", "trajectory_not_found", "trajectory_id")
         group_id = group_id[0]
@@ -116,31 +117,27 @@ class PostReward:
         if group_id is not None:
             # Lock the group row: concurrent rewards of one group take turns, so
             # the last of them sees all the others and closes the group.
-            group = (
-                await conn.execute(select(Group.expected_size, Group.closed_at).where(Group.id == group_id).with_for_update())
-            ).one()
+            group = conn.execute(select(Group.expected_size, Group.closed_at).where(Group.id == group_id).with_for_update()).one()
             if group.closed_at is not None:
                 return APIError(409, f"group {group_id!r} is closed; its rewards can no longer change", "group_closed", "trajectory_id")
         now = utcnow()
-        await conn.execute(
+        conn.execute(
             update(Trajectory)
             .where(Trajectory.id == self.trajectory_id)
             .values(reward=self.reward, reward_components=self.components, rewarded_at=now)
         )
-        await conn.execute(
+        conn.execute(
             Reward.__table__.insert().values(
                 trajectory_id=self.trajectory_id, reward=self.reward, components=self.components, source=self.source, created_at=now
             )
         )
         closed = False
         if group is not None and group.expected_size is not None:
-            rewarded = (
-                await conn.execute(
-                    select(func.count()).select_from(Trajectory).where(Trajectory.group_id == group_id, Trajectory.reward.is_not(None))
-                )
+            rewarded = conn.execute(
+                select(func.count()).select_from(Trajectory).where(Trajectory.group_id == group_id, Trajectory.reward.is_not(None))
             ).scalar_one()
             if rewarded >= group.expected_size:
-                await conn.execute(update(Group).where(Group.id == group_id).values(closed_at=now, close_reason="complete"))
+                conn.execute(update(Group).where(Group.id == group_id).values(closed_at=now, close_reason="complete"))
                 closed = True
         return {"group_id": group_id, "group_closed": closed}
 
@@ -149,10 +146,10 @@ class PostReward:
 class CloseGroup:
     group_id: str
 
-    async def apply(self, conn: AsyncConnection) -> dict[str, Any] | APIError:
-        row = (await conn.execute(select(Group.closed_at).where(Group.id == self.group_id).with_for_update())).first()
+    def apply(self, conn: Connection) -> dict[str, Any] | APIError:
+        row = conn.execute(select(Group.closed_at).where(Group.id == self.group_id).with_for_update()).first()
         if row is None:
             return APIError(404, f"no group {self.group_id!r}", "group_not_found", "group_id")
         if row.closed_at is None:  # closing twice is not an error: the first close stands
-            await conn.execute(update(Group).where(Group.id == self.group_id).values(closed_at=utcnow(), close_reason="closed"))
+            conn.execute(update(Group).where(Group.id == self.group_id).values(closed_at=utcnow(), close_reason="closed"))
         return {"group_id": self.group_id}
