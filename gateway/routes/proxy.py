@@ -157,7 +157,7 @@ async def forward(request: Request, endpoint: Endpoint) -> ASGIResponse:
     try:
         raw = await response.aread()
     except httpx.HTTPError as exc:
-        status, message = (504, "the upstream went silent") if isinstance(exc, httpx.TimeoutException) else (502, f"the upstream broke off its answer: {exc}")
+        status, message = (504, "the upstream went silent") if isinstance(exc, httpx.ReadTimeout) else (502, f"the upstream broke off its answer: {exc}")
         await call.commit(call.record(UPSTREAM_ERROR, status, error=message))
         return _error(status, message, key)
     finally:
