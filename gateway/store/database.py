@@ -69,6 +69,7 @@ class Database:
             self.writer = create_engine(sync_url, pool_size=1, max_overflow=0, connect_args={"check_same_thread": False})
             _configure_sqlite(self.writer, sqlite_synchronous, immediate=True)
             self._write_thread: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="burnish-sqlite-writer")
+            self._write_conn: Connection | None = None
         else:
             self.reader = create_async_engine(self.url, pool_size=reader_pool_size, pool_pre_ping=True)
             self.writer = create_async_engine(self.url, pool_size=1, max_overflow=0, pool_pre_ping=True)
@@ -82,9 +83,18 @@ class Database:
         return await asyncio.get_running_loop().run_in_executor(self._write_thread, self._sync_transaction, fn, args)
 
     def _sync_transaction(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        # Runs on the writer thread, which keeps its one connection open between
+        # transactions (a pool check-out and reset per commit cost ~0.05 ms).
         assert isinstance(self.writer, Engine)
-        with self.writer.begin() as conn:
-            return fn(conn, *args)
+        if self._write_conn is None:
+            self._write_conn = self.writer.connect()
+        try:
+            with self._write_conn.begin():
+                return fn(self._write_conn, *args)
+        except Exception:
+            self._write_conn.close()  # start afresh: the connection may be unusable
+            self._write_conn = None
+            raise
 
     async def migrate(self, revision: str = "head") -> None:
         await self.transaction(_upgrade, revision)
@@ -93,9 +103,11 @@ class Database:
         if isinstance(self.writer, AsyncEngine):
             await self.writer.dispose()
         else:
-            self.writer.dispose()
-        if self._write_thread is not None:
+            if self._write_conn is not None:
+                conn, self._write_conn = self._write_conn, None
+                await asyncio.get_running_loop().run_in_executor(self._write_thread, conn.close)
             self._write_thread.shutdown(wait=True)
+            self.writer.dispose()
         await self.reader.dispose()
 
 

@@ -10,6 +10,7 @@ operations that check before they change anything; a check that fails returns an
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -55,8 +56,29 @@ class CallRecord:
 _CALL_COLUMNS = tuple(c.name for c in Call.__table__.columns if c.name != "pk")
 
 
-def _insert(conn: Connection, model: type) -> Any:
-    return (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(model)
+@functools.cache
+def _upserts(dialect: str) -> tuple[Any, Any]:
+    """The group and trajectory upserts, built once per dialect (building one costs ~0.2 ms)."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    groups = insert(Group)
+    groups = groups.on_conflict_do_update(
+        index_elements=["id"],
+        # The first size given wins; a later call may fill it in if none was given.
+        set_={"expected_size": func.coalesce(Group.expected_size, groups.excluded.expected_size)},
+    )
+    trajectories = insert(Trajectory)
+    trajectories = trajectories.on_conflict_do_update(
+        index_elements=["id"],
+        # A trajectory joins a group once; the first group it was seen with stays.
+        set_={
+            "group_id": func.coalesce(Trajectory.group_id, trajectories.excluded.group_id),
+            "updated_at": trajectories.excluded.updated_at,
+        },
+    )
+    return groups, trajectories
+
+
+_INSERT_CALLS = Call.__table__.insert()
 
 
 def insert_calls(conn: Connection, records: list[CallRecord]) -> None:
@@ -78,27 +100,13 @@ def insert_calls(conn: Connection, records: list[CallRecord]) -> None:
             row["created_at"] = min(row["created_at"], rec.started_at)
             row["updated_at"] = max(row["updated_at"], rec.finished_at)
 
+    upsert_groups, upsert_trajectories = _upserts(conn.dialect.name)
     # Sorted keys: concurrent writers (several gateways on PostgreSQL) lock rows in one order.
     if groups:
-        stmt = _insert(conn, Group)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["id"],
-            # The first size given wins; a later call may fill it in if none was given.
-            set_={"expected_size": func.coalesce(Group.expected_size, stmt.excluded.expected_size)},
-        )
         now = utcnow()
-        conn.execute(stmt, [{"id": g, "expected_size": groups[g], "created_at": now} for g in sorted(groups)])
-    stmt = _insert(conn, Trajectory)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["id"],
-        # A trajectory joins a group once; the first group it was seen with stays.
-        set_={
-            "group_id": func.coalesce(Trajectory.group_id, stmt.excluded.group_id),
-            "updated_at": stmt.excluded.updated_at,
-        },
-    )
-    conn.execute(stmt, [trajectories[t] for t in sorted(trajectories)])
-    conn.execute(Call.__table__.insert(), [rec.call_row() for rec in records])
+        conn.execute(upsert_groups, [{"id": g, "expected_size": groups[g], "created_at": now} for g in sorted(groups)])
+    conn.execute(upsert_trajectories, [trajectories[t] for t in sorted(trajectories)])
+    conn.execute(_INSERT_CALLS, [rec.call_row() for rec in records])
 
 
 @dataclass(slots=True)
