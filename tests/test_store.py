@@ -120,3 +120,25 @@ async def test_writer_close_drains_the_queue(db: Database) -> None:
     await w.close()
     assert all(f.done() and f.exception() is None for f in futures)
     assert await count(db, Call) == 50
+
+
+async def test_sqlite_wal_stays_bounded_under_steady_writes(sqlite_url: str, monkeypatch) -> None:
+    """Under steady writes the WAL is checkpointed and restarted: it does not grow without bound."""
+    from pathlib import Path
+
+    from gateway.store import database
+
+    monkeypatch.setattr(database, "CHECKPOINT_EVERY_S", 0.05)
+    db = Database(sqlite_url)
+    await db.migrate()
+    w = Writer(db)
+    w.start()
+    payload = b'{"pad":"' + b"x" * 20_000 + b'"}'
+    try:
+        for i in range(600):  # ~12 MB through the WAL
+            await w.write(record(f"wal-{i}", request=payload))
+    finally:
+        await w.close()
+    wal = Path(db.url.database + "-wal")
+    assert wal.stat().st_size < 6_000_000  # without checkpoints it would hold all ~12 MB
+    await db.dispose()
