@@ -49,6 +49,14 @@ def new_trajectory_id() -> str:
     return f"t-{uuid.uuid4().hex}"
 
 
+_KEY_HEADER_NAMES = frozenset(h.encode() for h in KEY_HEADERS)
+
+
+def key_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The key headers from an ASGI scope's raw headers (names are lower-case there)."""
+    return {k.decode(): v.decode("latin-1") for k, v in raw if k in _KEY_HEADER_NAMES}
+
+
 def resolve(path_params: Mapping[str, str], headers: Mapping[str, str]) -> CallKey:
     trajectory = path_params.get("trajectory_id")
     group = path_params.get("group_id")

@@ -45,8 +45,14 @@ def base_url(upstream: str) -> str:
 
 class Upstream:
     def __init__(self, settings: Settings) -> None:
-        self.attempts = max(1, settings.upstream_attempts)
-        self.wait = wait_exponential_jitter(multiplier=settings.retry_initial_wait, max=settings.retry_max_wait, jitter=settings.retry_initial_wait)
+        self.retrying = AsyncRetrying(
+            stop=stop_after_attempt(max(1, settings.upstream_attempts)),
+            wait=wait_exponential_jitter(multiplier=settings.retry_initial_wait, max=settings.retry_max_wait, jitter=settings.retry_initial_wait),
+            retry=retry_if_exception_type(CONNECTION_ERRORS) | retry_if_result(lambda r: r.status_code in RETRY_STATUSES),
+            before_sleep=_discard_response,
+            # Out of attempts: hand back the last response (the caller relays it), or raise the last error.
+            retry_error_callback=lambda state: state.outcome.result(),
+        )
         self.api_key = settings.upstream_api_key.encode() if settings.upstream_api_key else None
         limits = httpx.Limits(max_connections=settings.max_connections, max_keepalive_connections=settings.max_connections)
         self.client = httpx.AsyncClient(
@@ -74,13 +80,7 @@ class Upstream:
         relays it); a connection error or time-out becomes ``UpstreamFailure``.
         """
         request = self.client.build_request(method, path, content=content, headers=headers)
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.attempts),
-            wait=self.wait,
-            retry=retry_if_exception_type(CONNECTION_ERRORS) | retry_if_result(lambda r: r.status_code in RETRY_STATUSES),
-            before_sleep=_discard_response,
-            retry_error_callback=lambda state: state.outcome.result(),
-        )
+        retrying = self.retrying.copy()  # per call: tenacity keeps the attempt count on the object
         try:
             response = await retrying(self.client.send, request, stream=True)
         except httpx.ReadTimeout as exc:

@@ -128,7 +128,7 @@ class Call:
 
 async def forward(request: Request, endpoint: Endpoint) -> ASGIResponse:
     svc = services(request)
-    key = keys.resolve(request.path_params, request.headers)
+    key = keys.resolve(request.path_params, keys.key_headers(request.scope["headers"]))
     try:
         body = await request.body()
         head = parse_head(body)
