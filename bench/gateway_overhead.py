@@ -8,7 +8,8 @@ which it installs with apt-get if it can)::
 One upstream (bench/harness.py: a fixed chat.completion, or a fixed 8-event SSE stream,
 served by uvicorn with httptools and uvloop) runs in its own process. The same load goes to
 (a) the upstream directly, (b) ``burnish gateway --no-record`` and (c) ``burnish gateway``
-(recording into SQLite in a fresh data dir), each gateway in its own process, one worker:
+(recording into SQLite in a fresh data dir), each gateway in its own process, one worker.
+Both gateways run side by side, and the three targets take turns on each case:
 
 * c=1: one keep-alive connection, requests back to back for 6 s (1 s warm-up): p50/p99.
   added latency = gateway (record on) - direct; budgets p50 < 1 ms, p99 < 3 ms.
@@ -33,7 +34,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import HOST, PATH, PLAIN_BODY, ROOT, STREAM_BODY, VENV_BIN, Load, Proc, free_port, install_cleanup, start_upstream  # noqa: E402
+from harness import HOST, PATH, PLAIN_BODY, ROOT, STREAM_BODY, VENV_BIN, Load, OtherLoad, Proc, code_fingerprint, free_port, git_state, install_cleanup, start_upstream  # noqa: E402
 
 LAT_SECONDS, LAT_WARMUP = 6.0, 1.0
 TPUT_SECONDS, TPUT_WARMUP = 10.0, 2.0
@@ -59,17 +60,16 @@ def check(url: str) -> None:
         assert r.status_code == 200 and len(events) == 8 and events[-1] == "data: [DONE]", (r.status_code, r.text[:300])
 
 
-def measure(load: Load, target: Proc, label: str) -> dict:
-    check(target.url)
-    out: dict = {}
+def measure(load: Load, targets: dict[str, Proc]) -> dict:
+    """Every case against every target in turn, so a change in the machine's load hits all three alike."""
+    out: dict = {label: {mode: {} for mode in MODES} for label in targets}
     for mode, body in MODES.items():
-        c1 = load.run(target.url, body, 1, LAT_SECONDS, LAT_WARMUP, server=target)
-        c64 = load.run(target.url, body, 64, TPUT_SECONDS, TPUT_WARMUP, server=target)
-        out[mode] = {"c1": c1, "c64": c64}
-        for c, r in (("1", c1), ("64", c64)):
-            bad = f"  ERRORS {r['errors']} non-2xx {r['non2xx']}" if r["errors"] or r["non2xx"] else ""
-            print(f"  {label:<10} {mode:<6} c={c:<3} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms"
-                  f"  cpu {r.get('server_cpu_ms_per_req', 0):.3f} ms/req{bad}", flush=True)
+        for conns, seconds, warmup in ((1, LAT_SECONDS, LAT_WARMUP), (64, TPUT_SECONDS, TPUT_WARMUP)):
+            for label, target in targets.items():
+                r = out[label][mode][f"c{conns}"] = load.run(target.url, body, conns, seconds, warmup, server=target)
+                bad = f"  ERRORS {r['errors']} non-2xx {r['non2xx']}" if r["errors"] or r["non2xx"] else ""
+                print(f"  {label:<10} {mode:<6} c={conns:<3} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms"
+                      f"  cpu {r.get('server_cpu_ms_per_req', 0):.3f} ms/req{bad}", flush=True)
     return out
 
 
@@ -124,34 +124,34 @@ def print_table(rows: list[dict], verdicts: dict) -> None:
 
 def main() -> int:
     install_cleanup()
-    started = time.time()
+    started, code, other = time.time(), code_fingerprint(), OtherLoad()
     load = Load()
-    res: dict = {}
-    counts: dict = {}
     tmp = tempfile.mkdtemp(prefix="burnish-bench-")
-    upstream = None
+    procs: dict[str, Proc] = {}
     try:
-        upstream = start_upstream()
-        print(f"upstream {upstream.url}; load generator: {load.tool}", flush=True)
-        res["direct"] = measure(load, upstream, "direct")
-        for key, record in (("record_off", False), ("record_on", True)):
-            data_dir = os.path.join(tmp, key)
-            gateway = start_gateway(upstream.url, record, data_dir)
-            try:
-                res[key] = measure(load, gateway, key)
-            finally:
-                gateway.stop()
-            if record:
-                counts = recorded_calls(data_dir)
-                print(f"  record_on stored calls by status: {counts}", flush=True)
+        procs["direct"] = start_upstream()
+        print(f"upstream {procs['direct'].url}; load generator: {load.tool}; gateway code: {git_state()}", flush=True)
+        # Both gateways run side by side (an idle one costs nothing) and take turns with the direct runs.
+        procs["record_off"] = start_gateway(procs["direct"].url, False, os.path.join(tmp, "record_off"))
+        procs["record_on"] = start_gateway(procs["direct"].url, True, os.path.join(tmp, "record_on"))
+        for proc in procs.values():
+            check(proc.url)
+        res = measure(load, procs)
     finally:
-        if upstream:
-            upstream.stop()
+        for proc in reversed(procs.values()):
+            proc.stop()
         Proc.stop_all()
+    counts = recorded_calls(os.path.join(tmp, "record_on"))
+    print(f"  record_on stored calls by status: {counts}", flush=True)
+    busy = other.share()
+    print(f"\nother processes used {busy:.0%} of the machine's CPU during the run" + (" -- WARNING: figures skewed" if busy > 0.05 else ""), flush=True)
+    if code_fingerprint() != code:
+        print("\nWARNING: gateway/ changed on disk during this run; the figures mix two versions of the code", flush=True)
     rows, verdicts = summarize(res)
     print_table(rows, verdicts)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "git": git_state(), "code_fingerprint": code,
+            "code_changed_during_run": code_fingerprint() != code, "other_cpu_share": round(busy, 3), "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
             "load_tool": load.tool, "latency_seconds": LAT_SECONDS, "throughput_seconds": TPUT_SECONDS, "warmup_seconds": [LAT_WARMUP, TPUT_WARMUP],
             "run_seconds": round(time.time() - started, 1), "record_on_calls_stored": counts}
     RESULTS.write_text(json.dumps({"meta": meta, "rows": rows, "budgets": verdicts, "raw": res}, indent=2))

@@ -4,16 +4,15 @@
   chat.completion, or, for ``"stream": true``, a fixed 8-event SSE stream ending with
   ``data: [DONE]``. Served by uvicorn (httptools, uvloop) in its own process.
 * ``Proc``: a server subprocess in its own process group, killed with its group.
-* ``load()``: wrk with a Lua script (one connection per concurrent client, a fresh
+* ``Load``: wrk with a Lua script (one connection per concurrent client, a fresh
   ``X-Trajectory-Id`` per request, the whole body read, streams included), or, where wrk
-  cannot be had, ``python bench/harness.py load ...``: asyncio + httpx in its own process.
+  cannot be had, bench/pyload.py: asyncio + aiohttp (or httpx) in its own process.
 
 Only 127.0.0.1 is used. Every wait is bounded.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -61,6 +60,52 @@ async def upstream_app(scope, receive, send):  # noqa: ANN001 - raw ASGI
         await send({"type": "http.response.body", "body": _PLAIN})
 
 
+def git_state() -> str:
+    """The commit measured, and whether the gateway's code had uncommitted changes."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "gateway"], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return rev + (" + uncommitted changes in gateway/" if dirty else "")
+
+
+def code_fingerprint() -> str:
+    """A hash of the gateway's source as it is on disk: a run whose start and end differ measured two versions."""
+    import hashlib
+
+    digest = hashlib.sha1()
+    for path in sorted((ROOT / "gateway").rglob("*.py")):
+        digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+class OtherLoad:
+    """CPU that processes other than this benchmark's used while it ran: a busy machine skews figures.
+
+    Machine-wide busy time (/proc/stat) minus this process and its reaped children
+    (servers, workers, wrk), so read it after every child has been stopped.
+    """
+
+    def __init__(self) -> None:
+        self.busy0, self.own0, self.wall0 = self._busy(), self._own(), time.monotonic()
+
+    @staticmethod
+    def _busy() -> float:
+        f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        return (f[0] + f[1] + f[2] + f[5] + f[6] + f[7]) / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _own() -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    def share(self) -> float:
+        """Other processes' CPU as a share of the machine's capacity over the run."""
+        other = (self._busy() - self.busy0) - (self._own() - self.own0)
+        return max(0.0, other) / ((time.monotonic() - self.wall0) * (os.cpu_count() or 1))
+
+
 # ---- processes -------------------------------------------------------------------------------
 def free_port() -> int:
     with socket.socket() as s:
@@ -101,9 +146,16 @@ class Proc:
             return False
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time of the server process (all its threads) so far."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """User + system CPU time so far of every live process in the server's group (workers included)."""
+        ticks = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == self.proc.pid:  # the process group id
+                ticks += int(fields[11]) + int(fields[12])
+        return ticks / os.sysconf("SC_CLK_TCK")
 
     def log_tail(self, n: int = 3000) -> str:
         return Path(self.log.name).read_text(errors="replace")[-n:]
@@ -176,14 +228,14 @@ def find_wrk() -> str | None:
                 break
             if wrk := shutil.which("wrk"):
                 return wrk
-    print("wrk unavailable: using the Python (asyncio + httpx) load generator, which may be the bottleneck at c=64", flush=True)
+    print("wrk unavailable: using the Python (asyncio) load generator, which may be the bottleneck at c=64", flush=True)
     return None
 
 
 class Load:
     def __init__(self) -> None:
         self.wrk = find_wrk()
-        self.tool = "wrk" if self.wrk else "python-httpx"
+        self.tool = "wrk" if self.wrk else "python-asyncio"
         self.lua = Path(tempfile.mkdtemp(prefix="bench-wrk-")) / "bench.lua"
         self.lua.write_text(WRK_LUA)
         self.runs = 0
@@ -204,7 +256,7 @@ class Load:
         if self.wrk:
             cmd = [self.wrk, "-t1", f"-c{conns}", f"-d{max(1, round(duration))}s", "--timeout", "10s", "-s", str(self.lua), url + PATH, "--", tag, body]
         else:
-            cmd = [PYTHON, str(Path(__file__).resolve()), "load", url + PATH, str(conns), str(duration), tag, body]
+            cmd = [PYTHON, str(Path(__file__).resolve().parent / "pyload.py"), url + PATH, str(conns), str(duration), tag, body]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 60)
         line = next((l for l in out.stdout.splitlines() if l.startswith("WRKJSON ")), None)
         if line is None:
@@ -212,48 +264,3 @@ class Load:
         r = json.loads(line[len("WRKJSON "):])
         r["rps"] = r["requests"] / r["duration_s"] if r["duration_s"] else 0.0
         return r
-
-
-# ---- fallback generator: python bench/harness.py load URL CONNS DURATION TAG BODY ------------
-async def _python_load(url: str, conns: int, duration: float, tag: str, body: str) -> None:
-    import httpx
-
-    lat: list[float] = []
-    errors = non2xx = 0
-    counter = 0
-    data = body.encode()
-    stream = '"stream":true' in body
-    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=conns, max_keepalive_connections=conns), timeout=10) as client:
-        start = time.perf_counter()
-        deadline = start + duration
-
-        async def worker() -> None:
-            nonlocal counter, errors, non2xx
-            while time.perf_counter() < deadline:
-                counter += 1
-                headers = {"content-type": "application/json", "x-trajectory-id": f"{tag}-{counter}"}
-                t0 = time.perf_counter()
-                try:
-                    async with client.stream("POST", url, content=data, headers=headers) as r:
-                        await r.aread()
-                    lat.append(time.perf_counter() - t0)
-                    non2xx += r.status_code >= 400
-                except httpx.HTTPError:
-                    errors += 1
-
-        await asyncio.gather(*(worker() for _ in range(conns)))
-        elapsed = time.perf_counter() - start
-    lat.sort()
-    pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000 if lat else 0.0  # noqa: E731
-    result = {"requests": len(lat), "duration_s": elapsed, "errors": errors, "non2xx": non2xx, "stream": stream,
-              "p50_ms": pct(0.50), "p99_ms": pct(0.99), "mean_ms": sum(lat) / len(lat) * 1000 if lat else 0.0, "max_ms": lat[-1] * 1000 if lat else 0.0}
-    print("WRKJSON " + json.dumps(result))
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["load"]:
-    _url, _conns, _duration, _tag, _body = sys.argv[2:7]
-    try:
-        from uvloop import run as _run
-    except ImportError:
-        _run = asyncio.run
-    _run(_python_load(_url, int(_conns), float(_duration), _tag, _body))

@@ -52,6 +52,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
         exception_handlers={HTTPException: errors.handle_http_exception, Exception: errors.handle_unexpected},
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(title="burnish gateway", version="0.1.0", path="/docs"),
+        # Logging is configured by whoever runs the app (the CLI); Litestar's default
+        # would set the root logger to INFO behind --log-level's back.
+        logging_config=None,
         debug=False,
     )
 

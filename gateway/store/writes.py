@@ -81,6 +81,36 @@ def _upserts(dialect: str) -> tuple[Any, Any]:
 _INSERT_CALLS = Call.__table__.insert()
 
 
+class _Prepared:
+    """A statement compiled once, run straight on the DBAPI cursor.
+
+    For SQLite only: there SQLAlchemy's execution machinery cost more than the
+    statements themselves (0.18 ms against 0.07 ms per commit, the latency a lone
+    call waits for). SQL text and value conversions still come from SQLAlchemy:
+    the compiled statement and each column type's ``bind_processor``.
+    """
+
+    def __init__(self, stmt: Any, dialect: Any, keys: tuple[str, ...]) -> None:
+        compiled = stmt.compile(dialect=dialect, column_keys=list(keys))
+        self.sql = compiled.string
+        self.order = compiled.positiontup or ()
+        self.processors = [compiled.binds[name].type.bind_processor(dialect) for name in self.order]
+
+    def executemany(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        params = [tuple(p(row[k]) if p else row[k] for k, p in zip(self.order, self.processors)) for row in rows]
+        conn.connection.driver_connection.cursor().executemany(self.sql, params)
+
+
+@functools.cache
+def _prepared_sqlite(dialect: Any) -> tuple[_Prepared, _Prepared, _Prepared]:
+    groups, trajectories = _upserts("sqlite")
+    return (
+        _Prepared(groups, dialect, ("id", "expected_size", "created_at")),
+        _Prepared(trajectories, dialect, ("id", "group_id", "created_at", "updated_at")),
+        _Prepared(_INSERT_CALLS, dialect, _CALL_COLUMNS),
+    )
+
+
 def insert_calls(conn: Connection, records: list[CallRecord]) -> None:
     groups: dict[str, int | None] = {}
     trajectories: dict[str, dict[str, Any]] = {}
@@ -100,13 +130,23 @@ def insert_calls(conn: Connection, records: list[CallRecord]) -> None:
             row["created_at"] = min(row["created_at"], rec.started_at)
             row["updated_at"] = max(row["updated_at"], rec.finished_at)
 
-    upsert_groups, upsert_trajectories = _upserts(conn.dialect.name)
     # Sorted keys: concurrent writers (several gateways on PostgreSQL) lock rows in one order.
-    if groups:
-        now = utcnow()
-        conn.execute(upsert_groups, [{"id": g, "expected_size": groups[g], "created_at": now} for g in sorted(groups)])
-    conn.execute(upsert_trajectories, [trajectories[t] for t in sorted(trajectories)])
-    conn.execute(_INSERT_CALLS, [rec.call_row() for rec in records])
+    now = utcnow()
+    group_rows = [{"id": g, "expected_size": groups[g], "created_at": now} for g in sorted(groups)]
+    trajectory_rows = [trajectories[t] for t in sorted(trajectories)]
+    call_rows = [rec.call_row() for rec in records]
+    if conn.dialect.name == "sqlite":
+        upsert_groups, upsert_trajectories, insert = _prepared_sqlite(conn.dialect)
+        if group_rows:
+            upsert_groups.executemany(conn, group_rows)
+        upsert_trajectories.executemany(conn, trajectory_rows)
+        insert.executemany(conn, call_rows)
+        return
+    upsert_groups, upsert_trajectories = _upserts(conn.dialect.name)
+    if group_rows:
+        conn.execute(upsert_groups, group_rows)
+    conn.execute(upsert_trajectories, trajectory_rows)
+    conn.execute(_INSERT_CALLS, call_rows)
 
 
 @dataclass(slots=True)
