@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -38,6 +39,10 @@ def create_app(settings: Settings | None = None) -> Litestar:
         writer.start()
         upstream = Upstream(settings)
         app.state.services = Services(settings=settings, db=db, writer=writer, upstream=upstream)
+        # Everything allocated so far lives as long as the app: move it out of the
+        # collector's sight, so full collections stop walking it (a p99 latency cost).
+        gc.collect()
+        gc.freeze()
         log.info("gateway up: upstream %s, store %s", settings.upstream, db.url.render_as_string(hide_password=True))
         try:
             yield
