@@ -12,6 +12,7 @@ from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 
 from gateway import errors
+from gateway.policies import Registry
 from gateway.routes import proxy, trajectories
 from gateway.services import Services
 from gateway.settings import Settings
@@ -38,7 +39,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
         writer = Writer(db, batch_max=settings.commit_batch_max)
         writer.start()
         upstream = Upstream(settings)
-        app.state.services = Services(settings=settings, db=db, writer=writer, upstream=upstream)
+        policies = Registry(settings.policies_path)
+        app.state.services = Services(settings=settings, db=db, writer=writer, upstream=upstream, policies=policies)
         # Everything allocated so far lives as long as the app: move it out of the
         # collector's sight, so full collections stop walking it (a p99 latency cost).
         gc.collect()

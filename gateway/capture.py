@@ -231,6 +231,48 @@ MESSAGES = Endpoint("messages", "messages", MessagesAssembler, False)
 ENDPOINTS = (CHAT, COMPLETIONS, RESPONSES, MESSAGES)
 
 
+@dataclass(frozen=True, slots=True)
+class Injected:
+    """What the gateway asked vLLM for on a policy call that the client did not."""
+
+    token_ids: bool
+    logprobs: bool
+
+    def scrub(self, obj: Any) -> Any:
+        """Put the answer back the way vLLM writes it when not asked (the fields, null)."""
+        if not isinstance(obj, dict):
+            return obj
+        if self.token_ids and obj.get("prompt_token_ids") is not None:
+            obj["prompt_token_ids"] = None
+        for choice in obj.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            if self.token_ids:
+                for key in ("token_ids", "prompt_token_ids"):
+                    if choice.get(key) is not None:
+                        choice[key] = None
+            if self.logprobs and choice.get("logprobs") is not None:
+                choice["logprobs"] = None
+        return obj
+
+
+def inject(endpoint: Endpoint, request: dict[str, Any]) -> Injected | None:
+    """Ask for the sampled tokens' ids and logprobs (vLLM's fields); say what was added."""
+    if not endpoint.has_choices:
+        return None
+    added_ids = not request.get("return_token_ids")
+    request["return_token_ids"] = True
+    if endpoint is CHAT:
+        added_logprobs = not request.get("logprobs")
+        if added_logprobs:
+            request["logprobs"] = True
+    else:  # completions: logprobs=0 returns the sampled token's logprob only
+        added_logprobs = request.get("logprobs") is None
+        if added_logprobs:
+            request["logprobs"] = 0
+    return Injected(added_ids, added_logprobs)
+
+
 def _next_boundary(buf: bytes, start: int) -> tuple[int, int]:
     """Where the next event ends: (index, separator length), or (-1, 0)."""
     lf = buf.find(b"\n\n", start)
@@ -253,8 +295,9 @@ def _parse_event(raw: bytes) -> tuple[str | None, bytes | None]:
 class StreamCapture:
     """Cuts a byte stream into events, folds them, and holds back the terminal one."""
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(self, endpoint: Endpoint, injected: Injected | None = None) -> None:
         self.endpoint = endpoint
+        self.injected = injected
         self.assembler = endpoint.assembler()
         self.buffer = b""
         self.held = b""
@@ -273,24 +316,30 @@ class StreamCapture:
                 break
             event = buf[start : end + sep]
             start = end + sep
-            if self.terminal or self._consume(event):
+            if self.terminal:
+                self.held += event
+                continue
+            terminal, rewritten = self._consume(event)
+            if terminal:
                 self.terminal = True
                 self.held += event
             else:
-                out.append(event)
+                out.append(event if rewritten is None else rewritten)
         self.buffer = buf[start:]
         return out[0] if len(out) == 1 else b"".join(out)
 
-    def _consume(self, event: bytes) -> bool:
+    def _consume(self, event: bytes) -> tuple[bool, bytes | None]:
+        """Fold one event in; return whether it ends the stream, and its rewrite if any."""
         name, data = _parse_event(event)
         if data is None:
-            return False
+            return False, None
         obj = None
+        rewritten = None
         if data != b"[DONE]":
             try:
                 obj = _decode(data)
             except msgspec.DecodeError:
-                return False
+                return False, None
             if isinstance(obj, dict):
                 self.events += 1
                 if obj.get("error") is not None and (self.endpoint.has_choices or obj.get("type") == "error"):
@@ -299,8 +348,10 @@ class StreamCapture:
                 elif name == "error" or obj.get("type") == "error":
                     self.error = str(obj.get("message") or obj)
                 else:
-                    self.assembler.add(obj)
-        return self.endpoint.is_terminal(name, data, obj)
+                    self.assembler.add(obj)  # sees the token ids before they are scrubbed
+                    if self.injected is not None:
+                        rewritten = b"data: " + _encode(self.injected.scrub(obj)) + b"\n\n"
+        return self.endpoint.is_terminal(name, data, obj), rewritten
 
     def outcome(self) -> tuple[str, str | None]:
         """Status of the stream after the upstream closed it."""

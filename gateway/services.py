@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from litestar import Request
 
+from gateway.policies import Registry
 from gateway.settings import Settings
 from gateway.store.database import Database
 from gateway.store.writer import Writer
@@ -18,6 +19,7 @@ class Services:
     db: Database
     writer: Writer
     upstream: Upstream
+    policies: Registry
 
 
 def services(request: Request) -> Services:

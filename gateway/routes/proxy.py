@@ -28,8 +28,9 @@ from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Send
 
 from gateway import keys
-from gateway.capture import ENDPOINTS, Endpoint, StreamCapture, extract_tokens
+from gateway.capture import ENDPOINTS, Endpoint, Injected, StreamCapture, Tokens, extract_tokens, inject
 from gateway.errors import APIError, error_body
+from gateway.policies import Route
 from gateway.services import Services, services
 from gateway.store.models import CLIENT_DISCONNECTED, OK, UPSTREAM_CUT, UPSTREAM_ERROR, utcnow
 from gateway.store.writes import CallRecord
@@ -50,6 +51,7 @@ class RequestHead(msgspec.Struct):
 
 _decode_head = msgspec.json.Decoder(RequestHead).decode
 _decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
 
 
 def parse_head(body: bytes) -> RequestHead:
@@ -82,14 +84,42 @@ class Call:
         self.endpoint = endpoint
         self.key = key
         self.head = head
-        self.body = body
+        self.body = body  # as the client sent it: that is what gets recorded
+        self.upstream_body = body
+        self.route: Route | None = svc.policies.resolve(head.model)
+        self.injected: Injected | None = None
+        if self.route is not None:
+            # A policy call: send vLLM the served version, and ask for the sampled tokens.
+            request = _decode(body)
+            request["model"] = self.route.upstream_model
+            self.injected = inject(endpoint, request)
+            self.upstream_body = _encode(request)
         self.started_at = utcnow()
         self.sent_at = perf_counter()
         self.attempts = 1
         self.first_byte_ms: float | None = None
 
-    def record(self, status: str, http_status: int | None, *, response: bytes | None = None, parsed: Any = None, error: str | None = None) -> CallRecord:
-        tokens = extract_tokens(self.endpoint, parsed) if status == OK else None
+    @property
+    def version(self) -> str:
+        return self.route.version if self.route is not None else (self.head.model or "")
+
+    def answer(self, parsed: Any) -> tuple[Tokens | None, Any]:
+        """The tokens in the full answer, then the answer as the client should see it."""
+        tokens = extract_tokens(self.endpoint, parsed)
+        if self.injected is not None:
+            parsed = self.injected.scrub(parsed)
+        return tokens, parsed
+
+    def record(
+        self,
+        status: str,
+        http_status: int | None,
+        *,
+        response: bytes | None = None,
+        parsed: Any = None,
+        tokens: Tokens | None = None,
+        error: str | None = None,
+    ) -> CallRecord:
         usage = parsed.get("usage") if isinstance(parsed, dict) and isinstance(parsed.get("usage"), dict) else None
         return CallRecord(
             trajectory_id=self.key.trajectory_id,
@@ -113,6 +143,9 @@ class Call:
             upstream_ms=_ms(self.sent_at),
             started_at=self.started_at,
             finished_at=utcnow(),
+            policy=self.route.policy if self.route else None,
+            policy_step=self.route.step if self.route else None,
+            upstream_model=self.route.upstream_model if self.route else self.head.model,
         )
 
     async def commit(self, record: CallRecord) -> None:
@@ -141,15 +174,18 @@ async def forward(request: Request, endpoint: Endpoint) -> ASGIResponse:
         path += "?" + query.decode("latin-1")
 
     try:
-        response, call.attempts = await svc.upstream.send("POST", path, content=body, headers=svc.upstream.request_headers(request.scope["headers"]))
+        response, call.attempts = await svc.upstream.send(
+            "POST", path, content=call.upstream_body, headers=svc.upstream.request_headers(request.scope["headers"])
+        )
     except UpstreamFailure as failure:
         call.attempts = failure.attempts
         await call.commit(call.record(UPSTREAM_ERROR, failure.status, error=failure.message))
-        return _error(failure.status, failure.message, key)
+        return _error(failure.status, failure.message, call)
     call.first_byte_ms = _ms(call.sent_at)
 
     headers = response_headers(response)
     headers["x-trajectory-id"] = key.trajectory_id
+    headers["x-policy-version"] = call.version
     if response.status_code < 400 and response.headers.get("content-type", "").startswith("text/event-stream"):
         relay = StreamRelay(call, response)
         return RelayResponse(iterator=relay.events(), status_code=response.status_code, headers=headers)
@@ -159,13 +195,16 @@ async def forward(request: Request, endpoint: Endpoint) -> ASGIResponse:
     except httpx.HTTPError as exc:
         status, message = (504, "the upstream went silent") if isinstance(exc, httpx.ReadTimeout) else (502, f"the upstream broke off its answer: {exc}")
         await call.commit(call.record(UPSTREAM_ERROR, status, error=message))
-        return _error(status, message, key)
+        return _error(status, message, call)
     finally:
         await response.aclose()
 
     parsed = _json_or_none(raw)
     if response.status_code < 400:
-        await call.commit(call.record(OK, response.status_code, response=raw if parsed is not None else None, parsed=parsed))
+        tokens, parsed = call.answer(parsed)
+        if call.injected is not None and isinstance(parsed, dict):
+            raw = _encode(parsed)
+        await call.commit(call.record(OK, response.status_code, response=raw if parsed is not None else None, parsed=parsed, tokens=tokens))
         return ASGIResponse(body=raw, status_code=response.status_code, headers=headers)
 
     # An upstream error: relayed with its status, in the OpenAI error format.
@@ -182,9 +221,10 @@ async def forward(request: Request, endpoint: Endpoint) -> ASGIResponse:
     return ASGIResponse(body=raw, status_code=response.status_code, headers=headers)
 
 
-def _error(status: int, message: str, key: keys.CallKey) -> ASGIResponse:
+def _error(status: int, message: str, call: Call) -> ASGIResponse:
     code = "upstream_timeout" if status == 504 else "upstream_unavailable"
-    return ASGIResponse(body=error_body(status, message, code), status_code=status, headers={"x-trajectory-id": key.trajectory_id})
+    headers = {"x-trajectory-id": call.key.trajectory_id, "x-policy-version": call.version}
+    return ASGIResponse(body=error_body(status, message, code), status_code=status, headers=headers)
 
 
 class StreamRelay:
@@ -193,13 +233,13 @@ class StreamRelay:
     def __init__(self, call: Call, response: httpx.Response) -> None:
         self.call = call
         self.response = response
-        self.capture = StreamCapture(call.endpoint)
+        self.capture = StreamCapture(call.endpoint, call.injected)
         self.recorded = False
 
     def _record(self, status: str, error: str | None) -> CallRecord:
-        result = self.capture.result()
+        tokens, result = self.call.answer(self.capture.result())
         self.recorded = True
-        return self.call.record(status, self.response.status_code, response=msgspec.json.encode(result), parsed=result, error=error)
+        return self.call.record(status, self.response.status_code, response=_encode(result), parsed=result, tokens=tokens, error=error)
 
     async def events(self) -> AsyncIterator[bytes]:
         try:
@@ -253,7 +293,7 @@ def _proxy_handler(endpoint: Endpoint) -> HTTPRouteHandler:
 
 @get([f"{prefix}/v1/models" for prefix in PREFIXES], name="models")
 async def models(request: Request) -> ASGIResponse:
-    """The upstream's models (later: and the policies)."""
+    """The policies, then the upstream's models."""
     svc = services(request)
     try:
         response, _ = await svc.upstream.send("GET", "/v1/models", content=None, headers=svc.upstream.request_headers(request.scope["headers"]))
@@ -263,6 +303,15 @@ async def models(request: Request) -> ASGIResponse:
         raw = await response.aread()
     finally:
         await response.aclose()
+    listing = _json_or_none(raw)
+    svc.policies.resolve("")  # reload the registry if its file changed
+    if response.status_code == 200 and isinstance(listing, dict) and isinstance(listing.get("data"), list) and svc.policies.policies:
+        entries = [
+            {"id": p.name, "object": "model", "owned_by": "burnish", "root": p.base_model, "parent": p.base_model, "step": p.step}
+            for p in svc.policies.policies.values()
+        ]
+        listing["data"] = entries + listing["data"]
+        raw = _encode(listing)
     return ASGIResponse(body=raw, status_code=response.status_code, headers=response_headers(response))
 
 

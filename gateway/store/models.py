@@ -76,13 +76,21 @@ class Call(Base):
     """One request through the gateway and what came back."""
 
     __tablename__ = "calls"
-    __table_args__ = (Index("ix_calls_trajectory_id_started_at", "trajectory_id", "started_at"),)
+    __table_args__ = (
+        Index("ix_calls_trajectory_id_started_at", "trajectory_id", "started_at"),
+        Index("ix_calls_policy_policy_step", "policy", "policy_step"),
+    )
 
     pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
     trajectory_id: Mapped[str] = mapped_column(ForeignKey("trajectories.id"))
     # "chat.completions", "completions", "responses" or "messages".
     endpoint: Mapped[str] = mapped_column(String(32))
     model: Mapped[str | None] = mapped_column(String(256))
+    # For a call to a policy: its name and the step (adapter version) that served it;
+    # `upstream_model` is the name vLLM was asked for (`<policy>@<step>`, or the base model).
+    policy: Mapped[str | None] = mapped_column(String(128))
+    policy_step: Mapped[int | None] = mapped_column(Integer)
+    upstream_model: Mapped[str | None] = mapped_column(String(256))
     stream: Mapped[bool] = mapped_column(default=False)
     status: Mapped[str] = mapped_column(String(32))
     http_status: Mapped[int | None] = mapped_column(Integer)

@@ -48,6 +48,9 @@ class CallRecord:
     attempts: int = 1
     upstream_first_byte_ms: float | None = None
     upstream_ms: float | None = None
+    policy: str | None = None
+    policy_step: int | None = None
+    upstream_model: str | None = None
 
     def call_row(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _CALL_COLUMNS}
