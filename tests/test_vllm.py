@@ -37,11 +37,34 @@ TOOLS = [{"type": "function", "function": {"name": "calculator", "description": 
 GREEDY = {"temperature": 0, "max_tokens": 12}
 
 
+# torch is used in child processes only: the test process stays as light as the gateway.
+MAKE_ADAPTER = """
+import sys, torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+torch.manual_seed(1)
+base = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+# init_lora_weights=False: random A and B, so the adapter visibly changes the output.
+config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], init_lora_weights=False)
+get_peft_model(base, config).save_pretrained(sys.argv[2])
+"""
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.tiny_model import make_tiny_model
+    path = tmp_path_factory.mktemp("model") / "tiny"
+    out = subprocess.run([sys.executable, "-m", "gateway.cli", "tiny-model", str(path), "--seed", "0"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return path
 
-    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", seed=0)
+
+def test_tiny_model_is_the_same_for_the_same_seed(tiny_model: Path, tmp_path: Path) -> None:
+    again = tmp_path / "again"
+    subprocess.run([sys.executable, "-m", "gateway.cli", "tiny-model", str(again), "--seed", "0"], check=True, capture_output=True, timeout=300)
+    files = sorted(p.name for p in tiny_model.iterdir())
+    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= set(files)
+    assert files == sorted(p.name for p in again.iterdir())
+    assert all((tiny_model / f).read_bytes() == (again / f).read_bytes() for f in files)
 
 
 @pytest.fixture(scope="session")
@@ -157,16 +180,8 @@ def test_request_with_tools(gw: Gateway, vllm: VLLMServer) -> None:
 
 
 def test_lora_adapter_is_served_by_policy_step(gw: Gateway, vllm: VLLMServer, tiny_model: Path, policy_file: Path, tmp_path: Path) -> None:
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(1)
-    base = AutoModelForCausalLM.from_pretrained(tiny_model)
-    # init_lora_weights=False: random A and B, so the adapter visibly changes the output.
-    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], init_lora_weights=False))
     adapter = tmp_path / "agent-1"
-    model.save_pretrained(adapter)
+    subprocess.run([sys.executable, "-c", MAKE_ADAPTER, str(tiny_model), str(adapter)], check=True, timeout=300)
     r = httpx.post(vllm.url + "/v1/load_lora_adapter", json={"lora_name": "agent@1", "lora_path": str(adapter)}, timeout=60)
     assert r.status_code == 200, r.text
     try:
