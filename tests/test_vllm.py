@@ -240,3 +240,16 @@ def test_burnish_up_starts_serves_and_stops_cleanly(tiny_model: Path, tmp_path: 
     leftover = subprocess.run(["pgrep", "-f", str(data)], capture_output=True, text=True).stdout.strip()
     assert leftover == "", leftover
     assert (data / "logs" / "vllm.log").exists() and (data / "logs" / "gateway.log").exists()
+
+
+def test_burnish_up_shows_why_vllm_did_not_start(tmp_path: Path) -> None:
+    not_a_model = tmp_path / "empty"
+    not_a_model.mkdir()
+    env = {**os.environ, "BURNISH_DATA_DIR": str(tmp_path / "data"), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "up", "--model", str(not_a_model), "--port", str(free_port()), "--vllm-port", str(free_port())],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 1
+    assert "vLLM exited" in out.stderr and "Last lines of" in out.stderr
+    assert str(not_a_model) in out.stderr  # vLLM's own complaint, from its log
