@@ -1,0 +1,79 @@
+"""GRPO's advantages and loss against values worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from trainer.grpo import LossSettings, group_advantages, grpo_loss  # noqa: E402
+
+
+def test_advantages_are_centred_and_scaled_by_the_sample_std() -> None:
+    # rewards 0, 1, 2, 3: mean 1.5; sample std = sqrt(((1.5^2)*2 + (0.5^2)*2) / 3) = sqrt(5/3)
+    adv = group_advantages(torch.tensor([0.0, 1.0, 2.0, 3.0]), eps=0.0)
+    std = math.sqrt(5 / 3)
+    assert adv.tolist() == pytest.approx([-1.5 / std, -0.5 / std, 0.5 / std, 1.5 / std])
+    assert group_advantages(torch.tensor([0.0, 1.0, 2.0, 3.0]), scale=False).tolist() == [-1.5, -0.5, 0.5, 1.5]
+
+
+def test_equal_rewards_teach_nothing() -> None:
+    assert group_advantages(torch.tensor([0.7, 0.7, 0.7])).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_loss_on_policy_is_minus_the_mean_advantage_per_token() -> None:
+    # Same logprobs as the behaviour policy: ratio 1 everywhere, loss = -sum(A * mask) / tokens.
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.1], [0.2, 0.2, 0.2]]))
+    mask = torch.tensor([[0, 1, 1], [1, 1, 0]])  # 4 sampled tokens
+    adv = torch.tensor([2.0, -1.0])
+    parts = grpo_loss(logp, logp.clone(), adv, mask, LossSettings())
+    assert parts.loss.item() == pytest.approx(-(2 * 2 + (-1) * 2) / 4)
+    assert parts.tokens == 4 and parts.clip_fraction.item() == 0.0
+
+
+def test_ratio_is_clipped_asymmetrically() -> None:
+    settings = LossSettings(clip_eps_low=0.2, clip_eps_high=0.28)
+    behaviour = torch.log(torch.tensor([[0.5, 0.5, 0.5, 0.5]]))
+    # ratios 2.0, 0.5, 1.1, 0.9 on one sequence
+    logp = behaviour + torch.log(torch.tensor([[2.0, 0.5, 1.1, 0.9]]))
+    mask = torch.ones(1, 4)
+    # A > 0: min(r*A, clip(r)*A) -> 1.28, 0.5, 1.1, 0.9 (the low clip does not bind on the min for A>0)
+    pos = grpo_loss(logp, behaviour, torch.tensor([1.0]), mask, settings)
+    assert pos.loss.item() == pytest.approx(-(1.28 + 0.5 + 1.1 + 0.9) / 4)
+    # A < 0: min(-r, -clip(r)) -> -2.0, -0.8, -1.1, -0.9
+    neg = grpo_loss(logp, behaviour, torch.tensor([-1.0]), mask, settings)
+    assert neg.loss.item() == pytest.approx((2.0 + 0.8 + 1.1 + 0.9) / 4)
+    assert pos.clip_fraction.item() == pytest.approx(0.5)
+
+
+def test_kl_term_is_k3_against_the_reference() -> None:
+    settings = LossSettings(kl_coef=0.1)
+    logp = torch.log(torch.tensor([[0.5, 0.4]]))
+    ref = torch.log(torch.tensor([[0.25, 0.4]]))
+    mask = torch.ones(1, 2)
+    parts = grpo_loss(logp, logp.clone(), torch.tensor([0.0]), mask, settings, reference_logprobs=ref)
+    delta = math.log(0.25 / 0.5)
+    k3 = math.exp(delta) - delta - 1  # second token: delta 0, k3 0
+    assert parts.kl.item() == pytest.approx(k3 / 2)
+    assert parts.loss.item() == pytest.approx(0.1 * k3 / 2)
+
+
+def test_gradient_pushes_up_the_advantaged_tokens() -> None:
+    logits = torch.zeros(1, 3, requires_grad=True)
+    logp = torch.log_softmax(logits, dim=-1)  # three tokens, logprob of each as a "sequence"
+    behaviour = logp.detach().clone()
+    grpo_loss(logp, behaviour, torch.tensor([1.0]), torch.tensor([[1, 0, 0]]), LossSettings()).loss.backward()
+    assert logits.grad[0, 0] < 0  # gradient descent raises token 0's logit
+
+
+def test_micro_batches_normalised_by_the_step_total_add_up_to_the_whole() -> None:
+    torch.manual_seed(0)
+    logp, behaviour = torch.randn(4, 5), torch.randn(4, 5)
+    mask = (torch.rand(4, 5) > 0.3).int()
+    adv = torch.randn(4)
+    whole = grpo_loss(logp, behaviour, adv, mask, LossSettings()).loss
+    total = int(mask.sum())
+    halves = sum(grpo_loss(logp[i : i + 2], behaviour[i : i + 2], adv[i : i + 2], mask[i : i + 2], LossSettings(), normaliser=total).loss for i in (0, 2))
+    assert halves.item() == pytest.approx(whole.item(), rel=1e-6)

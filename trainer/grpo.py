@@ -1,0 +1,89 @@
+"""GRPO's arithmetic: group-relative advantages and the clipped, token-level loss.
+
+Everything here is a pure function of tensors, so it can be checked by hand
+(tests/test_grpo.py). The loop that feeds it lives elsewhere in trainer/.
+
+    advantage_i   = (r_i - mean(r)) / (std(r) + eps)        per group; std optional
+    ratio_t       = exp(logp_t - logp_behaviour_t)          logp_behaviour: what vLLM recorded
+    loss_t        = -min(ratio_t * A, clip(ratio_t, 1 - eps_low, 1 + eps_high) * A)
+                    + kl_coef * k3_t,   k3_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1
+    loss          = sum over every sampled token in the batch / number of those tokens
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    # Clip range of the importance ratio. A higher upper bound (DAPO's "clip-higher")
+    # lets rare tokens gain probability faster than they can lose it.
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.28
+    # Weight of the k3 KL estimate against the base model (adapter off). 0: no KL term and
+    # no reference forward pass, which is what recent GRPO practice (DAPO, Dr. GRPO) uses.
+    kl_coef: float = 0.0
+    # Divide advantages by the group's standard deviation (GRPO). False: only centre them (Dr. GRPO).
+    scale_advantages: bool = True
+    advantage_eps: float = 1e-4
+
+
+def group_advantages(rewards: torch.Tensor, *, scale: bool = True, eps: float = 1e-4) -> torch.Tensor:
+    """One group's rewards -> advantages: centred on the group mean, scaled by its std.
+
+    The std is the sample std (n - 1), as TRL computes it, so the two can be compared.
+    A group whose rewards are all equal has advantages of 0: it teaches nothing.
+    """
+    rewards = rewards.to(torch.float32)
+    centred = rewards - rewards.mean()
+    if not scale or rewards.numel() < 2:
+        return centred
+    return centred / (rewards.std() + eps)
+
+
+@dataclass
+class LossParts:
+    loss: torch.Tensor  # the scalar to backpropagate
+    policy_loss: torch.Tensor
+    kl: torch.Tensor  # mean k3 over sampled tokens (0 if no reference)
+    clip_fraction: torch.Tensor  # share of sampled tokens whose ratio was clipped
+    tokens: int
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    settings: LossSettings,
+    reference_logprobs: torch.Tensor | None = None,
+    normaliser: int | None = None,
+) -> LossParts:
+    """Token-level GRPO loss.
+
+    All tensors are [batch, time]; ``advantages`` may be [batch] (one per sequence).
+    ``mask`` is 1 on sampled tokens (the only ones trained on), 0 on prompt and padding.
+    ``normaliser`` is the number of sampled tokens in the whole step, when a step is split
+    into micro-batches; by default, this batch's.
+    """
+    mask = mask.to(logprobs.dtype)
+    if advantages.dim() == 1:
+        advantages = advantages[:, None]
+    ratio = torch.exp(logprobs - behaviour_logprobs)
+    clipped = ratio.clamp(1 - settings.clip_eps_low, 1 + settings.clip_eps_high)
+    per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+    n = normaliser if normaliser is not None else int(mask.sum().item())
+    n = max(n, 1)
+    policy_loss = (per_token * mask).sum() / n
+    kl = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    if reference_logprobs is not None and settings.kl_coef > 0:
+        delta = reference_logprobs - logprobs
+        k3 = torch.exp(delta) - delta - 1
+        kl = (k3 * mask).sum() / n
+    with torch.no_grad():
+        was_clipped = ((ratio < 1 - settings.clip_eps_low) | (ratio > 1 + settings.clip_eps_high)).to(mask.dtype)
+        clip_fraction = (was_clipped * mask).sum() / max(int(mask.sum().item()), 1)
+    return LossParts(policy_loss + settings.kl_coef * kl, policy_loss.detach(), kl.detach(), clip_fraction, int(mask.sum().item()))
