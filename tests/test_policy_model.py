@@ -1,0 +1,88 @@
+"""The trainer's model step on the tiny model, offline (transformers' generate, no vLLM):
+reward rises, and a checkpoint resumes exactly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from trainer.grpo import group_advantages  # noqa: E402
+from trainer.policy_model import LoraSettings, PolicyModel, TrainSettings  # noqa: E402
+from trainer.sequences import Sequence  # noqa: E402
+
+STEPS, GROUPS, GROUP_SIZE = 40, 2, 4
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("m") / "tiny"
+    subprocess.run([sys.executable, "-m", "gateway.cli", "tiny-model", str(path)], check=True, capture_output=True, timeout=300)
+    return path
+
+
+def digit_share(model: PolicyModel, ids: list[int]) -> float:
+    text = model.tokenizer.decode(ids, skip_special_tokens=True)
+    return sum(ch.isdigit() for ch in text) / max(len(text), 1)
+
+
+def rollout(model: PolicyModel, prompt: list[int]) -> tuple[list[tuple[Sequence, float]], list[float]]:
+    items, rewards = [], []
+    for _ in range(GROUPS):
+        model.model.eval()
+        with torch.no_grad():
+            out = model.model.generate(torch.tensor([prompt] * GROUP_SIZE), do_sample=True, max_new_tokens=16, pad_token_id=model.pad_id)
+        completions = [o[len(prompt) :].tolist() for o in out]
+        r = [digit_share(model, c) for c in completions]
+        rewards += r
+        for c, a in zip(completions, group_advantages(torch.tensor(r)).tolist()):
+            seq = Sequence()
+            seq.add(prompt, c, None)
+            items.append((seq, a))
+    return items, rewards
+
+
+def prompt_ids(model: PolicyModel) -> list[int]:
+    text = model.tokenizer.apply_chat_template([{"role": "user", "content": "Write some digits."}], add_generation_prompt=True, tokenize=False)
+    return model.tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_reward_rises_on_the_digit_task(tiny: Path) -> None:
+    torch.manual_seed(0)
+    model = PolicyModel(str(tiny), LoraSettings(rank=8, alpha=16), TrainSettings(learning_rate=5e-3))
+    prompt = prompt_ids(model)
+    means = []
+    for _ in range(STEPS):
+        items, rewards = rollout(model, prompt)
+        model.step(items)
+        means.append(sum(rewards) / len(rewards))
+    first, last = sum(means[:8]) / 8, sum(means[-8:]) / 8
+    # Measured over seeds 0-3: first ~0.07-0.1, last ~0.55-0.65.
+    assert first < 0.2 and last > first + 0.25, means
+
+
+def test_checkpoint_resumes_exactly(tiny: Path, tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    settings = TrainSettings(learning_rate=5e-3)
+    model = PolicyModel(str(tiny), LoraSettings(rank=8, alpha=16), settings)
+    prompt = prompt_ids(model)
+    batches = [rollout(model, prompt)[0] for _ in range(3)]
+    model.step(batches[0])
+    model.save(tmp_path / "ckpt")
+    model.step(batches[1])
+    expected = model.step(batches[2])
+
+    resumed = PolicyModel(str(tiny), LoraSettings(rank=8, alpha=16), settings)
+    resumed.load(tmp_path / "ckpt")
+    assert resumed.step_count == 1
+    resumed.step(batches[1])
+    got = resumed.step(batches[2])
+    assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-4)
+    for (name, a), b in zip(model.model.named_parameters(), resumed.model.parameters()):
+        if a.requires_grad:
+            assert torch.allclose(a, b, atol=1e-6), name

@@ -1,0 +1,156 @@
+"""The model being trained: a base model with a peft LoRA adapter, its optimizer, one GRPO step.
+
+Read top to bottom: settings (every knob and its default), the batch (sequences padded
+into tensors), the forward pass (per-token logprobs), the step (loss, backward,
+clip, AdamW), checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from trainer.grpo import LossSettings, grpo_loss
+from trainer.sequences import Sequence
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    rank: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    # For real models; the tiny embedded model learns at 5e-3 (docs/trainer.md).
+    learning_rate: float = 1e-5
+    adam_betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    # Groups trained in one optimizer step.
+    groups_per_step: int = 2
+    # Longer sequences are cut at the end (their last sampled tokens are not trained on).
+    max_seq_len: int = 4096
+    # Gradient accumulation: sequences are packed into forward passes of at most this many
+    # (padded) tokens, which bounds activation memory whatever the step's size.
+    micro_batch_tokens: int = 8192
+    loss: LossSettings = field(default_factory=LossSettings)
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T]
+    sampled: torch.Tensor  # [B, T], 1 on tokens to train on
+    behaviour_logprobs: torch.Tensor  # [B, T]
+    has_behaviour: torch.Tensor  # [B], False: on-policy (ratio 1), e.g. rebuilt from the chat template
+    advantages: torch.Tensor  # [B]
+
+
+def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, device: torch.device) -> Batch:
+    width = min(max(len(s.tokens) for s, _ in items), max_len)
+
+    def padded(values: list, fill: float | int) -> list:
+        values = values[:width]
+        return values + [fill] * (width - len(values))
+
+    return Batch(
+        input_ids=torch.tensor([padded(s.tokens, pad_id) for s, _ in items], device=device),
+        attention_mask=torch.tensor([padded([1] * len(s.tokens), 0) for s, _ in items], device=device),
+        sampled=torch.tensor([padded(s.mask, 0) for s, _ in items], device=device),
+        behaviour_logprobs=torch.tensor([padded(s.behaviour_logprobs, 0.0) for s, _ in items], device=device, dtype=torch.float32),
+        has_behaviour=torch.tensor([s.has_behaviour_logprobs for s, _ in items], device=device),
+        advantages=torch.tensor([a for _, a in items], device=device, dtype=torch.float32),
+    )
+
+
+def micro_batches(items: list[tuple[Sequence, float]], max_tokens: int, max_len: int) -> Iterator[list[tuple[Sequence, float]]]:
+    """Longest first, packed greedily so that rows x longest row <= max_tokens."""
+    ordered = sorted(items, key=lambda item: len(item[0].tokens), reverse=True)
+    chunk: list[tuple[Sequence, float]] = []
+    for item in ordered:
+        longest = min(len((chunk or [item])[0][0].tokens), max_len)
+        if chunk and (len(chunk) + 1) * longest > max_tokens:
+            yield chunk
+            chunk = []
+        chunk.append(item)
+    if chunk:
+        yield chunk
+
+
+class PolicyModel:
+    def __init__(self, base_model: str, lora: LoraSettings = LoraSettings(), train: TrainSettings = TrainSettings()) -> None:
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        # bf16 on a GPU; fp32 on the CPU, where bf16 matmuls are slow or missing.
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.tokenizer = AutoTokenizer.from_pretrained(base_model)
+        base = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype).to(self.device)
+        config = LoraConfig(
+            r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules), task_type="CAUSAL_LM"
+        )
+        self.model = get_peft_model(base, config)
+        self.lora, self.train = lora, train
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad], lr=train.learning_rate, betas=train.adam_betas, weight_decay=train.weight_decay
+        )
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.step_count = 0
+
+    def token_logprobs(self, batch: Batch) -> torch.Tensor:
+        """logprob of each token given the ones before it; 0 at position 0."""
+        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+        targets = batch.input_ids[:, 1:]
+        picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+        return torch.nn.functional.pad(picked, (1, 0))
+
+    def step(self, items: list[tuple[Sequence, float]]) -> dict[str, float]:
+        """One optimizer step over (sequence, advantage) pairs: the loss is token-level over all of them."""
+        self.model.train()
+        settings = self.train.loss
+        total = sum(min(s.sampled, self.train.max_seq_len) for s, _ in items)
+        sums = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
+        for chunk in micro_batches(items, self.train.micro_batch_tokens, self.train.max_seq_len):
+            batch = make_batch(chunk, self.pad_id, self.train.max_seq_len, self.device)
+            logprobs = self.token_logprobs(batch)
+            # Without recorded behaviour logprobs the step is on-policy: ratio 1.
+            behaviour = torch.where(batch.has_behaviour[:, None], batch.behaviour_logprobs, logprobs.detach())
+            reference = None
+            if settings.kl_coef > 0:
+                with torch.no_grad(), self.model.disable_adapter():
+                    reference = self.token_logprobs(batch)
+            parts = grpo_loss(logprobs, behaviour, batch.advantages, batch.sampled, settings, reference, normaliser=total)
+            parts.loss.backward()
+            # Normalised by the step's token count, the micro-batches' terms add up to the step's.
+            sums["loss"] += parts.loss.item()
+            sums["kl"] += parts.kl.item()
+            sums["clip_fraction"] += parts.clip_fraction.item() * parts.tokens / max(total, 1)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.grad_clip).item()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step_count += 1
+        return {**sums, "grad_norm": grad_norm, "tokens": float(total), "sequences": float(len(items))}
+
+    def save(self, directory: Path) -> None:
+        """Adapter (what vLLM loads), optimizer and trainer state: enough to resume exactly."""
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(directory / "adapter")
+        torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
+        state = {"step": self.step_count, "lora": asdict(self.lora), "train": asdict(self.train)}
+        (directory / "trainer_state.json").write_text(json.dumps(state, indent=2))
+
+    def load(self, directory: Path) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(self.model, load_file(directory / "adapter" / "adapter_model.safetensors", device=str(self.device)))
+        self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location=self.device))
+        self.step_count = json.loads((directory / "trainer_state.json").read_text())["step"]
