@@ -50,7 +50,7 @@ async def test_migrations_create_the_schema_and_are_idempotent(db: Database) -> 
         tables = await conn.run_sync(lambda c: set(inspect(c).get_table_names()))
         version = (await conn.exec_driver_sql("SELECT version_num FROM alembic_version")).scalar_one()
     assert {"groups", "trajectories", "calls", "rewards", "alembic_version"} <= tables
-    assert version == "0002"
+    assert version == "0003"
 
 
 async def test_group_commit_batches_concurrent_records(db: Database, writer: Writer) -> None:

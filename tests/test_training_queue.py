@@ -1,0 +1,103 @@
+"""The training queue on SQLite and PostgreSQL: readiness, claims, crashes, and two trainers at once."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import update
+
+from gateway.store.database import Database
+from gateway.store.models import Group, utcnow
+from gateway.store.training import claim_groups, complete_groups, count_ready, group_calls, release_groups
+from gateway.store.writer import Writer
+from gateway.store.writes import CloseGroup, PostReward
+from tests.test_store import record
+
+
+async def make_group(writer: Writer, name: str, rewards: list[float | None], *, policy: str = "agent", close: bool = True) -> None:
+    await asyncio.gather(*(writer.write(record(f"{name}-{i}", group=name, policy=policy, policy_step=0)) for i in range(len(rewards))))
+    for i, r in enumerate(rewards):
+        if r is not None:
+            await writer.write(PostReward(f"{name}-{i}", r))
+    if close:
+        await writer.write(CloseGroup(name))
+
+
+@pytest.fixture
+async def store(database_url: str):
+    db = Database(database_url)
+    await db.migrate()
+    writer = Writer(db)
+    writer.start()
+    yield db, writer
+    await writer.close()
+    await db.dispose()
+
+
+async def test_only_closed_fully_rewarded_groups_with_spread_are_ready(store) -> None:
+    db, writer = store
+    await make_group(writer, "ready", [0.0, 1.0, 0.5])
+    await make_group(writer, "flat", [0.3, 0.3, 0.3])
+    await make_group(writer, "missing", [0.0, None, 1.0])
+    await make_group(writer, "open", [0.0, 1.0], close=False)
+    await make_group(writer, "other", [0.0, 1.0], policy="someone")
+    assert await db.transaction(count_ready, "agent") == 1
+    assert await db.transaction(claim_groups, "agent", "w1", 1) == ["ready"]
+    assert await db.transaction(count_ready, "agent") == 0
+
+
+async def test_claims_are_whole_steps_and_complete_or_release(store) -> None:
+    db, writer = store
+    for name in ("g1", "g2", "g3"):
+        await make_group(writer, name, [0.0, 1.0])
+    assert await db.transaction(claim_groups, "agent", "w1", 4) == []  # not a full step: nothing
+    first = await db.transaction(claim_groups, "agent", "w1", 2)
+    assert first == ["g1", "g2"]
+    assert await db.transaction(claim_groups, "agent", "w2", 2) == []  # only g3 left
+    await db.transaction(complete_groups, first, "w1", 1)
+    with pytest.raises(RuntimeError):
+        await db.transaction(complete_groups, ["g3"], "w1", 1)  # never claimed by w1
+    solo = await db.transaction(claim_groups, "agent", "w2", 1)
+    assert solo == ["g3"]
+    assert await db.transaction(release_groups, "w2") == 1  # failed step: g3 waits again
+    assert await db.transaction(claim_groups, "agent", "w1", 1) == ["g3"]
+    rows = await db.transaction(group_calls, ["g1"])
+    assert [r.trajectory_id for r in rows] == ["g1-0", "g1-1"] and [r.reward for r in rows] == [0.0, 1.0]
+
+
+async def test_a_crashed_trainers_claim_expires(store) -> None:
+    db, writer = store
+    await make_group(writer, "lost", [0.0, 1.0])
+    assert await db.transaction(claim_groups, "agent", "dead", 1, 60) == ["lost"]
+    assert await db.transaction(claim_groups, "agent", "alive", 1, 60) == []
+
+    def age(conn) -> None:
+        conn.execute(update(Group).values(claimed_at=utcnow() - timedelta(seconds=120)))
+
+    await db.transaction(age)
+    assert await db.transaction(claim_groups, "agent", "alive", 1, 60) == ["lost"]
+    await db.transaction(complete_groups, ["lost"], "alive", 3)
+    with pytest.raises(RuntimeError):
+        await db.transaction(complete_groups, ["lost"], "dead", 3)  # too late: trained once
+
+
+async def test_two_trainers_claiming_at_once_take_each_group_once(store, database_url: str) -> None:
+    db, writer = store
+    for i in range(12):
+        await make_group(writer, f"c{i:02d}", [0.0, 1.0])
+    other = Database(database_url)
+    try:
+        async def trainer(database: Database, name: str) -> list[str]:
+            taken: list[str] = []
+            while ids := await database.transaction(claim_groups, "agent", name, 2):
+                taken += ids
+                await database.transaction(complete_groups, ids, name, 1)
+            return taken
+
+        a, b = await asyncio.gather(trainer(db, "a"), trainer(other, "b"))
+    finally:
+        await other.dispose()
+    assert sorted(a + b) == [f"c{i:02d}" for i in range(12)]
+    assert not set(a) & set(b)
