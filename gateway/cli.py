@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import sys
 
 import click
@@ -85,6 +86,46 @@ def _display_url(settings: Settings) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(settings.resolved_database_url).render_as_string(hide_password=True)
+
+
+@main.command()
+@click.option("--upstream", help="the vLLM server adapters are loaded into [BURNISH_UPSTREAM]")
+@click.option("--data-dir", help="[BURNISH_DATA_DIR]")
+@click.option("--database-url", help="[BURNISH_DATABASE_URL]")
+@click.option("--learning-rate", type=float, help="default 1e-5 (real models); the tiny model learns at 5e-3")
+@click.option("--lora-rank", type=int, help="default 16")
+@click.option("--groups-per-step", type=int, help="default 2")
+@click.option("--log-level", help="[BURNISH_LOG_LEVEL]")
+def trainer(learning_rate: float | None, lora_rank: int | None, groups_per_step: int | None, **options: object) -> None:
+    """Run the trainer: GRPO steps on ready groups, adapters published to vLLM."""
+    import dataclasses
+
+    try:
+        from trainer.policy_model import LoraSettings, TrainSettings
+        from trainer.worker import TrainerWorker
+    except ImportError as exc:
+        raise click.ClickException(f"{exc}: install the trainer's dependencies (pip install 'burnish[train]')") from None
+
+    settings = _settings(**options)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    lora, train = LoraSettings(), TrainSettings()
+    if lora_rank is not None:
+        lora = dataclasses.replace(lora, rank=lora_rank, alpha=2 * lora_rank)
+    if learning_rate is not None:
+        train = dataclasses.replace(train, learning_rate=learning_rate)
+    if groups_per_step is not None:
+        train = dataclasses.replace(train, groups_per_step=groups_per_step)
+    worker = TrainerWorker(settings, lora=lora, train=train)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await worker.run(stop)
+
+    asyncio.run(run())
 
 
 @main.command("tiny-model")

