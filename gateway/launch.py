@@ -1,7 +1,8 @@
-"""``burnish up``: vLLM, then the gateway in front of it, each a child process logging to a file.
+"""``burnish up``: vLLM, then the gateway in front of it and the trainer beside it, each a
+child process logging to ``<data_dir>/logs/<name>.log``.
 
-This process only supervises: it never imports vLLM or torch. Ctrl-C (or SIGTERM)
-stops the gateway first, so no call is cut between the two, then vLLM. If a child
+This process only supervises: it never imports vLLM or torch. Ctrl-C (or SIGTERM) stops
+the trainer and the gateway first, so no call or step is cut off, then vLLM. If a child
 dies, everything stops and the last lines of its log are shown.
 """
 
@@ -29,6 +30,8 @@ def _burnish(*args: str) -> list[str]:
 
 # The tiny model's chat template writes tool calls the way Qwen2.5 does (<tool_call>).
 TINY_MODEL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+# A random model needs a far larger step than a pretrained one (docs/trainer.md).
+TINY_MODEL_TRAINING = ["--learning-rate", "5e-3", "--lora-rank", "8"]
 
 
 def prepare_model(settings: Settings, model: str | None, vllm_port: int, vllm_args: list[str]) -> VLLMServer:
@@ -66,8 +69,16 @@ def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
 
-    gateway: subprocess.Popen | None = None
-    gateway_log = settings.data_path / "logs" / "gateway.log"
+    logs = settings.data_path / "logs"
+    children: list[tuple[str, subprocess.Popen, Path]] = []
+
+    def spawn(name: str, *args: str) -> subprocess.Popen:
+        with (logs / f"{name}.log").open("ab") as log:
+            proc = subprocess.Popen(_burnish(*args), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        children.append((name, proc, logs / f"{name}.log"))
+        return proc
+
+    store = ["--data-dir", str(settings.data_path)] + (["--database-url", settings.database_url] if settings.database_url else [])
     click.echo(f"starting vLLM on {vllm.url} (log: {vllm.log_path})")
     vllm.start()
     try:
@@ -76,22 +87,16 @@ def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int
         except VLLMFailed as exc:
             click.echo(str(exc), err=True)
             return 1
-        with gateway_log.open("ab") as log:
-            gateway = subprocess.Popen(
-                _burnish("gateway", "--upstream", vllm.url, "--host", settings.host, "--port", str(settings.port), "--data-dir", str(settings.data_path))
-                + (["--database-url", settings.database_url] if settings.database_url else []),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
+        gateway = spawn("gateway", "gateway", "--upstream", vllm.url, "--host", settings.host, "--port", str(settings.port), *store)
         url = f"http://{settings.host}:{settings.port}"
         if not _wait_http(url + "/health", gateway, timeout=60):
-            click.echo(f"the gateway did not start. Last lines of {gateway_log}:\n{last_lines(gateway_log)}", err=True)
+            click.echo(f"the gateway did not start. Last lines of {logs / 'gateway.log'}:\n{last_lines(logs / 'gateway.log')}", err=True)
             return 1
+        spawn("trainer", "trainer", "--upstream", vllm.url, *store, *(TINY_MODEL_TRAINING if model is None else []))
         names = ", ".join(Registry(settings.policies_path).policies)
-        click.echo(f"burnish is up: base_url={url}/v1  model={names}  (logs in {gateway_log.parent}; Ctrl-C stops)")
+        click.echo(f"burnish is up: base_url={url}/v1  model={names}  (logs in {logs}; Ctrl-C stops)")
         while not stop:
-            for name, proc, log_path in (("vLLM", vllm.process, vllm.log_path), ("gateway", gateway, gateway_log)):
+            for name, proc, log_path in [("vLLM", vllm.process, vllm.log_path), *children]:
                 if proc is not None and proc.poll() is not None:
                     click.echo(f"{name} exited ({proc.returncode}). Last lines of {log_path}:\n{last_lines(Path(log_path))}", err=True)
                     return 1
@@ -99,12 +104,15 @@ def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int
         click.echo("stopping")
         return 0
     finally:
-        if gateway is not None and gateway.poll() is None:
-            gateway.send_signal(signal.SIGINT)
+        # The trainer and the gateway first, so no call or step is cut off by vLLM going away.
+        for _, proc, _ in reversed(children):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        for _, proc, _ in reversed(children):
             try:
-                gateway.wait(timeout=30)
+                proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                gateway.kill()
+                proc.kill()
         vllm.stop()
 
 

@@ -200,7 +200,7 @@ def test_burnish_up_starts_serves_and_stops_cleanly(tiny_model: Path, tmp_path: 
             httpx.get(f"http://127.0.0.1:{p}/health", timeout=1)
     leftover = subprocess.run(["pgrep", "-f", str(data)], capture_output=True, text=True).stdout.strip()
     assert leftover == "", leftover
-    assert (data / "logs" / "vllm.log").exists() and (data / "logs" / "gateway.log").exists()
+    assert all((data / "logs" / f"{name}.log").exists() for name in ("vllm", "gateway", "trainer"))
 
 
 def test_burnish_up_shows_why_vllm_did_not_start(tmp_path: Path) -> None:
