@@ -1,6 +1,7 @@
 """burnish against LiteLLM's proxy: the same load, straight to the upstream and through each.
 
-Run from the repository root (about 4 minutes; the first run also installs LiteLLM)::
+Run from the repository root (about 3 minutes, up to 5 on a busy machine; the first run
+also installs LiteLLM, a minute or two more)::
 
     .venv/bin/python bench/vs_litellm.py
 
@@ -32,6 +33,10 @@ Targets: burnish's throughput >= 10 x LiteLLM's, and burnish's added latency (p5
 writes bench/results/vs_litellm.json and exits 0 whatever the verdicts (non-zero only if
 the benchmark itself broke). Only 127.0.0.1; every server runs in its own process group
 and is killed at exit, errors included.
+
+The machine may be shared: a thread samples the CPU of every process outside this
+benchmark's own tree, each phase reports that share ("others"), and a phase where it
+exceeds 10% is run once more after a short wait for quiet (at most 4 re-runs in all).
 """
 
 from __future__ import annotations
@@ -67,9 +72,7 @@ LITELLM_VENV = ROOT / "bench" / "results" / ".litellm-venv"  # bench/results/ is
 LITELLM_ENV = {
     "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",  # no master key: no auth on either side
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no fetch of the model price map at start-up
-    "LITELLM_LOG": "ERROR",
-    "LITELLM_TELEMETRY": "False",
-    "ANONYMIZED_TELEMETRY": "False",
+    "LITELLM_LOG": "ERROR",  # also uvicorn's level: no access log
     "DISABLE_ADMIN_UI": "True",
     "NO_DOCS": "True",
 }
@@ -126,7 +129,7 @@ def start_litellm(cli: Path, upstream: str, workdir: Path) -> Proc:
     # JSON is YAML: no yaml package needed here.
     config.write_text(json.dumps({
         "model_list": [{"model_name": "tiny", "litellm_params": {"model": "hosted_vllm/tiny", "api_base": upstream + "/v1", "api_key": "none"}}],
-        "litellm_settings": {"set_verbose": False, "telemetry": False, "request_timeout": 600},
+        "litellm_settings": {"set_verbose": False, "request_timeout": 600},
         "general_settings": {},
     }, indent=2))
     port = free_port()
@@ -148,6 +151,101 @@ def recorded_calls(data_dir: str) -> dict[str, int]:
         return dict(conn.execute("select status, count(*) from calls group by status").fetchall())
 
 
+# ---- other processes ------------------------------------------------------------------------
+class OtherCPU:
+    """CPU time of every process outside this benchmark's own tree, sampled twice a second on a thread.
+
+    This machine may be shared: a phase that ran beside someone else's work is flagged
+    (and run again once, see ``measure``). Processes are this benchmark's when they descend
+    from it (servers, their workers, wrk); everything else, kernel threads included, is other.
+    """
+
+    def __init__(self, interval: float = 0.5) -> None:
+        self.tck, self.interval = os.sysconf("SC_CLK_TCK"), interval
+        self.t0 = self._uptime_ticks()
+        self.seen: dict[int, tuple[int, int]] = {}  # pid -> (start time, cpu ticks)
+        self.ours: set[tuple[int, int]] = set()  # (pid, start time) of every process ever in our tree
+        self.total = 0.0  # seconds of other processes' CPU since start
+        self.by_name: dict[str, float] = {}  # the same, by process name
+        self.lock, self.stopped = threading.Lock(), threading.Event()
+        self._scan()
+        self.thread = threading.Thread(target=self._run, name="other-cpu", daemon=True)
+        self.thread.start()
+
+    def _uptime_ticks(self) -> int:
+        return int(float(Path("/proc/uptime").read_text().split()[0]) * self.tck)
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            self._scan()
+
+    def _scan(self) -> None:
+        procs: dict[int, tuple[int, int, int, str]] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                text = stat.read_text()
+                head, tail = text.rsplit(")", 1)
+                f = tail.split()
+                procs[int(stat.parent.name)] = (int(f[1]), int(f[11]) + int(f[12]), int(f[19]), head.split("(", 1)[1])  # ppid, utime+stime, start, name
+            except (OSError, ValueError, IndexError):
+                continue
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, *_) in procs.items():
+            children.setdefault(ppid, []).append(pid)
+        todo = [os.getpid()]
+        while todo:
+            pid = todo.pop()
+            if pid in procs:
+                self.ours.add((pid, procs[pid][2]))
+            todo.extend(children.get(pid, ()))
+        added: dict[str, float] = {}
+        for pid, (_, ticks, start, name) in procs.items():
+            prev = self.seen.get(pid)
+            self.seen[pid] = (start, ticks)
+            if (pid, start) in self.ours:  # ours, or once ours (a worker whose parent has just exited)
+                continue
+            if prev and prev[0] == start:
+                delta = ticks - prev[1]
+            elif start >= self.t0:  # began after we did: all of its CPU is new
+                delta = ticks
+            else:
+                continue
+            if delta > 0:
+                added[name] = added.get(name, 0.0) + delta / self.tck
+        with self.lock:
+            for name, secs in added.items():
+                self.total += secs
+                self.by_name[name] = self.by_name.get(name, 0.0) + secs
+
+    def names(self) -> dict[str, float]:
+        with self.lock:
+            return dict(self.by_name)
+
+    @staticmethod
+    def top(before: dict[str, float], after: dict[str, float], n: int = 3) -> str:
+        deltas = sorted(((after[k] - before.get(k, 0.0), k) for k in after), reverse=True)[:n]
+        return ", ".join(f"{name} {secs:.1f} s" for secs, name in deltas if secs >= 0.05)
+
+    def seconds(self) -> float:
+        with self.lock:
+            return self.total
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=5)
+
+
+def wait_quiet(other: OtherCPU, limit: float, most: float = 0.10) -> float:
+    """Wait (at most ``limit`` s) until others use under ``most`` of the machine over 2 s; returns the last share."""
+    deadline, ncpu = time.monotonic() + limit, os.cpu_count() or 1
+    while True:
+        before = other.seconds()
+        time.sleep(2)
+        share = (other.seconds() - before) / (2 * ncpu)
+        if share < most or time.monotonic() >= deadline:
+            return share
+
+
 # ---- measuring -------------------------------------------------------------------------------
 def measure(load: Load, section: str, targets: dict[str, Proc], other: OtherCPU) -> dict:
     """Every case against every target in turn, so a change in the machine's load hits all three alike.
@@ -163,9 +261,10 @@ def measure(load: Load, section: str, targets: dict[str, Proc], other: OtherCPU)
         for label, target in targets.items():
             best = None
             for attempt in range(2):
-                t0, o0 = time.monotonic(), other.seconds()
+                t0, o0, names0 = time.monotonic(), other.seconds(), other.names()
                 r = load.run(target.url, BODY, conns, seconds, warmup, server=target)
                 r["other_cpu_share"] = (other.seconds() - o0) / ((time.monotonic() - t0) * ncpu)
+                r["other_cpu_top"] = OtherCPU.top(names0, other.names())
                 r["ok_rps"] = (r["requests"] - r["non2xx"]) / r["duration_s"] if r["duration_s"] else 0.0
                 r["attempt"] = attempt + 1
                 if best is None or r["other_cpu_share"] < best["other_cpu_share"]:
@@ -173,7 +272,7 @@ def measure(load: Load, section: str, targets: dict[str, Proc], other: OtherCPU)
                 if r["other_cpu_share"] <= OTHER_MAX or attempt == 1 or RETRIES <= 0:
                     break
                 RETRIES -= 1
-                print(f"  {section:<5} {label:<8} c={conns:<3} other processes used {r['other_cpu_share']:.0%} of the machine: once more", flush=True)
+                print(f"  {section:<5} {label:<8} c={conns:<3} other processes used {r['other_cpu_share']:.0%} of the machine ({r['other_cpu_top']}): once more", flush=True)
                 wait_quiet(other, QUIET_WAIT)
             r = out[label][f"c{conns}"] = best
             bad = f"  ERRORS {r['errors']} non-2xx {r['non2xx']}" if r["errors"] or r["non2xx"] else ""
@@ -240,80 +339,6 @@ def wrk_version(wrk: str) -> str:
     return (out.stdout + out.stderr).split(" [")[0].strip()  # "wrk debian/4.1.0-3+b2"
 
 
-class OtherCPU:
-    """CPU time of every process outside this benchmark's own tree, sampled twice a second on a thread.
-
-    This machine may be shared: a phase that ran beside someone else's work is flagged
-    (and run again once, see ``measure``). Processes are this benchmark's when they descend
-    from it (servers, their workers, wrk); everything else, kernel threads included, is other.
-    """
-
-    def __init__(self, interval: float = 0.5) -> None:
-        self.tck, self.interval = os.sysconf("SC_CLK_TCK"), interval
-        self.t0 = self._uptime_ticks()
-        self.seen: dict[int, tuple[int, int]] = {}  # pid -> (start time, cpu ticks)
-        self.total = 0.0  # seconds of other processes' CPU since start
-        self.lock, self.stopped = threading.Lock(), threading.Event()
-        self._scan()
-        self.thread = threading.Thread(target=self._run, name="other-cpu", daemon=True)
-        self.thread.start()
-
-    def _uptime_ticks(self) -> int:
-        return int(float(Path("/proc/uptime").read_text().split()[0]) * self.tck)
-
-    def _run(self) -> None:
-        while not self.stopped.wait(self.interval):
-            self._scan()
-
-    def _scan(self) -> None:
-        procs: dict[int, tuple[int, int, int]] = {}
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                f = stat.read_text().rsplit(")", 1)[1].split()
-                procs[int(stat.parent.name)] = (int(f[1]), int(f[11]) + int(f[12]), int(f[19]))  # ppid, utime+stime, start
-            except (OSError, ValueError, IndexError):
-                continue
-        children: dict[int, list[int]] = {}
-        for pid, (ppid, _, _) in procs.items():
-            children.setdefault(ppid, []).append(pid)
-        mine, todo = set(), [os.getpid()]
-        while todo:
-            pid = todo.pop()
-            mine.add(pid)
-            todo.extend(children.get(pid, ()))
-        delta = 0
-        for pid, (_, ticks, start) in procs.items():
-            if pid in mine:
-                continue
-            prev = self.seen.get(pid)
-            if prev and prev[0] == start:
-                delta += ticks - prev[1]
-            elif start >= self.t0:  # began after we did: all of its CPU is new
-                delta += ticks
-            self.seen[pid] = (start, ticks)
-        with self.lock:
-            self.total += delta / self.tck
-
-    def seconds(self) -> float:
-        with self.lock:
-            return self.total
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.thread.join(timeout=5)
-
-
-def wait_quiet(other: OtherCPU, limit: float, most: float = 0.10) -> float:
-    """Wait (at most ``limit`` s) until others use under ``most`` of the machine over 2 s; returns the last share."""
-    deadline, ncpu = time.monotonic() + limit, os.cpu_count() or 1
-    while True:
-        before = other.seconds()
-        time.sleep(2)
-        share = (other.seconds() - before) / (2 * ncpu)
-        if share < most or time.monotonic() >= deadline:
-            return share
-
-
 # ---- the run ---------------------------------------------------------------------------------
 def run_section(key: str, load: Load, upstream: Proc, cli: Path, tmp: Path, other: OtherCPU) -> tuple[dict, dict]:
     """Burnish and LiteLLM in front of ``upstream`` (already started), measured, then everything stopped."""
@@ -345,7 +370,7 @@ def main() -> int:
     other = OtherCPU()
     if (busy := wait_quiet(other, START_WAIT)) > OTHER_MAX:
         print(f"WARNING: other processes still use {busy:.0%} of the machine after {START_WAIT:.0f} s; going on", flush=True)
-    o0, t0 = other.seconds(), time.monotonic()
+    o0, t0, names0 = other.seconds(), time.monotonic(), other.names()
     raw: dict = {}
     stored: dict = {}
     try:
@@ -367,7 +392,7 @@ def main() -> int:
     busy = (other.seconds() - o0) / ((time.monotonic() - t0) * (os.cpu_count() or 1))
     phases = [r["other_cpu_share"] for sec in raw.values() for t in sec.values() for r in t.values()]
     print(f"\nburnish stored calls by status: {stored}")
-    print(f"other processes used {busy:.0%} of the machine's CPU during the run, at most {max(phases):.0%} in a measured phase"
+    print(f"other processes used {busy:.0%} of the machine's CPU during the run ({OtherCPU.top(names0, other.names())}), at most {max(phases):.0%} in a measured phase"
           + (" -- WARNING: figures skewed" if max(phases) > OTHER_MAX else ""), flush=True)
     if code_fingerprint() != code:
         print("WARNING: gateway/ changed on disk during this run; the figures mix two versions of the code", flush=True)
