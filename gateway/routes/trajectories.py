@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import msgspec
@@ -58,16 +59,22 @@ async def _read_reward(request: Request) -> RewardIn:
     return data
 
 
+async def _read(request: Request, read: Callable[..., Awaitable[dict[str, Any] | None]], key: str, kind: str) -> dict[str, Any]:
+    """One trajectory or group from the reader pool, or a 404 in the API's format."""
+    async with services(request).db.reader.connect() as conn:
+        out = await read(conn, key)
+    if out is None:
+        raise APIError(404, f"no {kind} {key!r}", f"{kind}_not_found", f"{kind}_id")
+    return out
+
+
 @post("/v1/trajectories/{trajectory_id:str}/reward", status_code=200)
 async def post_reward(request: Request, trajectory_id: FromPath[str]) -> Response:
     """Set a trajectory's reward. Every reward is kept; the latest is the trajectory's."""
     check_id(trajectory_id, "trajectory_id")
     data = await _read_reward(request)
-    svc = services(request)
-    result = await svc.writer.write(PostReward(trajectory_id, data.reward, dict(data.components)))
-    async with svc.db.reader.connect() as conn:
-        out = await reads.get_trajectory(conn, trajectory_id)
-    assert out is not None
+    result = await services(request).writer.write(PostReward(trajectory_id, data.reward, dict(data.components)))
+    out = await _read(request, reads.get_trajectory, trajectory_id, "trajectory")
     out.pop("calls")
     out["group_closed"] = result["group_closed"]
     return _json(out)
@@ -77,32 +84,20 @@ async def post_reward(request: Request, trajectory_id: FromPath[str]) -> Respons
 async def close_group(request: Request, group_id: FromPath[str]) -> Response:
     """Close a group: it takes no more rewards and is ready for training."""
     check_id(group_id, "group_id")
-    svc = services(request)
-    await svc.writer.write(CloseGroup(group_id))
-    async with svc.db.reader.connect() as conn:
-        out = await reads.get_group(conn, group_id)
-    assert out is not None
-    return _json(out)
+    await services(request).writer.write(CloseGroup(group_id))
+    return _json(await _read(request, reads.get_group, group_id, "group"))
 
 
 @get("/v1/trajectories/{trajectory_id:str}")
 async def get_trajectory(request: Request, trajectory_id: FromPath[str]) -> Response:
     check_id(trajectory_id, "trajectory_id")
-    async with services(request).db.reader.connect() as conn:
-        out = await reads.get_trajectory(conn, trajectory_id)
-    if out is None:
-        raise APIError(404, f"no trajectory {trajectory_id!r}", "trajectory_not_found", "trajectory_id")
-    return _json(out)
+    return _json(await _read(request, reads.get_trajectory, trajectory_id, "trajectory"))
 
 
 @get("/v1/groups/{group_id:str}")
 async def get_group(request: Request, group_id: FromPath[str]) -> Response:
     check_id(group_id, "group_id")
-    async with services(request).db.reader.connect() as conn:
-        out = await reads.get_group(conn, group_id)
-    if out is None:
-        raise APIError(404, f"no group {group_id!r}", "group_not_found", "group_id")
-    return _json(out)
+    return _json(await _read(request, reads.get_group, group_id, "group"))
 
 
 def _filters(group_id: str | None, rewarded: bool | None, created_after: float | None, created_before: float | None) -> reads.Filters:
