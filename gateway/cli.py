@@ -95,14 +95,15 @@ def _display_url(settings: Settings) -> str:
 @click.option("--learning-rate", type=float, help="default 1e-5 (real models); the tiny model learns at 5e-3")
 @click.option("--lora-rank", type=int, help="default 16")
 @click.option("--groups-per-step", type=int, help="default 2")
+@click.option("--worker-id", help="a name stable across restarts lets a restarted trainer release its own claims at once (default: host-pid)")
 @click.option("--log-level", help="[BURNISH_LOG_LEVEL]")
-def trainer(learning_rate: float | None, lora_rank: int | None, groups_per_step: int | None, **options: object) -> None:
+def trainer(learning_rate: float | None, lora_rank: int | None, groups_per_step: int | None, worker_id: str | None, **options: object) -> None:
     """Run the trainer: GRPO steps on ready groups, adapters published to vLLM."""
     import dataclasses
 
     try:
         from trainer.policy_model import LoraSettings, TrainSettings
-        from trainer.worker import TrainerWorker
+        from trainer.worker import TrainerWorker, WorkerSettings
     except ImportError as exc:
         raise click.ClickException(f"{exc}: install the trainer's dependencies (pip install 'burnish[train]')") from None
 
@@ -116,14 +117,17 @@ def trainer(learning_rate: float | None, lora_rank: int | None, groups_per_step:
         train = dataclasses.replace(train, learning_rate=learning_rate)
     if groups_per_step is not None:
         train = dataclasses.replace(train, groups_per_step=groups_per_step)
-    worker = TrainerWorker(settings, lora=lora, train=train)
+    worker = TrainerWorker(settings, lora=lora, train=train, worker=WorkerSettings(worker_id=worker_id) if worker_id else WorkerSettings())
 
     async def run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await worker.run(stop)
+        try:
+            await worker.run(stop)
+        finally:
+            await worker.close()
 
     asyncio.run(run())
 

@@ -5,9 +5,14 @@ One iteration, for each policy in the registry:
     claim groups_per_step ready groups        (gateway/store/training.py; all or nothing)
     calls -> token sequences                  (trainer/sequences.py; recorded ids, else the chat template)
     advantages per group -> GRPO step          (trainer/grpo.py, trainer/policy_model.py)
-    save checkpoint <data>/policies/<name>/checkpoints/<step>/
+    save checkpoint <data>/policies/<name>/checkpoints/<step>/   (written aside, then renamed)
+    mark the groups trained at that step                          (now the step counts)
     load it into vLLM as <name>@<step>, check it answers, then switch the policy to it
-    mark the groups trained (or release them if anything failed)
+
+A trainer killed at any point loses nothing and trains nothing twice: at start it
+releases its own stale claims, deletes a checkpoint whose groups were never marked
+(they wait again), and publishes a marked step that was never switched to. A publish
+that fails (vLLM away) is retried on every pass; the old version keeps serving.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import socket
 import time
 from dataclasses import dataclass, field
@@ -28,7 +34,7 @@ from gateway.policies import Policy, Registry, write_policies
 from gateway.settings import Settings
 from gateway.store import tokens
 from gateway.store.database import Database
-from gateway.store.training import claim_groups, complete_groups, group_calls, release_groups
+from gateway.store.training import claim_groups, complete_groups, group_calls, last_trained_step, release_groups
 from trainer.grpo import group_advantages
 from trainer.policy_model import LoraSettings, PolicyModel, TrainSettings
 from trainer.sequences import CallTokens, Sequence, build_sequences
@@ -64,25 +70,22 @@ class TrainerWorker:
     def checkpoints(self, policy: str) -> Path:
         return self.settings.data_path / "policies" / policy / "checkpoints"
 
-    def model(self, policy: Policy) -> PolicyModel:
+    def model(self, policy: Policy, step: int) -> PolicyModel:
         if policy.name not in self.models:
             model = PolicyModel(policy.model_path or policy.base_model, self.lora, self.train)
-            # Resume from the checkpoint being served, if there is one.
-            if policy.step > 0 and (ckpt := self.checkpoints(policy.name) / str(policy.step)).exists():
-                model.load(ckpt)
+            if step > 0:  # resume: adapter and optimizer state of the last trained step
+                model.load(self.checkpoints(policy.name) / str(step))
             self.models[policy.name] = model
         return self.models[policy.name]
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
-        await self.db.migrate()
-        released = await self.db.transaction(release_groups, self.worker.worker_id)
-        if released:
-            log.info("released %d groups left claimed by an earlier run", released)
+        await self.recover()
         while not stop.is_set():
             trained = False
             self.registry.reload()  # re-read the registry if it changed
             for policy in list(self.registry.policies.values()):
+                await self.publish_pending(policy)
                 trained |= await self.train_once(policy)
             if not trained:
                 try:
@@ -90,36 +93,67 @@ class TrainerWorker:
                 except TimeoutError:
                     pass
 
+    async def close(self) -> None:
+        self.vllm.close()
+        await self.db.dispose()
+
+    async def recover(self) -> None:
+        """Clean up after a trainer with this worker id that died mid-step."""
+        await self.db.migrate()
+        released = await self.db.transaction(release_groups, self.worker.worker_id)
+        if released:
+            log.info("released %d groups left claimed by an earlier run", released)
+        for policy in self.registry.policies.values():
+            trained = await self.db.transaction(last_trained_step, policy.name)
+            for ckpt in self.checkpoints(policy.name).glob("*"):
+                if not ckpt.name.isdigit() or int(ckpt.name) > trained:
+                    log.info("removing %s: its groups were never marked trained", ckpt)
+                    shutil.rmtree(ckpt)
+
+    async def publish_pending(self, policy: Policy) -> None:
+        trained = await self.db.transaction(last_trained_step, policy.name)
+        if trained > policy.step:
+            try:
+                await asyncio.to_thread(self.publish, policy, trained, self.checkpoints(policy.name) / str(trained) / "adapter")
+            except Exception as exc:
+                log.error("%s@%d is trained but not served yet: %s", policy.name, trained, exc)
+
     async def train_once(self, policy: Policy) -> bool:
         ids = await self.db.transaction(claim_groups, policy.name, self.worker.worker_id, self.train.groups_per_step, self.worker.lease_s)
         if not ids:
             return False
         try:
             rows = await self.db.transaction(group_calls, ids)
-            step = await asyncio.to_thread(self._step, policy, rows)
-            await self.db.transaction(complete_groups, ids, self.worker.worker_id, step)
-            return True
+            step = 1 + await self.db.transaction(last_trained_step, policy.name)
+            await asyncio.to_thread(self.train_and_save, policy, rows, step)
         except Exception:
             log.exception("step for %s failed; its groups wait again", policy.name)
+            self.models.pop(policy.name, None)  # the in-memory model may hold the failed step
             await self.db.transaction(release_groups, self.worker.worker_id, ids)
             return False
+        await self.db.transaction(complete_groups, ids, self.worker.worker_id, step)
+        self.registry.reload()
+        await self.publish_pending(self.registry.policies.get(policy.name, policy))
+        return True
 
-    def _step(self, policy: Policy, rows: list) -> int:
+    def train_and_save(self, policy: Policy, rows: list, step: int) -> None:
         t0 = time.perf_counter()
-        model = self.model(policy)
+        model = self.model(policy, step - 1)
         items, rewards, fallbacks = self.batch(model, rows)
         metrics = model.step(items)
-        step = policy.step + 1
-        ckpt = self.checkpoints(policy.name) / str(step)
         model.step_count = step
-        model.save(ckpt)
-        self.publish(policy, step, ckpt / "adapter")
         metrics.update(reward_mean=float(torch.tensor(rewards).mean()), reward_std=float(torch.tensor(rewards).std()), template_fallbacks=fallbacks)
+        # Written aside and renamed: a checkpoint directory is whole or absent.
+        ckpt = self.checkpoints(policy.name) / str(step)
+        partial = ckpt.with_name(f".{step}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        model.save(partial)
         metrics["seconds"] = time.perf_counter() - t0
-        (ckpt / "metrics.json").write_bytes(msgspec.json.encode(metrics))
+        (partial / "metrics.json").write_bytes(msgspec.json.encode(metrics))
+        shutil.rmtree(ckpt, ignore_errors=True)
+        partial.rename(ckpt)
         log.info("%s step %d: reward %.3f loss %.4f tokens %d (%.2fs)", policy.name, step, metrics["reward_mean"], metrics["loss"], metrics["tokens"], metrics["seconds"])
         self.steps_done += 1
-        return step
 
     def batch(self, model: PolicyModel, rows: list) -> tuple[list[tuple[Sequence, float]], list[float], int]:
         """Rows of (group, trajectory, reward, call...) -> (sequence, advantage) pairs."""

@@ -108,3 +108,8 @@ def group_calls(conn: Connection, ids: list[str]) -> list[Any]:
             .order_by(Trajectory.group_id, Trajectory.pk, Call.started_at, Call.pk)
         )
     )
+
+
+def last_trained_step(conn: Connection, policy: str) -> int:
+    """The newest step whose groups are marked trained: the step a trainer resumes from."""
+    return conn.execute(select(func.max(Group.trained_step)).where(Group.policy == policy)).scalar() or 0
