@@ -57,7 +57,20 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import HOST, PATH, PYTHON, ROOT, VENV_BIN, Load, Proc, code_fingerprint, free_port, git_state, install_cleanup, start_upstream  # noqa: E402
+from harness import (  # noqa: E402
+    HOST,
+    PATH,
+    PYTHON,
+    ROOT,
+    VENV_BIN,
+    Load,
+    Proc,
+    code_fingerprint,
+    free_port,
+    git_state,
+    install_cleanup,
+    start_upstream,
+)
 
 sys.path.insert(0, str(ROOT))
 from gateway.vllm_server import VLLMServer  # noqa: E402  (imports neither vLLM nor torch)
@@ -320,7 +333,7 @@ def fmt(x: float | None, spec: str = ".3f") -> str:
 
 def print_section(title: str, row: dict) -> None:
     print(f"\n== {title} ==")
-    print(f"Latency at c=1 (ms; added = target - direct)")
+    print("Latency at c=1 (ms; added = target - direct)")
     print(f"  {'target':<9}{'p50':>9}{'p99':>9}{'added p50':>11}{'added p99':>11}{'req/s':>8}")
     print(f"  {'direct':<9}{row['direct_p50_ms']:>9.3f}{row['direct_p99_ms']:>9.3f}{'':>11}{'':>11}{row['rps_direct_c1']:>8.0f}")
     for t in ("burnish", "litellm"):

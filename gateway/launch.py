@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -53,7 +54,7 @@ def prepare_model(settings: Settings, model: str | None, vllm_port: int, vllm_ar
     )
 
 
-def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int, vllm_args: list[str] = []) -> int:  # noqa: B006
+def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int, vllm_args: Sequence[str] = ()) -> int:
     vllm = prepare_model(settings, model, vllm_port, list(vllm_args))
     registry = Registry(settings.policies_path)
     if not registry.policies:

@@ -87,13 +87,17 @@ class Registry:
         self.policies = {p.name: p for p in data.policies}
         self._mtime = mtime
 
-    def resolve(self, model: str | None) -> Route | None:
-        if model is None:
-            return None
+    def refresh(self) -> None:
+        """Re-read the file if it changed, looking at most once every RELOAD_EVERY_S."""
         now = time.monotonic()
         if now - self._checked > RELOAD_EVERY_S:
             self._checked = now
             self.reload()
+
+    def resolve(self, model: str | None) -> Route | None:
+        if model is None:
+            return None
+        self.refresh()
         if (policy := self.policies.get(model)) is not None:
             return route(policy)
         name, at, step = model.rpartition("@")

@@ -17,7 +17,14 @@ from collections.abc import Iterable
 
 import httpx
 from httpx_aiohttp import AiohttpTransport
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, retry_if_result, stop_after_attempt, wait_exponential_jitter
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    retry_if_result,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
 
 from gateway.keys import KEY_HEADERS
 from gateway.settings import Settings
@@ -83,23 +90,27 @@ class Upstream:
         retrying = self.retrying.copy()  # per call: tenacity keeps the attempt count on the object
         try:
             response = await retrying(self.client.send, request, stream=True)
-        except httpx.ReadTimeout as exc:
-            # Connected, then silent. (The aiohttp transport reports a refused
-            # connection as ConnectTimeout; that is a 502 below, like any failure to connect.)
-            raise UpstreamFailure(504, "the upstream did not answer in time", retrying) from exc
         except httpx.HTTPError as exc:
-            raise UpstreamFailure(502, f"could not reach the upstream: {exc or type(exc).__name__}", retrying) from exc
+            raise UpstreamFailure.from_error(exc, "could not reach the upstream", retrying.statistics.get("attempt_number", 1)) from exc
         return response, retrying.statistics.get("attempt_number", 1)
 
 
 class UpstreamFailure(Exception):
     """No usable answer from the upstream: what the client gets (502 or 504) and why."""
 
-    def __init__(self, status: int, message: str, retrying: AsyncRetrying | None = None) -> None:
+    def __init__(self, status: int, message: str, attempts: int = 1) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
-        self.attempts = retrying.statistics.get("attempt_number", 1) if retrying is not None else 1
+        self.attempts = attempts
+
+    @classmethod
+    def from_error(cls, exc: httpx.HTTPError, what: str, attempts: int = 1) -> UpstreamFailure:
+        # 504 only for an upstream that connected, then went silent. (The aiohttp transport
+        # reports a refused connection as ConnectTimeout: a 502, like any failure to connect.)
+        if isinstance(exc, httpx.ReadTimeout):
+            return cls(504, "the upstream did not answer in time", attempts)
+        return cls(502, f"{what}: {exc or type(exc).__name__}", attempts)
 
 
 async def _discard_response(state: RetryCallState) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import os
 import socket
 import subprocess
@@ -76,6 +77,11 @@ def upstream(upstream_server: tuple[Upstream, str]) -> Upstream:
     app, _ = upstream_server
     app.requests.clear()
     return app
+
+
+def served_step(policies_file: Path) -> int:
+    """The step the registry file says its first policy serves."""
+    return json.loads(policies_file.read_text())["policies"][0].get("step", 0)
 
 
 @dataclass

@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from trainer.grpo import LossSettings, group_advantages, grpo_loss  # noqa: E402
+from trainer.grpo import LossSettings, group_advantages, grpo_loss
 
 
 def test_advantages_are_centred_and_scaled_by_the_sample_std() -> None:

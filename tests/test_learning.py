@@ -10,7 +10,6 @@ takes far longer (measured: 0.09 -> 0.14 in 30 steps, against 0.07 -> 0.74 with 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -19,11 +18,10 @@ import time
 from pathlib import Path
 
 import openai
-import pytest
 
 from gateway.policies import Policy, write_policies
 from gateway.vllm_server import VLLMServer, last_lines
-from tests.conftest import Gateway
+from tests.conftest import Gateway, served_step
 
 ROUNDS, GROUPS, GROUP_SIZE = 36, 2, 4
 PROMPT = [{"role": "user", "content": "Write some digits."}]
@@ -31,10 +29,6 @@ PROMPT = [{"role": "user", "content": "Write some digits."}]
 
 def digit_share(text: str) -> float:
     return sum(ch.isdigit() for ch in text) / max(len(text), 1)
-
-
-def policy_step(path: Path) -> int:
-    return json.loads(path.read_text())["policies"][0].get("step", 0)
 
 
 async def one_round(gw: Gateway, round_no: int) -> list[tuple[float, str]]:
@@ -75,7 +69,7 @@ def test_reward_rises_through_the_whole_loop(make_gateway, vllm: VLLMServer, tin
             trainable += sum(max(g) > min(g) for g in groups)
             # Wait for the steps these groups make, so each round samples from the newest adapter.
             deadline = time.monotonic() + 120
-            while policy_step(policies) < trainable // GROUPS:
+            while served_step(policies) < trainable // GROUPS:
                 assert trainer.poll() is None, last_lines(tmp_path / "trainer.log")
                 assert time.monotonic() < deadline, "no training step\n" + last_lines(tmp_path / "trainer.log")
                 time.sleep(0.1)
@@ -92,7 +86,7 @@ def test_reward_rises_through_the_whole_loop(make_gateway, vllm: VLLMServer, tin
     late_steps = [int(v.split("@")[1]) for vs in versions[-5:] for v in vs]
     assert min(late_steps) >= 10, versions[-5:]  # served by trained versions
     # Every trainable pair of groups made exactly one step, each checkpointed.
-    final = policy_step(policies)
+    final = served_step(policies)
     assert final == trainable // GROUPS
     checkpoints = sorted(int(p.name) for p in (tmp_path / "data" / "policies" / "agent" / "checkpoints").iterdir())
     assert checkpoints == list(range(1, final + 1))

@@ -8,13 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("peft")
-
-from trainer.grpo import group_advantages  # noqa: E402
-from trainer.policy_model import LoraSettings, PolicyModel, TrainSettings  # noqa: E402
-from trainer.sequences import Sequence  # noqa: E402
+from trainer.grpo import group_advantages
+from trainer.policy_model import LoraSettings, PolicyModel, TrainSettings
+from trainer.sequences import Sequence
 
 STEPS, GROUPS, GROUP_SIZE = 40, 2, 4
 

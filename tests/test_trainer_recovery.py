@@ -7,27 +7,24 @@ before the policy switches to the new version.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import httpx
-import pytest
 
 from gateway.policies import Policy, write_policies
 from gateway.settings import Settings
-from gateway.store.training import claim_groups, complete_groups, count_ready, group_calls
+from gateway.store.training import (
+    claim_groups,
+    complete_groups,
+    count_ready,
+    group_calls,
+)
 from gateway.vllm_server import VLLMServer
-
-pytest.importorskip("peft")
-
-from trainer.policy_model import LoraSettings, TrainSettings  # noqa: E402
-from trainer.worker import TrainerWorker, WorkerSettings  # noqa: E402
+from tests.conftest import served_step
+from trainer.policy_model import LoraSettings, TrainSettings
+from trainer.worker import TrainerWorker, WorkerSettings
 
 GROUPS, SIZE = 4, 2
-
-
-def step_of(path: Path) -> int:
-    return json.loads(path.read_text())["policies"][0].get("step", 0)
 
 
 async def test_killed_trainer_resumes_without_loss_or_repeat(make_gateway, vllm: VLLMServer, tiny_model: Path, tmp_path: Path) -> None:
@@ -70,20 +67,20 @@ async def test_killed_trainer_resumes_without_loss_or_repeat(make_gateway, vllm:
     ids = await second.db.transaction(claim_groups, "agent", "w1", 2)
     second.train_and_save(policy, await second.db.transaction(group_calls, ids), 1)
     await second.db.transaction(complete_groups, ids, "w1", 1)
-    assert step_of(policies) == 0
+    assert served_step(policies) == 0
     await second.close()
 
     third = worker()
     await third.recover()
     for p in list(third.registry.policies.values()):
         await third.publish_pending(p)
-    assert step_of(policies) == 1  # the trained step is served now, not trained again
+    assert served_step(policies) == 1  # the trained step is served now, not trained again
     assert "agent@1" in [m["id"] for m in httpx.get(vllm.url + "/v1/models").json()["data"]]
 
     # 3. Business as usual: the two remaining groups make step 2, and nothing is left.
     third.registry.reload()
     assert await third.train_once(third.registry.policies["agent"])
-    assert step_of(policies) == 2
+    assert served_step(policies) == 2
     assert not await third.train_once(third.registry.policies["agent"])
     assert sorted(p.name for p in ckpts.iterdir()) == ["1", "2"]
 

@@ -75,10 +75,11 @@ def micro_batches(items: list[tuple[Sequence, float]], max_tokens: int, max_len:
     ordered = sorted(items, key=lambda item: len(item[0].tokens), reverse=True)
     chunk: list[tuple[Sequence, float]] = []
     for item in ordered:
-        longest = min(len((chunk or [item])[0][0].tokens), max_len)
-        if chunk and (len(chunk) + 1) * longest > max_tokens:
-            yield chunk
-            chunk = []
+        if chunk:
+            longest = min(len(chunk[0][0].tokens), max_len)  # the first is the longest
+            if (len(chunk) + 1) * longest > max_tokens:
+                yield chunk
+                chunk = []
         chunk.append(item)
     if chunk:
         yield chunk

@@ -28,11 +28,25 @@ from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Send
 
 from gateway import keys
-from gateway.capture import ENDPOINTS, Endpoint, Injected, StreamCapture, Tokens, extract_tokens, inject
+from gateway.capture import (
+    ENDPOINTS,
+    Endpoint,
+    Injected,
+    StreamCapture,
+    Tokens,
+    extract_tokens,
+    inject,
+)
 from gateway.errors import APIError, error_body
 from gateway.policies import Route
 from gateway.services import Services, services
-from gateway.store.models import CLIENT_DISCONNECTED, OK, UPSTREAM_CUT, UPSTREAM_ERROR, utcnow
+from gateway.store.models import (
+    CLIENT_DISCONNECTED,
+    OK,
+    UPSTREAM_CUT,
+    UPSTREAM_ERROR,
+    utcnow,
+)
 from gateway.store.writes import CallRecord
 from gateway.upstream import UpstreamFailure, response_headers
 
@@ -193,9 +207,9 @@ async def forward(request: Request, endpoint: Endpoint) -> ASGIResponse:
     try:
         raw = await response.aread()
     except httpx.HTTPError as exc:
-        status, message = (504, "the upstream went silent") if isinstance(exc, httpx.ReadTimeout) else (502, f"the upstream broke off its answer: {exc}")
-        await call.commit(call.record(UPSTREAM_ERROR, status, error=message))
-        return _error(status, message, call)
+        failure = UpstreamFailure.from_error(exc, "the upstream broke off its answer", call.attempts)
+        await call.commit(call.record(UPSTREAM_ERROR, failure.status, error=failure.message))
+        return _error(failure.status, failure.message, call)
     finally:
         await response.aclose()
 
@@ -304,7 +318,7 @@ async def models(request: Request) -> ASGIResponse:
     finally:
         await response.aclose()
     listing = _json_or_none(raw)
-    svc.policies.resolve("")  # reload the registry if its file changed
+    svc.policies.refresh()
     if response.status_code == 200 and isinstance(listing, dict) and isinstance(listing.get("data"), list) and svc.policies.policies:
         entries = [
             {"id": p.name, "object": "model", "owned_by": "burnish", "root": p.base_model, "parent": p.base_model, "step": p.step}
