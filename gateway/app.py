@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -12,11 +14,12 @@ from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 
 from gateway import errors
-from gateway.policies import Registry
-from gateway.routes import proxy, trajectories
+from gateway.policies import Registry, follow
+from gateway.routes import admin, proxy, trajectories
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.store.database import Database
+from gateway.store.policies import load_policies
 from gateway.store.writer import Writer
 from gateway.upstream import Upstream
 
@@ -39,7 +42,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
         writer = Writer(db, batch_max=settings.commit_batch_max)
         writer.start()
         upstream = Upstream(settings)
-        policies = Registry(settings.policies_path)
+        policies = Registry(await db.read(load_policies))
+        following = asyncio.create_task(follow(db, policies), name="burnish-policies")
         app.state.services = Services(settings=settings, db=db, writer=writer, upstream=upstream, policies=policies)
         # Everything allocated so far lives as long as the app: move it out of the
         # collector's sight, so full collections stop walking it (a p99 latency cost).
@@ -49,12 +53,15 @@ def create_app(settings: Settings | None = None) -> Litestar:
         try:
             yield
         finally:
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await following
             await upstream.aclose()
             await writer.close()
             await db.dispose()
 
     return Litestar(
-        route_handlers=[health, *proxy.route_handlers, *trajectories.route_handlers],
+        route_handlers=[health, *proxy.route_handlers, *trajectories.route_handlers, admin.router],
         lifespan=[lifespan],
         exception_handlers={HTTPException: errors.handle_http_exception, Exception: errors.handle_unexpected},
         request_max_body_size=settings.max_body_bytes,

@@ -92,17 +92,13 @@ def _display_url(settings: Settings) -> str:
 @click.option("--upstream", help="the vLLM server adapters are loaded into [BURNISH_UPSTREAM]")
 @click.option("--data-dir", help="[BURNISH_DATA_DIR]")
 @click.option("--database-url", help="[BURNISH_DATABASE_URL]")
-@click.option("--learning-rate", type=float, help="default 1e-5 (real models); the tiny model learns at 5e-3")
-@click.option("--lora-rank", type=int, help="default 16")
-@click.option("--groups-per-step", type=int, help="default 2")
 @click.option("--worker-id", help="a name stable across restarts lets a restarted trainer release its own claims at once (default: host-pid)")
 @click.option("--log-level", help="[BURNISH_LOG_LEVEL]")
-def trainer(learning_rate: float | None, lora_rank: int | None, groups_per_step: int | None, worker_id: str | None, **options: object) -> None:
-    """Run the trainer: GRPO steps on ready groups, adapters published to vLLM."""
-    import dataclasses
+def trainer(worker_id: str | None, **options: object) -> None:
+    """Run the trainer: GRPO steps on ready groups, adapters published to vLLM.
 
+    Each policy trains with its own settings (create and change them over /admin/policies)."""
     try:
-        from trainer.policy_model import LoraSettings, TrainSettings
         from trainer.worker import TrainerWorker, WorkerSettings
     except ImportError as exc:
         raise click.ClickException(f"{exc}: install the trainer's dependencies (pip install 'burnish[train]')") from None
@@ -110,14 +106,7 @@ def trainer(learning_rate: float | None, lora_rank: int | None, groups_per_step:
     settings = _settings(**options)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    lora, train = LoraSettings(), TrainSettings()
-    if lora_rank is not None:
-        lora = dataclasses.replace(lora, rank=lora_rank, alpha=2 * lora_rank)
-    if learning_rate is not None:
-        train = dataclasses.replace(train, learning_rate=learning_rate)
-    if groups_per_step is not None:
-        train = dataclasses.replace(train, groups_per_step=groups_per_step)
-    worker = TrainerWorker(settings, lora=lora, train=train, worker=WorkerSettings(worker_id=worker_id) if worker_id else WorkerSettings())
+    worker = TrainerWorker(settings, WorkerSettings(worker_id=worker_id) if worker_id else WorkerSettings())
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -146,7 +135,7 @@ def tiny_model(path: str, seed: int) -> None:
 
 @main.command()
 @click.option("--model", help="local path or hub id for vLLM to serve; default: the tiny model, made in <data_dir>/models/tiny")
-@click.option("--policy", default="agent", show_default=True, help="policy registered over the model when the registry is empty")
+@click.option("--policy", default="agent", show_default=True, help="policy created over the model if it does not exist")
 @click.option("--host", help="gateway address [BURNISH_HOST]")
 @click.option("--port", type=int, help="gateway port [BURNISH_PORT]")
 @click.option("--vllm-port", type=int, default=8000, show_default=True)

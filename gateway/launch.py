@@ -8,6 +8,9 @@ dies, everything stops and the last lines of its log are shown.
 
 from __future__ import annotations
 
+import asyncio
+import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -18,8 +21,10 @@ from pathlib import Path
 import click
 import httpx
 
-from gateway.policies import Policy, Registry, write_policies
+from gateway.policies import LoraSettings, Policy, TrainSettings
 from gateway.settings import Settings
+from gateway.store.database import Database
+from gateway.store.policies import ensure_policy
 from gateway.vllm_server import VLLMFailed, VLLMServer, last_lines
 
 TINY_MODEL_NAME = "tiny"
@@ -32,7 +37,8 @@ def _burnish(*args: str) -> list[str]:
 # The tiny model's chat template writes tool calls the way Qwen2.5 does (<tool_call>).
 TINY_MODEL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 # A random model needs a far larger step than a pretrained one (docs/trainer.md).
-TINY_MODEL_TRAINING = ["--learning-rate", "5e-3", "--lora-rank", "8"]
+TINY_MODEL_LORA = LoraSettings(rank=8, alpha=16)
+TINY_MODEL_TRAIN = TrainSettings(learning_rate=5e-3)
 
 
 def prepare_model(settings: Settings, model: str | None, vllm_port: int, vllm_args: list[str]) -> VLLMServer:
@@ -56,10 +62,19 @@ def prepare_model(settings: Settings, model: str | None, vllm_port: int, vllm_ar
 
 def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int, vllm_args: Sequence[str] = ()) -> int:
     vllm = prepare_model(settings, model, vllm_port, list(vllm_args))
-    registry = Registry(settings.policies_path)
-    if not registry.policies:
-        settings.policies_path.parent.mkdir(parents=True, exist_ok=True)
-        write_policies(settings.policies_path, [Policy(policy, base_model=vllm.served_model_name or vllm.model, model_path=vllm.model)])
+    tiny = model is None
+    created = asyncio.run(
+        _ensure_policy(
+            settings,
+            Policy(
+                name=policy,
+                base_model=vllm.served_model_name or vllm.model,
+                model_path=vllm.model,
+                **({"lora": TINY_MODEL_LORA, "train": TINY_MODEL_TRAIN} if tiny else {}),
+            ),
+        )
+    )
+    token, token_file = admin_token(settings)
 
     stop = False
 
@@ -73,9 +88,11 @@ def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int
     logs = settings.data_path / "logs"
     children: list[tuple[str, subprocess.Popen, Path]] = []
 
+    env = {**os.environ, "BURNISH_ADMIN_TOKEN": token}
+
     def spawn(name: str, *args: str) -> subprocess.Popen:
         with (logs / f"{name}.log").open("ab") as log:
-            proc = subprocess.Popen(_burnish(*args), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(_burnish(*args), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         children.append((name, proc, logs / f"{name}.log"))
         return proc
 
@@ -93,9 +110,9 @@ def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int
         if not _wait_http(url + "/health", gateway, timeout=60):
             click.echo(f"the gateway did not start. Last lines of {logs / 'gateway.log'}:\n{last_lines(logs / 'gateway.log')}", err=True)
             return 1
-        spawn("trainer", "trainer", "--upstream", vllm.url, *store, *(TINY_MODEL_TRAINING if model is None else []))
-        names = ", ".join(Registry(settings.policies_path).policies)
-        click.echo(f"burnish is up: base_url={url}/v1  model={names}  (logs in {logs}; Ctrl-C stops)")
+        spawn("trainer", "trainer", "--upstream", vllm.url, *store)
+        click.echo(f"burnish is up: base_url={url}/v1  model={created.name} (step {created.step})  (logs in {logs}; Ctrl-C stops)")
+        click.echo(f"admin API: {url}/admin/policies with Authorization: Bearer <token>" + (f" (token in {token_file})" if token_file else ""))
         while not stop:
             for name, proc, log_path in [("vLLM", vllm.process, vllm.log_path), *children]:
                 if proc is not None and proc.poll() is not None:
@@ -115,6 +132,28 @@ def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int
             except subprocess.TimeoutExpired:
                 proc.kill()
         vllm.stop()
+
+
+async def _ensure_policy(settings: Settings, policy: Policy) -> Policy:
+    db = Database(settings.resolved_database_url)
+    try:
+        await db.migrate()
+        return await db.transaction(ensure_policy, policy)
+    finally:
+        await db.dispose()
+
+
+def admin_token(settings: Settings) -> tuple[str, Path | None]:
+    """BURNISH_ADMIN_TOKEN, or one made once and kept in <data_dir>/admin-token (mode 600)."""
+    if settings.admin_token:
+        return settings.admin_token, None
+    path = settings.data_path / "admin-token"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(24))
+    return path.read_text().strip(), path
 
 
 def _wait_http(url: str, proc: subprocess.Popen, timeout: float) -> bool:

@@ -1,45 +1,94 @@
-"""Policies: trainable models, and how a request's ``model`` maps to what vLLM serves.
+"""Policies: trainable models, their settings, and how a request's ``model`` maps to what vLLM serves.
 
-A policy has a name, a base model and a current step. vLLM serves step N > 0 as the
-LoRA adapter ``<policy>@<N>``; step 0 is the base model itself. So:
+A policy has a name, a base model, LoRA and training settings, and the step it serves.
+vLLM serves step N > 0 as the LoRA adapter ``<policy>@<N>``; step 0 is the base model
+itself. So:
 
     model: "<policy>"       -> the current step: "<policy>@<step>", or the base model at 0
     model: "<policy>@<N>"   -> that step, pinned
     anything else           -> passed through untouched (and still recorded)
 
-The registry is a JSON file (``BURNISH_POLICIES_FILE``, by default
-``<data_dir>/policies.json``)::
+Policies live in the store (``gateway/store/policies.py``), are created and changed
+over the admin API, and are advanced by the trainer. The gateway routes from a
+``Registry``: a snapshot of that table, refreshed in the background (``follow``).
 
-    {"policies": [{"name": "agent", "base_model": "tiny", "step": 0}]}
-
-It is read again when it changes (checked at most once a second), so whoever advances
-a policy's step, a person or the trainer, only rewrites the file.
+Every training knob and its default is here, and only here: the admin API validates
+against these structs, the store keeps them as JSON, the trainer reads them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated
 
 import msgspec
+from msgspec import Meta
+
+if TYPE_CHECKING:
+    from gateway.store.database import Database
 
 log = logging.getLogger("burnish.gateway")
-RELOAD_EVERY_S = 1.0
+
+# How often a gateway re-reads the policies table: the most a new version waits to be routed to.
+REFRESH_EVERY_S = 0.25
 
 
-class Policy(msgspec.Struct, frozen=True, omit_defaults=True):
+class LoraSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    # vLLM must be started with --max-lora-rank at least this (burnish up: 16).
+    rank: Annotated[int, Meta(ge=1, le=512)] = 16
+    alpha: Annotated[int, Meta(ge=1)] = 32
+    dropout: Annotated[float, Meta(ge=0, lt=1)] = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+class TrainSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    # For real models; the tiny embedded model learns at 5e-3 (docs/trainer.md).
+    learning_rate: Annotated[float, Meta(gt=0, le=1)] = 1e-5
+    adam_betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: Annotated[float, Meta(ge=0)] = 0.0
+    grad_clip: Annotated[float, Meta(gt=0)] = 1.0
+    # Ready groups trained in one optimizer step (a step waits until there are this many,
+    # unless training is asked for now).
+    groups_per_step: Annotated[int, Meta(ge=1, le=4096)] = 2
+    # Longer sequences are cut at the end (their last sampled tokens are not trained on).
+    max_seq_len: Annotated[int, Meta(ge=16)] = 4096
+    # Gradient accumulation: sequences are packed into forward passes of at most this many
+    # (padded) tokens, which bounds activation memory whatever the step's size.
+    micro_batch_tokens: Annotated[int, Meta(ge=16)] = 8192
+    # Clip range of the importance ratio. A higher upper bound (DAPO's "clip-higher")
+    # lets rare tokens gain probability faster than they can lose it.
+    clip_eps_low: Annotated[float, Meta(ge=0, lt=1)] = 0.2
+    clip_eps_high: Annotated[float, Meta(ge=0)] = 0.28
+    # Weight of the k3 KL estimate against the base model (adapter off). 0: no KL term and
+    # no reference forward pass, which is what recent GRPO practice (DAPO, Dr. GRPO) uses.
+    kl_coef: Annotated[float, Meta(ge=0)] = 0.0
+    # Divide advantages by the group's standard deviation (GRPO). False: only centre them (Dr. GRPO).
+    scale_advantages: bool = True
+    advantage_eps: Annotated[float, Meta(gt=0)] = 1e-4
+
+
+class Policy(msgspec.Struct, frozen=True, kw_only=True):
+    """A policy as stored: what it is, how it trains, and where it stands."""
+
     name: str
     # The name vLLM serves the base model under.
     base_model: str
-    step: int = 0
-    # Where the trainer loads the base weights from (a path or hub id); default: base_model.
+    # Where the trainer loads the base weights from (a path or hub id); None: base_model.
     model_path: str | None = None
-
-
-class PolicyFile(msgspec.Struct):
-    policies: list[Policy] = []
+    lora: LoraSettings = LoraSettings()
+    train: TrainSettings = TrainSettings()
+    paused: bool = False
+    # The version being served (0: the base model).
+    step: int = 0
+    # The checkpoint the next step trains from, and the version that should be served:
+    # the newest step, or the one rolled back to. The trainer publishes it when it differs from `step`.
+    head: int = 0
+    train_requested_at: datetime | None = None
+    load_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,43 +110,17 @@ def route(policy: Policy, step: int | None = None) -> Route:
 
 
 class Registry:
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self.policies: dict[str, Policy] = {}
-        self._mtime: float | None = None
-        self._checked = 0.0
-        self.reload()
+    """The gateway's snapshot of the policies, looked up on every call (a dict read)."""
 
-    def reload(self) -> None:
-        if self.path is None:
-            return
-        try:
-            mtime = self.path.stat().st_mtime
-        except FileNotFoundError:
-            self.policies, self._mtime = {}, None
-            return
-        if mtime == self._mtime:
-            return
-        try:
-            data = msgspec.json.decode(self.path.read_bytes(), type=PolicyFile)
-        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-            # A half-written or broken file keeps the last good registry.
-            log.error("policies file %s not loaded: %s", self.path, exc)
-            return
-        self.policies = {p.name: p for p in data.policies}
-        self._mtime = mtime
+    def __init__(self, policies: Iterable[Policy] = ()) -> None:
+        self.policies: dict[str, Policy] = {p.name: p for p in policies}
 
-    def refresh(self) -> None:
-        """Re-read the file if it changed, looking at most once every RELOAD_EVERY_S."""
-        now = time.monotonic()
-        if now - self._checked > RELOAD_EVERY_S:
-            self._checked = now
-            self.reload()
+    def replace(self, policies: Iterable[Policy]) -> None:
+        self.policies = {p.name: p for p in policies}
 
     def resolve(self, model: str | None) -> Route | None:
         if model is None:
             return None
-        self.refresh()
         if (policy := self.policies.get(model)) is not None:
             return route(policy)
         name, at, step = model.rpartition("@")
@@ -106,8 +129,13 @@ class Registry:
         return None
 
 
-def write_policies(path: Path, policies: list[Policy]) -> None:
-    """Replace the file atomically, so the gateway never reads half of it."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(PolicyFile(policies)), indent=2))
-    tmp.replace(path)
+async def follow(db: Database, registry: Registry, every_s: float = REFRESH_EVERY_S) -> None:
+    """Keep ``registry`` in step with the store until cancelled. A failed read keeps the last snapshot."""
+    from gateway.store.policies import load_policies
+
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            registry.replace(await db.read(load_policies))
+        except Exception as exc:  # the store away for a moment must not stop routing
+            log.warning("policies not refreshed: %s", exc)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from litestar import Request
+from litestar.connection import ASGIConnection
 
 from gateway.policies import Registry
 from gateway.settings import Settings
@@ -22,5 +22,5 @@ class Services:
     policies: Registry
 
 
-def services(request: Request) -> Services:
-    return request.app.state.services
+def services(connection: ASGIConnection) -> Services:
+    return connection.app.state.services

@@ -26,9 +26,8 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     upstream: str = "http://127.0.0.1:8000"
     # If set, replaces the client's Authorization header on forwarded calls.
     upstream_api_key: str = ""
+    # Bearer token for /admin (compared in constant time). Empty: the admin API is closed.
     admin_token: str = ""
-    # The policy registry (gateway/policies.py). Empty: <data_dir>/policies.json.
-    policies_file: str = ""
 
     host: str = "127.0.0.1"
     port: int = 8080
@@ -77,10 +76,6 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     @property
     def data_path(self) -> Path:
         return Path(self.data_dir).expanduser()
-
-    @property
-    def policies_path(self) -> Path:
-        return Path(self.policies_file).expanduser() if self.policies_file else self.data_path / "policies.json"
 
     @property
     def resolved_database_url(self) -> str:

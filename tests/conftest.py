@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
 import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,9 +79,29 @@ def upstream(upstream_server: tuple[Upstream, str]) -> Upstream:
     return app
 
 
-def served_step(policies_file: Path) -> int:
-    """The step the registry file says its first policy serves."""
-    return json.loads(policies_file.read_text())["policies"][0].get("step", 0)
+ADMIN_TOKEN = "test-admin-token"
+
+
+def served_step(gw: Gateway, policy: str = "agent") -> int:
+    """The step the policy serves, as the admin API reports it."""
+    return gw.policy(policy)["step"]
+
+
+def set_served_step(gw: Gateway, step: int, policy: str = "agent") -> None:
+    """Switch a policy's version in the store as the trainer does, and wait for the gateway to follow."""
+    from gateway.policies import REFRESH_EVERY_S
+    from gateway.store.database import Database
+    from gateway.store.policies import update_policy
+
+    async def write() -> None:
+        db = Database(gw.settings.resolved_database_url)
+        try:
+            await db.transaction(lambda conn: update_policy(conn, policy, step=step, head=step))
+        finally:
+            await db.dispose()
+
+    asyncio.run(write())
+    time.sleep(REFRESH_EVERY_S * 2 + 0.1)
 
 
 @dataclass
@@ -91,6 +111,21 @@ class Gateway:
 
     def client(self, **kwargs: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30, **kwargs)
+
+    def admin(self) -> httpx.Client:
+        return self.client(headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+
+    def create_policy(self, name: str = "agent", base_model: str = "tiny", **fields: Any) -> dict[str, Any]:
+        with self.admin() as c:
+            r = c.post("/admin/policies", json={"name": name, "base_model": base_model, **fields})
+            assert r.status_code == 201, r.text
+            return r.json()
+
+    def policy(self, name: str = "agent") -> dict[str, Any]:
+        with self.admin() as c:
+            r = c.get(f"/admin/policies/{name}")
+            assert r.status_code == 200, r.text
+            return r.json()
 
     def trajectory(self, trajectory_id: str) -> dict[str, Any]:
         with self.client() as c:
@@ -112,6 +147,7 @@ def make_gateway(upstream_server: tuple[Upstream, str], tmp_path: Path) -> Itera
             upstream_timeout=overrides.pop("upstream_timeout", 10),
             retry_initial_wait=0.01,
             retry_max_wait=0.05,
+            admin_token=overrides.pop("admin_token", ADMIN_TOKEN),
             **overrides,
         )
         server = ServerThread(create_app(settings)).start()

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from trainer.grpo import LossSettings, group_advantages, grpo_loss
+from gateway.policies import TrainSettings
+from trainer.grpo import group_advantages, grpo_loss
 
 
 def test_advantages_are_centred_and_scaled_by_the_sample_std() -> None:
@@ -27,13 +28,13 @@ def test_loss_on_policy_is_minus_the_mean_advantage_per_token() -> None:
     logp = torch.log(torch.tensor([[0.5, 0.25, 0.1], [0.2, 0.2, 0.2]]))
     mask = torch.tensor([[0, 1, 1], [1, 1, 0]])  # 4 sampled tokens
     adv = torch.tensor([2.0, -1.0])
-    parts = grpo_loss(logp, logp.clone(), adv, mask, LossSettings())
+    parts = grpo_loss(logp, logp.clone(), adv, mask, TrainSettings())
     assert parts.loss.item() == pytest.approx(-(2 * 2 + (-1) * 2) / 4)
     assert parts.tokens == 4 and parts.clip_fraction.item() == 0.0
 
 
 def test_ratio_is_clipped_asymmetrically() -> None:
-    settings = LossSettings(clip_eps_low=0.2, clip_eps_high=0.28)
+    settings = TrainSettings(clip_eps_low=0.2, clip_eps_high=0.28)
     behaviour = torch.log(torch.tensor([[0.5, 0.5, 0.5, 0.5]]))
     # ratios 2.0, 0.5, 1.1, 0.9 on one sequence
     logp = behaviour + torch.log(torch.tensor([[2.0, 0.5, 1.1, 0.9]]))
@@ -48,7 +49,7 @@ def test_ratio_is_clipped_asymmetrically() -> None:
 
 
 def test_kl_term_is_k3_against_the_reference() -> None:
-    settings = LossSettings(kl_coef=0.1)
+    settings = TrainSettings(kl_coef=0.1)
     logp = torch.log(torch.tensor([[0.5, 0.4]]))
     ref = torch.log(torch.tensor([[0.25, 0.4]]))
     mask = torch.ones(1, 2)
@@ -63,7 +64,7 @@ def test_gradient_pushes_up_the_advantaged_tokens() -> None:
     logits = torch.zeros(1, 3, requires_grad=True)
     logp = torch.log_softmax(logits, dim=-1)  # three tokens, logprob of each as a "sequence"
     behaviour = logp.detach().clone()
-    grpo_loss(logp, behaviour, torch.tensor([1.0]), torch.tensor([[1, 0, 0]]), LossSettings()).loss.backward()
+    grpo_loss(logp, behaviour, torch.tensor([1.0]), torch.tensor([[1, 0, 0]]), TrainSettings()).loss.backward()
     assert logits.grad[0, 0] < 0  # gradient descent raises token 0's logit
 
 
@@ -72,7 +73,7 @@ def test_micro_batches_normalised_by_the_step_total_add_up_to_the_whole() -> Non
     logp, behaviour = torch.randn(4, 5), torch.randn(4, 5)
     mask = (torch.rand(4, 5) > 0.3).int()
     adv = torch.randn(4)
-    whole = grpo_loss(logp, behaviour, adv, mask, LossSettings()).loss
+    whole = grpo_loss(logp, behaviour, adv, mask, TrainSettings()).loss
     total = int(mask.sum())
-    halves = sum(grpo_loss(logp[i : i + 2], behaviour[i : i + 2], adv[i : i + 2], mask[i : i + 2], LossSettings(), normaliser=total).loss for i in (0, 2))
+    halves = sum(grpo_loss(logp[i : i + 2], behaviour[i : i + 2], adv[i : i + 2], mask[i : i + 2], TrainSettings(), normaliser=total).loss for i in (0, 2))
     assert halves.item() == pytest.approx(whole.item(), rel=1e-6)

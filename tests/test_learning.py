@@ -19,7 +19,7 @@ from pathlib import Path
 
 import openai
 
-from gateway.policies import Policy, write_policies
+from gateway.policies import REFRESH_EVERY_S
 from gateway.vllm_server import VLLMServer, last_lines
 from tests.conftest import Gateway, served_step
 
@@ -49,15 +49,12 @@ async def one_round(gw: Gateway, round_no: int) -> list[tuple[float, str]]:
 
 
 def test_reward_rises_through_the_whole_loop(make_gateway, vllm: VLLMServer, tiny_model: Path, tmp_path: Path) -> None:
-    policies = tmp_path / "policies.json"
-    write_policies(policies, [Policy("agent", base_model="tiny", model_path=str(tiny_model))])
-    gw = make_gateway(upstream=vllm.url, policies_file=str(policies), upstream_timeout=120)
-    env = {**os.environ, "BURNISH_POLICIES_FILE": str(policies), "BURNISH_DATA_DIR": str(tmp_path / "data")}
+    gw = make_gateway(upstream=vllm.url, upstream_timeout=120)
+    # The embedded default's settings for the tiny model (gateway/launch.py).
+    gw.create_policy("agent", "tiny", model_path=str(tiny_model), lora={"rank": 8, "alpha": 16}, train={"learning_rate": 5e-3, "groups_per_step": GROUPS})
+    env = {**os.environ, "BURNISH_DATA_DIR": gw.settings.data_dir}
     trainer_log = (tmp_path / "trainer.log").open("wb")
-    trainer = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "trainer", "--upstream", vllm.url, "--learning-rate", "5e-3", "--lora-rank", "8"],
-        env=env, stdout=trainer_log, stderr=subprocess.STDOUT,
-    )
+    trainer = subprocess.Popen([sys.executable, "-m", "gateway.cli", "trainer", "--upstream", vllm.url], env=env, stdout=trainer_log, stderr=subprocess.STDOUT)
     means, versions = [], []
     trainable = 0  # groups whose rewards differ: only those are ever trained (GRPO learns nothing from a tie)
     try:
@@ -69,11 +66,11 @@ def test_reward_rises_through_the_whole_loop(make_gateway, vllm: VLLMServer, tin
             trainable += sum(max(g) > min(g) for g in groups)
             # Wait for the steps these groups make, so each round samples from the newest adapter.
             deadline = time.monotonic() + 120
-            while served_step(policies) < trainable // GROUPS:
+            while served_step(gw) < trainable // GROUPS:
                 assert trainer.poll() is None, last_lines(tmp_path / "trainer.log")
                 assert time.monotonic() < deadline, "no training step\n" + last_lines(tmp_path / "trainer.log")
                 time.sleep(0.1)
-            time.sleep(1.1)  # the gateway re-reads the registry at most once a second
+            time.sleep(REFRESH_EVERY_S + 0.05)  # the gateway re-reads the policies this often
     finally:
         trainer.send_signal(signal.SIGINT)
         trainer.wait(timeout=60)
@@ -86,7 +83,13 @@ def test_reward_rises_through_the_whole_loop(make_gateway, vllm: VLLMServer, tin
     late_steps = [int(v.split("@")[1]) for vs in versions[-5:] for v in vs]
     assert min(late_steps) >= 10, versions[-5:]  # served by trained versions
     # Every trainable pair of groups made exactly one step, each checkpointed.
-    final = served_step(policies)
+    final = served_step(gw)
     assert final == trainable // GROUPS
-    checkpoints = sorted(int(p.name) for p in (tmp_path / "data" / "policies" / "agent" / "checkpoints").iterdir())
+    checkpoints = sorted(int(p.name) for p in (Path(gw.settings.data_dir) / "policies" / "agent" / "checkpoints").iterdir())
     assert checkpoints == list(range(1, final + 1))
+    # The metrics history has one entry per step, and its rewards rise too.
+    with gw.admin() as c:
+        history = c.get("/admin/policies/agent/metrics").json()["data"]
+    assert [h["step"] for h in history] == checkpoints
+    assert all(h["groups"] == GROUPS and h["tokens"] > 0 and h["published_at"] for h in history)
+    assert sum(h["reward_mean"] for h in history[-5:]) / 5 > sum(h["reward_mean"] for h in history[:5]) / 5

@@ -3,49 +3,32 @@
 from __future__ import annotations
 
 import json
-import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from gateway.policies import Policy, Registry, write_policies
-from tests.conftest import Gateway
+from gateway.policies import Policy, Registry
+from tests.conftest import Gateway, set_served_step
 from tests.upstream import Upstream, choice_text, token_ids
 
 MESSAGES = [{"role": "user", "content": "policy please"}]
 
 
 @pytest.fixture
-def policy_gateway(make_gateway, upstream: Upstream, tmp_path: Path) -> Gateway:
-    path = tmp_path / "policies.json"
-    write_policies(path, [Policy("agent", base_model="tiny", step=2)])
-    return make_gateway(policies_file=str(path))
+def policy_gateway(make_gateway, upstream: Upstream) -> Gateway:
+    gw = make_gateway()
+    gw.create_policy("agent", "tiny")
+    set_served_step(gw, 2)
+    return gw
 
 
-def test_registry_routes_current_and_pinned_steps(tmp_path: Path) -> None:
-    path = tmp_path / "p.json"
-    write_policies(path, [Policy("agent", "base-model", 3)])
-    reg = Registry(path)
+def test_registry_routes_current_and_pinned_steps() -> None:
+    reg = Registry([Policy(name="agent", base_model="base-model", step=3)])
     assert reg.resolve("agent").upstream_model == "agent@3"
     assert reg.resolve("agent@0").upstream_model == "base-model"
     assert reg.resolve("agent@7").version == "agent@7"
     assert reg.resolve("other") is None and reg.resolve("agent@x") is None and reg.resolve(None) is None
-
-
-def test_registry_reloads_a_changed_file_and_keeps_the_last_good_one(tmp_path: Path, monkeypatch) -> None:
-    from gateway import policies
-
-    monkeypatch.setattr(policies, "RELOAD_EVERY_S", 0.0)
-    path = tmp_path / "p.json"
-    write_policies(path, [Policy("agent", "base", 1)])
-    reg = Registry(path)
-    time.sleep(0.01)
-    write_policies(path, [Policy("agent", "base", 2)])
-    assert reg.resolve("agent").step == 2
-    path.write_text("{ broken")
-    assert reg.resolve("agent").step == 2
 
 
 @pytest.mark.parametrize("stream", [False, True])

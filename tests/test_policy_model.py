@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from trainer.grpo import group_advantages
-from trainer.policy_model import LoraSettings, PolicyModel, TrainSettings
+from gateway.policies import LoraSettings, TrainSettings
+from trainer.policy_model import PolicyModel
 from trainer.sequences import Sequence
 
 STEPS, GROUPS, GROUP_SIZE = 40, 2, 4

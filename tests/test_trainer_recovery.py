@@ -1,38 +1,38 @@
 """A trainer killed mid-step: the restarted one neither loses a group nor trains one twice.
 
-The two places a kill can leave something behind are recreated exactly: after the
-checkpoint is written but before its groups are marked, and after they are marked but
-before the policy switches to the new version.
+The first test recreates the two places a kill can leave something behind, exactly:
+after the checkpoint is written but before its step is recorded, and after it is
+recorded but before the policy switches to the new version. The second kills a real
+``burnish trainer`` process with SIGKILL in the middle of its steps.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import httpx
+from sqlalchemy import select
 
-from gateway.policies import Policy, write_policies
 from gateway.settings import Settings
-from gateway.store.training import (
-    claim_groups,
-    complete_groups,
-    count_ready,
-    group_calls,
-)
-from gateway.vllm_server import VLLMServer
-from tests.conftest import served_step
-from trainer.policy_model import LoraSettings, TrainSettings
+from gateway.store.models import Group, StepRow
+from gateway.store.policies import get_policy, record_step
+from gateway.store.training import claim_groups, count_ready, group_calls
+from gateway.vllm_server import VLLMServer, last_lines
+from tests.conftest import Gateway, served_step
 from trainer.worker import TrainerWorker, WorkerSettings
 
-GROUPS, SIZE = 4, 2
+SIZE = 2
+TINY = {"lora": {"rank": 8, "alpha": 16}, "train": {"learning_rate": 5e-3, "groups_per_step": 2}}
 
 
-async def test_killed_trainer_resumes_without_loss_or_repeat(make_gateway, vllm: VLLMServer, tiny_model: Path, tmp_path: Path) -> None:
-    policies = tmp_path / "policies.json"
-    write_policies(policies, [Policy("agent", base_model="tiny", model_path=str(tiny_model))])
-    gw = make_gateway(upstream=vllm.url, policies_file=str(policies), upstream_timeout=120)
+async def make_groups(gw: Gateway, count: int) -> None:
     async with httpx.AsyncClient(base_url=gw.url, timeout=120) as client:
-        for g in range(GROUPS):
+        for g in range(count):
             for i in range(SIZE):
                 r = await client.post(
                     f"/g/grp{g}/t/grp{g}-{i}/v1/chat/completions",
@@ -42,56 +42,116 @@ async def test_killed_trainer_resumes_without_loss_or_repeat(make_gateway, vllm:
                 assert r.status_code == 200
                 assert (await client.post(f"/v1/trajectories/grp{g}-{i}/reward", json={"reward": float(i)})).status_code == 200
 
-    settings = Settings.load({}, data_dir=gw.settings.data_dir, upstream=vllm.url, policies_file=str(policies))
 
-    def worker() -> TrainerWorker:
-        return TrainerWorker(settings, lora=LoraSettings(rank=8, alpha=16), train=TrainSettings(learning_rate=5e-3), worker=WorkerSettings(worker_id="w1"))
+def trained(conn) -> tuple[list[int | None], list[tuple[int, list[str]]]]:
+    """Each group's trained step, and each recorded step's groups."""
+    groups = sorted(conn.execute(select(Group.trained_step)).scalars(), key=lambda s: (s is None, s))
+    steps = [(r.step, sorted(r.groups)) for r in conn.execute(select(StepRow).order_by(StepRow.step))]
+    return groups, steps
 
-    policy = Policy("agent", base_model="tiny", model_path=str(tiny_model))
+
+def unload(vllm: VLLMServer, steps) -> None:
+    for step in steps:
+        httpx.post(vllm.url + "/v1/unload_lora_adapter", json={"lora_name": f"agent@{step}"})
+
+
+async def test_killed_trainer_resumes_without_loss_or_repeat(make_gateway, vllm: VLLMServer, tiny_model: Path, tmp_path: Path) -> None:
+    gw = make_gateway(upstream=vllm.url, upstream_timeout=120)
+    gw.create_policy("agent", "tiny", model_path=str(tiny_model), **TINY)
+    await make_groups(gw, 4)
+    settings = Settings.load({}, data_dir=gw.settings.data_dir, upstream=vllm.url)
     ckpts = tmp_path / "data" / "policies" / "agent" / "checkpoints"
 
-    # 1. Killed after writing checkpoint 1, before marking its groups.
+    def worker() -> TrainerWorker:
+        return TrainerWorker(settings, WorkerSettings(worker_id="w1"))
+
+    # 1. Killed after writing checkpoint 1, before recording its step.
     first = worker()
     await first.recover()
     ids = await first.db.transaction(claim_groups, "agent", "w1", 2)
-    first.train_and_save(policy, await first.db.transaction(group_calls, ids), 1)
+    policy = await first.db.read(get_policy, "agent")
+    first.train_and_save(policy, await first.db.read(group_calls, ids), 1)
     assert (ckpts / "1").exists()
     await first.close()
 
     second = worker()
     await second.recover()
     assert not (ckpts / "1").exists()  # never counted: discarded
-    assert await second.db.transaction(count_ready, "agent") == GROUPS  # its groups wait again
+    assert await second.db.read(count_ready, "agent") == 4  # its groups wait again
 
-    # 2. Killed after marking step 1, before switching the policy to it.
+    # 2. Killed after recording step 1, before switching the policy to it.
     ids = await second.db.transaction(claim_groups, "agent", "w1", 2)
-    second.train_and_save(policy, await second.db.transaction(group_calls, ids), 1)
-    await second.db.transaction(complete_groups, ids, "w1", 1)
-    assert served_step(policies) == 0
+    metrics = second.train_and_save(policy, await second.db.read(group_calls, ids), 1)
+    assert await second.db.transaction(record_step, "agent", 1, 0, ids, "w1", metrics, str(ckpts / "1"))
+    assert served_step(gw) == 0 and gw.policy()["pending_version"] == "agent@1"
     await second.close()
 
     third = worker()
     await third.recover()
-    for p in list(third.registry.policies.values()):
-        await third.publish_pending(p)
-    assert served_step(policies) == 1  # the trained step is served now, not trained again
+    await third.publish_pending(await third.db.read(get_policy, "agent"))
+    assert served_step(gw) == 1  # the recorded step is served now, not trained again
     assert "agent@1" in [m["id"] for m in httpx.get(vllm.url + "/v1/models").json()["data"]]
 
     # 3. Business as usual: the two remaining groups make step 2, and nothing is left.
-    third.registry.reload()
-    assert await third.train_once(third.registry.policies["agent"])
-    assert served_step(policies) == 2
-    assert not await third.train_once(third.registry.policies["agent"])
+    assert await third.train_once(await third.db.read(get_policy, "agent"))
+    assert served_step(gw) == 2
+    assert not await third.train_once(await third.db.read(get_policy, "agent"))
     assert sorted(p.name for p in ckpts.iterdir()) == ["1", "2"]
-
-    def trained_steps(conn):
-        from sqlalchemy import select
-
-        from gateway.store.models import Group
-
-        return sorted(conn.execute(select(Group.trained_step)).scalars())
-
-    assert await third.db.transaction(trained_steps) == [1, 1, 2, 2]  # every group once
+    groups, steps = await third.db.read(trained)
+    assert groups == [1, 1, 2, 2]  # every group once
+    assert [s for s, _ in steps] == [1, 2] and set(steps[0][1]).isdisjoint(steps[1][1])
     await third.close()
-    for step in (1, 2):
-        httpx.post(vllm.url + "/v1/unload_lora_adapter", json={"lora_name": f"agent@{step}"})
+    unload(vllm, (1, 2))
+
+
+def test_sigkilled_trainer_process_resumes(make_gateway, vllm: VLLMServer, tiny_model: Path, tmp_path: Path) -> None:
+    """kill -9 a real `burnish trainer` as soon as it claims groups, twice; the third run finishes the work."""
+    import asyncio
+
+    gw = make_gateway(upstream=vllm.url, upstream_timeout=120)
+    gw.create_policy("agent", "tiny", model_path=str(tiny_model), **TINY)
+    asyncio.run(make_groups(gw, 6))
+    env = {**os.environ, "BURNISH_DATA_DIR": gw.settings.data_dir}
+    command = [sys.executable, "-m", "gateway.cli", "trainer", "--upstream", vllm.url, "--worker-id", "killme"]
+
+    def run_until_claims(claims: int, log: Path) -> None:
+        """Start a trainer; SIGKILL it when it has claimed groups for the `claims`-th time."""
+        with log.open("wb") as out:
+            proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while log.read_text().count("claimed") < claims:
+            assert proc.poll() is None, last_lines(log)
+            assert time.monotonic() < deadline, last_lines(log)
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    # Killed in its first step (the model is still loading: nothing was recorded).
+    run_until_claims(1, tmp_path / "t1.log")
+    assert gw.policy()["last_step"] is None and gw.policy()["groups_ready"] == 4  # 2 of 6 held by the dead claim
+    # Restarted with the same worker id: it releases the claim at once, makes step 1, and is killed in step 2.
+    run_until_claims(2, tmp_path / "t2.log")
+    assert "released 2 groups" in (tmp_path / "t2.log").read_text()
+    # The third run finishes.
+    log = tmp_path / "t3.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while served_step(gw) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, last_lines(log)
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+
+    status = gw.policy()
+    assert status["groups_ready"] == 0 and status["groups_trained"] == 6
+    with gw.admin() as c:
+        steps = c.get("/admin/policies/agent/checkpoints").json()["data"]
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    every_group = [g for s in steps for g in s["groups"]]
+    assert sorted(every_group) == [f"grp{g}" for g in range(6)]  # each trained exactly once
+    ckpts = Path(gw.settings.data_dir) / "policies" / "agent" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["1", "2", "3"]  # no partial or orphaned checkpoint
+    unload(vllm, (1, 2, 3))

@@ -6,7 +6,6 @@ tests; elsewhere it skips them.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -19,9 +18,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.policies import Policy, write_policies
 from gateway.vllm_server import VLLMServer
-from tests.conftest import GREEDY, MESSAGES, TOOLS, Gateway
+from tests.conftest import GREEDY, MESSAGES, TOOLS, Gateway, set_served_step
 from tests.servers import free_port
 
 # torch is used in child processes only: the test process stays as light as the gateway.
@@ -47,15 +45,10 @@ def test_tiny_model_is_the_same_for_the_same_seed(tiny_model: Path, tmp_path: Pa
 
 
 @pytest.fixture
-def policy_file(tmp_path: Path) -> Path:
-    path = tmp_path / "policies.json"
-    write_policies(path, [Policy("agent", base_model="tiny", step=0)])
-    return path
-
-
-@pytest.fixture
-def gw(make_gateway, vllm: VLLMServer, policy_file: Path) -> Gateway:
-    return make_gateway(upstream=vllm.url, policies_file=str(policy_file), upstream_timeout=120)
+def gw(make_gateway, vllm: VLLMServer) -> Gateway:
+    gw = make_gateway(upstream=vllm.url, upstream_timeout=120)
+    gw.create_policy("agent", "tiny")
+    return gw
 
 
 def direct(vllm: VLLMServer) -> openai.OpenAI:
@@ -139,7 +132,7 @@ def test_request_with_tools(gw: Gateway, vllm: VLLMServer) -> None:
     assert call["request"]["tools"] == TOOLS and call["tokens"]["completion_token_ids"]
 
 
-def test_lora_adapter_is_served_by_policy_step(gw: Gateway, vllm: VLLMServer, tiny_model: Path, policy_file: Path, tmp_path: Path) -> None:
+def test_lora_adapter_is_served_by_policy_step(gw: Gateway, vllm: VLLMServer, tiny_model: Path, tmp_path: Path) -> None:
     adapter = tmp_path / "agent-1"
     subprocess.run([sys.executable, "-c", MAKE_ADAPTER, str(tiny_model), str(adapter)], check=True, timeout=300)
     r = httpx.post(vllm.url + "/v1/load_lora_adapter", json={"lora_name": "agent@1", "lora_path": str(adapter)}, timeout=60)
@@ -148,9 +141,7 @@ def test_lora_adapter_is_served_by_policy_step(gw: Gateway, vllm: VLLMServer, ti
         client = openai.OpenAI(base_url=gw.url + "/t/v-lora/v1", api_key="k")
         base_text = client.chat.completions.create(model="agent", messages=MESSAGES, **GREEDY).choices[0].message.content
 
-        time.sleep(0.01)
-        write_policies(policy_file, [Policy("agent", base_model="tiny", step=1)])
-        time.sleep(1.1)  # the registry looks at its file at most once a second
+        set_served_step(gw, 1)
         raw = client.chat.completions.with_raw_response.create(model="agent", messages=MESSAGES, **GREEDY)
         tuned = raw.parse()
         assert raw.headers["x-policy-version"] == "agent@1" and tuned.model == "agent@1"
@@ -189,7 +180,10 @@ def test_burnish_up_starts_serves_and_stops_cleanly(tiny_model: Path, tmp_path: 
             model="agent", messages=MESSAGES, **GREEDY
         )
         assert reply.choices[0].message.content is not None
-        assert json.loads((data / "policies.json").read_text())["policies"][0]["name"] == "agent"
+        token = (data / "admin-token").read_text().strip()  # made by `up`, mode 600
+        assert (data / "admin-token").stat().st_mode & 0o777 == 0o600
+        status = httpx.get(f"http://127.0.0.1:{port}/admin/policies/agent", headers={"authorization": f"Bearer {token}"}).json()
+        assert (status["base_model"], status["step"], status["lora"]["rank"], status["train"]["learning_rate"]) == ("tiny", 0, 8, 5e-3)
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0

@@ -16,19 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True)
-class LossSettings:
-    # Clip range of the importance ratio. A higher upper bound (DAPO's "clip-higher")
-    # lets rare tokens gain probability faster than they can lose it.
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.28
-    # Weight of the k3 KL estimate against the base model (adapter off). 0: no KL term and
-    # no reference forward pass, which is what recent GRPO practice (DAPO, Dr. GRPO) uses.
-    kl_coef: float = 0.0
-    # Divide advantages by the group's standard deviation (GRPO). False: only centre them (Dr. GRPO).
-    scale_advantages: bool = True
-    advantage_eps: float = 1e-4
+from gateway.policies import TrainSettings
 
 
 def group_advantages(rewards: torch.Tensor, *, scale: bool = True, eps: float = 1e-4) -> torch.Tensor:
@@ -58,7 +46,7 @@ def grpo_loss(
     behaviour_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    settings: LossSettings,
+    settings: TrainSettings,
     reference_logprobs: torch.Tensor | None = None,
     normaliser: int | None = None,
 ) -> LossParts:
@@ -67,7 +55,8 @@ def grpo_loss(
     All tensors are [batch, time]; ``advantages`` may be [batch] (one per sequence).
     ``mask`` is 1 on sampled tokens (the only ones trained on), 0 on prompt and padding.
     ``normaliser`` is the number of sampled tokens in the whole step, when a step is split
-    into micro-batches; by default, this batch's.
+    into micro-batches; by default, this batch's. From ``settings`` it uses the clip range
+    (``clip_eps_low``, ``clip_eps_high``) and ``kl_coef``.
     """
     mask = mask.to(logprobs.dtype)
     if advantages.dim() == 1:

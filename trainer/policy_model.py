@@ -1,46 +1,23 @@
 """The model being trained: a base model with a peft LoRA adapter, its optimizer, one GRPO step.
 
-Read top to bottom: settings (every knob and its default), the batch (sequences padded
-into tensors), the forward pass (per-token logprobs), the step (loss, backward,
-clip, AdamW), checkpoints.
+Read top to bottom: the batch (sequences padded into tensors), the forward pass
+(per-token logprobs), the step (loss, backward, clip, AdamW), checkpoints. Every knob
+and its default is in ``gateway.policies`` (LoraSettings, TrainSettings).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import torch
 
-from trainer.grpo import LossSettings, grpo_loss
+from gateway.policies import LoraSettings, TrainSettings
+from trainer.grpo import grpo_loss
 from trainer.sequences import Sequence
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    rank: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    # For real models; the tiny embedded model learns at 5e-3 (docs/trainer.md).
-    learning_rate: float = 1e-5
-    adam_betas: tuple[float, float] = (0.9, 0.99)
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    # Groups trained in one optimizer step.
-    groups_per_step: int = 2
-    # Longer sequences are cut at the end (their last sampled tokens are not trained on).
-    max_seq_len: int = 4096
-    # Gradient accumulation: sequences are packed into forward passes of at most this many
-    # (padded) tokens, which bounds activation memory whatever the step's size.
-    micro_batch_tokens: int = 8192
-    loss: LossSettings = field(default_factory=LossSettings)
 
 
 @dataclass
@@ -106,6 +83,12 @@ class PolicyModel:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.step_count = 0
 
+    def configure(self, train: TrainSettings) -> None:
+        """New training settings for the next steps; the optimizer keeps its state."""
+        for group in self.optimizer.param_groups:
+            group.update(lr=train.learning_rate, betas=train.adam_betas, weight_decay=train.weight_decay)
+        self.train = train
+
     def token_logprobs(self, batch: Batch) -> torch.Tensor:
         """logprob of each token given the ones before it; 0 at position 0."""
         logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
@@ -116,7 +99,7 @@ class PolicyModel:
     def step(self, items: list[tuple[Sequence, float]]) -> dict[str, float]:
         """One optimizer step over (sequence, advantage) pairs: the loss is token-level over all of them."""
         self.model.train()
-        settings = self.train.loss
+        settings = self.train
         total = sum(min(s.sampled, self.train.max_seq_len) for s, _ in items)
         sums = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
         for chunk in micro_batches(items, self.train.micro_batch_tokens, self.train.max_seq_len):
@@ -145,7 +128,7 @@ class PolicyModel:
         directory.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(directory / "adapter")
         torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
-        state = {"step": self.step_count, "lora": asdict(self.lora), "train": asdict(self.train)}
+        state = {"step": self.step_count, "lora": msgspec.to_builtins(self.lora), "train": msgspec.to_builtins(self.train)}
         (directory / "trainer_state.json").write_text(json.dumps(state, indent=2))
 
     def load(self, directory: Path) -> None:

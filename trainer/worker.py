@@ -1,18 +1,23 @@
 """The trainer process: claim ready groups, take a GRPO step, publish the adapter to vLLM.
 
-One iteration, for each policy in the registry:
+One iteration, for each policy in the store that is not paused:
 
-    claim groups_per_step ready groups        (gateway/store/training.py; all or nothing)
+    claim groups_per_step ready groups        (gateway/store/training.py; all or nothing,
+                                               or what is ready when training was asked for)
     calls -> token sequences                  (trainer/sequences.py; recorded ids, else the chat template)
     advantages per group -> GRPO step          (trainer/grpo.py, trainer/policy_model.py)
     save checkpoint <data>/policies/<name>/checkpoints/<step>/   (written aside, then renamed)
-    mark the groups trained at that step                          (now the step counts)
+    record the step: groups trained, metrics, new head             (gateway/store/policies.py; now it counts)
     load it into vLLM as <name>@<step>, check it answers, then switch the policy to it
 
+Publishing also serves a rollback: whenever a policy's head (what should be served)
+differs from its step (what is), the head is loaded, checked and switched to.
+
 A trainer killed at any point loses nothing and trains nothing twice: at start it
-releases its own stale claims, deletes a checkpoint whose groups were never marked
-(they wait again), and publishes a marked step that was never switched to. A publish
-that fails (vLLM away) is retried on every pass; the old version keeps serving.
+releases its own stale claims, deletes a checkpoint whose step was never recorded
+(its groups wait again), and publishes a recorded step that was never switched to. A
+publish that fails (vLLM away) is recorded in the policy's status and retried on every
+pass; the old version keeps serving.
 """
 
 from __future__ import annotations
@@ -30,13 +35,14 @@ import httpx
 import msgspec
 import torch
 
-from gateway.policies import Policy, Registry, write_policies
+from gateway.policies import Policy
 from gateway.settings import Settings
 from gateway.store import tokens
 from gateway.store.database import Database
-from gateway.store.training import claim_groups, complete_groups, group_calls, last_trained_step, release_groups
+from gateway.store.policies import clear_training_request, last_step, load_policies, mark_load_error, mark_served, record_step
+from gateway.store.training import claim_groups, group_calls, release_groups
 from trainer.grpo import group_advantages
-from trainer.policy_model import LoraSettings, PolicyModel, TrainSettings
+from trainer.policy_model import PolicyModel
 from trainer.sequences import CallTokens, Sequence, build_sequences
 
 log = logging.getLogger("burnish.trainer")
@@ -45,24 +51,16 @@ log = logging.getLogger("burnish.trainer")
 @dataclass(frozen=True)
 class WorkerSettings:
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
-    poll_s: float = 0.5
+    poll_s: float = 0.25
     lease_s: float = 900.0
     # Adapters kept loaded in vLLM per policy (older ones are unloaded; their checkpoints stay).
     keep_loaded: int = 3
 
 
 class TrainerWorker:
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        lora: LoraSettings = LoraSettings(),
-        train: TrainSettings = TrainSettings(),
-        worker: WorkerSettings = WorkerSettings(),
-    ) -> None:
-        self.settings, self.lora, self.train, self.worker = settings, lora, train, worker
+    def __init__(self, settings: Settings, worker: WorkerSettings = WorkerSettings()) -> None:
+        self.settings, self.worker = settings, worker
         self.db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
-        self.registry = Registry(settings.policies_path)
         self.models: dict[str, PolicyModel] = {}
         self.vllm = httpx.Client(base_url=settings.upstream.rstrip("/").removesuffix("/v1"), timeout=120)
         self.steps_done = 0
@@ -70,28 +68,39 @@ class TrainerWorker:
     def checkpoints(self, policy: str) -> Path:
         return self.settings.data_path / "policies" / policy / "checkpoints"
 
-    def model(self, policy: Policy, step: int) -> PolicyModel:
-        if policy.name not in self.models:
-            model = PolicyModel(policy.model_path or policy.base_model, self.lora, self.train)
-            if step > 0:  # resume: adapter and optimizer state of the last trained step
-                model.load(self.checkpoints(policy.name) / str(step))
+    def model(self, policy: Policy) -> PolicyModel:
+        """The in-memory model at the policy's head: kept between steps, rebuilt after a rollback."""
+        model = self.models.get(policy.name)
+        if model is None or model.step_count != policy.head or model.lora != policy.lora:
+            model = PolicyModel(policy.model_path or policy.base_model, policy.lora, policy.train)
+            if policy.head > 0:  # resume: adapter and optimizer state of that step
+                model.load(self.checkpoints(policy.name) / str(policy.head))
             self.models[policy.name] = model
-        return self.models[policy.name]
+        elif model.train != policy.train:
+            model.configure(policy.train)
+        return model
+
+    async def policies(self) -> list[Policy]:
+        return await self.db.read(load_policies)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
         await self.recover()
         while not stop.is_set():
-            trained = False
-            self.registry.reload()  # re-read the registry if it changed
-            for policy in list(self.registry.policies.values()):
-                await self.publish_pending(policy)
-                trained |= await self.train_once(policy)
-            if not trained:
+            if not await self.run_once():
                 try:
                     await asyncio.wait_for(stop.wait(), self.worker.poll_s)
                 except TimeoutError:
                     pass
+
+    async def run_once(self) -> bool:
+        """One pass over the policies: serve what should be served, train what is ready. Trained anything?"""
+        trained = False
+        for policy in await self.policies():
+            await self.publish_pending(policy)
+            if not policy.paused:
+                trained |= await self.train_once(policy)
+        return trained
 
     async def close(self) -> None:
         self.vllm.close()
@@ -103,59 +112,89 @@ class TrainerWorker:
         released = await self.db.transaction(release_groups, self.worker.worker_id)
         if released:
             log.info("released %d groups left claimed by an earlier run", released)
-        for policy in self.registry.policies.values():
-            trained = await self.db.transaction(last_trained_step, policy.name)
+        for policy in await self.policies():
+            recorded = await self.db.read(last_step, policy.name)
             for ckpt in self.checkpoints(policy.name).glob("*"):
-                if not ckpt.name.isdigit() or int(ckpt.name) > trained:
-                    log.info("removing %s: its groups were never marked trained", ckpt)
+                if not ckpt.name.isdigit() or int(ckpt.name) > recorded:
+                    log.info("removing %s: its step was never recorded", ckpt)
                     shutil.rmtree(ckpt)
 
     async def publish_pending(self, policy: Policy) -> None:
-        trained = await self.db.transaction(last_trained_step, policy.name)
-        if trained > policy.step:
-            try:
-                await asyncio.to_thread(self.publish, policy, trained, self.checkpoints(policy.name) / str(trained) / "adapter")
-            except Exception as exc:
-                log.error("%s@%d is trained but not served yet: %s", policy.name, trained, exc)
+        """Serve the policy's head if it is not served yet (a new step, a rollback, a crash between the two)."""
+        if policy.head == policy.step:
+            return
+        try:
+            seconds = await asyncio.to_thread(self.publish, policy, policy.head)
+        except Exception as exc:
+            log.error("%s@%d is not served: %s", policy.name, policy.head, exc)
+            await self.db.transaction(mark_load_error, policy.name, f"{policy.name}@{policy.head}: {exc}")
+            return
+        await self.db.transaction(mark_served, policy.name, policy.head, seconds)
+        log.info("%s now serves %s@%d (loaded and checked in %.3fs)", policy.name, policy.name, policy.head, seconds)
 
     async def train_once(self, policy: Policy) -> bool:
-        ids = await self.db.transaction(claim_groups, policy.name, self.worker.worker_id, self.train.groups_per_step, self.worker.lease_s)
+        t0 = time.perf_counter()
+        requested = policy.train_requested_at is not None
+        count = policy.train.groups_per_step
+        ids = await self.db.transaction(claim_groups, policy.name, self.worker.worker_id, count, self.worker.lease_s, 1 if requested else count)
         if not ids:
+            if requested:  # asked for, but the groups went to another trainer
+                await self.db.transaction(clear_training_request, policy.name)
             return False
         try:
-            rows = await self.db.transaction(group_calls, ids)
-            step = 1 + await self.db.transaction(last_trained_step, policy.name)
-            await asyncio.to_thread(self.train_and_save, policy, rows, step)
+            rows = await self.db.read(group_calls, ids)
+            step = 1 + await self.db.read(last_step, policy.name)
+            log.info("%s step %d: claimed %d groups, training from step %d", policy.name, step, len(ids), policy.head)
+            read_s = time.perf_counter() - t0
+            metrics = await asyncio.to_thread(self.train_and_save, policy, rows, step)
+            metrics["seconds_read"] = read_s
+            metrics["groups"] = len(ids)
+            became_head = await self.db.transaction(
+                record_step, policy.name, step, policy.head, ids, self.worker.worker_id, metrics, str(self.checkpoints(policy.name) / str(step))
+            )
         except Exception:
             log.exception("step for %s failed; its groups wait again", policy.name)
             self.models.pop(policy.name, None)  # the in-memory model may hold the failed step
             await self.db.transaction(release_groups, self.worker.worker_id, ids)
             return False
-        await self.db.transaction(complete_groups, ids, self.worker.worker_id, step)
-        self.registry.reload()
-        await self.publish_pending(self.registry.policies.get(policy.name, policy))
+        if not became_head:
+            log.warning("%s was rolled back during step %d: the step is kept but not served", policy.name, step)
+        self.steps_done += 1
+        for current in await self.policies():
+            if current.name == policy.name:
+                await self.publish_pending(current)
         return True
 
-    def train_and_save(self, policy: Policy, rows: list, step: int) -> None:
+    def train_and_save(self, policy: Policy, rows: list, step: int) -> dict[str, float]:
+        """One GRPO step from ``policy.head``, saved as checkpoint ``step``. Returns its metrics."""
         t0 = time.perf_counter()
-        model = self.model(policy, step - 1)
-        items, rewards, fallbacks = self.batch(model, rows)
+        model = self.model(policy)
+        t1 = time.perf_counter()
+        items, rewards, fallbacks = self.batch(model, rows, policy)
+        t2 = time.perf_counter()
         metrics = model.step(items)
+        t3 = time.perf_counter()
         model.step_count = step
-        metrics.update(reward_mean=float(torch.tensor(rewards).mean()), reward_std=float(torch.tensor(rewards).std()), template_fallbacks=fallbacks)
+        rewards_t = torch.tensor(rewards)
+        metrics.update(reward_mean=float(rewards_t.mean()), reward_std=float(rewards_t.std()) if len(rewards) > 1 else 0.0, template_fallbacks=fallbacks)
         # Written aside and renamed: a checkpoint directory is whole or absent.
         ckpt = self.checkpoints(policy.name) / str(step)
         partial = ckpt.with_name(f".{step}.partial")
         shutil.rmtree(partial, ignore_errors=True)
         model.save(partial)
-        metrics["seconds"] = time.perf_counter() - t0
+        t4 = time.perf_counter()
+        metrics.update(seconds_load=t1 - t0, seconds_batch=t2 - t1, seconds_step=t3 - t2, seconds_save=t4 - t3, seconds=t4 - t0)
         (partial / "metrics.json").write_bytes(msgspec.json.encode(metrics))
         shutil.rmtree(ckpt, ignore_errors=True)
         partial.rename(ckpt)
-        log.info("%s step %d: reward %.3f loss %.4f tokens %d (%.2fs)", policy.name, step, metrics["reward_mean"], metrics["loss"], metrics["tokens"], metrics["seconds"])
-        self.steps_done += 1
+        log.info(
+            "%s step %d: reward %.3f±%.3f loss %.4f kl %.4f tokens %d; load %.2fs batch %.2fs step %.2fs save %.2fs",
+            policy.name, step, metrics["reward_mean"], metrics["reward_std"], metrics["loss"], metrics["kl"], metrics["tokens"],
+            metrics["seconds_load"], metrics["seconds_batch"], metrics["seconds_step"], metrics["seconds_save"],
+        )  # fmt: skip
+        return metrics
 
-    def batch(self, model: PolicyModel, rows: list) -> tuple[list[tuple[Sequence, float]], list[float], int]:
+    def batch(self, model: PolicyModel, rows: list, policy: Policy) -> tuple[list[tuple[Sequence, float]], list[float], int]:
         """Rows of (group, trajectory, reward, call...) -> (sequence, advantage) pairs."""
         trajectories: dict[str, dict[str, list]] = {}
         rewards: dict[str, float] = {}
@@ -168,7 +207,7 @@ class TrainerWorker:
         items: list[tuple[Sequence, float]] = []
         for members in trajectories.values():
             names = list(members)
-            advantages = group_advantages(torch.tensor([rewards[t] for t in names]), scale=self.train.loss.scale_advantages)
+            advantages = group_advantages(torch.tensor([rewards[t] for t in names]), scale=policy.train.scale_advantages, eps=policy.train.advantage_eps)
             for name, advantage in zip(names, advantages.tolist()):
                 items += [(seq, advantage) for seq in build_sequences(members[name])]
         return items, [rewards[t] for m in trajectories.values() for t in m], fallbacks
@@ -186,18 +225,33 @@ class TrainerWorker:
         contents = [(c.get("message") or {}).get("content") or c.get("text") or "" for c in response.get("choices", [])]
         return CallTokens(prompt, [model.tokenizer.encode(c, add_special_tokens=False) for c in contents], None, from_template=True)
 
-    def publish(self, policy: Policy, step: int, adapter: Path) -> None:
-        """Load into vLLM, check it answers, and only then switch the policy's alias to it."""
-        name = f"{policy.name}@{step}"
-        r = self.vllm.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(adapter)})
-        if r.status_code != 200:
-            raise RuntimeError(f"vLLM did not load {name}: {r.status_code} {r.text[:300]}")
+    def publish(self, policy: Policy, step: int) -> float:
+        """Load ``<name>@<step>`` into vLLM and check it answers; return the seconds it took.
+        Step 0 is the base model, always loaded. The caller switches the policy afterwards."""
+        t0 = time.perf_counter()
+        name = f"{policy.name}@{step}" if step > 0 else policy.base_model
+        if step > 0:
+            adapter = self.checkpoints(policy.name) / str(step) / "adapter"
+            r = self.vllm.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(adapter)})
+            # After a rollback the adapter may still be loaded from before: that is fine.
+            if r.status_code != 200 and "already been loaded" not in r.text:
+                raise RuntimeError(f"vLLM did not load {name}: {r.status_code} {r.text[:300]}")
         check = self.vllm.post("/v1/completions", json={"model": name, "prompt": "ok", "max_tokens": 1})
         if check.status_code != 200:
             raise RuntimeError(f"vLLM loaded {name} but it does not answer: {check.status_code} {check.text[:300]}")
-        current = self.registry.policies
-        write_policies(self.settings.policies_path, [p if p.name != policy.name else msgspec.structs.replace(p, step=step) for p in current.values()])
-        self.registry.reload()  # see our own write at once
-        for old in range(step - self.worker.keep_loaded, 0, -1):
-            if self.vllm.post("/v1/unload_lora_adapter", json={"lora_name": f"{policy.name}@{old}"}).status_code != 200:
-                break
+        seconds = time.perf_counter() - t0
+        self.unload_old(policy.name, step)
+        return seconds
+
+    def unload_old(self, name: str, serving: int) -> None:
+        """Keep the served adapter and the newest others, keep_loaded in all; unload the rest."""
+        listed = self.vllm.get("/v1/models")
+        if listed.status_code != 200:
+            return
+        steps = sorted(
+            (int(m["id"].rpartition("@")[2]) for m in listed.json().get("data", []) if m["id"].rpartition("@")[0] == name and m["id"].rpartition("@")[2].isdigit()),
+            reverse=True,
+        )
+        others = [s for s in steps if s != serving]
+        for old in others[max(self.worker.keep_loaded - 1, 0) :]:
+            self.vllm.post("/v1/unload_lora_adapter", json={"lora_name": f"{name}@{old}"})

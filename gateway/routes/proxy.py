@@ -318,7 +318,6 @@ async def models(request: Request) -> ASGIResponse:
     finally:
         await response.aclose()
     listing = _json_or_none(raw)
-    svc.policies.refresh()
     if response.status_code == 200 and isinstance(listing, dict) and isinstance(listing.get("data"), list) and svc.policies.policies:
         entries = [
             {"id": p.name, "object": "model", "owned_by": "burnish", "root": p.base_model, "parent": p.base_model, "step": p.step}

@@ -103,6 +103,11 @@ class Database:
             loop.run_in_executor(self._checkpoint_thread, self._checkpoint).add_done_callback(self._checkpoint_done)
         return result
 
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(connection, *args)`` on a reader connection (no write lock taken)."""
+        async with self.reader.connect() as conn:
+            return await conn.run_sync(fn, *args)
+
     def _checkpoint(self) -> None:
         if self._checkpoint_conn is None:
             self._checkpoint_conn = sqlite3.connect(str(self.url.database), timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, check_same_thread=False)

@@ -1,4 +1,4 @@
-"""The store's tables: groups, trajectories, calls, rewards.
+"""The store's tables: groups, trajectories, calls, rewards; policies and their training steps.
 
 This module is the one thing the gateway and the trainer share besides HTTP.
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, MetaData, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, MetaData, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a BIGINT identity.
@@ -131,3 +131,51 @@ class Reward(Base):
     # "user" for POST /reward; later issues add "ruler".
     source: Mapped[str] = mapped_column(String(32), default="user")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class PolicyRow(Base):
+    """A trainable model (``gateway.policies.Policy`` is its typed view)."""
+
+    __tablename__ = "policies"
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    base_model: Mapped[str] = mapped_column(String(256))
+    model_path: Mapped[str | None] = mapped_column(String(1024))
+    # gateway.policies.LoraSettings / TrainSettings, as JSON objects.
+    lora: Mapped[dict[str, Any]] = mapped_column(JSON)
+    train: Mapped[dict[str, Any]] = mapped_column(JSON)
+    paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The version served, and the one the next step trains from (and that should be served).
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    head: Mapped[int] = mapped_column(Integer, default=0)
+    # POST /admin/policies/{name}/train: train on what is ready, even short of groups_per_step.
+    train_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The last failure to load a version into vLLM; cleared when one loads.
+    load_error: Mapped[str | None] = mapped_column(Text)
+    load_error_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class StepRow(Base):
+    """One training step of a policy: its checkpoint and its metrics."""
+
+    __tablename__ = "steps"
+    __table_args__ = (UniqueConstraint("policy", "step"),)
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    policy: Mapped[str] = mapped_column(ForeignKey("policies.name"))
+    step: Mapped[int] = mapped_column(Integer)
+    # The checkpoint this step started from (step - 1, or the one rolled back to).
+    parent: Mapped[int] = mapped_column(Integer)
+    groups: Mapped[list[str]] = mapped_column(JSON)
+    # reward_mean/std, loss, kl, clip_fraction, grad_norm, tokens, sequences,
+    # template_fallbacks, and seconds per phase (see trainer/worker.py).
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    checkpoint: Mapped[str] = mapped_column(String(1024))
+    trainer: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # When vLLM first served it, and how long loading and checking took.
+    published_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    publish_seconds: Mapped[float | None] = mapped_column(Float)

@@ -59,12 +59,12 @@ def count_ready(conn: Connection, policy: str, lease_s: float = DEFAULT_LEASE_S)
     return conn.execute(select(func.count()).select_from(query)).scalar_one()
 
 
-def claim_groups(conn: Connection, policy: str, worker: str, count: int, lease_s: float = DEFAULT_LEASE_S) -> list[str]:
-    """Claim ``count`` ready groups for ``worker``, or none if fewer are ready."""
+def claim_groups(conn: Connection, policy: str, worker: str, count: int, lease_s: float = DEFAULT_LEASE_S, minimum: int | None = None) -> list[str]:
+    """Claim up to ``count`` ready groups for ``worker``; none if fewer than ``minimum`` (default: count) are ready."""
     now = utcnow()
     query = ready_groups(policy, now=now, lease_s=lease_s).limit(count).with_for_update(skip_locked=True, of=Group)
     ids = list(conn.execute(query).scalars())
-    if len(ids) < count:
+    if not ids or len(ids) < (count if minimum is None else minimum):
         return []
     conn.execute(update(Group).where(Group.id.in_(ids)).values(claimed_by=worker, claimed_at=now))
     return ids
@@ -108,8 +108,3 @@ def group_calls(conn: Connection, ids: list[str]) -> list[Any]:
             .order_by(Trajectory.group_id, Trajectory.pk, Call.started_at, Call.pk)
         )
     )
-
-
-def last_trained_step(conn: Connection, policy: str) -> int:
-    """The newest step whose groups are marked trained: the step a trainer resumes from."""
-    return conn.execute(select(func.max(Group.trained_step)).where(Group.policy == policy)).scalar() or 0

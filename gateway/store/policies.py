@@ -1,0 +1,202 @@
+"""Policies and training steps in the store: what the admin API writes and the trainer advances.
+
+The admin API states intent (create, change, pause, train now, roll back); the trainer
+acts on it (trains, loads adapters into vLLM, switches the served step). Both go through
+these functions, which are sync functions of a ``Connection`` (``Database.transaction``
+for writes, ``Database.read`` for reads). A check that fails raises an ``APIError`` and
+changes nothing.
+
+The served version moves only here: ``record_step`` advances ``head`` (what should be
+served), ``mark_served`` moves ``step`` (what is served) once vLLM answered with it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.engine import Connection
+
+from gateway.errors import APIError
+from gateway.policies import LoraSettings, Policy, TrainSettings
+from gateway.store.models import Group, PolicyRow, StepRow, utcnow
+from gateway.store.training import complete_groups, count_ready
+
+
+def to_policy(row: Any) -> Policy:
+    return Policy(
+        name=row.name,
+        base_model=row.base_model,
+        model_path=row.model_path,
+        lora=msgspec.convert(row.lora, LoraSettings),
+        train=msgspec.convert(row.train, TrainSettings),
+        paused=row.paused,
+        step=row.step,
+        head=row.head,
+        train_requested_at=row.train_requested_at,
+        load_error=row.load_error,
+    )
+
+
+def load_policies(conn: Connection) -> list[Policy]:
+    return [to_policy(row) for row in conn.execute(select(PolicyRow).order_by(PolicyRow.pk))]
+
+
+def get_policy(conn: Connection, name: str) -> Policy:
+    row = conn.execute(select(PolicyRow).where(PolicyRow.name == name)).one_or_none()
+    if row is None:
+        raise APIError(404, f"no policy {name!r}", "policy_not_found", "name")
+    return to_policy(row)
+
+
+def create_policy(conn: Connection, policy: Policy) -> Policy:
+    if conn.execute(select(PolicyRow.pk).where(PolicyRow.name == policy.name)).first() is not None:
+        raise APIError(409, f"policy {policy.name!r} exists; PATCH it to change its settings", "policy_exists", "name")
+    conn.execute(
+        insert(PolicyRow).values(
+            name=policy.name,
+            base_model=policy.base_model,
+            model_path=policy.model_path,
+            lora=msgspec.to_builtins(policy.lora),
+            train=msgspec.to_builtins(policy.train),
+            paused=policy.paused,
+            step=0,
+            head=0,
+        )
+    )
+    return get_policy(conn, policy.name)
+
+
+def ensure_policy(conn: Connection, policy: Policy) -> Policy:
+    """Create the policy unless one of that name exists; return the stored one."""
+    try:
+        return get_policy(conn, policy.name)
+    except APIError:
+        return create_policy(conn, policy)
+
+
+def update_policy(conn: Connection, name: str, **values: Any) -> Policy:
+    """Change a policy's columns (settings structs are stored as JSON)."""
+    current = get_policy(conn, name)
+    trained = current.head > 0 or last_step(conn, name) > 0
+    if trained and any(key in values and values[key] != getattr(current, key) for key in ("base_model", "model_path", "lora")):
+        # The checkpoints were trained on this base with this adapter shape.
+        raise APIError(409, "base_model, model_path and lora cannot change once a policy has trained; create a new policy", "policy_trained")
+    values = {k: msgspec.to_builtins(v) if isinstance(v, msgspec.Struct) else v for k, v in values.items()}
+    conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(**values, updated_at=utcnow()))
+    return get_policy(conn, name)
+
+
+def request_training(conn: Connection, name: str) -> int:
+    """Ask the trainer to train now on the ready groups, even fewer than groups_per_step."""
+    get_policy(conn, name)
+    ready = count_ready(conn, name)
+    if ready == 0:
+        raise APIError(409, f"policy {name!r} has no ready groups (closed, all rewarded, rewards not all equal)", "no_ready_groups")
+    conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(train_requested_at=utcnow(), updated_at=utcnow()))
+    return ready
+
+
+def request_rollback(conn: Connection, name: str, step: int) -> Policy:
+    """Make ``step`` the version to serve and to train from; the trainer loads it and switches."""
+    get_policy(conn, name)
+    if step != 0 and conn.execute(select(StepRow.pk).where(StepRow.policy == name, StepRow.step == step)).first() is None:
+        raise APIError(404, f"policy {name!r} has no checkpoint at step {step}", "checkpoint_not_found", "step")
+    conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(head=step, updated_at=utcnow()))
+    return get_policy(conn, name)
+
+
+# ---- the trainer's side -------------------------------------------------------------
+
+
+def last_step(conn: Connection, name: str) -> int:
+    """The newest step ever trained: the next one is numbered after it, whatever was rolled back."""
+    return conn.execute(select(func.max(StepRow.step)).where(StepRow.policy == name)).scalar() or 0
+
+
+def record_step(conn: Connection, name: str, step: int, parent: int, groups: list[str], worker: str, metrics: dict[str, Any], checkpoint: str) -> bool:
+    """The commit point of a step: its groups are trained, its row exists, and it becomes
+    the head, unless a rollback moved the head while it trained (then it is kept, unserved).
+    Returns whether it became the head."""
+    complete_groups(conn, groups, worker, step)
+    conn.execute(
+        insert(StepRow).values(policy=name, step=step, parent=parent, groups=groups, metrics=metrics, checkpoint=checkpoint, trainer=worker)
+    )
+    moved = conn.execute(
+        update(PolicyRow).where(PolicyRow.name == name, PolicyRow.head == parent).values(head=step, train_requested_at=None, updated_at=utcnow())
+    ).rowcount
+    return bool(moved)
+
+
+def clear_training_request(conn: Connection, name: str) -> None:
+    conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(train_requested_at=None))
+
+
+def mark_served(conn: Connection, name: str, step: int, seconds: float | None) -> None:
+    conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(step=step, load_error=None, load_error_at=None, updated_at=utcnow()))
+    conn.execute(
+        update(StepRow).where(StepRow.policy == name, StepRow.step == step, StepRow.published_at.is_(None)).values(published_at=utcnow(), publish_seconds=seconds)
+    )
+
+
+def mark_load_error(conn: Connection, name: str, error: str) -> None:
+    conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(load_error=error[:2000], load_error_at=utcnow()))
+
+
+# ---- reads for the admin API --------------------------------------------------------
+
+
+def _ts(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
+
+
+def step_dict(row: Any, served: int) -> dict[str, Any]:
+    return {
+        "object": "policy.step",
+        "step": row.step,
+        "parent": row.parent,
+        "created_at": _ts(row.created_at),
+        "published_at": _ts(row.published_at),
+        "publish_seconds": row.publish_seconds,
+        "serving": row.step == served,
+        "groups": row.groups,
+        "checkpoint": row.checkpoint,
+        "trainer": row.trainer,
+        "metrics": row.metrics,
+    }
+
+
+def list_steps(conn: Connection, name: str, limit: int | None = None) -> list[dict[str, Any]]:
+    policy = get_policy(conn, name)
+    query = select(StepRow).where(StepRow.policy == name).order_by(StepRow.step.desc())
+    rows = list(conn.execute(query.limit(limit) if limit else query))
+    return [step_dict(row, policy.step) for row in reversed(rows)]
+
+
+def policy_status(conn: Connection, name: str) -> dict[str, Any]:
+    """A policy's settings and where it stands: served and head step, groups waiting, last metrics."""
+    policy = get_policy(conn, name)
+    row = conn.execute(select(PolicyRow.created_at, PolicyRow.updated_at, PolicyRow.load_error_at).where(PolicyRow.name == name)).one()
+    last = list_steps(conn, name, limit=1)
+    waiting = conn.execute(
+        select(func.count()).select_from(Group).where(Group.policy == name, Group.closed_at.is_(None))
+    ).scalar_one()
+    return {
+        "object": "policy",
+        **msgspec.to_builtins(policy),
+        "served_version": f"{name}@{policy.step}",
+        # A trained or rolled-back version the trainer has not switched to yet.
+        "pending_version": f"{name}@{policy.head}" if policy.head != policy.step else None,
+        "groups_ready": count_ready(conn, name),
+        "groups_open": waiting,
+        "groups_trained": conn.execute(select(func.count()).select_from(Group).where(Group.policy == name, Group.trained_at.is_not(None))).scalar_one(),
+        "last_step": last[0] if last else None,
+        "train_requested_at": _ts(policy.train_requested_at),
+        "load_error_at": _ts(row.load_error_at),
+        "created_at": _ts(row.created_at),
+        "updated_at": _ts(row.updated_at),
+    }

@@ -1,0 +1,129 @@
+"""The admin API against a real gateway (deterministic upstream): auth, policy CRUD, controls, errors.
+
+Training through these controls, with a real trainer and vLLM, is in tests/test_admin_training.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import msgspec
+import pytest
+
+from gateway.policies import REFRESH_EVERY_S, LoraSettings, TrainSettings
+from tests.conftest import ADMIN_TOKEN, Gateway
+from tests.upstream import Upstream
+
+
+def error(r: httpx.Response, status: int, code: str) -> dict:
+    assert r.status_code == status, r.text
+    body = r.json()["error"]
+    assert body["code"] == code and body["message"], body
+    return body
+
+
+@pytest.fixture
+def gw(make_gateway, upstream: Upstream, database_url: str) -> Gateway:
+    return make_gateway(database_url)
+
+
+def test_every_route_needs_the_token(gw: Gateway) -> None:
+    routes = [
+        ("GET", "/admin/policies"), ("POST", "/admin/policies"), ("GET", "/admin/policies/agent"), ("PATCH", "/admin/policies/agent"),
+        ("POST", "/admin/policies/agent/pause"), ("POST", "/admin/policies/agent/resume"), ("POST", "/admin/policies/agent/train"),
+        ("GET", "/admin/policies/agent/checkpoints"), ("POST", "/admin/policies/agent/rollback"), ("GET", "/admin/policies/agent/metrics"),
+    ]  # fmt: skip
+    with gw.client() as c:
+        for method, path in routes:
+            for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": ADMIN_TOKEN}, {"authorization": f"Basic {ADMIN_TOKEN}"}):
+                r = c.request(method, path, headers=headers, json={})
+                error(r, 401, "invalid_admin_token")
+                assert r.headers["www-authenticate"] == "Bearer"
+    with gw.admin() as c:
+        assert c.get("/admin/policies").json() == {"object": "list", "data": []}
+
+
+def test_no_token_configured_closes_the_admin_api(make_gateway, upstream: Upstream) -> None:
+    gw = make_gateway(admin_token="")
+    with gw.client() as c:
+        error(c.get("/admin/policies"), 401, "admin_disabled")
+        error(c.get("/admin/policies", headers={"authorization": "Bearer x"}), 401, "admin_disabled")
+
+
+def test_create_list_inspect_and_change_a_policy(gw: Gateway) -> None:
+    created = gw.create_policy("agent", "tiny", model_path="/models/tiny", lora={"rank": 8}, train={"learning_rate": 5e-3})
+    assert created["object"] == "policy" and created["served_version"] == "agent@0" and created["pending_version"] is None
+    assert created["lora"] == {**_defaults(LoraSettings), "rank": 8}
+    assert created["train"] == {**_defaults(TrainSettings), "learning_rate": 5e-3}
+    assert (created["step"], created["head"], created["paused"], created["groups_ready"], created["last_step"]) == (0, 0, False, 0, None)
+    gw.create_policy("second", "tiny")
+    with gw.admin() as c:
+        assert [p["name"] for p in c.get("/admin/policies").json()["data"]] == ["agent", "second"]
+        # PATCH merges: only kl_coef changes in train, the learning rate stays.
+        changed = c.patch("/admin/policies/agent", json={"train": {"kl_coef": 0.05}, "lora": {"alpha": 8}}).json()
+        assert changed["train"]["kl_coef"] == 0.05 and changed["train"]["learning_rate"] == 5e-3
+        assert changed["lora"]["alpha"] == 8 and changed["lora"]["rank"] == 8
+        assert c.post("/admin/policies/agent/pause").json()["paused"] is True
+        assert c.get("/admin/policies/agent").json()["paused"] is True
+        assert c.post("/admin/policies/agent/resume").json()["paused"] is False
+        assert c.get("/admin/policies/agent/checkpoints").json() == {"object": "list", "data": []}
+        assert c.get("/admin/policies/agent/metrics").json() == {"object": "list", "data": []}
+        # Step 0 (the base model) is always there to roll back to.
+        back = c.post("/admin/policies/agent/rollback", json={"step": 0})
+        assert back.status_code == 202 and back.json()["pending_version"] is None
+
+
+def _defaults(kind: type) -> dict:
+    """The struct's defaults as they come back in JSON."""
+    return msgspec.json.decode(msgspec.json.encode(kind()))
+
+
+def test_a_new_policy_is_routed_at_once(gw: Gateway, upstream: Upstream) -> None:
+    with gw.client() as c:
+        before = c.post("/t/before/v1/chat/completions", json={"model": "fresh", "messages": [{"role": "user", "content": "x"}]})
+        assert before.headers["x-policy-version"] == "fresh"  # no such policy: passed through
+        gw.create_policy("fresh", "tiny")
+        after = c.post("/t/after/v1/chat/completions", json={"model": "fresh", "messages": [{"role": "user", "content": "x"}]})
+        assert after.headers["x-policy-version"] == "fresh@0"
+        assert [m["id"] for m in c.get("/v1/models").json()["data"]][:1] == ["fresh"]
+
+
+def test_other_gateways_follow_the_store(make_gateway, upstream: Upstream, database_url: str) -> None:
+    """A policy created on one gateway is routed by another on the same store within the refresh period."""
+    first, second = make_gateway(database_url), make_gateway(database_url)
+    first.create_policy("shared", "tiny")
+    time.sleep(REFRESH_EVERY_S * 2 + 0.1)
+    with second.client() as c:
+        r = c.post("/t/shared-1/v1/chat/completions", json={"model": "shared", "messages": [{"role": "user", "content": "x"}]})
+    assert r.headers["x-policy-version"] == "shared@0"
+
+
+def test_bad_requests_get_clear_errors_and_change_nothing(gw: Gateway) -> None:
+    gw.create_policy("agent", "tiny")
+    before = gw.policy()
+    with gw.admin() as c:
+        error(c.post("/admin/policies", json={"name": "agent", "base_model": "tiny"}), 409, "policy_exists")
+        error(c.post("/admin/policies", json={"name": "a@1", "base_model": "tiny"}), 400, "invalid_id")
+        error(c.post("/admin/policies", json={"name": "x"}), 400, "invalid_policy")
+        error(c.post("/admin/policies", json={"name": "x", "base_model": ""}), 400, "invalid_policy")
+        error(c.post("/admin/policies", json={"name": "x", "base_model": "t", "colour": 1}), 400, "invalid_policy")
+        error(c.post("/admin/policies", content=b"{not json", headers={"content-type": "application/json"}), 400, "invalid_json")
+        body = error(c.post("/admin/policies", json={"name": "x", "base_model": "t", "train": {"learning_rate": -1}}), 400, "invalid_policy")
+        assert "learning_rate" in body["message"]
+        error(c.patch("/admin/policies/agent", json={"train": {"groups_per_step": 0}}), 400, "invalid_train")
+        error(c.patch("/admin/policies/agent", json={"lora": {"rnak": 4}}), 400, "invalid_lora")
+        error(c.patch("/admin/policies/agent", json={"name": "renamed"}), 400, "invalid_policy")
+        error(c.get("/admin/policies/nobody"), 404, "policy_not_found")
+        error(c.patch("/admin/policies/nobody", json={}), 404, "policy_not_found")
+        error(c.post("/admin/policies/nobody/pause"), 404, "policy_not_found")
+        error(c.post("/admin/policies/agent/train"), 409, "no_ready_groups")
+        error(c.post("/admin/policies/agent/rollback", json={"step": 3}), 404, "checkpoint_not_found")
+        error(c.post("/admin/policies/agent/rollback", json={"step": -1}), 400, "invalid_rollback")
+        error(c.post("/admin/policies/agent/rollback", json={}), 400, "invalid_rollback")
+        error(c.get("/admin/policies/bad%20name"), 400, "invalid_id")
+        c.post("/admin/policies/agent/pause")
+        error(c.post("/admin/policies/agent/train"), 409, "policy_paused")
+        c.post("/admin/policies/agent/resume")
+    after = gw.policy()
+    assert {k: v for k, v in after.items() if k != "updated_at"} == {k: v for k, v in before.items() if k != "updated_at"}
