@@ -1,35 +1,31 @@
 """One burnish GRPO optimizer step against TRL's, on the same model and the same batch.
 
-Run from the repository root (a minute or two on the tiny model; the first run also
-builds TRL's venv, a minute or two more)::
+Run from the repository root (about a minute on the tiny model; the first run also builds
+TRL's venv, a minute or two more)::
 
     .venv/bin/python bench/vs_trl.py [--groups 2 --group-size 8 --prompt-len 40 --completion-len 128]
     .venv/bin/python bench/vs_trl.py --model /path/to/local/hf/model   # any local HF causal LM
 
-What one step is, on each side (the same work: forward, GRPO loss, backward, clip, AdamW):
+One step, each side: forward, GRPO loss, backward, grad clip, AdamW step, zero_grad.
 
-* **burnish**: ``PolicyModel.step(items)`` (trainer/policy_model.py): pad into tensors, forward
-  over micro-batches (here one: micro_batch_tokens >= the batch), full-vocab logprobs,
-  ``grpo_loss``, backward, ``clip_grad_norm_``, ``AdamW.step``, ``zero_grad``.
-* **TRL**: a real ``trl.GRPOTrainer`` (no vLLM, no generation) around the same peft LoRA;
-  ``trainer.compute_loss(model, inputs)`` on the ``inputs`` dict that its own
-  ``_generate_and_score_completions`` would hand it (prompt/completion ids and masks,
-  advantages, old_per_token_logps, num_items_in_batch): its fused LM head (logprobs and
-  entropy of completion tokens only), clipped loss, metrics; then ``accelerator.backward``,
-  ``accelerator.clip_grad_norm_``, ``optimizer.step`` (the trainer's own AdamW), ``zero_grad``.
+* burnish: ``PolicyModel.step(items)`` (trainer/policy_model.py), which also pads the
+  sequences into tensors; one micro-batch (micro_batch_tokens >= the batch); full-vocab logits.
+* TRL: a real ``trl.GRPOTrainer`` (no vLLM, no generation) with the same peft LoRA:
+  ``trainer.compute_loss`` on the ``inputs`` dict its ``_generate_and_score_completions``
+  would make (fused LM head over completion tokens only, logprobs and entropy, the clipped
+  loss, its metrics), ``accelerator.backward``, ``accelerator.clip_grad_norm_``, and the
+  trainer's own AdamW.
 
-Both sides get the same token ids (random, seeded, within the vocabulary; no padding, so
-masks are all ones), the same advantages (group-normalised random rewards), the same old
-logprobs (the base model's own, plus seeded noise so that some ratios clip), the same
-initial LoRA weights, clip range (0.2, 0.28), no KL, the same AdamW settings, fp32 on the
-CPU (bf16 on a GPU, as PolicyModel does), and the same torch thread count. TRL's
-``loss_type`` "dapo" (default here) and "bnpo" normalise token-level over the step's sampled
-tokens, as burnish does, so the losses of each step should agree: both are printed.
+Same on both sides: token ids (seeded random, no padding), advantages (group-normalised random
+rewards), old logprobs (the base model's plus seeded noise, so that some ratios clip), initial
+LoRA weights, clip range (0.2, 0.28), no KL, AdamW settings, dtype (fp32 on the CPU, bf16 on a
+GPU), torch threads. TRL's loss_type "dapo" (default) or "bnpo" is token-level over the step's
+sampled tokens like burnish's, so every step's two losses should agree: they are compared.
 
-Each side runs in its own process, one after the other: burnish in .venv, TRL in its own
-venv (bench/results/.trl-venv, git-ignored; made here when missing, with TRL pinned and
-torch/transformers/peft/accelerate at .venv's versions). Warm-up steps, then ``--steps``
-timed steps; the median is reported. Tokens are sampled (completion) tokens. Writes
+Sides alternate in fresh processes (``--rounds``): burnish in .venv, TRL in
+bench/results/.trl-venv (git-ignored, made when missing: TRL pinned; torch, transformers, peft,
+accelerate at .venv's versions). Reported: the median over all timed steps, in sampled
+(completion) tokens per second; other processes' CPU share, flagged over 10%. Writes
 bench/results/vs_trl.json.
 """
 
@@ -48,16 +44,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TRL_VERSION = "1.16.0"
 TRL_VENV = ROOT / "bench" / "results" / ".trl-venv"
-SAME_AS_OURS = ("torch", "transformers", "peft", "accelerate")  # installed in TRL's venv at .venv's versions
 RESULTS = ROOT / "bench" / "results" / "vs_trl.json"
+OTHERS_MAX = 0.10  # a run beside other processes using more of the CPU than this is flagged
+OPTIONS = (  # flag, default, help
+    ("--groups", 2, "prompt groups in the batch"), ("--group-size", 8, "completions per prompt"),
+    ("--prompt-len", 40, "prompt tokens"), ("--completion-len", 128, "completion (sampled) tokens"),
+    ("--rank", 8, "LoRA rank (alpha = 2 x rank)"), ("--lr", 5e-3, "learning rate"),
+    ("--logprob-noise", 0.1, "std of the noise added to the old logprobs"), ("--warmup", 3, "untimed steps per process"),
+    ("--steps", 20, "timed steps per process"), ("--rounds", 2, "processes per side, alternating"),
+    ("--threads", os.cpu_count() or 1, "torch threads, both sides"), ("--seed", 0, "batch and LoRA init"),
+    ("--quiet-wait", 300.0, "seconds to wait, before each process, for other processes to go quiet"),
+)
 
 
-# ---- the main process (.venv): model, batch, initial LoRA, then the two workers ----------------
+# ---- the main process (.venv): TRL's venv, then the model, the batch and the initial LoRA ------
 def ensure_trl_venv() -> Path:
     from importlib import metadata
 
     py = TRL_VENV / "bin" / "python"
-    wanted = {"trl": TRL_VERSION} | {name: metadata.version(name).split("+")[0] for name in SAME_AS_OURS}
+    wanted = {"trl": TRL_VERSION} | {n: metadata.version(n).split("+")[0] for n in ("torch", "transformers", "peft", "accelerate")}
     probe = "import importlib.metadata as m, json, sys; print(json.dumps({n: m.version(n).split('+')[0] for n in sys.argv[1:]}))"
     try:
         have = json.loads(subprocess.run([str(py), "-c", probe, *wanted], capture_output=True, text=True, check=True).stdout)
@@ -67,14 +72,15 @@ def ensure_trl_venv() -> Path:
         print(f"installing {wanted} into {TRL_VENV.relative_to(ROOT)} ...", flush=True)
         if not py.exists():
             subprocess.run([sys._base_executable, "-m", "venv", str(TRL_VENV)], check=True)
-        pins = [f"{n}=={v}" for n, v in wanted.items()]
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"torch=={wanted['torch']}"], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *pins], check=True)
+        pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        subprocess.run([*pip, f"torch=={wanted['torch']}"], check=True)  # first, alone: the local wheel
+        subprocess.run([*pip, *(f"{n}=={v}" for n, v in wanted.items())], check=True)
     return py
 
 
 def prepare(args: argparse.Namespace, work: Path) -> dict:
-    """The spec both workers read: model path, settings, the batch, and the initial LoRA weights."""
+    """What both workers read: model, settings, the batch, the initial LoRA weights (a file)."""
+    import msgspec
     import torch
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
     from safetensors.torch import save_file
@@ -84,56 +90,44 @@ def prepare(args: argparse.Namespace, work: Path) -> dict:
     from trainer.grpo import group_advantages
     from trainer.tiny_model import make_tiny_model
 
-    model_path = Path(args.model) if args.model else make_tiny_model(work / "tiny", seed=0)
-    vocab = len(AutoTokenizer.from_pretrained(model_path))
+    model = Path(args.model) if args.model else make_tiny_model(work / "tiny", seed=0)
     n, seq_len = args.groups * args.group_size, args.prompt_len + args.completion_len
     lora = LoraSettings(rank=args.rank, alpha=2 * args.rank)
     train = TrainSettings(learning_rate=args.lr, micro_batch_tokens=max(8192, n * seq_len), max_seq_len=max(4096, seq_len))
-    gen = torch.Generator().manual_seed(args.seed)
+    vocab, gen = len(AutoTokenizer.from_pretrained(model)), torch.Generator().manual_seed(args.seed)
     prompts = torch.randint(0, vocab, (args.groups, args.prompt_len), generator=gen).repeat_interleave(args.group_size, 0)
     completions = torch.randint(0, vocab, (n, args.completion_len), generator=gen)
     rewards = torch.rand(args.groups, args.group_size, generator=gen)
     advantages = torch.cat([group_advantages(r, scale=train.scale_advantages, eps=train.advantage_eps) for r in rewards])
-    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    with torch.no_grad():  # the base model's logprob of each completion token (LoRA B starts at 0: the policy's too)
-        ids = torch.cat([prompts, completions], 1)
-        logits = base(input_ids=ids).logits[:, args.prompt_len - 1 : -1].float()
+    base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    with torch.no_grad():  # the base model's logprob of each completion token: the policy's at step 0 (LoRA B = 0)
+        logits = base(input_ids=torch.cat([prompts, completions], 1)).logits[:, args.prompt_len - 1 : -1]
         old = logits.gather(-1, completions[..., None]).squeeze(-1) - logits.logsumexp(-1)
         old += args.logprob_noise * torch.randn(old.shape, generator=gen)
     torch.manual_seed(args.seed)
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
     save_file(get_peft_model_state_dict(get_peft_model(base, config)), str(work / "lora_init.safetensors"))
-    return {
-        "model": str(model_path), "lora_init": str(work / "lora_init.safetensors"), "threads": args.threads, "warmup": args.warmup,
-        "steps": args.steps, "loss_type": args.loss_type, "seed": args.seed, "group_size": args.group_size,
-        "lora": {"rank": lora.rank, "alpha": lora.alpha, "dropout": lora.dropout, "target_modules": list(lora.target_modules)},
-        "train": {"learning_rate": train.learning_rate, "micro_batch_tokens": train.micro_batch_tokens, "max_seq_len": train.max_seq_len,
-                  "adam_betas": list(train.adam_betas), "weight_decay": train.weight_decay, "grad_clip": train.grad_clip,
-                  "clip_eps_low": train.clip_eps_low, "clip_eps_high": train.clip_eps_high, "kl_coef": train.kl_coef},
-        "prompt_ids": prompts.tolist(), "completion_ids": completions.tolist(), "old_logprobs": old.tolist(), "advantages": advantages.tolist(),
-    }
+    return {"model": str(model), "lora_init": str(work / "lora_init.safetensors"), "lora": msgspec.to_builtins(lora), "train": msgspec.to_builtins(train),
+            **{k: getattr(args, k) for k in ("threads", "warmup", "steps", "loss_type", "seed", "group_size")},
+            "prompt_ids": prompts.tolist(), "completion_ids": completions.tolist(), "old_logprobs": old.tolist(), "advantages": advantages.tolist()}
 
 
-# ---- the workers: build a stepper, time it ----------------------------------------------------
+# ---- the workers: one side each, timed ----------------------------------------------------------
 def ours_stepper(spec: dict):
-    from safetensors.torch import load_file
-
-    sys.path.insert(0, str(ROOT))
+    import msgspec
     from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
 
     from gateway.policies import LoraSettings, TrainSettings
     from trainer.policy_model import PolicyModel
     from trainer.sequences import Sequence
 
-    lora = LoraSettings(**{**spec["lora"], "target_modules": tuple(spec["lora"]["target_modules"])})
-    train = TrainSettings(**{**spec["train"], "adam_betas": tuple(spec["train"]["adam_betas"])})
-    policy = PolicyModel(spec["model"], lora, train)
+    policy = PolicyModel(spec["model"], msgspec.convert(spec["lora"], LoraSettings), msgspec.convert(spec["train"], TrainSettings))
     set_peft_model_state_dict(policy.model, load_file(spec["lora_init"], device=str(policy.device)))
     items = []
-    for p, c, lp, a in zip(spec["prompt_ids"], spec["completion_ids"], spec["old_logprobs"], spec["advantages"]):
-        seq = Sequence()
-        seq.add(p, c, lp)
-        items.append((seq, a))
+    for prompt, completion, old, advantage in zip(spec["prompt_ids"], spec["completion_ids"], spec["old_logprobs"], spec["advantages"]):
+        items.append((seq := Sequence(), advantage))
+        seq.add(prompt, completion, old)
 
     def step() -> tuple[float, int]:
         metrics = policy.step(items)
@@ -150,36 +144,29 @@ def trl_stepper(spec: dict, work: Path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    cuda, t = torch.cuda.is_available(), spec["train"]
-    dtype = torch.bfloat16 if cuda else torch.float32  # as PolicyModel
-    n = len(spec["completion_ids"])
-    config = trl.GRPOConfig(
+    cuda, t, lora, n = torch.cuda.is_available(), spec["train"], spec["lora"], len(spec["completion_ids"])
+    config = trl.GRPOConfig(  # TRL's defaults differ here: gradient_checkpointing=True, bf16=True
         output_dir=str(work / "trl-out"), report_to="none", use_cpu=not cuda, bf16=cuda, gradient_checkpointing=False, seed=spec["seed"],
-        per_device_train_batch_size=n, num_generations=spec["group_size"],
-        max_completion_length=len(spec["completion_ids"][0]), loss_type=spec["loss_type"], beta=t["kl_coef"],
-        epsilon=t["clip_eps_low"], epsilon_high=t["clip_eps_high"], learning_rate=t["learning_rate"], optim="adamw_torch",
-        adam_beta1=t["adam_betas"][0], adam_beta2=t["adam_betas"][1], weight_decay=t["weight_decay"], max_grad_norm=t["grad_clip"],
+        per_device_train_batch_size=n, num_generations=spec["group_size"], max_completion_length=len(spec["completion_ids"][0]),
+        loss_type=spec["loss_type"], beta=t["kl_coef"], epsilon=t["clip_eps_low"], epsilon_high=t["clip_eps_high"],
+        learning_rate=t["learning_rate"], optim="adamw_torch", adam_beta1=t["adam_betas"][0], adam_beta2=t["adam_betas"][1],
+        weight_decay=t["weight_decay"], max_grad_norm=t["grad_clip"],
     )
-    lora = spec["lora"]
-    peft_config = LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"], target_modules=lora["target_modules"], task_type="CAUSAL_LM")
     trainer = trl.GRPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(spec["model"], dtype=dtype), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-        args=config, train_dataset=Dataset.from_dict({"prompt": ["hi"] * n}), processing_class=AutoTokenizer.from_pretrained(spec["model"]), peft_config=peft_config,
+        model=AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.bfloat16 if cuda else torch.float32),
+        reward_funcs=lambda completions, **_: [0.0] * len(completions), args=config, train_dataset=Dataset.from_dict({"prompt": ["hi"] * n}),
+        processing_class=AutoTokenizer.from_pretrained(spec["model"]),
+        peft_config=LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"], target_modules=lora["target_modules"], task_type="CAUSAL_LM"),
     )
-    model = trainer.model
-    device = next(model.parameters()).device
+    model, device = trainer.model, trainer.accelerator.device
     set_peft_model_state_dict(model, load_file(spec["lora_init"], device=str(device)))
     trainer.create_optimizer()
-    trainer.current_gradient_accumulation_steps = config.gradient_accumulation_steps  # (1) set by Trainer.train(), which we bypass
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train(), which is bypassed here
     model.train()
-    completion_ids = torch.tensor(spec["completion_ids"], device=device)
-    completion_mask = torch.ones_like(completion_ids)
-    prompt_ids = torch.tensor(spec["prompt_ids"], device=device)
-    inputs = {
-        "prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids), "completion_ids": completion_ids, "completion_mask": completion_mask,
-        "advantages": torch.tensor(spec["advantages"], device=device), "old_per_token_logps": torch.tensor(spec["old_logprobs"], device=device),
-        "num_items_in_batch": completion_mask.sum(),
-    }
+    keys = {"prompt_ids": "prompt_ids", "completion_ids": "completion_ids", "advantages": "advantages", "old_per_token_logps": "old_logprobs"}
+    inputs = {key: torch.tensor(spec[ours], device=device) for key, ours in keys.items()}
+    inputs |= {"prompt_mask": torch.ones_like(inputs["prompt_ids"]), "completion_mask": torch.ones_like(inputs["completion_ids"])}
+    inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
 
     def step() -> tuple[float, int]:
         with trainer.compute_loss_context_manager():
@@ -188,95 +175,105 @@ def trl_stepper(spec: dict, work: Path):
         trainer.accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
         trainer.optimizer.step()
         trainer.optimizer.zero_grad(set_to_none=True)
-        return loss.item(), int(completion_mask.sum())
+        return loss.item(), int(inputs["num_items_in_batch"])
 
     return step, {"device": str(device), "trl": trl.__version__, "optimizer": type(trainer.optimizer).__name__}
 
 
 def worker(side: str, spec_path: Path, out_path: Path) -> None:
+    from importlib import metadata
+
     import torch
 
     spec = json.loads(spec_path.read_text())
     torch.set_num_threads(spec["threads"])
     step, info = ours_stepper(spec) if side == "ours" else trl_stepper(spec, spec_path.parent)
-    losses, times, tokens = [], [], 0
-    for i in range(spec["warmup"] + spec["steps"]):
+    losses, times = [], []
+    for _ in range(spec["warmup"] + spec["steps"]):
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        loss, tokens = step()  # .item() inside: the step has finished
+        loss, tokens = step()  # ends with .item(): the step has finished
         times.append(time.perf_counter() - t0)
         losses.append(loss)
-    from importlib import metadata
-
     versions = {name: metadata.version(name) for name in ("torch", "transformers", "peft")}
     out_path.write_text(json.dumps({**info, "versions": versions, "threads": torch.get_num_threads(), "tokens": tokens, "losses": losses, "times": times}))
 
 
-def run_worker(python: str, side: str, spec_path: Path) -> dict:
-    out = spec_path.parent / f"{side}.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+# ---- other processes: the machine may be shared ------------------------------------------------
+def cpu_clock() -> tuple[float, float, float]:
+    """(wall s, CPU s the machine has been busy, CPU s of our finished children)."""
+    fields = Path("/proc/stat").read_text().split("\n")[0].split()[1:9]  # user nice system idle iowait irq softirq steal
+    busy = sum(int(x) for i, x in enumerate(fields) if i not in (3, 4)) / os.sysconf("SC_CLK_TCK")
+    return time.monotonic(), busy, os.times().children_user + os.times().children_system
+
+
+def others_share(start: tuple[float, float, float]) -> float:
+    (w0, b0, c0), (w1, b1, c1) = start, cpu_clock()  # busy CPU, less what our workers used
+    return max(0.0, (b1 - b0) - (c1 - c0)) / ((w1 - w0) * (os.cpu_count() or 1))
+
+
+def run_worker(python: str, side: str, spec_path: Path, quiet_wait: float) -> dict:
+    deadline = time.monotonic() + quiet_wait
+    while True:  # wait (a while) for other processes to go quiet
+        start = cpu_clock()
+        time.sleep(2)
+        if (share := others_share(start)) <= OTHERS_MAX or time.monotonic() >= deadline:
+            break
+        print(f"  other processes use {share:.0%} of the CPU: waiting for quiet ...", flush=True)
+    out, start = spec_path.parent / f"{side}.json", cpu_clock()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
     subprocess.run([python, __file__, "--worker", side, "--spec", str(spec_path), "--out", str(out)], check=True, env=env, cwd=ROOT)
-    return json.loads(out.read_text())
+    return {**json.loads(out.read_text()), "others": others_share(start)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", help="a local HF causal LM (default: the tiny model, seed 0)")
-    ap.add_argument("--groups", type=int, default=2)
-    ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--prompt-len", type=int, default=40)
-    ap.add_argument("--completion-len", type=int, default=128)
-    ap.add_argument("--rank", type=int, default=8, help="LoRA rank (alpha = 2 x rank)")
-    ap.add_argument("--lr", type=float, default=5e-3)
-    ap.add_argument("--logprob-noise", type=float, default=0.1, help="std of the noise added to the old logprobs")
-    ap.add_argument("--loss-type", default="dapo", choices=("dapo", "bnpo"), help="TRL's; both are token-level like burnish's")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=20, help="timed steps per round")
-    ap.add_argument("--rounds", type=int, default=2, help="processes per side, alternating")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--worker", choices=("ours", "trl"), help=argparse.SUPPRESS)
-    ap.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
-    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--loss-type", default="dapo", choices=("dapo", "bnpo"), help="TRL's; both token-level, as burnish's")
+    for flag, default, text in OPTIONS:
+        ap.add_argument(flag, type=type(default), default=default, help=f"{text} (default {default})")
+    for hidden in ("--worker", "--spec", "--out"):  # a worker process: one side, timed
+        ap.add_argument(hidden, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(args.worker, args.spec, args.out)
+        worker(args.worker, Path(args.spec), Path(args.out))
         return 0
 
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     sys.path.insert(0, str(ROOT))
     trl_python = ensure_trl_venv()
+    runs: dict[str, list[dict]] = {"burnish": [], "TRL": []}
     with tempfile.TemporaryDirectory(prefix="burnish-vs-trl-") as tmp:
-        spec = prepare(args, Path(tmp))
         spec_path = Path(tmp) / "spec.json"
-        spec_path.write_text(json.dumps(spec))
-        runs: dict[str, list[dict]] = {"burnish": [], "TRL": []}
-        for _ in range(args.rounds):  # alternate, so that a change in the machine's load hits both sides alike
-            runs["burnish"].append(run_worker(sys.executable, "ours", spec_path))
-            runs["TRL"].append(run_worker(str(trl_python), "trl", spec_path))
+        spec_path.write_text(json.dumps(prepare(args, Path(tmp))))
+        for _ in range(args.rounds):  # alternating, so that a change in the machine's load hits both sides
+            runs["burnish"].append(run_worker(sys.executable, "ours", spec_path, args.quiet_wait))
+            runs["TRL"].append(run_worker(str(trl_python), "trl", spec_path, args.quiet_wait))
     res = {}
     for name, rs in runs.items():
-        timed = [t for r in rs for t in r["times"][args.warmup:]]
-        res[name] = {**rs[0], "rounds": rs, "median_s": statistics.median(timed), "min_s": min(timed), "max_s": max(timed)}
+        timed = [t for r in rs for t in r["times"][args.warmup :]]
+        med = statistics.median(timed)
+        res[name] = {**rs[0], "rounds": rs, "median_s": med, "min_s": min(timed), "max_s": max(timed),
+                     "tokens_per_s": rs[0]["tokens"] / med, "others": max(r["others"] for r in rs)}
     ours, theirs = res["burnish"], res["TRL"]
-    n = args.groups * args.group_size
-    print(f"\nmodel {args.model or 'tiny (2 layers, 128 wide, seed 0)'}; batch {args.groups} groups x {args.group_size}, prompt {args.prompt_len} + completion {args.completion_len} tokens"
-          f" ({n * (args.prompt_len + args.completion_len)} tokens in, {n * args.completion_len} sampled); LoRA r={args.rank}; TRL {theirs['trl']} loss_type={args.loss_type}"
-          f"; device {ours['device']}; {ours['threads']} threads; torch {ours['versions']['torch']}, transformers {ours['versions']['transformers']}, peft {ours['versions']['peft']}")
-    print(f"{args.rounds} rounds x ({args.warmup} warm-up + {args.steps} timed steps) per side, alternating processes\n")
-    print(f"  {'side':<8}{'tokens/step':>12}{'s/step (median)':>17}{'min':>9}{'max':>9}{'tokens/s':>11}")
+    n, v = args.groups * args.group_size, ours["versions"]
+    print(f"\nmodel {args.model or 'tiny (Qwen2, 2 layers x 128, seed 0)'}; {args.groups} groups x {args.group_size}, prompt {args.prompt_len} + completion "
+          f"{args.completion_len} tokens ({n * (args.prompt_len + args.completion_len)} tokens in, {n * args.completion_len} sampled); LoRA r={args.rank}; "
+          f"TRL {theirs['trl']} loss_type={args.loss_type}; device {ours['device']}; torch {v['torch']}, transformers {v['transformers']}, peft {v['peft']}")
+    print(f"{args.rounds} rounds x ({args.warmup} warm-up + {args.steps} timed steps) per side; threads: burnish {ours['threads']}, TRL {theirs['threads']}\n")
+    print(f"  {'side':<8}{'tokens/step':>12}{'s/step (median)':>17}{'min':>9}{'max':>9}{'tokens/s':>11}{'others':>8}")
     for name, r in res.items():
-        r["tokens_per_s"] = r["tokens"] / r["median_s"]
-        print(f"  {name:<8}{r['tokens']:>12}{r['median_s']:>17.4f}{r['min_s']:>9.4f}{r['max_s']:>9.4f}{r['tokens_per_s']:>11.0f}")
-    speed = ours["tokens_per_s"] / theirs["tokens_per_s"]
-    print(f"\n  ratio burnish / TRL (tokens/s): {speed:.2f}")
+        print(f"  {name:<8}{r['tokens']:>12}{r['median_s']:>17.4f}{r['min_s']:>9.4f}{r['max_s']:>9.4f}{r['tokens_per_s']:>11.0f}{r['others']:>8.0%}")
+    ratio = ours["tokens_per_s"] / theirs["tokens_per_s"]
+    print(f"\n  burnish / TRL (tokens/s): {ratio:.2f}")
+    if max(ours["others"], theirs["others"]) > OTHERS_MAX:
+        print(f"  WARNING: other processes used over {OTHERS_MAX:.0%} of the CPU in a run ('others', the most of any round): figures skewed")
     diffs = [abs(a - b) for a, b in zip(ours["losses"], theirs["losses"])]
-    print(f"  loss, step 1: burnish {ours['losses'][0]:+.6f}  TRL {theirs['losses'][0]:+.6f}; last step: burnish {ours['losses'][-1]:+.6f}"
-          f"  TRL {theirs['losses'][-1]:+.6f}; largest |difference| over {len(diffs)} steps {max(diffs):.2e}")
+    print(f"  loss, step 1: burnish {ours['losses'][0]:+.6f}, TRL {theirs['losses'][0]:+.6f}; step {len(diffs)}: burnish {ours['losses'][-1]:+.6f}, "
+          f"TRL {theirs['losses'][-1]:+.6f}; largest |difference| over {len(diffs)} steps {max(diffs):.1e}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(args), "ratio_tokens_per_s": speed}
-    RESULTS.write_text(json.dumps({"meta": meta, **res}, indent=2, default=str))
+    RESULTS.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(args), "ratio_tokens_per_s": ratio, **res}, indent=2))
     print(f"\nwrote {RESULTS.relative_to(ROOT)}")
     return 0
 

@@ -1,0 +1,99 @@
+"""The admin controls acting on a real trainer and vLLM: train now, pause, rollback, a failed load.
+
+The trainer runs in this process (``TrainerWorker.run_once``, one pass at a time), so the
+test decides when it looks; everything else is real: gateway, store, vLLM, adapters.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import httpx
+
+from gateway.settings import Settings
+from gateway.vllm_server import VLLMServer
+from tests.conftest import Gateway, set_served_step
+from tests.test_trainer_recovery import SIZE, unload
+from trainer.worker import TrainerWorker, WorkerSettings
+
+
+async def ready_group(gw: Gateway, name: str) -> None:
+    async with httpx.AsyncClient(base_url=gw.url, timeout=120) as client:
+        for i in range(SIZE):
+            r = await client.post(
+                f"/g/{name}/t/{name}-{i}/v1/chat/completions",
+                json={"model": "agent", "messages": [{"role": "user", "content": "digits"}], "max_tokens": 8},
+                headers={"x-group-size": str(SIZE)},
+            )
+            assert r.status_code == 200
+            assert (await client.post(f"/v1/trajectories/{name}-{i}/reward", json={"reward": float(i)})).status_code == 200
+
+
+async def test_train_now_pause_rollback_and_a_failed_load(make_gateway, vllm: VLLMServer, tiny_model: Path) -> None:
+    gw = make_gateway(upstream=vllm.url, upstream_timeout=120)
+    gw.create_policy("agent", "tiny", model_path=str(tiny_model), lora={"rank": 8, "alpha": 16}, train={"learning_rate": 5e-3, "groups_per_step": 4})
+    worker = TrainerWorker(Settings.load({}, data_dir=gw.settings.data_dir, upstream=vllm.url), WorkerSettings(worker_id="admin-test"))
+    await worker.recover()
+    admin = gw.admin()
+    try:
+        # Two ready groups, four per step: the trainer waits...
+        await ready_group(gw, "a")
+        await ready_group(gw, "b")
+        assert not await worker.run_once()
+        assert gw.policy()["groups_ready"] == 2
+        # ...until asked to train now; then it trains on what is ready, and the request is spent.
+        assert admin.post("/admin/policies/agent/train").status_code == 202
+        assert gw.policy()["train_requested_at"] is not None
+        assert await worker.run_once()
+        status = gw.policy()
+        assert (status["step"], status["head"], status["train_requested_at"], status["groups_ready"]) == (1, 1, None, 0)
+        assert status["last_step"]["groups"] == ["a", "b"] and status["last_step"]["metrics"]["groups"] == 2
+
+        # Paused: nothing trains, even with a full step's worth ready.
+        assert admin.post("/admin/policies/agent/pause").json()["paused"] is True
+        for g in "cdef":
+            await ready_group(gw, g)
+        assert not await worker.run_once()
+        assert gw.policy()["step"] == 1 and gw.policy()["groups_ready"] == 4
+        admin.post("/admin/policies/agent/resume")
+        assert await worker.run_once()
+        assert gw.policy()["step"] == 2
+
+        # Roll back to step 1: served again, and the next step trains from it.
+        r = admin.post("/admin/policies/agent/rollback", json={"step": 1})
+        assert r.status_code == 202 and r.json()["pending_version"] == "agent@1"
+        await worker.run_once()
+        assert gw.policy()["step"] == 1 and gw.policy()["pending_version"] is None
+        set_served_step(gw, 1)  # waits for the gateway to follow
+        with gw.client() as c:
+            r = c.post("/t/after-rollback/v1/chat/completions", json={"model": "agent", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+        assert r.headers["x-policy-version"] == "agent@1"
+        for g in "ghij":
+            await ready_group(gw, g)
+        assert await worker.run_once()
+        steps = admin.get("/admin/policies/agent/checkpoints").json()["data"]
+        assert [(s["step"], s["parent"], s["serving"]) for s in steps] == [(1, 0, False), (2, 1, False), (3, 1, True)]
+        assert all(s["published_at"] and s["publish_seconds"] < 30 for s in steps)
+        history = admin.get("/admin/policies/agent/metrics").json()["data"]
+        assert [h["step"] for h in history] == [1, 2, 3]
+        for key in ("reward_mean", "reward_std", "loss", "kl", "tokens", "seconds_step", "seconds_save", "seconds_read", "template_fallbacks"):
+            assert all(key in h for h in history), key
+
+        # A version vLLM cannot load: the old one keeps serving and the error shows in status.
+        unload(vllm, (2,))
+        shutil.rmtree(Path(gw.settings.data_dir) / "policies" / "agent" / "checkpoints" / "2" / "adapter")
+        admin.post("/admin/policies/agent/rollback", json={"step": 2})
+        await worker.run_once()
+        status = gw.policy()
+        assert status["step"] == 3 and status["pending_version"] == "agent@2"
+        assert "agent@2" in status["load_error"] and status["load_error_at"]
+        # Rolling forward to a good version clears it.
+        admin.post("/admin/policies/agent/rollback", json={"step": 3})
+        await worker.run_once()
+        status = gw.policy()
+        assert (status["step"], status["load_error"], status["pending_version"]) == (3, None, None)
+    finally:
+        admin.close()
+        await worker.close()
+        unload(vllm, (1, 2, 3))
