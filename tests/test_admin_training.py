@@ -6,14 +6,16 @@ test decides when it looks; everything else is real: gateway, store, vLLM, adapt
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 
 import httpx
 
+from gateway.policies import REFRESH_EVERY_S
 from gateway.settings import Settings
 from gateway.vllm_server import VLLMServer
-from tests.conftest import Gateway, set_served_step
+from tests.conftest import Gateway
 from tests.test_trainer_recovery import SIZE, unload
 from trainer.worker import TrainerWorker, WorkerSettings
 
@@ -65,7 +67,7 @@ async def test_train_now_pause_rollback_and_a_failed_load(make_gateway, vllm: VL
         assert r.status_code == 202 and r.json()["pending_version"] == "agent@1"
         await worker.run_once()
         assert gw.policy()["step"] == 1 and gw.policy()["pending_version"] is None
-        set_served_step(gw, 1)  # waits for the gateway to follow
+        await asyncio.sleep(REFRESH_EVERY_S * 2 + 0.1)  # the gateway follows the store
         with gw.client() as c:
             r = c.post("/t/after-rollback/v1/chat/completions", json={"model": "agent", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
         assert r.headers["x-policy-version"] == "agent@1"

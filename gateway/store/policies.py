@@ -104,7 +104,8 @@ def request_rollback(conn: Connection, name: str, step: int) -> Policy:
     get_policy(conn, name)
     if step != 0 and conn.execute(select(StepRow.pk).where(StepRow.policy == name, StepRow.step == step)).first() is None:
         raise APIError(404, f"policy {name!r} has no checkpoint at step {step}", "checkpoint_not_found", "step")
-    conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(head=step, updated_at=utcnow()))
+    # A new intent: an error from loading the version it replaces no longer applies.
+    conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(head=step, load_error=None, load_error_at=None, updated_at=utcnow()))
     return get_policy(conn, name)
 
 
