@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -93,8 +94,9 @@ def _display_url(settings: Settings) -> str:
 @click.option("--data-dir", help="[BURNISH_DATA_DIR]")
 @click.option("--database-url", help="[BURNISH_DATABASE_URL]")
 @click.option("--worker-id", help="a name stable across restarts lets a restarted trainer release its own claims at once (default: host-pid)")
+@click.option("--keep-loaded", type=int, default=3, show_default=True, help="adapters per policy kept loaded in vLLM")
 @click.option("--log-level", help="[BURNISH_LOG_LEVEL]")
-def trainer(worker_id: str | None, **options: object) -> None:
+def trainer(worker_id: str | None, keep_loaded: int, **options: object) -> None:
     """Run the trainer: GRPO steps on ready groups, adapters published to vLLM.
 
     Each policy trains with its own settings (create and change them over /admin/policies)."""
@@ -106,7 +108,10 @@ def trainer(worker_id: str | None, **options: object) -> None:
     settings = _settings(**options)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    worker = TrainerWorker(settings, WorkerSettings(worker_id=worker_id) if worker_id else WorkerSettings())
+    worker_settings = WorkerSettings(keep_loaded=max(keep_loaded, 1))
+    if worker_id:
+        worker_settings = dataclasses.replace(worker_settings, worker_id=worker_id)
+    worker = TrainerWorker(settings, worker_settings)
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -16,8 +16,8 @@ differs from its step (what is), the head is loaded, checked and switched to.
 A trainer killed at any point loses nothing and trains nothing twice: at start it
 releases its own stale claims, deletes a checkpoint whose step was never recorded
 (its groups wait again), and publishes a recorded step that was never switched to. A
-publish that fails (vLLM away) is recorded in the policy's status and retried on every
-pass; the old version keeps serving.
+publish that fails (vLLM away) is recorded in the policy's status and retried every
+``publish_retry_s``; the old version keeps serving.
 """
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ class WorkerSettings:
     lease_s: float = 900.0
     # Adapters kept loaded in vLLM per policy (older ones are unloaded; their checkpoints stay).
     keep_loaded: int = 3
+    # A version vLLM failed to load is tried again after this long (a new step or rollback: at once).
+    publish_retry_s: float = 5.0
 
 
 class TrainerWorker:
@@ -64,6 +66,7 @@ class TrainerWorker:
         self.models: dict[str, PolicyModel] = {}
         self.vllm = httpx.Client(base_url=settings.upstream.rstrip("/").removesuffix("/v1"), timeout=120)
         self.steps_done = 0
+        self.failed_publish: dict[str, tuple[int, float]] = {}  # policy -> (step, when it failed)
 
     def checkpoints(self, policy: str) -> Path:
         return self.settings.data_path / "policies" / policy / "checkpoints"
@@ -123,12 +126,17 @@ class TrainerWorker:
         """Serve the policy's head if it is not served yet (a new step, a rollback, a crash between the two)."""
         if policy.head == policy.step:
             return
+        failed = self.failed_publish.get(policy.name)
+        if failed is not None and failed[0] == policy.head and time.monotonic() - failed[1] < self.worker.publish_retry_s:
+            return
         try:
             seconds = await asyncio.to_thread(self.publish, policy, policy.head)
         except Exception as exc:
             log.error("%s@%d is not served: %s", policy.name, policy.head, exc)
+            self.failed_publish[policy.name] = (policy.head, time.monotonic())
             await self.db.transaction(mark_load_error, policy.name, f"{policy.name}@{policy.head}: {exc}")
             return
+        self.failed_publish.pop(policy.name, None)
         await self.db.transaction(mark_served, policy.name, policy.head, seconds)
         log.info("%s now serves %s@%d (loaded and checked in %.3fs)", policy.name, policy.name, policy.head, seconds)
 
