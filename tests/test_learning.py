@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import openai
 
 from gateway.policies import REFRESH_EVERY_S
@@ -34,18 +35,26 @@ def digit_share(text: str) -> float:
 async def one_round(gw: Gateway, round_no: int) -> list[tuple[float, str]]:
     client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="k", max_retries=0, timeout=120)
 
-    async def member(group: str, i: int) -> tuple[float, str]:
+    async def member(g: int, i: int) -> tuple[float, str]:
+        group = f"r{round_no}-g{g}"
         headers = {"X-Trajectory-Id": f"{group}-{i}", "X-Group-Id": group, "X-Group-Size": str(GROUP_SIZE)}
         raw = await client.chat.completions.with_raw_response.create(
-            model="agent", messages=PROMPT, temperature=1.0, max_tokens=16, extra_headers=headers, extra_body={"top_k": 50}
+            model="agent", messages=PROMPT, temperature=1.0, max_tokens=16, extra_headers=headers,
+            # A seed per answer makes a run repeatable (given the same weights), so a failure can be replayed.
+            seed=round_no * 1000 + g * 100 + i, extra_body={"top_k": 50},
         )
         reward = digit_share(raw.parse().choices[0].message.content or "")
         posted = await client.post(f"/trajectories/{group}-{i}/reward", body={"reward": reward}, cast_to=object)
         assert posted["reward"] == reward
         return reward, raw.headers["x-policy-version"]
 
-    groups = [f"r{round_no}-g{g}" for g in range(GROUPS)]
-    return list(await asyncio.gather(*(member(g, i) for g in groups for i in range(GROUP_SIZE))))
+    return list(await asyncio.gather(*(member(g, i) for g in range(GROUPS) for i in range(GROUP_SIZE))))
+
+
+def routed_step(gw: Gateway) -> int:
+    """The step the gateway itself routes `agent` to (its /v1/models lists its snapshot)."""
+    models = httpx.get(gw.url + "/v1/models", timeout=30).json()["data"]
+    return next(m["step"] for m in models if m["id"] == "agent")
 
 
 def test_reward_rises_through_the_whole_loop(make_gateway, vllm: VLLMServer, tiny_model: Path, tmp_path: Path) -> None:
@@ -70,7 +79,10 @@ def test_reward_rises_through_the_whole_loop(make_gateway, vllm: VLLMServer, tin
                 assert trainer.poll() is None, last_lines(tmp_path / "trainer.log")
                 assert time.monotonic() < deadline, "no training step\n" + last_lines(tmp_path / "trainer.log")
                 time.sleep(0.1)
-            time.sleep(REFRESH_EVERY_S + 0.05)  # the gateway re-reads the policies this often
+            # ...and for the gateway to route to it (it re-reads the policies every REFRESH_EVERY_S).
+            while routed_step(gw) < trainable // GROUPS:
+                assert time.monotonic() < deadline, "the gateway did not follow the new step"
+                time.sleep(REFRESH_EVERY_S / 5)
     finally:
         trainer.send_signal(signal.SIGINT)
         trainer.wait(timeout=60)
