@@ -51,7 +51,7 @@ OPTIONS = (  # flag, default, help
     ("--prompt-len", 40, "prompt tokens"), ("--completion-len", 128, "completion (sampled) tokens"),
     ("--rank", 8, "LoRA rank (alpha = 2 x rank)"), ("--lr", 5e-3, "learning rate"),
     ("--logprob-noise", 0.1, "std of the noise added to the old logprobs"), ("--warmup", 3, "untimed steps per process"),
-    ("--steps", 20, "timed steps per process"), ("--rounds", 2, "processes per side, alternating"),
+    ("--steps", 30, "timed steps per process"), ("--rounds", 3, "processes per side, alternating"),
     ("--threads", os.cpu_count() or 1, "torch threads, both sides"), ("--seed", 0, "batch and LoRA init"),
     ("--quiet-wait", 300.0, "seconds to wait, before each process, for other processes to go quiet"),
 )
