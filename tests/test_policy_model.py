@@ -85,3 +85,23 @@ def test_checkpoint_resumes_exactly(tiny: Path, tmp_path: Path) -> None:
     for (name, a), b in zip(model.model.named_parameters(), resumed.model.parameters()):
         if a.requires_grad:
             assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_logprobs_only_where_sampled_match_the_full_forward(tiny: Path) -> None:
+    """Logits kept only at positions that predict a sampled token give the same logprobs there."""
+    from trainer.policy_model import make_batch
+
+    model = PolicyModel(str(tiny), LoraSettings(rank=8, alpha=16), TrainSettings())
+    first, second = Sequence(), Sequence()
+    first.add([5, 6, 7, 8], [9, 10, 11], None)
+    first.add([12, 13], [14, 15], None)  # a second turn: sampled tokens in the middle and at the end
+    second.add([20, 21], [22, 23, 24, 25], None)
+    batch = make_batch([(first, 1.0), (second, -1.0)], model.pad_id, 64, model.device)
+    with torch.no_grad():
+        got = model.token_logprobs(batch)
+        logits = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+        full = torch.nn.functional.pad(logits.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1) - logits.logsumexp(-1), (1, 0))
+    sampled = batch.sampled.bool()
+    assert torch.allclose(got[sampled], full[sampled], atol=1e-5)
+    assert got[sampled].abs().min() > 0
+    assert got[:, ~sampled.any(0)].abs().max() == 0  # columns no row samples: never computed
