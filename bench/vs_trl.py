@@ -9,7 +9,8 @@ TRL's venv, a minute or two more)::
 One step, each side: forward, GRPO loss, backward, grad clip, AdamW step, zero_grad.
 
 * burnish: ``PolicyModel.step(items)`` (trainer/policy_model.py), which also pads the
-  sequences into tensors; one micro-batch (micro_batch_tokens >= the batch); full-vocab logits.
+  sequences into tensors; one micro-batch (micro_batch_tokens >= the batch); logits only at
+  positions that predict a sampled token.
 * TRL: a real ``trl.GRPOTrainer`` (no vLLM, no generation) with the same peft LoRA:
   ``trainer.compute_loss`` on the ``inputs`` dict its ``_generate_and_score_completions``
   would make (fused LM head over completion tokens only, logprobs and entropy, the clipped
