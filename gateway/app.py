@@ -9,13 +9,14 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import httpx
 from litestar import Litestar, get
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 
 from gateway import errors
 from gateway.policies import Registry, follow
-from gateway.routes import admin, proxy, trajectories
+from gateway.routes import admin, proxy, ruler, trajectories
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.store.database import Database
@@ -43,8 +44,13 @@ def create_app(settings: Settings | None = None) -> Litestar:
         writer.start()
         upstream = Upstream(settings)
         policies = Registry(await db.read(load_policies))
-        following = asyncio.create_task(follow(db, policies), name="burnish-policies")
-        app.state.services = Services(settings=settings, db=db, writer=writer, upstream=upstream, policies=policies)
+        judge_http = httpx.AsyncClient(timeout=httpx.Timeout(settings.upstream_timeout, connect=settings.connect_timeout))
+        svc = Services(settings=settings, db=db, writer=writer, upstream=upstream, policies=policies, judge_http=judge_http)
+        app.state.services = svc
+        background = [
+            asyncio.create_task(follow(db, policies), name="burnish-policies"),
+            asyncio.create_task(ruler.auto_ruler(svc), name="burnish-auto-ruler"),
+        ]
         # Everything allocated so far lives as long as the app: move it out of the
         # collector's sight, so full collections stop walking it (a p99 latency cost).
         gc.collect()
@@ -53,15 +59,17 @@ def create_app(settings: Settings | None = None) -> Litestar:
         try:
             yield
         finally:
-            following.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await following
+            for task in background:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await judge_http.aclose()
             await upstream.aclose()
             await writer.close()
             await db.dispose()
 
     return Litestar(
-        route_handlers=[health, *proxy.route_handlers, *trajectories.route_handlers, admin.router],
+        route_handlers=[health, *proxy.route_handlers, *trajectories.route_handlers, *ruler.route_handlers, admin.router],
         lifespan=[lifespan],
         exception_handlers={HTTPException: errors.handle_http_exception, Exception: errors.handle_unexpected},
         request_max_body_size=settings.max_body_bytes,

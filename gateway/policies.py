@@ -23,7 +23,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import msgspec
 from msgspec import Meta
@@ -71,6 +71,22 @@ class TrainSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     advantage_eps: Annotated[float, Meta(gt=0)] = 1e-4
 
 
+class RulerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """RULER for the policy's groups (gateway/ruler.py); a request's own values come first."""
+
+    # Judge every group of the policy when it closes (a group whose members all carry a
+    # user reward is left alone under combine "set").
+    auto: bool = False
+    # None: the default rubric (gateway.ruler.DEFAULT_RUBRIC).
+    rubric: str | None = None
+    # None: BURNISH_JUDGE_MODEL, else the policy's base model.
+    judge_model: str | None = None
+    # None: BURNISH_JUDGE_BASE_URL, else the gateway's upstream.
+    judge_base_url: str | None = None
+    # "set": the score becomes the reward; "add": it is added to the user's reward.
+    combine: Literal["set", "add"] = "set"
+
+
 class Policy(msgspec.Struct, frozen=True, kw_only=True):
     """A policy as stored: what it is, how it trains, and where it stands."""
 
@@ -81,6 +97,7 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     model_path: str | None = None
     lora: LoraSettings = LoraSettings()
     train: TrainSettings = TrainSettings()
+    ruler: RulerSettings = RulerSettings()
     paused: bool = False
     # The version being served (0: the base model).
     step: int = 0

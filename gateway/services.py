@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import httpx
 from litestar.connection import ASGIConnection
 
 from gateway.policies import Registry
@@ -20,6 +21,8 @@ class Services:
     writer: Writer
     upstream: Upstream
     policies: Registry
+    # For RULER's judge, which may be another server than the upstream.
+    judge_http: httpx.AsyncClient
 
 
 def services(connection: ASGIConnection) -> Services:

@@ -55,6 +55,15 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     # makes concurrent starters take turns.
     auto_migrate: bool = True
 
+    # RULER's judge by default (a request or a policy may name another). Empty base URL:
+    # the upstream; empty model: the group's policy's base model.
+    judge_base_url: str = ""
+    judge_model: str = ""
+    judge_api_key: str = ""
+    # Calls to the judge per verdict, the first included, before the group gets an error.
+    judge_attempts: int = 3
+    judge_max_tokens: int = 2048
+
     log_level: str = "info"
 
     @classmethod

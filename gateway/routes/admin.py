@@ -23,7 +23,7 @@ from litestar.response import Response
 
 from gateway.errors import APIError
 from gateway.keys import check_id
-from gateway.policies import LoraSettings, Policy, TrainSettings
+from gateway.policies import LoraSettings, Policy, RulerSettings, TrainSettings
 from gateway.services import services
 from gateway.store import policies as store
 
@@ -47,16 +47,18 @@ class PolicyIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model_path: str | None = None
     lora: LoraSettings = LoraSettings()
     train: TrainSettings = TrainSettings()
+    ruler: RulerSettings = RulerSettings()
     paused: bool = False
 
 
 class PolicyPatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Fields left out stay as they are; ``lora`` and ``train`` are merged key by key."""
+    """Fields left out stay as they are; ``lora``, ``train`` and ``ruler`` are merged key by key."""
 
     base_model: str | msgspec.UnsetType = msgspec.UNSET
     model_path: str | None | msgspec.UnsetType = msgspec.UNSET
     lora: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
     train: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    ruler: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
     paused: bool | msgspec.UnsetType = msgspec.UNSET
 
 
@@ -95,7 +97,9 @@ async def create_policy(request: Request) -> Response:
     check_id(data.name, "name")
     if not data.base_model or len(data.base_model) > 256:
         raise APIError(400, "base_model is the name vLLM serves the base model under (1 to 256 characters)", "invalid_policy", "base_model")
-    policy = Policy(name=data.name, base_model=data.base_model, model_path=data.model_path, lora=data.lora, train=data.train, paused=data.paused)
+    policy = Policy(
+        name=data.name, base_model=data.base_model, model_path=data.model_path, lora=data.lora, train=data.train, ruler=data.ruler, paused=data.paused
+    )
     await _write(request, store.create_policy, policy)
     return await _status(request, data.name, 201)
 
@@ -119,7 +123,7 @@ async def change_policy(request: Request, name: FromPath[str]) -> Response:
     data = _decode(await request.body(), PolicyPatch, "policy")
     current = await services(request).db.read(store.get_policy, name)
     values: dict[str, Any] = {k: getattr(data, k) for k in ("base_model", "model_path", "paused") if getattr(data, k) is not msgspec.UNSET}
-    for key, kind in (("lora", LoraSettings), ("train", TrainSettings)):
+    for key, kind in (("lora", LoraSettings), ("train", TrainSettings), ("ruler", RulerSettings)):
         if (changes := getattr(data, key)) is not msgspec.UNSET:
             merged = {**msgspec.to_builtins(getattr(current, key)), **changes}
             values[key] = _decode(msgspec.json.encode(merged), kind, key)

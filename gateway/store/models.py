@@ -61,6 +61,10 @@ class Group(Base):
     claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     trained_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     trained_step: Mapped[int | None] = mapped_column(Integer)
+    # RULER: when it last ran on the group, the verdict it stored, or why it failed.
+    ruler_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    ruler_key: Mapped[str | None] = mapped_column(String(64))
+    ruler_error: Mapped[str | None] = mapped_column(Text)
 
 
 class Trajectory(Base):
@@ -128,8 +132,10 @@ class Reward(Base):
     trajectory_id: Mapped[str] = mapped_column(ForeignKey("trajectories.id"), index=True)
     reward: Mapped[float] = mapped_column(Float)
     components: Mapped[dict[str, float] | None] = mapped_column(JSON)
-    # "user" for POST /reward; later issues add "ruler".
+    # "user" for POST /reward, "ruler" for a judge's verdict.
     source: Mapped[str] = mapped_column(String(32), default="user")
+    # The judge's reasons, for a RULER reward.
+    explanation: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
@@ -145,6 +151,8 @@ class PolicyRow(Base):
     # gateway.policies.LoraSettings / TrainSettings, as JSON objects.
     lora: Mapped[dict[str, Any]] = mapped_column(JSON)
     train: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # gateway.policies.RulerSettings; None for a policy made before RULER existed (defaults).
+    ruler: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     paused: Mapped[bool] = mapped_column(Boolean, default=False)
     # The version served, and the one the next step trains from (and that should be served).
     step: Mapped[int] = mapped_column(Integer, default=0)
@@ -179,3 +187,16 @@ class StepRow(Base):
     # When vLLM first served it, and how long loading and checking took.
     published_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     publish_seconds: Mapped[float | None] = mapped_column(Float)
+
+
+class RulerVerdict(Base):
+    """A judge's verdict, keyed by a hash of judge, rubric and trajectories: asked again, it is reused."""
+
+    __tablename__ = "ruler_verdicts"
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    judge: Mapped[str] = mapped_column(String(1024))
+    # {trajectory_id: {"score", "explanation"}} for the trajectories shown to the judge.
+    scores: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -20,7 +20,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from gateway.errors import APIError
-from gateway.policies import LoraSettings, Policy, TrainSettings
+from gateway.policies import LoraSettings, Policy, RulerSettings, TrainSettings
 from gateway.store.models import Group, PolicyRow, StepRow, utcnow
 from gateway.store.training import complete_groups, count_ready
 
@@ -32,6 +32,7 @@ def to_policy(row: Any) -> Policy:
         model_path=row.model_path,
         lora=msgspec.convert(row.lora, LoraSettings),
         train=msgspec.convert(row.train, TrainSettings),
+        ruler=msgspec.convert(row.ruler or {}, RulerSettings),
         paused=row.paused,
         step=row.step,
         head=row.head,
@@ -61,6 +62,7 @@ def create_policy(conn: Connection, policy: Policy) -> Policy:
             model_path=policy.model_path,
             lora=msgspec.to_builtins(policy.lora),
             train=msgspec.to_builtins(policy.train),
+            ruler=msgspec.to_builtins(policy.ruler),
             paused=policy.paused,
             step=0,
             head=0,

@@ -87,6 +87,8 @@ def group_summary(row: Any) -> dict[str, Any]:
         "created_at": _ts(row.created_at),
         "closed_at": _ts(row.closed_at),
         "close_reason": row.close_reason,
+        "ruler_at": _ts(row.ruler_at),
+        "ruler_error": row.ruler_error,
     }
 
 
@@ -102,7 +104,8 @@ async def get_trajectory(conn: AsyncConnection, trajectory_id: str) -> dict[str,
     out = trajectory_summary(row, len(calls))
     out["calls"] = [call_dict(c) for c in calls]
     out["rewards"] = [
-        {"reward": r.reward, "components": r.components, "source": r.source, "created_at": _ts(r.created_at)} for r in rewards
+        {"reward": r.reward, "components": r.components, "source": r.source, "explanation": r.explanation, "created_at": _ts(r.created_at)}
+        for r in rewards
     ]
     return out
 

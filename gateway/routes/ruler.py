@@ -1,0 +1,120 @@
+"""POST /v1/groups/{id}/ruler, and the background task that runs RULER for policies that ask.
+
+Which judge: the request's ``judge_model`` / ``judge_base_url`` / ``judge_api_key``, else
+the group's policy's RULER settings, else the gateway's (``BURNISH_JUDGE_*``), else the
+gateway's own upstream and, for the model, the policy's base model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Literal
+
+import msgspec
+from litestar import Request, post
+from litestar.params import FromPath
+from litestar.response import Response
+
+from gateway.errors import APIError
+from gateway.keys import check_id
+from gateway.policies import RulerSettings
+from gateway.ruler import Judge, RulerFailed, build_prompt, cache_key, conversation, judge_group
+from gateway.services import Services, services
+from gateway.store import ruler as store
+from gateway.store.policies import load_policies
+
+log = logging.getLogger("burnish.ruler")
+AUTO_EVERY_S = 1.0
+
+
+class RulerIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    rubric: str | None = None
+    judge_model: str | None = None
+    judge_base_url: str | None = None
+    judge_api_key: str | None = None
+    combine: Literal["set", "add"] | None = None
+
+
+def _judge(svc: Services, policy: RulerSettings, request: RulerIn, base_model: str | None) -> Judge:
+    s = svc.settings
+    model = request.judge_model or policy.judge_model or s.judge_model or base_model
+    if not model:
+        raise APIError(400, "no judge model: pass judge_model, or set the policy's ruler.judge_model or BURNISH_JUDGE_MODEL", "no_judge_model", "judge_model")
+    base_url = request.judge_base_url or policy.judge_base_url or s.judge_base_url or s.upstream.rstrip("/") + "/v1"
+    api_key = request.judge_api_key or s.judge_api_key or (s.upstream_api_key if base_url.startswith(s.upstream) else "")
+    return Judge(base_url=base_url, model=model, api_key=api_key, attempts=s.judge_attempts, timeout_s=s.upstream_timeout, max_tokens=s.judge_max_tokens)
+
+
+async def run_ruler(svc: Services, group_id: str, request: RulerIn) -> dict:
+    """Judge a group (or reuse a cached verdict) and store its rewards."""
+    group = await svc.db.read(store.group_for_judge, group_id)
+    policy = svc.policies.policies.get(group.policy) if group.policy else None
+    settings = policy.ruler if policy is not None else RulerSettings()
+    judge = _judge(svc, settings, request, policy.base_model if policy is not None else None)
+    rubric = request.rubric or settings.rubric
+    combine = request.combine or settings.combine
+    prompt = build_prompt({m.trajectory_id: conversation(m.calls) for m in group.members}, rubric)
+    key = cache_key(judge, prompt)
+    verdict, calls = await svc.db.read(store.cached_verdict, key), 0
+    if verdict is None:
+        try:
+            shown, calls = await judge_group(svc.judge_http, judge, prompt)
+        except RulerFailed as exc:
+            await svc.db.transaction(store.store_error, group_id, str(exc))
+            raise APIError(502, str(exc), "ruler_failed", "group_id") from None
+        verdict = shown
+    else:  # the cache holds the shown ids' scores; identical members share them
+        verdict = {t: verdict[members[0]] for members in prompt.classes for t in members}
+    rewards = await svc.db.transaction(store.store_verdict, group_id, key, judge.name, verdict, combine)
+    return {
+        "object": "group.ruler",
+        "group_id": group_id,
+        "judge": {"model": judge.model, "base_url": judge.base_url},
+        "combine": combine,
+        "cached": calls == 0,
+        "judge_calls": calls,
+        "distinct_trajectories": len(prompt.classes),
+        "scores": [
+            {"trajectory_id": t, "score": verdict[t].score, "explanation": verdict[t].explanation, "reward": rewards[t]} for t in rewards
+        ],
+    }
+
+
+@post("/v1/groups/{group_id:str}/ruler", status_code=200)
+async def ruler(request: Request, group_id: FromPath[str]) -> Response:
+    """Score a group's trajectories relative to each other with an LLM judge; the scores become rewards."""
+    check_id(group_id, "group_id")
+    body = await request.body()
+    try:
+        data = msgspec.json.decode(body or b"{}", type=RulerIn)
+    except msgspec.ValidationError as exc:
+        raise APIError(400, f"invalid ruler request: {exc}", "invalid_request") from None
+    except msgspec.DecodeError as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}", "invalid_json") from None
+    out = await run_ruler(services(request), group_id, data)
+    return Response(content=msgspec.json.encode(out), media_type="application/json")
+
+
+async def auto_ruler(svc: Services, every_s: float = AUTO_EVERY_S) -> None:
+    """Until cancelled: judge the closed groups of policies whose RULER settings say auto."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            claimed = await svc.db.transaction(store.claim_auto)
+        except Exception as exc:  # the store away for a moment: try again next time
+            log.warning("automatic RULER could not look for groups: %s", exc)
+            continue
+        if claimed:
+            svc.policies.replace(await svc.db.read(load_policies))
+        for group_id, policy in claimed:
+            try:
+                out = await run_ruler(svc, group_id, RulerIn())
+                log.info("RULER scored group %s of %s: %s", group_id, policy, [round(s["score"], 3) for s in out["scores"]])
+            except APIError as exc:  # stored on the group by run_ruler where it is the judge's fault
+                log.warning("RULER on group %s of %s failed: %s", group_id, policy, exc.detail)
+                if exc.code != "ruler_failed":
+                    await svc.db.transaction(store.store_error, group_id, exc.detail)
+
+
+route_handlers = [ruler]

@@ -1,0 +1,64 @@
+"""A deterministic judge on a loopback socket: it answers RULER's chat calls from a script.
+
+``Judge.script`` is a list of answers, used in turn (the last one repeats): each is a
+callable of the trajectory ids the request's schema names, returning the message content
+(a string), or an int for an HTTP status with an error body. Every request is kept.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+Answer = Callable[[list[str]], "str | int"]
+
+
+def scores(values: dict[str, float] | Callable[[str], float]) -> Answer:
+    """A valid verdict: a score (and an explanation) for every id asked for."""
+
+    def answer(ids: list[str]) -> str:
+        pick = values if callable(values) else values.__getitem__
+        return json.dumps({t: {"explanation": f"{t} judged", "score": pick(t)} for t in ids})
+
+    return answer
+
+
+class Judge:
+    def __init__(self) -> None:
+        self.script: list[Answer] = []
+        self.requests: list[dict[str, Any]] = []
+
+    def ids(self, request: dict[str, Any]) -> list[str]:
+        return request["response_format"]["json_schema"]["schema"]["required"]
+
+    async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001 - raw ASGI
+        if scope["type"] == "lifespan":
+            while (message := await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        request = json.loads(body)
+        request["_headers"] = {k.decode(): v.decode() for k, v in scope["headers"]}
+        self.requests.append(request)
+        step = self.script[min(len(self.requests) - 1, len(self.script) - 1)]
+        out = step(self.ids(request))
+        if isinstance(out, int):
+            status, payload = out, {"error": {"message": "judge says no", "type": "server_error", "code": None, "param": None}}
+        else:
+            status = 200
+            payload = {
+                "id": "chatcmpl-judge",
+                "object": "chat.completion",
+                "created": 0,
+                "model": request["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": out}, "finish_reason": "stop"}],
+            }
+        data = json.dumps(payload).encode()
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": data})
