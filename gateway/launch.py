@@ -35,7 +35,9 @@ def _burnish(*args: str) -> list[str]:
 
 
 # The tiny model's chat template writes tool calls the way Qwen2.5 does (<tool_call>).
-TINY_MODEL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+# Structured outputs without free whitespace: a random model otherwise fills a JSON answer
+# (RULER's verdict) with whitespace, which the grammar allows, until max_tokens.
+TINY_MODEL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}']
 # A random model needs a far larger step than a pretrained one (docs/trainer.md).
 TINY_MODEL_LORA = LoraSettings(rank=8, alpha=16)
 TINY_MODEL_TRAIN = TrainSettings(learning_rate=5e-3)

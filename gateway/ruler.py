@@ -14,6 +14,7 @@ endpoint; by default the gateway's own upstream.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -250,8 +251,12 @@ def parse_verdict(content: str | None, ids: Sequence[str]) -> dict[str, Score]:
     if not content:
         raise JudgeOutputError("the judge returned no content")
     try:
-        verdict = msgspec.json.decode(content.strip(), type=dict[str, _Entry])
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        # strict=False: raw control characters inside strings are let through by some
+        # grammar engines (xgrammar did, for the tiny model); they do not change a score.
+        verdict = msgspec.convert(json.loads(content, strict=False), dict[str, _Entry])
+    except json.JSONDecodeError as exc:
+        raise JudgeOutputError(f"the judge's answer is not JSON: {exc}") from None
+    except msgspec.ValidationError as exc:
         raise JudgeOutputError(f"the judge's answer is not a verdict: {exc}") from None
     if set(verdict) != set(ids):
         missing, extra = sorted(set(ids) - set(verdict)), sorted(set(verdict) - set(ids))

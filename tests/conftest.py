@@ -20,6 +20,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from gateway.app import create_app
+from gateway.launch import TINY_MODEL_ARGS
 from gateway.settings import Settings
 from gateway.vllm_server import VLLMServer
 from tests.servers import ServerThread, free_port
@@ -110,7 +111,7 @@ class Gateway:
     settings: Settings
 
     def client(self, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30, **kwargs)
+        return httpx.Client(base_url=self.url, **{"timeout": 30, **kwargs})
 
     def admin(self) -> httpx.Client:
         return self.client(headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
@@ -167,7 +168,6 @@ def gateway(make_gateway: Callable[..., Gateway], upstream: Upstream) -> Gateway
 
 # ---- real vLLM on the tiny model ---------------------------------------------------------
 
-TOOL_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 MESSAGES = [{"role": "system", "content": "Answer with digits."}, {"role": "user", "content": "What is 12 times 7?"}]
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate", "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
 GREEDY = {"temperature": 0, "max_tokens": 12}
@@ -197,7 +197,7 @@ def vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         dtype="float32",
         max_model_len=2048,
         max_lora_rank=8,
-        extra_args=TOOL_FLAGS,
+        extra_args=TINY_MODEL_ARGS,  # as `burnish up` serves it
     ).start()
     try:
         server.wait_healthy(timeout=300)

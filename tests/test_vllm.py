@@ -207,3 +207,24 @@ def test_burnish_up_shows_why_vllm_did_not_start(tmp_path: Path) -> None:
     assert out.returncode == 1
     assert "vLLM exited" in out.stderr and "Last lines of" in out.stderr
     assert str(not_a_model) in out.stderr  # vLLM's own complaint, from its log
+
+
+def test_ruler_with_vllm_as_the_judge(make_gateway, vllm: VLLMServer) -> None:
+    """RULER's default judge is the gateway's own upstream: vLLM's guided decoding follows the
+    verdict schema, so even the random tiny model gives a valid verdict for every member."""
+    gw = make_gateway(upstream=vllm.url, upstream_timeout=120, judge_max_tokens=1000)  # the tiny model's context is 2048
+    gw.create_policy("agent", "tiny")
+    ids = [f"judged-{i}" for i in range(3)]
+    with gw.client(timeout=120) as c:
+        for t, task in zip(ids, ("Add 2 and 3.", "Add 2 and 3, then say why.", "Add 2 and 3.")):
+            r = c.post(f"/g/judged/t/{t}/v1/chat/completions", json={"model": "agent", "messages": [{"role": "user", "content": task}], **GREEDY})
+            assert r.status_code == 200, r.text
+        r = c.post("/v1/groups/judged/ruler", json={})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["judge"]["model"] == "tiny" and out["distinct_trajectories"] == 2  # greedy: members 0 and 2 are identical
+    assert sorted(s["trajectory_id"] for s in out["scores"]) == ids
+    for s in out["scores"]:
+        assert 0 <= s["score"] <= 1 and isinstance(s["explanation"], str)
+        traj = gw.trajectory(s["trajectory_id"])
+        assert traj["reward"] == s["score"] and traj["rewards"][-1]["source"] == "ruler"
