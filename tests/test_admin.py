@@ -64,6 +64,9 @@ def test_create_list_inspect_and_change_a_policy(gw: Gateway) -> None:
         changed = c.patch("/admin/policies/agent", json={"train": {"kl_coef": 0.05}, "lora": {"alpha": 8}}).json()
         assert changed["train"]["kl_coef"] == 0.05 and changed["train"]["learning_rate"] == 5e-3
         assert changed["lora"]["alpha"] == 8 and changed["lora"]["rank"] == 8
+        assert changed["ruler"] == {"auto": False, "rubric": None, "judge_model": None, "judge_base_url": None, "combine": "set"}
+        ruled = c.patch("/admin/policies/agent", json={"ruler": {"auto": True, "combine": "add"}}).json()["ruler"]
+        assert (ruled["auto"], ruled["combine"], ruled["rubric"]) == (True, "add", None)
         assert c.post("/admin/policies/agent/pause").json()["paused"] is True
         assert c.get("/admin/policies/agent").json()["paused"] is True
         assert c.post("/admin/policies/agent/resume").json()["paused"] is False
@@ -113,6 +116,7 @@ def test_bad_requests_get_clear_errors_and_change_nothing(gw: Gateway) -> None:
         assert "learning_rate" in body["message"]
         error(c.patch("/admin/policies/agent", json={"train": {"groups_per_step": 0}}), 400, "invalid_train")
         error(c.patch("/admin/policies/agent", json={"lora": {"rnak": 4}}), 400, "invalid_lora")
+        error(c.patch("/admin/policies/agent", json={"ruler": {"combine": "multiply"}}), 400, "invalid_ruler")
         error(c.patch("/admin/policies/agent", json={"name": "renamed"}), 400, "invalid_policy")
         error(c.get("/admin/policies/nobody"), 404, "policy_not_found")
         error(c.patch("/admin/policies/nobody", json={}), 404, "policy_not_found")
