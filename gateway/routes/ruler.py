@@ -22,7 +22,6 @@ from gateway.policies import RulerSettings
 from gateway.ruler import Judge, RulerFailed, build_prompt, cache_key, conversation, judge_group
 from gateway.services import Services, services
 from gateway.store import ruler as store
-from gateway.store.policies import load_policies
 
 log = logging.getLogger("burnish.ruler")
 AUTO_EVERY_S = 1.0
@@ -100,13 +99,13 @@ async def auto_ruler(svc: Services, every_s: float = AUTO_EVERY_S) -> None:
     """Until cancelled: judge the closed groups of policies whose RULER settings say auto."""
     while True:
         await asyncio.sleep(every_s)
+        if not any(p.ruler.auto for p in svc.policies.policies.values()):
+            continue  # no write transaction each second for nothing
         try:
             claimed = await svc.db.transaction(store.claim_auto)
         except Exception as exc:  # the store away for a moment: try again next time
             log.warning("automatic RULER could not look for groups: %s", exc)
             continue
-        if claimed:
-            svc.policies.replace(await svc.db.read(load_policies))
         for group_id, policy in claimed:
             try:
                 out = await run_ruler(svc, group_id, RulerIn())
