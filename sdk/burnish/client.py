@@ -1,0 +1,185 @@
+"""The clients: ``Client`` (sync) and ``AsyncClient``, with their groups and trajectories.
+
+    client = Client("http://127.0.0.1:8080", admin_token=...)
+    with client.group(size=4) as group:          # closed on a clean exit
+        t = group.trajectory()
+        t.openai().chat.completions.create(model="agent", messages=...)
+        t.reward(0.8, format=1.0)
+    client.wait_for_step("agent", 1)
+
+The async forms are the same with ``async with`` and ``await``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+
+from burnish._api import Call, Routes, StepTimeout, TrajectoryKeys, answer, new_id, served_step
+
+DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
+
+
+class _Settings:
+    def __init__(self, base_url: str, api_key: str | None, admin_token: str | None) -> None:
+        # The gateway's root: "http://host:8080" (a trailing /v1 is accepted and dropped).
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        # What agents' OpenAI clients send as their key (the gateway passes it upstream).
+        self.api_key = api_key or "burnish"
+        self.admin_token = admin_token
+
+    def headers(self, call: Call) -> dict[str, str]:
+        if not call.admin:
+            return {}
+        if not self.admin_token:
+            raise ValueError("this call needs the admin token: Client(..., admin_token=...)")
+        return {"authorization": f"Bearer {self.admin_token}"}
+
+
+# ---- sync ---------------------------------------------------------------------------
+
+
+class Client(Routes):
+    def __init__(self, base_url: str, api_key: str | None = None, admin_token: str | None = None, *, http: httpx.Client | None = None) -> None:
+        self._settings = _Settings(base_url, api_key, admin_token)
+        self._http = http or httpx.Client(base_url=self._settings.base_url, timeout=DEFAULT_TIMEOUT)
+
+    def _send(self, call: Call) -> Any:
+        r = self._http.request(call.method, call.path, json=call.json, params=call.params, headers=self._settings.headers(call))
+        return answer(r.status_code, r.content, r.json)
+
+    def group(self, size: int | None = None, id: str | None = None) -> Group:
+        """A new group (an id is made unless given); ``size``: the members expected, after which it closes itself."""
+        return Group(self, id or new_id("g"), size)
+
+    def trajectory(self, id: str | None = None) -> Trajectory:
+        """A trajectory in no group."""
+        return Trajectory(self, id or new_id("t"), None, None)
+
+    def wait_for_step(self, policy: str, step: int, timeout: float = 600.0, poll: float = 0.5) -> int:
+        """Wait until the gateway serves ``policy`` at ``step`` or later; returns the step served."""
+        deadline = time.monotonic() + timeout
+        while True:
+            served = self.status(policy)["step"] if self._settings.admin_token else served_step(self.models(), policy)
+            if served is not None and served >= step:
+                return served
+            if time.monotonic() > deadline:
+                raise StepTimeout(f"{policy} serves step {served}, not {step}, after {timeout:.0f}s")
+            time.sleep(poll)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Group:
+    def __init__(self, client: Client, id: str, size: int | None) -> None:
+        self.client, self.id, self.size = client, id, size
+
+    def trajectory(self, id: str | None = None) -> Trajectory:
+        return Trajectory(self.client, id or new_id("t"), self.id, self.size)
+
+    def ruler(self, rubric: str | None = None, **judge: Any) -> Any:
+        return self.client.ruler(self.id, rubric, **judge)
+
+    def close(self) -> Any:
+        return self.client.close_group(self.id)
+
+    def __enter__(self) -> Group:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        # A clean exit closes the group (closing twice is fine); after an error it stays open.
+        if exc_type is None:
+            self.close()
+
+
+class Trajectory(TrajectoryKeys):
+    def __init__(self, client: Client, id: str, group_id: str | None, group_size: int | None) -> None:
+        super().__init__(client._settings.base_url, client._settings.api_key, id, group_id, group_size)
+        self.client = client
+
+    def reward(self, value: float, **components: float) -> Any:
+        return self.client.reward(self.id, value, **components)
+
+    def get(self) -> Any:
+        return self.client.get_trajectory(self.id)
+
+
+# ---- async --------------------------------------------------------------------------
+
+
+class AsyncClient(Routes):
+    def __init__(self, base_url: str, api_key: str | None = None, admin_token: str | None = None, *, http: httpx.AsyncClient | None = None) -> None:
+        self._settings = _Settings(base_url, api_key, admin_token)
+        self._http = http or httpx.AsyncClient(base_url=self._settings.base_url, timeout=DEFAULT_TIMEOUT)
+
+    async def _send(self, call: Call) -> Any:
+        r = await self._http.request(call.method, call.path, json=call.json, params=call.params, headers=self._settings.headers(call))
+        return answer(r.status_code, r.content, r.json)
+
+    def group(self, size: int | None = None, id: str | None = None) -> AsyncGroup:
+        return AsyncGroup(self, id or new_id("g"), size)
+
+    def trajectory(self, id: str | None = None) -> AsyncTrajectory:
+        return AsyncTrajectory(self, id or new_id("t"), None, None)
+
+    async def wait_for_step(self, policy: str, step: int, timeout: float = 600.0, poll: float = 0.5) -> int:
+        deadline = time.monotonic() + timeout
+        while True:
+            served = (await self.status(policy))["step"] if self._settings.admin_token else served_step(await self.models(), policy)
+            if served is not None and served >= step:
+                return served
+            if time.monotonic() > deadline:
+                raise StepTimeout(f"{policy} serves step {served}, not {step}, after {timeout:.0f}s")
+            await asyncio.sleep(poll)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class AsyncGroup:
+    def __init__(self, client: AsyncClient, id: str, size: int | None) -> None:
+        self.client, self.id, self.size = client, id, size
+
+    def trajectory(self, id: str | None = None) -> AsyncTrajectory:
+        return AsyncTrajectory(self.client, id or new_id("t"), self.id, self.size)
+
+    async def ruler(self, rubric: str | None = None, **judge: Any) -> Any:
+        return await self.client.ruler(self.id, rubric, **judge)
+
+    async def close(self) -> Any:
+        return await self.client.close_group(self.id)
+
+    async def __aenter__(self) -> AsyncGroup:
+        return self
+
+    async def __aexit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is None:
+            await self.close()
+
+
+class AsyncTrajectory(TrajectoryKeys):
+    def __init__(self, client: AsyncClient, id: str, group_id: str | None, group_size: int | None) -> None:
+        super().__init__(client._settings.base_url, client._settings.api_key, id, group_id, group_size)
+        self.client = client
+
+    async def reward(self, value: float, **components: float) -> Any:
+        return await self.client.reward(self.id, value, **components)
+
+    async def get(self) -> Any:
+        return await self.client.get_trajectory(self.id)

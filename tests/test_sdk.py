@@ -1,0 +1,163 @@
+"""The SDK (sdk/burnish) against a real gateway and the deterministic upstream: every public
+call, sync and async, and its error path. Training through the SDK, against vLLM and the
+trainer, is the learning test (tests/test_learning.py runs examples/digits.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from burnish import AsyncClient, BurnishError, Client, StepTimeout
+from tests.conftest import ADMIN_TOKEN, Gateway, set_served_step
+from tests.judge import Judge, scores
+from tests.servers import ServerThread
+from tests.upstream import Upstream
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def judge_server() -> Iterator[tuple[Judge, str]]:
+    app = Judge()
+    with ServerThread(app, log_level="critical") as server:
+        yield app, server.url + "/v1"
+
+
+@pytest.fixture
+def gw(make_gateway, upstream: Upstream, judge_server: tuple[Judge, str]) -> Gateway:
+    judge, url = judge_server
+    judge.script, judge.requests = [scores(lambda t: 0.5)], []
+    return make_gateway(judge_base_url=url, judge_model="judge")
+
+
+def test_groups_trajectories_and_rewards(gw: Gateway, upstream: Upstream) -> None:
+    client = Client(gw.url + "/v1", api_key="agent-key")  # a trailing /v1 is accepted
+    with client.group(size=2) as group:
+        first, second = group.trajectory(), group.trajectory("mine-2")
+        reply = first.openai().chat.completions.create(model="tiny", messages=HI)
+        assert reply.choices[0].message.content
+        assert upstream.requests[-1]["headers"]["authorization"] == "Bearer agent-key"
+        # A framework that takes only a base URL: the keys ride in the path.
+        assert second.base_url == f"{gw.url}/g/{group.id}/t/mine-2/v1"
+        assert httpx.post(second.base_url + "/chat/completions", json={"model": "tiny", "messages": HI}).status_code == 200
+        assert first.reward(0.25, format=1.0)["group_closed"] is False
+        assert second.reward(0.75)["group_closed"] is True  # size 2: the second reward closes it
+    got = first.get()
+    assert (got["group_id"], got["reward"], got["reward_components"], len(got["calls"])) == (group.id, 0.25, {"format": 1.0}, 1)
+    assert [m["id"] for m in client.get_group(group.id)["members"]] == [first.id, "mine-2"]
+    alone = client.trajectory()
+    alone.openai().chat.completions.create(model="tiny", messages=HI)
+    assert client.get_trajectory(alone.id)["group_id"] is None
+    assert [m["id"] for m in client.models()["data"]] == ["tiny"]
+
+
+def test_a_group_left_by_an_error_stays_open_and_a_clean_one_closes(gw: Gateway) -> None:
+    client = Client(gw.url)
+    with pytest.raises(RuntimeError), client.group() as failed:
+        failed.trajectory().openai().chat.completions.create(model="tiny", messages=HI)
+        raise RuntimeError("the agent crashed")
+    assert client.get_group(failed.id)["closed_at"] is None
+    with client.group() as done:
+        done.trajectory().openai().chat.completions.create(model="tiny", messages=HI)
+    assert client.get_group(done.id)["close_reason"] == "closed"
+
+
+def test_ruler_through_the_sdk(gw: Gateway) -> None:
+    client = Client(gw.url)
+    with client.group() as group:
+        for _ in range(2):
+            group.trajectory().openai().chat.completions.create(model="tiny", messages=HI)
+        out = group.ruler(rubric="Be brief.")
+    assert [s["score"] for s in out["scores"]] == [0.5, 0.5]
+
+
+def test_gateway_errors_are_exceptions_with_its_message(gw: Gateway) -> None:
+    client = Client(gw.url, admin_token=ADMIN_TOKEN)
+    with pytest.raises(BurnishError) as caught:
+        client.reward("nobody", 1.0)
+    assert (caught.value.status, caught.value.code) == (404, "trajectory_not_found") and "nobody" in caught.value.message
+    with pytest.raises(ValueError, match="finite"):
+        client.reward("nobody", math.inf)  # refused before it is sent
+    with pytest.raises(BurnishError) as caught:
+        client.reward("nobody", 1.0, **{"x" * 65: 1.0})
+    assert (caught.value.status, caught.value.code) == (400, "invalid_reward")
+    with pytest.raises(BurnishError) as caught:
+        client.get_group("no-such-group")
+    assert caught.value.code == "group_not_found"
+    with pytest.raises(ValueError, match="admin token"):
+        Client(gw.url).status("agent")
+    with pytest.raises(BurnishError) as caught:
+        Client(gw.url, admin_token="wrong").policies()
+    assert (caught.value.status, caught.value.code) == (401, "invalid_admin_token")
+    with pytest.raises(BurnishError) as caught:
+        client.ruler("no-such-group")
+    assert caught.value.code == "group_not_found"
+
+
+def test_admin_helpers(gw: Gateway) -> None:
+    client = Client(gw.url, admin_token=ADMIN_TOKEN)
+    created = client.create_policy("agent", "tiny", lora={"rank": 8}, train={"learning_rate": 5e-3})
+    assert created["lora"]["rank"] == 8 and created["step"] == 0
+    assert [p["name"] for p in client.policies()["data"]] == ["agent"]
+    assert client.update_policy("agent", train={"kl_coef": 0.01})["train"]["kl_coef"] == 0.01
+    assert client.pause("agent")["paused"] is True
+    assert client.resume("agent")["paused"] is False
+    assert client.status("agent")["served_version"] == "agent@0"
+    assert client.checkpoints("agent")["data"] == [] and client.metrics("agent")["data"] == []
+    assert client.rollback("agent", 0)["head"] == 0
+    for call, code in ((lambda: client.train_now("agent"), "no_ready_groups"), (lambda: client.rollback("agent", 4), "checkpoint_not_found"),
+                       (lambda: client.create_policy("agent", "tiny"), "policy_exists"), (lambda: client.status("ghost"), "policy_not_found")):  # fmt: skip
+        with pytest.raises(BurnishError) as caught:
+            call()
+        assert caught.value.code == code
+
+
+def test_wait_for_step(gw: Gateway) -> None:
+    admin, plain = Client(gw.url, admin_token=ADMIN_TOKEN), Client(gw.url)
+    admin.create_policy("agent", "tiny")
+    set_served_step(gw, 2)
+    assert admin.wait_for_step("agent", 2, timeout=5) == 2  # through the admin status
+    assert plain.wait_for_step("agent", 1, timeout=5) == 2  # through /v1/models, no token
+    with pytest.raises(StepTimeout):
+        plain.wait_for_step("agent", 3, timeout=0.3, poll=0.1)
+
+
+def test_the_async_client(gw: Gateway, upstream: Upstream) -> None:
+    async def main() -> None:
+        async with AsyncClient(gw.url, admin_token=ADMIN_TOKEN) as client:
+            await client.create_policy("agent", "tiny")
+            async with client.group(size=2) as group:
+                members = [group.trajectory() for _ in range(2)]
+                for t in members:
+                    await t.async_openai().chat.completions.create(model="agent", messages=HI)
+                    assert str(t.openai().base_url) == gw.url + "/v1/"  # the sync form exists on both
+                await members[0].reward(1.0)
+                out = await group.ruler()
+                assert len(out["scores"]) == 2
+            assert (await members[1].get())["reward"] == 0.5  # RULER set it
+            assert (await client.get_group(group.id))["close_reason"] == "ruler"
+            lone = client.trajectory()
+            await lone.async_openai().chat.completions.create(model="tiny", messages=HI)
+            assert (await client.get_trajectory(lone.id))["calls"][0]["model"] == "tiny"
+            assert await client.wait_for_step("agent", 0, timeout=5) == 0
+            with pytest.raises(StepTimeout):
+                await client.wait_for_step("agent", 1, timeout=0.3, poll=0.1)
+            with pytest.raises(BurnishError) as caught:
+                await client.close_group("ghost")
+            assert caught.value.code == "group_not_found"
+            assert (await client.status("agent"))["groups_ready"] == 0
+            for call in (client.pause, client.resume, client.checkpoints, client.metrics):
+                await call("agent")
+            assert [p["name"] for p in (await client.policies())["data"]] == ["agent"]
+            await client.update_policy("agent", paused=False)
+            await client.rollback("agent", 0)
+            with pytest.raises(BurnishError):
+                await client.train_now("agent")
+            assert (await client.models())["data"][0]["id"] == "agent"
+
+    asyncio.run(main())
