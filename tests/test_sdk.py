@@ -121,8 +121,8 @@ def test_wait_for_step(gw: Gateway) -> None:
     admin, plain = Client(gw.url, admin_token=ADMIN_TOKEN), Client(gw.url)
     admin.create_policy("agent", "tiny")
     set_served_step(gw, 2)
-    assert admin.wait_for_step("agent", 2, timeout=5) == 2  # through the admin status
-    assert plain.wait_for_step("agent", 1, timeout=5) == 2  # through /v1/models, no token
+    assert admin.wait_for_step("agent", 2, timeout=5) == 2
+    assert plain.wait_for_step("agent", 1, timeout=5) == 2  # no admin token needed
     with pytest.raises(StepTimeout):
         plain.wait_for_step("agent", 3, timeout=0.3, poll=0.1)
 

@@ -75,6 +75,7 @@ class PolicyModel:
         config = LoraConfig(
             r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules), task_type="CAUSAL_LM"
         )
+        torch.manual_seed(train.seed)  # LoRA's A matrices start random: the same seed, the same start
         self.model = get_peft_model(base, config)
         self.lora, self.train = lora, train
         self.optimizer = torch.optim.AdamW(

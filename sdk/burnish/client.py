@@ -60,10 +60,11 @@ class Client(Routes):
         return Trajectory(self, id or new_id("t"), None, None)
 
     def wait_for_step(self, policy: str, step: int, timeout: float = 600.0, poll: float = 0.5) -> int:
-        """Wait until the gateway serves ``policy`` at ``step`` or later; returns the step served."""
+        """Wait until the gateway routes ``policy`` to ``step`` or later (as its /v1/models says,
+        so no admin token is needed); returns the step served."""
         deadline = time.monotonic() + timeout
         while True:
-            served = self.status(policy)["step"] if self._settings.admin_token else served_step(self.models(), policy)
+            served = served_step(self.models(), policy)
             if served is not None and served >= step:
                 return served
             if time.monotonic() > deadline:
@@ -135,7 +136,7 @@ class AsyncClient(Routes):
     async def wait_for_step(self, policy: str, step: int, timeout: float = 600.0, poll: float = 0.5) -> int:
         deadline = time.monotonic() + timeout
         while True:
-            served = (await self.status(policy))["step"] if self._settings.admin_token else served_step(await self.models(), policy)
+            served = served_step(await self.models(), policy)
             if served is not None and served >= step:
                 return served
             if time.monotonic() > deadline:
