@@ -115,6 +115,15 @@ def test_admin_helpers(gw: Gateway) -> None:
         with pytest.raises(BurnishError) as caught:
             call()
         assert caught.value.code == code
+    for call in (client.pause, client.resume, client.checkpoints, client.metrics, lambda name: client.update_policy(name, paused=True)):
+        with pytest.raises(BurnishError) as caught:
+            call("ghost")
+        assert (caught.value.status, caught.value.code) == (404, "policy_not_found")
+    with pytest.raises(BurnishError) as caught:
+        client.update_policy("agent", train={"learning_rate": -1})
+    assert caught.value.code == "invalid_train" and "learning_rate" in caught.value.message
+    with Client(gw.url) as scoped:  # a client closes its connections on leaving the block
+        assert scoped.trajectory().headers["X-Trajectory-Id"].startswith("t-")
 
 
 def test_wait_for_step(gw: Gateway) -> None:
