@@ -10,14 +10,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
-from litestar import Litestar, get
+from litestar import Litestar, Request, Response, get
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 
 from gateway import errors
+from gateway.metrics import CONTENT_TYPE, Metrics, store_state
 from gateway.policies import Registry, follow
 from gateway.routes import admin, proxy, ruler, trajectories
-from gateway.services import Services
+from gateway.services import Services, services
 from gateway.settings import Settings
 from gateway.store.database import Database
 from gateway.store.policies import load_policies
@@ -30,6 +31,14 @@ log = logging.getLogger("burnish.gateway")
 @get("/health", include_in_schema=False)
 async def health() -> dict[str, str]:
     return {"status": "ok"}
+
+
+@get("/metrics", media_type=CONTENT_TYPE)
+async def metrics(request: Request) -> Response:
+    """Prometheus text format: calls, latencies, the writer, and the store's state (gateway/metrics.py)."""
+    svc = services(request)
+    svc.metrics.set_store_state(await svc.db.read(store_state))
+    return Response(svc.metrics.render(), media_type=CONTENT_TYPE)
 
 
 def create_app(settings: Settings | None = None) -> Litestar:
@@ -45,7 +54,10 @@ def create_app(settings: Settings | None = None) -> Litestar:
         upstream = Upstream(settings)
         policies = Registry(await db.read(load_policies))
         judge_http = httpx.AsyncClient(timeout=httpx.Timeout(settings.upstream_timeout, connect=settings.connect_timeout))
-        svc = Services(settings=settings, db=db, writer=writer, upstream=upstream, policies=policies, judge_http=judge_http)
+        metrics = Metrics()
+        writer.on_commit = metrics.commit_batch.observe
+        metrics.record_queue.set_function(lambda: writer.pending)
+        svc = Services(settings=settings, db=db, writer=writer, upstream=upstream, policies=policies, judge_http=judge_http, metrics=metrics)
         app.state.services = svc
         background = [
             asyncio.create_task(follow(db, policies), name="burnish-policies"),
@@ -69,7 +81,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             await db.dispose()
 
     return Litestar(
-        route_handlers=[health, *proxy.route_handlers, *trajectories.route_handlers, *ruler.route_handlers, admin.router],
+        route_handlers=[health, metrics, *proxy.route_handlers, *trajectories.route_handlers, *ruler.route_handlers, admin.router],
         lifespan=[lifespan],
         exception_handlers={HTTPException: errors.handle_http_exception, Exception: errors.handle_unexpected},
         request_max_body_size=settings.max_body_bytes,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import httpx
 from litestar.connection import ASGIConnection
 
+from gateway.metrics import Metrics
 from gateway.policies import Registry
 from gateway.settings import Settings
 from gateway.store.database import Database
@@ -23,6 +24,7 @@ class Services:
     policies: Registry
     # For RULER's judge, which may be another server than the upstream.
     judge_http: httpx.AsyncClient
+    metrics: Metrics
 
 
 def services(connection: ASGIConnection) -> Services:

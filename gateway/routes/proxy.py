@@ -165,12 +165,20 @@ class Call:
     async def commit(self, record: CallRecord) -> None:
         """Wait until the record is durable; raise APIError 503 if it cannot be."""
         if not self.svc.settings.record:
+            self.observe(record)
             return
         try:
             await self.svc.writer.write(record)
         except Exception as exc:
             log.error("call for trajectory %s not recorded: %s", self.key.trajectory_id, exc)
+            self.observe(record, status=503)
             raise APIError(503, "the gateway could not record this call; it was not completed", "record_failed") from exc
+        self.observe(record)
+
+    def observe(self, record: CallRecord, status: int | None = None) -> None:
+        """Count the call for /metrics: its whole time so far, and the upstream's part of it."""
+        upstream = record.upstream_ms / 1000 if record.upstream_ms is not None else None
+        self.svc.metrics.observe_call(self.endpoint.name, status or record.http_status or 502, perf_counter() - self.sent_at, upstream)
 
 
 async def forward(request: Request, endpoint: Endpoint) -> ASGIResponse:
@@ -277,7 +285,9 @@ class StreamRelay:
         finally:
             if not self.recorded and self.call.svc.settings.record:
                 # The client went away: record what arrived, without waiting on the commit.
-                self.call.svc.writer.submit(self._record(CLIENT_DISCONNECTED, "the client disconnected before the end"))
+                record = self._record(CLIENT_DISCONNECTED, "the client disconnected before the end")
+                self.call.svc.writer.submit(record)
+                self.call.observe(record, status=499)  # nginx's "client closed request"
             with anyio.CancelScope(shield=True):
                 await self.response.aclose()
 

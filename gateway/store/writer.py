@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from sqlalchemy.exc import OperationalError
@@ -40,9 +41,11 @@ class Writer:
         self.attempts = attempts
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
-        # Counters for /metrics and the benchmark: commits made and records written.
+        # Counters for the benchmark: commits made and records written.
         self.commits = 0
         self.records = 0
+        # Told each commit's batch size (gateway/metrics.py).
+        self.on_commit: Callable[[int], None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="burnish-writer")
@@ -64,6 +67,11 @@ class Writer:
 
     async def write(self, item: Item) -> Any:
         return await self.submit(item)
+
+    @property
+    def pending(self) -> int:
+        """Items waiting for a transaction."""
+        return self._queue.qsize()
 
     async def _run(self) -> None:
         while True:
@@ -95,6 +103,8 @@ class Writer:
             return
         self.commits += 1
         self.records += len(batch)
+        if self.on_commit is not None:
+            self.on_commit(len(batch))
         for (_, future), result in zip(batch, results):
             _resolve(future, result)
 

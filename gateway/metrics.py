@@ -1,0 +1,85 @@
+"""Prometheus metrics, served at GET /metrics: one registry per app, no module-level state.
+
+On the request path each call costs a counter and two histogram observations (a few
+microseconds); the writer observes each commit's batch size. What lives in the store
+(trajectories and groups by state, trainer steps, rewards) is read from it when /metrics is
+scraped, so every gateway on one PostgreSQL reports the same totals and the trainer, a
+separate process, needs no exporter of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from sqlalchemy import case, func, select
+from sqlalchemy.engine import Connection
+
+from gateway.store.models import Group, StepRow, Trajectory
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 600)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("burnish_requests", "Proxied calls, by endpoint and HTTP status", ["endpoint", "status"], registry=r)
+        self.added = Histogram(
+            "burnish_added_latency_seconds", "Time the gateway added to a call: its whole time less the upstream's", ["endpoint"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.upstream = Histogram(
+            "burnish_upstream_latency_seconds", "Upstream time of a call, from sending to its last byte", ["endpoint"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.record_queue = Gauge("burnish_record_queue", "Records and changes waiting for the store writer", registry=r)
+        self.commit_batch = Histogram("burnish_commit_batch_size", "Records written per group commit", buckets=BATCH_BUCKETS, registry=r)
+        self.trajectories = Gauge("burnish_trajectories", "Trajectories in the store, by state", ["state"], registry=r)
+        self.groups = Gauge("burnish_groups", "Groups in the store, by policy and state", ["policy", "state"], registry=r)
+        self.steps = Gauge("burnish_trainer_steps", "Training steps recorded, by policy", ["policy"], registry=r)
+        self.step_seconds = Gauge("burnish_trainer_step_seconds", "Seconds the policy's last step took (claim to checkpoint)", ["policy"], registry=r)
+        self.reward = Gauge("burnish_policy_reward_mean", "Mean reward of the groups of the policy's last step", ["policy"], registry=r)
+
+    def observe_call(self, endpoint: str, status: int, total_s: float, upstream_s: float | None) -> None:
+        self.requests.labels(endpoint, str(status)).inc()
+        if upstream_s is not None:
+            self.upstream.labels(endpoint).observe(upstream_s)
+            self.added.labels(endpoint).observe(max(total_s - upstream_s, 0.0))
+
+    def set_store_state(self, state: dict[str, Any]) -> None:
+        for gauge in (self.trajectories, self.groups, self.steps, self.step_seconds, self.reward):
+            gauge.clear()  # a policy or state that vanished must not linger
+        for name, count in state["trajectories"].items():
+            self.trajectories.labels(name).set(count)
+        for (policy, name), count in state["groups"].items():
+            self.groups.labels(policy or "", name).set(count)
+        for policy, (steps, seconds, reward) in state["steps"].items():
+            self.steps.labels(policy).set(steps)
+            if seconds is not None:
+                self.step_seconds.labels(policy).set(seconds)
+            if reward is not None:
+                self.reward.labels(policy).set(reward)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+GROUP_STATE = case(
+    (Group.trained_at.is_not(None), "trained"),
+    (Group.claimed_by.is_not(None), "training"),
+    (Group.closed_at.is_not(None), "closed"),
+    else_="open",
+)
+
+
+def store_state(conn: Connection) -> dict[str, Any]:
+    """Counts for the gauges, in a handful of aggregate queries."""
+    rewarded = case((Trajectory.reward.is_(None), "unrewarded"), else_="rewarded")
+    trajectories = {"rewarded": 0, "unrewarded": 0} | dict(conn.execute(select(rewarded, func.count()).group_by(rewarded)).all())
+    groups = {(p, s): n for p, s, n in conn.execute(select(Group.policy, GROUP_STATE, func.count()).group_by(Group.policy, GROUP_STATE))}
+    last = select(StepRow.policy, func.max(StepRow.step).label("step"), func.count().label("steps")).group_by(StepRow.policy).subquery()
+    rows = conn.execute(select(last.c.policy, last.c.steps, StepRow.metrics).join(StepRow, (StepRow.policy == last.c.policy) & (StepRow.step == last.c.step)))
+    steps = {p: (n, (m or {}).get("seconds"), (m or {}).get("reward_mean")) for p, n, m in rows}
+    return {"trajectories": trajectories, "groups": groups, "steps": steps}
