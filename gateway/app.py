@@ -14,7 +14,7 @@ from litestar import Litestar, Request, Response, get
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 
-from gateway import errors
+from gateway import errors, logs
 from gateway.metrics import CONTENT_TYPE, Metrics, store_state
 from gateway.policies import Registry, follow
 from gateway.routes import admin, proxy, ruler, trajectories
@@ -85,6 +85,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         lifespan=[lifespan],
         exception_handlers={HTTPException: errors.handle_http_exception, Exception: errors.handle_unexpected},
         request_max_body_size=settings.max_body_bytes,
+        middleware=[logs.request_id_middleware],
         openapi_config=OpenAPIConfig(title="burnish gateway", version="0.1.0", path="/docs"),
         # Logging is configured by whoever runs the app (the CLI); Litestar's default
         # would set the root logger to INFO behind --log-level's back.

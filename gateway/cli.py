@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 import signal
 import sys
 
 import click
 
+from gateway import logs
 from gateway.settings import Settings
 
 
@@ -34,6 +34,7 @@ def main() -> None:
 @click.option("--database-url", help="SQLAlchemy URL; PostgreSQL to scale out [BURNISH_DATABASE_URL]")
 @click.option("--record/--no-record", default=None, help="record calls (default on) [BURNISH_RECORD]")
 @click.option("--log-level", help="debug, info, warning, error [BURNISH_LOG_LEVEL]")
+@click.option("--log-format", type=click.Choice(["text", "json"]), help="[BURNISH_LOG_FORMAT]")
 def gateway(**options: object) -> None:
     """Serve the gateway."""
     import uvicorn
@@ -41,9 +42,7 @@ def gateway(**options: object) -> None:
     from gateway.app import create_app
 
     settings = _settings(**options)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # httpx logs a line per upstream request at INFO: measured at ~0.1 ms a call, and noise.
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+    logs.configure(settings.log_level, settings.log_format)
     # uvicorn with uvloop and httptools: measured against granian in bench/asgi_servers.py (docs/performance.md).
     uvicorn.run(
         create_app(settings),
@@ -96,6 +95,7 @@ def _display_url(settings: Settings) -> str:
 @click.option("--worker-id", help="a name stable across restarts lets a restarted trainer release its own claims at once (default: host-pid)")
 @click.option("--keep-loaded", type=int, default=3, show_default=True, help="adapters per policy kept loaded in vLLM")
 @click.option("--log-level", help="[BURNISH_LOG_LEVEL]")
+@click.option("--log-format", type=click.Choice(["text", "json"]), help="[BURNISH_LOG_FORMAT]")
 def trainer(worker_id: str | None, keep_loaded: int, **options: object) -> None:
     """Run the trainer: GRPO steps on ready groups, adapters published to vLLM.
 
@@ -106,8 +106,7 @@ def trainer(worker_id: str | None, keep_loaded: int, **options: object) -> None:
         raise click.ClickException(f"{exc}: install the trainer's dependencies (pip install 'burnish[train]')") from None
 
     settings = _settings(**options)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logs.configure(settings.log_level, settings.log_format)
     worker_settings = WorkerSettings(keep_loaded=max(keep_loaded, 1))
     if worker_id:
         worker_settings = dataclasses.replace(worker_settings, worker_id=worker_id)

@@ -65,6 +65,10 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     judge_max_tokens: int = 2048
 
     log_level: str = "info"
+    # "text" or "json" (one object per line, with the request id).
+    log_format: str = "text"
+    # Log request and response bodies at DEBUG level. Off: prompts and completions never reach the logs.
+    log_bodies: bool = False
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

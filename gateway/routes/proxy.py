@@ -174,6 +174,8 @@ class Call:
             self.observe(record, status=503)
             raise APIError(503, "the gateway could not record this call; it was not completed", "record_failed") from exc
         self.observe(record)
+        if self.svc.settings.log_bodies:
+            log.debug("call %s/%s: request %s response %s", self.key.trajectory_id, self.endpoint.name, record.request[:4000], (record.response or b"")[:4000])
 
     def observe(self, record: CallRecord, status: int | None = None) -> None:
         """Count the call for /metrics: its whole time so far, and the upstream's part of it."""
