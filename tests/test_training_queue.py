@@ -103,6 +103,23 @@ async def test_two_trainers_claiming_at_once_take_each_group_once(store, databas
     assert not set(a) & set(b)
 
 
+async def test_one_trainer_at_a_time_trains_a_policy(store) -> None:
+    """Each step builds on the last: while one trainer holds a policy's claim, another gets none of its groups."""
+    db, writer = store
+    for name in ("p1", "p2", "p3"):
+        await make_group(writer, name, [0.0, 1.0])
+    await make_group(writer, "other", [0.0, 1.0], policy="second")
+    assert await db.transaction(claim_groups, "agent", "a", 1) == ["p1"]
+    assert await db.transaction(claim_groups, "agent", "b", 1) == []  # "a" is training agent
+    assert await db.transaction(claim_groups, "second", "b", 1) == ["other"]  # another policy is free
+    assert await db.transaction(claim_groups, "agent", "a", 1) == ["p2"]  # "a" itself may go on
+    await db.transaction(complete_groups, ["p1", "p2"], "a", 1)
+    assert await db.transaction(claim_groups, "agent", "b", 1) == ["p3"]  # free again
+    # A claim past its lease (a dead trainer) no longer holds the policy.
+    await db.transaction(lambda c: c.execute(update(Group).where(Group.id == "p3").values(claimed_at=utcnow() - timedelta(hours=1))))
+    assert await db.transaction(claim_groups, "agent", "c", 1, 900.0) == ["p3"]
+
+
 async def test_steps_are_recorded_served_and_lose_to_a_rollback(store) -> None:
     """The trainer's side of the policies table on both databases: record, serve, rollback mid-step."""
     from gateway.policies import Policy

@@ -5,7 +5,7 @@ rewards are not all equal (equal rewards give zero advantages: nothing to learn)
 
 A trainer *claims* ready groups in one transaction (``FOR UPDATE SKIP LOCKED`` on
 PostgreSQL; SQLite's writer lock serialises the rest), so two trainers never take the
-same group. It claims a full step's worth or nothing. After its step is saved it marks
+same group, and one policy is trained by one trainer at a time. It claims a full step's worth or nothing. After its step is saved it marks
 them trained; if it fails, it releases them. A claim older than the lease (a trainer that
 died mid-step) is claimable again, so a crash never loses a group.
 
@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import Select, func, or_, select, update
 from sqlalchemy.engine import Connection
 
-from gateway.store.models import Call, Group, Trajectory, utcnow
+from gateway.store.models import Call, Group, PolicyRow, Trajectory, utcnow
 
 DEFAULT_LEASE_S = 900.0
 
@@ -60,8 +60,22 @@ def count_ready(conn: Connection, policy: str, lease_s: float = DEFAULT_LEASE_S)
 
 
 def claim_groups(conn: Connection, policy: str, worker: str, count: int, lease_s: float = DEFAULT_LEASE_S, minimum: int | None = None) -> list[str]:
-    """Claim up to ``count`` ready groups for ``worker``; none if fewer than ``minimum`` (default: count) are ready."""
+    """Claim up to ``count`` ready groups for ``worker``; none if fewer than ``minimum`` (default: count) are ready.
+
+    One trainer at a time trains a policy (each step builds on the last): while another
+    worker holds a live claim on the policy's groups, this one gets none. The policy's row
+    is locked for the check, so two trainers cannot both see it free (on SQLite the
+    writer's lock does the same)."""
     now = utcnow()
+    conn.execute(select(PolicyRow.pk).where(PolicyRow.name == policy).with_for_update())
+    busy = conn.execute(
+        select(Group.pk)
+        .where(Group.policy == policy, Group.claimed_by.is_not(None), Group.claimed_by != worker, Group.trained_at.is_(None))
+        .where(Group.claimed_at >= now - timedelta(seconds=lease_s))
+        .limit(1)
+    ).first()
+    if busy is not None:
+        return []
     query = ready_groups(policy, now=now, lease_s=lease_s).limit(count).with_for_update(skip_locked=True, of=Group)
     ids = list(conn.execute(query).scalars())
     if not ids or len(ids) < (count if minimum is None else minimum):
