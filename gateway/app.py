@@ -73,7 +73,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         finally:
             for task in background:
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
+                with contextlib.suppress(asyncio.CancelledError, Exception):  # the writer's flush below must run
                     await task
             await judge_http.aclose()
             await upstream.aclose()

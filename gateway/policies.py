@@ -80,11 +80,11 @@ class RulerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # user reward is left alone under combine "set").
     auto: bool = False
     # None: the default rubric (gateway.ruler.DEFAULT_RUBRIC).
-    rubric: str | None = None
+    rubric: Annotated[str, Meta(max_length=20_000)] | None = None
     # None: BURNISH_JUDGE_MODEL, else the policy's base model.
-    judge_model: str | None = None
+    judge_model: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
     # None: BURNISH_JUDGE_BASE_URL, else the gateway's upstream.
-    judge_base_url: str | None = None
+    judge_base_url: Annotated[str, Meta(min_length=1, max_length=700)] | None = None
     # "set": the score becomes the reward; "add": it is added to the user's reward.
     combine: Literal["set", "add"] = "set"
 

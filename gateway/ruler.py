@@ -311,5 +311,7 @@ async def judge_group(client: httpx.AsyncClient, judge: Judge, prompt: Prompt) -
                 shown = parse_verdict(content, prompt.shown_ids)
     except (JudgeOutputError, _RetryableStatus, httpx.TransportError) as exc:
         raise RulerFailed(f"no valid verdict from the judge ({judge.name}) in {calls} attempts: {exc or last_error}") from None
+    except httpx.HTTPError as exc:  # not worth retrying (an invalid URL, a redirect loop)
+        raise RulerFailed(f"the judge ({judge.name}) could not be asked: {type(exc).__name__}: {exc}") from None
     scores = {t: shown[members[0]] for members in prompt.classes for t in members}
     return scores, calls

@@ -71,7 +71,7 @@ def test_reward_rises_through_the_whole_loop(make_gateway, vllm: VLLMServer, tin
     # Every trainable pair of groups made exactly one step, each checkpointed.
     final = served_step(gw)
     assert final == trainable // GROUPS
-    checkpoints = sorted(int(p.name) for p in (Path(gw.settings.data_dir) / "policies" / "agent" / "checkpoints").iterdir())
+    checkpoints = sorted(int(p.name) for p in (Path(gw.settings.data_dir) / "policies" / "agent" / "checkpoints").iterdir() if p.name.isdigit())
     assert checkpoints == list(range(1, final + 1))
     # The metrics history has one entry per step, and its rewards rise too.
     with gw.admin() as c:

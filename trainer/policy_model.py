@@ -146,4 +146,5 @@ class PolicyModel:
 
         set_peft_model_state_dict(self.model, load_file(directory / "adapter" / "adapter_model.safetensors", device=str(self.device)))
         self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location=self.device))
+        self.configure(self.train)  # the saved state carries the old lr/betas: the policy's settings win
         self.step_count = json.loads((directory / "trainer_state.json").read_text())["step"]

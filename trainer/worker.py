@@ -14,7 +14,7 @@ Publishing also serves a rollback: whenever a policy's head (what should be serv
 differs from its step (what is), the head is loaded, checked and switched to.
 
 A trainer killed at any point loses nothing and trains nothing twice: at start it
-releases its own stale claims, deletes a checkpoint whose step was never recorded
+releases its own stale claims, sets aside a checkpoint whose step was never recorded
 (its groups wait again), and publishes a recorded step that was never switched to. A
 publish that fails (vLLM away) is recorded in the policy's status and retried every
 ``publish_retry_s``; the old version keeps serving.
@@ -40,7 +40,7 @@ from gateway.settings import Settings
 from gateway.store import tokens
 from gateway.store.database import Database
 from gateway.store.policies import clear_training_request, last_step, load_policies, mark_load_error, mark_served, record_step
-from gateway.store.training import claim_groups, group_calls, release_groups
+from gateway.store.training import claim_groups, group_calls, other_trainer_busy, release_groups
 from trainer.grpo import group_advantages
 from trainer.policy_model import PolicyModel
 from trainer.sequences import CallTokens, Sequence, build_sequences
@@ -116,11 +116,18 @@ class TrainerWorker:
         if released:
             log.info("released %d groups left claimed by an earlier run", released)
         for policy in await self.policies():
+            if await self.db.read(other_trainer_busy, policy.name, self.worker.worker_id, self.worker.lease_s):
+                continue  # another trainer is mid-step on it: what looks unrecorded may be its step
             recorded = await self.db.read(last_step, policy.name)
             for ckpt in self.checkpoints(policy.name).glob("*"):
-                if not ckpt.name.isdigit() or int(ckpt.name) > recorded:
-                    log.info("removing %s: its step was never recorded", ckpt)
-                    shutil.rmtree(ckpt)
+                if ckpt.name.endswith(".partial"):
+                    shutil.rmtree(ckpt)  # half written: never a checkpoint
+                elif ckpt.name.isdigit() and int(ckpt.name) > recorded:
+                    # Whole, but its step was never recorded (its groups wait again): set aside, not
+                    # deleted, so a store that lost its steps does not cost the checkpoints.
+                    aside = ckpt.with_name(f".unrecorded-{ckpt.name}-{int(time.time())}")
+                    log.info("moving %s to %s: its step was never recorded", ckpt, aside.name)
+                    ckpt.rename(aside)
 
     async def publish_pending(self, policy: Policy) -> None:
         """Serve the policy's head if it is not served yet (a new step, a rollback, a crash between the two)."""

@@ -12,7 +12,7 @@ policy's status shows them through (``pending_version``, ``train_requested_at``)
 from __future__ import annotations
 
 import hmac
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Request, Router, get, patch, post
@@ -41,10 +41,14 @@ def require_admin(connection: ASGIConnection, _: BaseRouteHandler) -> None:
         raise error
 
 
+BaseModel = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+ModelPath = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+
+
 class PolicyIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: str
-    base_model: str
-    model_path: str | None = None
+    base_model: BaseModel
+    model_path: ModelPath | None = None
     lora: LoraSettings = LoraSettings()
     train: TrainSettings = TrainSettings()
     ruler: RulerSettings = RulerSettings()
@@ -54,8 +58,8 @@ class PolicyIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class PolicyPatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Fields left out stay as they are; ``lora``, ``train`` and ``ruler`` are merged key by key."""
 
-    base_model: str | msgspec.UnsetType = msgspec.UNSET
-    model_path: str | None | msgspec.UnsetType = msgspec.UNSET
+    base_model: BaseModel | msgspec.UnsetType = msgspec.UNSET
+    model_path: ModelPath | None | msgspec.UnsetType = msgspec.UNSET
     lora: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
     train: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
     ruler: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
@@ -63,7 +67,7 @@ class PolicyPatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class RollbackIn(msgspec.Struct, forbid_unknown_fields=True):
-    step: int
+    step: Annotated[int, msgspec.Meta(le=2**31 - 1)]
 
 
 def _decode(body: bytes, kind: type[Any], what: str) -> Any:
@@ -95,8 +99,6 @@ async def _status(request: Request, name: str, status: int = 200) -> Response:
 async def create_policy(request: Request) -> Response:
     data = _decode(await request.body(), PolicyIn, "policy")
     check_id(data.name, "name")
-    if not data.base_model or len(data.base_model) > 256:
-        raise APIError(400, "base_model is the name vLLM serves the base model under (1 to 256 characters)", "invalid_policy", "base_model")
     policy = Policy(
         name=data.name, base_model=data.base_model, model_path=data.model_path, lora=data.lora, train=data.train, ruler=data.ruler, paused=data.paused
     )

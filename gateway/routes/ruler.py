@@ -8,9 +8,11 @@ gateway's own upstream and, for the model, the policy's base model.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Literal
 
+import httpx
 import msgspec
 from litestar import Request, post
 from litestar.params import FromPath
@@ -21,6 +23,7 @@ from gateway.keys import check_id
 from gateway.policies import RulerSettings
 from gateway.ruler import Judge, RulerFailed, build_prompt, cache_key, conversation, judge_group
 from gateway.services import Services, services
+from gateway.upstream import base_url
 from gateway.store import ruler as store
 
 log = logging.getLogger("burnish.ruler")
@@ -40,9 +43,27 @@ def _judge(svc: Services, policy: RulerSettings, request: RulerIn, base_model: s
     model = request.judge_model or policy.judge_model or s.judge_model or base_model
     if not model:
         raise APIError(400, "no judge model: pass judge_model, or set the policy's ruler.judge_model or BURNISH_JUDGE_MODEL", "no_judge_model", "judge_model")
-    base_url = request.judge_base_url or policy.judge_base_url or s.judge_base_url or s.upstream.rstrip("/") + "/v1"
-    api_key = request.judge_api_key or s.judge_api_key or (s.upstream_api_key if base_url.startswith(s.upstream) else "")
-    return Judge(base_url=base_url, model=model, api_key=api_key, attempts=s.judge_attempts, timeout_s=s.upstream_timeout, max_tokens=s.judge_max_tokens)
+    upstream = base_url(s.upstream) + "/v1"
+    url = (request.judge_base_url or policy.judge_base_url or s.judge_base_url or upstream).rstrip("/")
+    # A configured key goes only to the server it was configured for: a request naming
+    # another judge URL must not receive it (the ruler route is open to agents).
+    if request.judge_api_key:
+        api_key = request.judge_api_key
+    elif s.judge_api_key and url == s.judge_base_url.rstrip("/"):
+        api_key = s.judge_api_key
+    elif url == upstream:
+        api_key = s.upstream_api_key
+    else:
+        api_key = ""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        raise APIError(400, f"judge_base_url {url[:200]!r} is not an http(s) URL", "invalid_request", "judge_base_url")
+    if len(model) > 256 or len(url) > 700:
+        raise APIError(400, "judge_model is at most 256 characters and judge_base_url at most 700", "invalid_request", "judge_model")
+    return Judge(base_url=url, model=model, api_key=api_key, attempts=s.judge_attempts, timeout_s=s.upstream_timeout, max_tokens=s.judge_max_tokens)
 
 
 async def run_ruler(svc: Services, group_id: str, request: RulerIn) -> dict:
@@ -110,10 +131,12 @@ async def auto_ruler(svc: Services, every_s: float = AUTO_EVERY_S) -> None:
             try:
                 out = await run_ruler(svc, group_id, RulerIn())
                 log.info("RULER scored group %s of %s: %s", group_id, policy, [round(s["score"], 3) for s in out["scores"]])
-            except APIError as exc:  # stored on the group by run_ruler where it is the judge's fault
-                log.warning("RULER on group %s of %s failed: %s", group_id, policy, exc.detail)
-                if exc.code != "ruler_failed":
-                    await svc.db.transaction(store.store_error, group_id, exc.detail)
+            except Exception as exc:  # one group's failure must not stop the task for every policy
+                message = exc.detail if isinstance(exc, APIError) else f"{type(exc).__name__}: {exc}"
+                log.warning("RULER on group %s of %s failed: %s", group_id, policy, message)
+                if not (isinstance(exc, APIError) and exc.code == "ruler_failed"):  # that one is stored already
+                    with contextlib.suppress(Exception):
+                        await svc.db.transaction(store.store_error, group_id, message)
 
 
 route_handlers = [ruler]

@@ -82,10 +82,11 @@ def ensure_policy(conn: Connection, policy: Policy) -> Policy:
 def update_policy(conn: Connection, name: str, **values: Any) -> Policy:
     """Change a policy's columns (settings structs are stored as JSON)."""
     current = get_policy(conn, name)
-    trained = current.head > 0 or last_step(conn, name) > 0
+    in_flight = conn.execute(select(Group.pk).where(Group.policy == name, Group.claimed_by.is_not(None), Group.trained_at.is_(None)).limit(1)).first()
+    trained = current.head > 0 or last_step(conn, name) > 0 or in_flight is not None
     if trained and any(key in values and values[key] != getattr(current, key) for key in ("base_model", "model_path", "lora")):
         # The checkpoints were trained on this base with this adapter shape.
-        raise APIError(409, "base_model, model_path and lora cannot change once a policy has trained; create a new policy", "policy_trained")
+        raise APIError(409, "base_model, model_path and lora cannot change once a policy has trained (or is training); create a new policy", "policy_trained")
     values = {k: msgspec.to_builtins(v) if isinstance(v, msgspec.Struct) else v for k, v in values.items()}
     conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(**values, updated_at=utcnow()))
     return get_policy(conn, name)
@@ -138,7 +139,10 @@ def clear_training_request(conn: Connection, name: str) -> None:
 
 
 def mark_served(conn: Connection, name: str, step: int, seconds: float | None) -> None:
-    conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(step=step, load_error=None, load_error_at=None, updated_at=utcnow()))
+    # Only if it is still the head: a rollback during the load wins, and is published next.
+    conn.execute(
+        update(PolicyRow).where(PolicyRow.name == name, PolicyRow.head == step).values(step=step, load_error=None, load_error_at=None, updated_at=utcnow())
+    )
     conn.execute(
         update(StepRow).where(StepRow.policy == name, StepRow.step == step, StepRow.published_at.is_(None)).values(published_at=utcnow(), publish_seconds=seconds)
     )

@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 import msgspec
-from sqlalchemy import or_, select, update
+from sqlalchemy import exists, or_, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -91,6 +91,8 @@ def store_verdict(conn: Connection, group_id: str, key: str, judge: str, scores:
     )
     now, rewards = utcnow(), {}
     members = {t.id: t for t in conn.execute(select(Trajectory).where(Trajectory.group_id == group_id))}
+    if set(members) != set(scores):  # a member joined while the judge was thinking
+        raise APIError(409, f"group {group_id!r} changed while it was judged; ask again", "group_changed", "group_id")
     for trajectory_id, s in scores.items():
         member = members[trajectory_id]
         user = conn.execute(
@@ -124,10 +126,15 @@ def claim_auto(conn: Connection, limit: int = 8) -> list[tuple[str, str]]:
     if not policies:
         return []
     now = utcnow()
+    # Under "set", only groups with a member the user did not reward (in SQL, so that groups
+    # left alone never fill the window of oldest candidates).
+    unrewarded = exists().where(Trajectory.group_id == Group.id, Trajectory.reward.is_(None))
+    needs = [p for p, r in policies.items() if r.get("combine", "set") == "set"]
     candidates = conn.execute(
         select(Group.id, Group.policy)
         .where(
             Group.policy.in_(list(policies)),
+            or_(Group.policy.not_in(needs), unrewarded) if needs else true(),
             Group.closed_at.is_not(None),
             Group.trained_at.is_(None),
             Group.claimed_by.is_(None),
@@ -139,12 +146,6 @@ def claim_auto(conn: Connection, limit: int = 8) -> list[tuple[str, str]]:
         .limit(limit)
         .with_for_update(skip_locked=True)
     ).all()
-    claimed = []
-    for group_id, policy in candidates:
-        if policies[policy].get("combine", "set") == "set":
-            unrewarded = conn.execute(select(Trajectory.pk).where(Trajectory.group_id == group_id, Trajectory.reward.is_(None)).limit(1)).first()
-            if unrewarded is None:
-                continue
+    for group_id, _ in candidates:
         conn.execute(update(Group).where(Group.id == group_id).values(ruler_at=now))
-        claimed.append((group_id, policy))
-    return claimed
+    return [(group_id, policy) for group_id, policy in candidates]

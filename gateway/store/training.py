@@ -68,13 +68,7 @@ def claim_groups(conn: Connection, policy: str, worker: str, count: int, lease_s
     writer's lock does the same)."""
     now = utcnow()
     conn.execute(select(PolicyRow.pk).where(PolicyRow.name == policy).with_for_update())
-    busy = conn.execute(
-        select(Group.pk)
-        .where(Group.policy == policy, Group.claimed_by.is_not(None), Group.claimed_by != worker, Group.trained_at.is_(None))
-        .where(Group.claimed_at >= now - timedelta(seconds=lease_s))
-        .limit(1)
-    ).first()
-    if busy is not None:
+    if other_trainer_busy(conn, policy, worker, lease_s):
         return []
     query = ready_groups(policy, now=now, lease_s=lease_s).limit(count).with_for_update(skip_locked=True, of=Group)
     ids = list(conn.execute(query).scalars())
@@ -82,6 +76,15 @@ def claim_groups(conn: Connection, policy: str, worker: str, count: int, lease_s
         return []
     conn.execute(update(Group).where(Group.id.in_(ids)).values(claimed_by=worker, claimed_at=now))
     return ids
+
+
+def other_trainer_busy(conn: Connection, policy: str, worker: str, lease_s: float = DEFAULT_LEASE_S) -> bool:
+    """Whether another worker holds a live claim on the policy's groups (it is mid-step)."""
+    since = utcnow() - timedelta(seconds=lease_s)
+    busy = select(Group.pk).where(
+        Group.policy == policy, Group.claimed_by.is_not(None), Group.claimed_by != worker, Group.trained_at.is_(None), Group.claimed_at >= since
+    )
+    return conn.execute(busy.limit(1)).first() is not None
 
 
 def complete_groups(conn: Connection, ids: list[str], worker: str, step: int) -> None:

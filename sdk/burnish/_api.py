@@ -48,7 +48,7 @@ def answer(status: int, body: bytes, parsed: Any) -> Any:
     try:
         error = parsed()["error"]
         raise BurnishError(status, error.get("message", ""), error.get("code"), error.get("type"), error.get("param"))
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):  # not the gateway's error shape
         raise BurnishError(status, body[:500].decode(errors="replace")) from None
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from burnish._api import Call, Routes, StepTimeout, TrajectoryKeys, answer, new_id, served_step
+from burnish._api import BurnishError, Call, Routes, StepTimeout, TrajectoryKeys, answer, new_id, served_step
 
 DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
 
@@ -63,8 +63,13 @@ class Client(Routes):
         """Wait until the gateway routes ``policy`` to ``step`` or later (as its /v1/models says,
         so no admin token is needed); returns the step served."""
         deadline = time.monotonic() + timeout
+        served = None
         while True:
-            served = served_step(self.models(), policy)
+            try:
+                served = served_step(self.models(), policy)
+            except (httpx.TransportError, BurnishError) as exc:  # a restart, an upstream hiccup: keep waiting
+                if isinstance(exc, BurnishError) and exc.status < 500:
+                    raise
             if served is not None and served >= step:
                 return served
             if time.monotonic() > deadline:
@@ -135,8 +140,13 @@ class AsyncClient(Routes):
 
     async def wait_for_step(self, policy: str, step: int, timeout: float = 600.0, poll: float = 0.5) -> int:
         deadline = time.monotonic() + timeout
+        served = None
         while True:
-            served = served_step(await self.models(), policy)
+            try:
+                served = served_step(await self.models(), policy)
+            except (httpx.TransportError, BurnishError) as exc:
+                if isinstance(exc, BurnishError) and exc.status < 500:
+                    raise
             if served is not None and served >= step:
                 return served
             if time.monotonic() > deadline:
