@@ -105,3 +105,12 @@ def test_logprobs_only_where_sampled_match_the_full_forward(tiny: Path) -> None:
     assert torch.allclose(got[sampled], full[sampled], atol=1e-5)
     assert got[sampled].abs().min() > 0
     assert got[:, ~sampled.any(0)].abs().max() == 0  # columns no row samples: never computed
+
+
+def test_a_resumed_model_trains_with_the_policys_current_settings(tiny: Path, tmp_path: Path) -> None:
+    """The optimizer state saved in a checkpoint carries its learning rate; the policy's wins."""
+    model = PolicyModel(str(tiny), LoraSettings(rank=8, alpha=16), TrainSettings(learning_rate=5e-3))
+    model.save(tmp_path / "ckpt")
+    resumed = PolicyModel(str(tiny), LoraSettings(rank=8, alpha=16), TrainSettings(learning_rate=1e-4, weight_decay=0.01))
+    resumed.load(tmp_path / "ckpt")
+    assert {(g["lr"], g["weight_decay"]) for g in resumed.optimizer.param_groups} == {(1e-4, 0.01)}

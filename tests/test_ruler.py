@@ -236,3 +236,34 @@ def test_long_trajectories_are_cut_from_the_middle() -> None:
     user = prompt.messages[1]["content"]
     assert "start " in user and " the end" in user and "characters omitted" in user
     assert len(user) < 2 * TRAJECTORY_CHAR_BUDGET
+
+
+def test_the_configured_judge_key_goes_only_to_the_configured_judge(gw: Gateway, judge: Judge, judge_server) -> None:
+    """A request naming another judge URL must not receive BURNISH_JUDGE_API_KEY (the route is open to agents)."""
+    ids = play(gw, "k1", ["a", "b"])
+    judge.script = [scores({ids[0]: 0.5, ids[1]: 0.5})]
+    other = judge_server[1].replace("127.0.0.1", "localhost")  # the same server under another name
+    assert ruler(gw, "k1", judge_base_url=other).status_code == 200
+    assert "authorization" not in judge.requests[-1]["_headers"]
+    assert ruler(gw, "k1", judge_base_url="ftp://example/v1").json()["error"]["code"] == "invalid_request"
+
+
+def test_groups_that_need_no_judge_do_not_hold_up_those_that_do(gw: Gateway, judge: Judge) -> None:
+    """Under combine "set", closed groups whose members all carry a user reward are skipped in
+    the query itself: nine of them (more than one pass takes) do not starve the tenth."""
+    gw.create_policy("agent", "tiny", ruler={"auto": True, "judge_model": "judge-3"})
+    with gw.client() as c:
+        for g in range(9):
+            for i in range(2):
+                c.post(f"/g/tie{g}/t/tie{g}-{i}/v1/chat/completions", json={"model": "agent", "messages": [{"role": "user", "content": "x"}]})
+                c.post(f"/v1/trajectories/tie{g}-{i}/reward", json={"reward": 0.0})
+            c.post(f"/v1/groups/tie{g}/close")
+        for i in range(2):
+            c.post(f"/g/late/t/late-{i}/v1/chat/completions", json={"model": "agent", "messages": [{"role": "user", "content": str(i)}]})
+        judge.script = [scores({"late-0": 0.2, "late-1": 0.8})]
+        c.post("/v1/groups/late/close")
+    deadline = time.monotonic() + 10
+    while gw.trajectory("late-1")["reward"] is None:
+        assert time.monotonic() < deadline, "the late group was never judged"
+        time.sleep(0.1)
+    assert len(judge.requests) == 1 and gw.trajectory("tie0-0")["rewards"][-1]["source"] == "user"
