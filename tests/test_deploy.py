@@ -1,0 +1,65 @@
+"""deploy/ checked without an engine: the compose file against the Compose Specification's
+schema, the Kubernetes manifests against Kubernetes' own schemas (kubernetes-validate,
+strict), and what burnish needs from both: runtime LoRA on vLLM, the data directory at the
+same path for vLLM and the trainer, and only settings burnish knows."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from gateway.settings import ENV_PREFIX, Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())
+MANIFESTS = list(yaml.safe_load_all((ROOT / "deploy" / "k8s" / "burnish.yaml").read_text()))
+KNOWN = {ENV_PREFIX + name.upper() for name in Settings.__struct_fields__}
+
+
+def test_compose_file_follows_the_compose_spec() -> None:
+    schema = json.loads((ROOT / "tests" / "schemas" / "compose-spec.json").read_text())
+    errors = [f"{list(e.path)}: {e.message}" for e in jsonschema.Draft7Validator(schema).iter_errors(COMPOSE)]
+    assert errors == []
+
+
+def test_compose_wires_what_burnish_needs() -> None:
+    services = COMPOSE["services"]
+    vllm = services["vllm"]
+    assert "--enable-lora" in vllm["command"] and any(a.startswith("--max-lora-rank") for a in vllm["command"])
+    assert vllm["environment"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    # vLLM loads adapters by the path the trainer wrote them to: the same volume at the same path.
+    assert "data:/data" in vllm["volumes"] and "data:/data" in services["trainer"]["volumes"]
+    for name in ("gateway", "trainer"):
+        env = services[name]["environment"]
+        assert set(env) <= KNOWN, set(env) - KNOWN
+        assert env["BURNISH_UPSTREAM"] == "http://vllm:8000" and env["BURNISH_DATA_DIR"] == "/data"
+        assert env["BURNISH_DATABASE_URL"].startswith("postgresql://")
+
+
+@pytest.mark.parametrize("doc", MANIFESTS, ids=[f"{d['kind']}-{d['metadata']['name']}" for d in MANIFESTS])
+def test_kubernetes_manifests_are_valid(doc: dict) -> None:
+    kubernetes_validate.validate(doc, "1.30", strict=True)
+
+
+def test_kubernetes_wires_what_burnish_needs() -> None:
+    deployments = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in MANIFESTS if d["kind"] == "Deployment"}
+    claim = next(d for d in MANIFESTS if d["kind"] == "PersistentVolumeClaim")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # vLLM and the trainer mount it from two pods
+    for name in ("vllm", "burnish-trainer"):
+        assert deployments[name]["containers"][0]["volumeMounts"] == [{"name": "data", "mountPath": "/data"}]
+    vllm = deployments["vllm"]["containers"][0]
+    assert "--enable-lora" in vllm["args"] and {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"} in vllm["env"]
+    for name in ("burnish-gateway", "burnish-trainer"):
+        names = {e["name"] for e in deployments[name]["containers"][0]["env"]}
+        assert names <= KNOWN and {"BURNISH_DATABASE_URL", "BURNISH_ADMIN_TOKEN", "BURNISH_UPSTREAM"} <= names
+
+
+def test_the_image_has_both_targets() -> None:
+    targets = re.findall(r"^FROM \S+ AS (\w+)$", (ROOT / "deploy" / "Dockerfile").read_text(), re.M)
+    assert targets == ["gateway", "trainer"]
