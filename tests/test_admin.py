@@ -131,3 +131,26 @@ def test_bad_requests_get_clear_errors_and_change_nothing(gw: Gateway) -> None:
         c.post("/admin/policies/agent/resume")
     after = gw.policy()
     assert {k: v for k, v in after.items() if k != "updated_at"} == {k: v for k, v in before.items() if k != "updated_at"}
+
+
+def test_concurrent_patches_of_different_keys_all_stand(make_gateway, upstream: Upstream, database_url: str) -> None:
+    """Each PATCH merges into the stored settings under the row's lock: none is lost, even
+    with the PATCHes spread over two gateways (one gateway's writes are serial anyway)."""
+    import asyncio
+
+    gw, other = make_gateway(database_url), make_gateway(database_url)
+    gw.create_policy("agent", "tiny")
+    changes = {"learning_rate": 0.002, "weight_decay": 0.01, "grad_clip": 0.5, "kl_coef": 0.03, "clip_eps_low": 0.1,
+               "clip_eps_high": 0.3, "advantage_eps": 0.001, "groups_per_step": 5, "max_seq_len": 2048, "micro_batch_tokens": 1024}  # fmt: skip
+
+    async def patch_all() -> None:
+        async with httpx.AsyncClient(headers={"authorization": f"Bearer {ADMIN_TOKEN}"}) as c:
+            urls = [gw.url, other.url]
+            answers = await asyncio.gather(
+                *(c.patch(f"{urls[n % 2]}/admin/policies/agent", json={"train": {k: v}}) for n, (k, v) in enumerate(changes.items()))
+            )
+        assert all(r.status_code == 200 for r in answers)
+
+    asyncio.run(patch_all())
+    train = gw.policy()["train"]
+    assert {k: train[k] for k in changes} == changes

@@ -123,14 +123,20 @@ async def get_policy(request: Request, name: FromPath[str]) -> Response:
 async def change_policy(request: Request, name: FromPath[str]) -> Response:
     check_id(name, "name")
     data = _decode(await request.body(), PolicyPatch, "policy")
-    current = await services(request).db.read(store.get_policy, name)
+    await _write(request, _patch, name, data)
+    return await _status(request, name)
+
+
+def _patch(conn: Any, name: str, data: PolicyPatch) -> Any:
+    """Merge inside the write transaction, on the locked row, so two PATCHes of different keys both stand."""
+    store.lock_policy(conn, name)
+    current = store.get_policy(conn, name)
     values: dict[str, Any] = {k: getattr(data, k) for k in ("base_model", "model_path", "paused") if getattr(data, k) is not msgspec.UNSET}
     for key, kind in (("lora", LoraSettings), ("train", TrainSettings), ("ruler", RulerSettings)):
         if (changes := getattr(data, key)) is not msgspec.UNSET:
             merged = {**msgspec.to_builtins(getattr(current, key)), **changes}
             values[key] = _decode(msgspec.json.encode(merged), kind, key)
-    await _write(request, _update, name, values)
-    return await _status(request, name)
+    return store.update_policy(conn, name, **values)
 
 
 def _update(conn: Any, name: str, values: dict[str, Any]) -> Any:

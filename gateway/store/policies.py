@@ -52,6 +52,11 @@ def get_policy(conn: Connection, name: str) -> Policy:
     return to_policy(row)
 
 
+def lock_policy(conn: Connection, name: str) -> None:
+    """Hold the policy's row until the transaction ends (PostgreSQL; SQLite's writer lock already does)."""
+    conn.execute(select(PolicyRow.pk).where(PolicyRow.name == name).with_for_update())
+
+
 def create_policy(conn: Connection, policy: Policy) -> Policy:
     if conn.execute(select(PolicyRow.pk).where(PolicyRow.name == policy.name)).first() is not None:
         raise APIError(409, f"policy {policy.name!r} exists; PATCH it to change its settings", "policy_exists", "name")
