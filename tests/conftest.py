@@ -23,6 +23,7 @@ from gateway.app import create_app
 from gateway.launch import TINY_MODEL_ARGS
 from gateway.settings import Settings
 from gateway.vllm_server import VLLMServer
+from tests.judge import Judge
 from tests.servers import ServerThread, free_port
 from tests.upstream import Upstream
 
@@ -81,6 +82,22 @@ def upstream(upstream_server: tuple[Upstream, str]) -> Upstream:
 
 
 ADMIN_TOKEN = "test-admin-token"
+
+
+@pytest.fixture(scope="session")
+def judge_server() -> Iterator[tuple[Judge, str]]:
+    """A deterministic RULER judge on a loopback socket (tests/judge.py), and its /v1 base URL."""
+    app = Judge()
+    with ServerThread(app, log_level="critical") as server:
+        yield app, server.url + "/v1"
+
+
+@pytest.fixture
+def judge(judge_server: tuple[Judge, str]) -> Judge:
+    """The judge with an empty script and no requests seen."""
+    app, _ = judge_server
+    app.script, app.requests = [], []
+    return app
 
 
 def served_step(gw: Gateway, policy: str = "agent") -> int:

@@ -10,26 +10,11 @@ import asyncio
 import shutil
 from pathlib import Path
 
-import httpx
-
 from gateway.policies import REFRESH_EVERY_S
 from gateway.settings import Settings
 from gateway.vllm_server import VLLMServer
-from tests.conftest import Gateway
-from tests.test_trainer_recovery import SIZE, unload
+from tests.test_trainer_recovery import ready_group, unload
 from trainer.worker import TrainerWorker, WorkerSettings
-
-
-async def ready_group(gw: Gateway, name: str) -> None:
-    async with httpx.AsyncClient(base_url=gw.url, timeout=120) as client:
-        for i in range(SIZE):
-            r = await client.post(
-                f"/g/{name}/t/{name}-{i}/v1/chat/completions",
-                json={"model": "agent", "messages": [{"role": "user", "content": "digits"}], "max_tokens": 8},
-                headers={"x-group-size": str(SIZE)},
-            )
-            assert r.status_code == 200
-            assert (await client.post(f"/v1/trajectories/{name}-{i}/reward", json={"reward": float(i)})).status_code == 200
 
 
 async def test_train_now_pause_rollback_and_a_failed_load(make_gateway, vllm: VLLMServer, tiny_model: Path) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -16,22 +15,7 @@ import pytest
 from gateway.ruler import DEFAULT_RUBRIC, Message, build_prompt, conversation
 from tests.conftest import Gateway
 from tests.judge import Judge, scores
-from tests.servers import ServerThread
 from tests.upstream import Upstream
-
-
-@pytest.fixture(scope="module")
-def judge_server() -> Iterator[tuple[Judge, str]]:
-    app = Judge()
-    with ServerThread(app, log_level="critical") as server:
-        yield app, server.url + "/v1"
-
-
-@pytest.fixture
-def judge(judge_server: tuple[Judge, str]) -> Judge:
-    app, _ = judge_server
-    app.script, app.requests = [], []
-    return app
 
 
 @pytest.fixture

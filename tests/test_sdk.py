@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -15,24 +14,15 @@ import pytest
 from burnish import AsyncClient, BurnishError, Client, StepTimeout
 from tests.conftest import ADMIN_TOKEN, Gateway, set_served_step
 from tests.judge import Judge, scores
-from tests.servers import ServerThread
 from tests.upstream import Upstream
 
 HI = [{"role": "user", "content": "hi"}]
 
 
-@pytest.fixture(scope="module")
-def judge_server() -> Iterator[tuple[Judge, str]]:
-    app = Judge()
-    with ServerThread(app, log_level="critical") as server:
-        yield app, server.url + "/v1"
-
-
 @pytest.fixture
-def gw(make_gateway, upstream: Upstream, judge_server: tuple[Judge, str]) -> Gateway:
-    judge, url = judge_server
-    judge.script, judge.requests = [scores(lambda t: 0.5)], []
-    return make_gateway(judge_base_url=url, judge_model="judge")
+def gw(make_gateway, upstream: Upstream, judge: Judge, judge_server: tuple[Judge, str]) -> Gateway:
+    judge.script = [scores(lambda t: 0.5)]
+    return make_gateway(judge_base_url=judge_server[1], judge_model="judge")
 
 
 def test_groups_trajectories_and_rewards(gw: Gateway, upstream: Upstream) -> None:

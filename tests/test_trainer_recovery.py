@@ -30,17 +30,22 @@ SIZE = 2
 TINY = {"lora": {"rank": 8, "alpha": 16}, "train": {"learning_rate": 5e-3, "groups_per_step": 2}}
 
 
-async def make_groups(gw: Gateway, count: int) -> None:
+async def ready_group(gw: Gateway, name: str) -> None:
+    """A group of SIZE policy calls with rewards 0, 1, ...: closed by its last reward, and ready."""
     async with httpx.AsyncClient(base_url=gw.url, timeout=120) as client:
-        for g in range(count):
-            for i in range(SIZE):
-                r = await client.post(
-                    f"/g/grp{g}/t/grp{g}-{i}/v1/chat/completions",
-                    json={"model": "agent", "messages": [{"role": "user", "content": "digits"}], "max_tokens": 8},
-                    headers={"x-group-size": str(SIZE)},
-                )
-                assert r.status_code == 200
-                assert (await client.post(f"/v1/trajectories/grp{g}-{i}/reward", json={"reward": float(i)})).status_code == 200
+        for i in range(SIZE):
+            r = await client.post(
+                f"/g/{name}/t/{name}-{i}/v1/chat/completions",
+                json={"model": "agent", "messages": [{"role": "user", "content": "digits"}], "max_tokens": 8},
+                headers={"x-group-size": str(SIZE)},
+            )
+            assert r.status_code == 200
+            assert (await client.post(f"/v1/trajectories/{name}-{i}/reward", json={"reward": float(i)})).status_code == 200
+
+
+async def make_groups(gw: Gateway, count: int) -> None:
+    for g in range(count):
+        await ready_group(gw, f"grp{g}")
 
 
 def trained(conn) -> tuple[list[int | None], list[tuple[int, list[str]]]]:
