@@ -53,8 +53,8 @@ async def play_round(client: AsyncClient, round_no: int, *, groups: int = 2, siz
 async def train(client: AsyncClient, rounds: int, groups: int, size: int, play=None, policy: str = "agent", plot: Path | None = None) -> list[float]:
     """Play rounds (``play``: a function like ``play_round``), each time waiting for the trainer."""
     play = play or play_round
-    means, trainable, start = [], 0, (await client.status(policy))["step"]
-    per_step = (await client.status(policy))["train"]["groups_per_step"]
+    status = await client.status(policy)
+    means, trainable, start, per_step = [], 0, status["step"], status["train"]["groups_per_step"]
     for round_no in range(rounds):
         results = await play(client, round_no, groups=groups, size=size, policy=policy)
         rewards = [r for r, _ in results]

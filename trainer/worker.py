@@ -39,7 +39,7 @@ from gateway.policies import Policy
 from gateway.settings import Settings
 from gateway.store import tokens
 from gateway.store.database import Database
-from gateway.store.policies import clear_training_request, last_step, load_policies, mark_load_error, mark_served, record_step
+from gateway.store.policies import clear_training_request, get_policy, last_step, load_policies, mark_load_error, mark_served, record_step
 from gateway.store.training import claim_groups, group_calls, other_trainer_busy, release_groups
 from trainer.grpo import group_advantages
 from trainer.policy_model import PolicyModel
@@ -175,9 +175,7 @@ class TrainerWorker:
         if not became_head:
             log.warning("%s was rolled back during step %d: the step is kept but not served", policy.name, step)
         self.steps_done += 1
-        for current in await self.policies():
-            if current.name == policy.name:
-                await self.publish_pending(current)
+        await self.publish_pending(await self.db.read(get_policy, policy.name))
         return True
 
     def train_and_save(self, policy: Policy, rows: list, step: int) -> dict[str, float]:
@@ -263,10 +261,7 @@ class TrainerWorker:
         listed = self.vllm.get("/v1/models")
         if listed.status_code != 200:
             return
-        steps = sorted(
-            (int(m["id"].rpartition("@")[2]) for m in listed.json().get("data", []) if m["id"].rpartition("@")[0] == name and m["id"].rpartition("@")[2].isdigit()),
-            reverse=True,
-        )
-        others = [s for s in steps if s != serving]
+        loaded = (m["id"].rpartition("@") for m in listed.json().get("data", []))
+        others = sorted((int(step) for policy, _, step in loaded if policy == name and step.isdigit() and int(step) != serving), reverse=True)
         for old in others[max(self.worker.keep_loaded - 1, 0) :]:
             self.vllm.post("/v1/unload_lora_adapter", json={"lora_name": f"{name}@{old}"})

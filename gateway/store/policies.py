@@ -45,11 +45,15 @@ def load_policies(conn: Connection) -> list[Policy]:
     return [to_policy(row) for row in conn.execute(select(PolicyRow).order_by(PolicyRow.pk))]
 
 
-def get_policy(conn: Connection, name: str) -> Policy:
+def _row(conn: Connection, name: str) -> Any:
     row = conn.execute(select(PolicyRow).where(PolicyRow.name == name)).one_or_none()
     if row is None:
         raise APIError(404, f"no policy {name!r}", "policy_not_found", "name")
-    return to_policy(row)
+    return row
+
+
+def get_policy(conn: Connection, name: str) -> Policy:
+    return to_policy(_row(conn, name))
 
 
 def lock_policy(conn: Connection, name: str) -> None:
@@ -191,8 +195,8 @@ def list_steps(conn: Connection, name: str, limit: int | None = None) -> list[di
 
 def policy_status(conn: Connection, name: str) -> dict[str, Any]:
     """A policy's settings and where it stands: served and head step, groups waiting, last metrics."""
-    policy = get_policy(conn, name)
-    row = conn.execute(select(PolicyRow.created_at, PolicyRow.updated_at, PolicyRow.load_error_at).where(PolicyRow.name == name)).one()
+    row = _row(conn, name)
+    policy = to_policy(row)
     last = list_steps(conn, name, limit=1)
     waiting = conn.execute(
         select(func.count()).select_from(Group).where(Group.policy == name, Group.closed_at.is_(None))

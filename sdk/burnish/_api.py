@@ -13,6 +13,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
+
 GROUP_HEADER, TRAJECTORY_HEADER, GROUP_SIZE_HEADER = "X-Group-Id", "X-Trajectory-Id", "X-Group-Size"
 
 
@@ -26,6 +28,11 @@ class BurnishError(Exception):
 
 class StepTimeout(TimeoutError):
     """``wait_for_step`` gave up: the policy did not reach the step in time."""
+
+
+def keep_waiting(exc: Exception) -> bool:
+    """For ``wait_for_step``: a gateway restarting or relaying an upstream hiccup is waited out."""
+    return isinstance(exc, httpx.TransportError) or (isinstance(exc, BurnishError) and exc.status >= 500)
 
 
 def new_id(kind: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from burnish._api import BurnishError, Call, Routes, StepTimeout, TrajectoryKeys, answer, new_id, served_step
+from burnish._api import BurnishError, Call, Routes, StepTimeout, TrajectoryKeys, answer, keep_waiting, new_id, served_step
 
 DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
 
@@ -67,8 +67,8 @@ class Client(Routes):
         while True:
             try:
                 served = served_step(self.models(), policy)
-            except (httpx.TransportError, BurnishError) as exc:  # a restart, an upstream hiccup: keep waiting
-                if isinstance(exc, BurnishError) and exc.status < 500:
+            except (httpx.TransportError, BurnishError) as exc:
+                if not keep_waiting(exc):
                     raise
             if served is not None and served >= step:
                 return served
@@ -145,7 +145,7 @@ class AsyncClient(Routes):
             try:
                 served = served_step(await self.models(), policy)
             except (httpx.TransportError, BurnishError) as exc:
-                if isinstance(exc, BurnishError) and exc.status < 500:
+                if not keep_waiting(exc):
                     raise
             if served is not None and served >= step:
                 return served
