@@ -17,10 +17,22 @@ $(VENV)/.bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[test,bench]'
 	touch $@
 
+# The Compose CLI plugin, for tests/test_deploy.py's `docker compose config` (no engine needed).
+# Debian's static build, checked against its published hash; the docker client finds it through
+# DOCKER_CONFIG=.tools/docker.
+COMPOSE_DEB := docker-compose_2.26.1-4_amd64.deb
+COMPOSE_SHA256 := 47681197cb2b1ab88206b42a1a92fc75f50d9530a6322d03494a473eed0408ea
+.tools/docker/cli-plugins/docker-compose:
+	mkdir -p .tools/deb $(@D)
+	curl -fsSL -o .tools/deb/$(COMPOSE_DEB) http://deb.debian.org/debian/pool/main/d/docker-compose/$(COMPOSE_DEB)
+	echo "$(COMPOSE_SHA256)  .tools/deb/$(COMPOSE_DEB)" | sha256sum -c --quiet
+	dpkg-deb --fsys-tarfile .tools/deb/$(COMPOSE_DEB) | tar -xO ./usr/libexec/docker/cli-plugins/docker-compose > $@.tmp
+	chmod +x $@.tmp && mv $@.tmp $@ && rm -r .tools/deb
+
 .PHONY: install demo test gateway up bench
 install: $(VENV)/.installed
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed .tools/docker/cli-plugins/docker-compose
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # burnish up on the embedded default, the digits agent training against it, a plot (reward.png).

@@ -43,11 +43,12 @@ BUDGET_P50_MS, BUDGET_P99_MS, BUDGET_RATIO = 1.0, 3.0, 0.80
 RESULTS = ROOT / "bench" / "results" / "gateway_overhead.json"
 
 
-def start_gateway(upstream: str, record: bool, data_dir: str) -> Proc:
+def start_gateway(upstream: str, record: bool, data_dir: str, *, name: str | None = None, env: dict[str, str] | None = None) -> Proc:
     port = free_port()
     cmd = [str(VENV_BIN / "burnish"), "gateway", "--upstream", upstream, "--host", HOST, "--port", str(port),
            "--data-dir", data_dir, "--log-level", "warning", "--record" if record else "--no-record"]
-    return Proc("gateway-record" if record else "gateway-norecord", cmd, port, health="/health").wait_ready(60)
+    name = name or ("gateway-record" if record else "gateway-norecord")
+    return Proc(name, cmd, port, env=env, health="/health").wait_ready(60)
 
 
 def check(url: str) -> None:

@@ -13,6 +13,7 @@ Only 127.0.0.1 is used. Every wait is bounded.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -58,6 +59,22 @@ async def upstream_app(scope, receive, send):  # noqa: ANN001 - raw ASGI
     else:
         await send({"type": "http.response.start", "status": 200, "headers": _JSON_HEADERS})
         await send({"type": "http.response.body", "body": _PLAIN})
+
+
+LANGFUSE_DELAY_S = float(os.environ.get("BENCH_LANGFUSE_DELAY_S", "0"))
+
+
+async def langfuse_app(scope, receive, send):  # noqa: ANN001 - raw ASGI
+    """Langfuse's ingestion: reads the batch, answers as Langfuse does (after BENCH_LANGFUSE_DELAY_S,
+    a distant server's round trip), keeps nothing."""
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    if LANGFUSE_DELAY_S:
+        await asyncio.sleep(LANGFUSE_DELAY_S)
+    status = 202 if scope["path"] == "/api/public/scores" else 200
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": b"{}"})
 
 
 def git_state() -> str:
@@ -191,11 +208,11 @@ def install_cleanup() -> None:
     signal.signal(signal.SIGHUP, _on_signal)
 
 
-def start_upstream() -> Proc:
+def start_upstream(app: str = "upstream_app", env: dict[str, str] | None = None) -> Proc:
     port = free_port()
-    cmd = [PYTHON, "-m", "uvicorn", "harness:upstream_app", "--app-dir", str(ROOT / "bench"), "--host", HOST, "--port", str(port),
+    cmd = [PYTHON, "-m", "uvicorn", f"harness:{app}", "--app-dir", str(ROOT / "bench"), "--host", HOST, "--port", str(port),
            "--http", "httptools", "--loop", "uvloop", "--lifespan", "off", "--no-access-log", "--log-level", "warning"]
-    return Proc("upstream", cmd, port).wait_ready()
+    return Proc(app.removesuffix("_app"), cmd, port, env=env).wait_ready()
 
 
 # ---- load ------------------------------------------------------------------------------------

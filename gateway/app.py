@@ -6,8 +6,9 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 from litestar import Litestar, Request, Response, get
@@ -15,6 +16,7 @@ from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 
 from gateway import errors, logs
+from gateway.langfuse_export import LangfuseExport
 from gateway.metrics import CONTENT_TYPE, Metrics, store_state
 from gateway.policies import Registry, follow
 from gateway.routes import admin, proxy, ruler, trajectories
@@ -41,6 +43,17 @@ async def metrics(request: Request) -> Response:
     return Response(svc.metrics.render(), media_type=CONTENT_TYPE)
 
 
+def committed(metrics: Metrics, langfuse: LangfuseExport | None) -> Callable[[list[Any]], None]:
+    """What happens to each commit's items once they are durable: counted, and sent to Langfuse."""
+
+    def on_commit(items: list[Any]) -> None:
+        metrics.commit_batch.observe(len(items))
+        if langfuse is not None:
+            langfuse.put_calls(items)
+
+    return on_commit
+
+
 def create_app(settings: Settings | None = None) -> Litestar:
     settings = settings or Settings.load()
 
@@ -55,9 +68,10 @@ def create_app(settings: Settings | None = None) -> Litestar:
         policies = Registry(await db.read(load_policies))
         judge_http = httpx.AsyncClient(timeout=httpx.Timeout(settings.upstream_timeout, connect=settings.connect_timeout))
         metrics = Metrics()
-        writer.on_commit = metrics.commit_batch.observe
         metrics.record_queue.set_function(lambda: writer.pending)
-        svc = Services(settings=settings, db=db, writer=writer, upstream=upstream, policies=policies, judge_http=judge_http, metrics=metrics)
+        langfuse = LangfuseExport.from_settings(settings, metrics.registry)
+        writer.on_commit = committed(metrics, langfuse)
+        svc = Services(settings=settings, db=db, writer=writer, upstream=upstream, policies=policies, judge_http=judge_http, metrics=metrics, langfuse=langfuse)
         app.state.services = svc
         background = [
             asyncio.create_task(follow(db, policies), name="burnish-policies"),
@@ -78,6 +92,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
             await judge_http.aclose()
             await upstream.aclose()
             await writer.close()
+            if langfuse is not None:  # after the writer: its last commits are exported too
+                await asyncio.to_thread(langfuse.close)
             await db.dispose()
 
     return Litestar(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import httpx
 from litestar.connection import ASGIConnection
 
+from gateway.langfuse_export import LangfuseExport
 from gateway.metrics import Metrics
 from gateway.policies import Registry
 from gateway.settings import Settings
@@ -25,6 +26,8 @@ class Services:
     # For RULER's judge, which may be another server than the upstream.
     judge_http: httpx.AsyncClient
     metrics: Metrics
+    # None unless the Langfuse keys are set.
+    langfuse: LangfuseExport | None = None
 
 
 def services(connection: ASGIConnection) -> Services:

@@ -14,6 +14,13 @@ from typing import Any
 import msgspec
 
 ENV_PREFIX = "BURNISH_"
+# Other tools' names for a setting, read before the BURNISH_ ones (which win). Later keys win.
+_FOREIGN_NAMES = {
+    "LANGFUSE_HOST": "langfuse_base_url",
+    "LANGFUSE_BASE_URL": "langfuse_base_url",
+    "LANGFUSE_PUBLIC_KEY": "langfuse_public_key",
+    "LANGFUSE_SECRET_KEY": "langfuse_secret_key",
+}
 
 
 class Settings(msgspec.Struct, kw_only=True, frozen=True):
@@ -64,6 +71,16 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     judge_attempts: int = 3
     judge_max_tokens: int = 2048
 
+    # Langfuse export (docs/operations.md#langfuse): on when both keys are set. The usual
+    # LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_BASE_URL (or LANGFUSE_HOST) work too.
+    langfuse_public_key: str = ""
+    langfuse_secret_key: str = ""
+    langfuse_base_url: str = "https://cloud.langfuse.com"
+    # Seconds per request to Langfuse, and attempts per batch (the first included) on 408/429/5xx.
+    langfuse_timeout: float = 10.0
+    langfuse_attempts: int = 3
+    # Items waiting to be sent; beyond it new ones are dropped (and counted) rather than held.
+    langfuse_queue_size: int = 10_000
     log_level: str = "info"
     # "text" or "json" (one object per line, with the request id).
     log_format: str = "text"
@@ -75,7 +92,7 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
         """Environment first, then overrides whose value is not None."""
         environ = os.environ if environ is None else environ
         fields = set(cls.__struct_fields__)
-        raw: dict[str, Any] = {}
+        raw: dict[str, Any] = {name: environ[key] for key, name in _FOREIGN_NAMES.items() if environ.get(key)}
         for key, value in environ.items():
             if key.startswith(ENV_PREFIX) and (name := key[len(ENV_PREFIX) :].lower()) in fields:
                 raw[name] = value

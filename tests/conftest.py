@@ -24,6 +24,9 @@ from gateway.launch import TINY_MODEL_ARGS
 from gateway.settings import Settings
 from gateway.vllm_server import VLLMServer
 from tests.judge import Judge
+from tests.langfuse_server import PUBLIC_KEY as LANGFUSE_PUBLIC_KEY
+from tests.langfuse_server import SECRET_KEY as LANGFUSE_SECRET_KEY
+from tests.langfuse_server import Langfuse
 from tests.servers import ServerThread, free_port
 from tests.upstream import Upstream
 
@@ -98,6 +101,34 @@ def judge(judge_server: tuple[Judge, str]) -> Judge:
     app, _ = judge_server
     app.script, app.requests = [], []
     return app
+
+
+@pytest.fixture(scope="session")
+def langfuse_server() -> Iterator[tuple[Langfuse, str]]:
+    """A stand-in for Langfuse's ingestion on a loopback socket (tests/langfuse_server.py), and its URL."""
+    app = Langfuse()
+    with ServerThread(app, log_level="critical") as server:
+        yield app, server.url
+
+
+@pytest.fixture
+def langfuse(langfuse_server: tuple[Langfuse, str]) -> Langfuse:
+    """The Langfuse stand-in, answering normally and with nothing received."""
+    langfuse_server[0].reset()
+    return langfuse_server[0]
+
+
+def langfuse_settings(url: str, **overrides: Any) -> dict[str, Any]:
+    """Gateway or trainer settings that export to the stand-in at ``url``."""
+    return {"langfuse_public_key": LANGFUSE_PUBLIC_KEY, "langfuse_secret_key": LANGFUSE_SECRET_KEY, "langfuse_base_url": url} | overrides
+
+
+def wait_for(check: Callable[[], Any], timeout_s: float = 15.0, what: str = "timed out") -> None:
+    """Poll ``check`` until it is true; fail with ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
 
 
 def served_step(gw: Gateway, policy: str = "agent") -> int:

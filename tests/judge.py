@@ -11,6 +11,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from tests.servers import http_body
+
 Answer = Callable[[list[str]], "str | int"]
 
 
@@ -33,16 +35,8 @@ class Judge:
         return request["response_format"]["json_schema"]["schema"]["required"]
 
     async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001 - raw ASGI
-        if scope["type"] == "lifespan":
-            while (message := await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+        if (body := await http_body(scope, receive, send)) is None:
             return
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
         request = json.loads(body)
         request["_headers"] = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.requests.append(request)

@@ -10,6 +10,21 @@ from typing import Any
 import uvicorn
 
 
+async def http_body(scope: dict[str, Any], receive: Any, send: Any) -> bytes | None:
+    """For a raw ASGI stand-in: answer the lifespan protocol (None), or read a request's whole body."""
+    if scope["type"] == "lifespan":
+        while (message := await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return None
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    return body
+
+
 class ServerThread:
     def __init__(self, app: Any, *, log_level: str = "warning") -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

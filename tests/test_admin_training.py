@@ -8,19 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from pathlib import Path
+
+from langfuse import Langfuse
 
 from gateway.policies import REFRESH_EVERY_S
 from gateway.settings import Settings
 from gateway.vllm_server import VLLMServer
+from tests.conftest import langfuse_settings
+from tests.langfuse_server import Langfuse as LangfuseStandIn
 from tests.test_trainer_recovery import ready_group, unload
 from trainer.worker import TrainerWorker, WorkerSettings
 
 
-async def test_train_now_pause_rollback_and_a_failed_load(make_gateway, vllm: VLLMServer, tiny_model: Path) -> None:
+async def test_train_now_pause_rollback_and_a_failed_load(
+    make_gateway, vllm: VLLMServer, tiny_model: Path, langfuse: LangfuseStandIn, langfuse_server: tuple[LangfuseStandIn, str]
+) -> None:
     gw = make_gateway(upstream=vllm.url, upstream_timeout=120)
     gw.create_policy("agent", "tiny", model_path=str(tiny_model), lora={"rank": 8, "alpha": 16}, train={"learning_rate": 5e-3, "groups_per_step": 4})
-    worker = TrainerWorker(Settings.load({}, data_dir=gw.settings.data_dir, upstream=vllm.url), WorkerSettings(worker_id="admin-test"))
+    # The trainer also sends each step to Langfuse as an event.
+    settings = Settings.load({}, data_dir=gw.settings.data_dir, upstream=vllm.url, **langfuse_settings(langfuse_server[1]))
+    worker = TrainerWorker(settings, WorkerSettings(worker_id="admin-test"))
     await worker.recover()
     admin = gw.admin()
     try:
@@ -66,6 +75,17 @@ async def test_train_now_pause_rollback_and_a_failed_load(make_gateway, vllm: VL
         assert [h["step"] for h in history] == [1, 2, 3]
         for key in ("reward_mean", "reward_std", "loss", "kl", "tokens", "seconds_step", "seconds_save", "seconds_read", "template_fallbacks"):
             assert all(key in h for h in history), key
+        # In Langfuse: one event per step, in a trace of its own, with the step's metrics and groups.
+        deadline = time.monotonic() + 15
+        while len(langfuse.events()) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        events = {e["traceId"]: e["attributes"] for e in langfuse.events()}
+        assert len(events) == 3
+        for h, parent, groups in zip(history, (0, 1, 1), ("ab", "cdef", "ghij")):
+            event = events[Langfuse.create_trace_id(seed=f"train:agent@{h['step']}")]
+            assert event["session.id"] == "train:agent" and event["langfuse.version"] == f"agent@{h['step']}"
+            assert event["langfuse.observation.input"] == {"parent": parent, "groups": list(groups)}
+            assert event["langfuse.observation.output"]["loss"] == h["loss"] and event["langfuse.observation.output"]["reward_mean"] == h["reward_mean"]
 
         # A version vLLM cannot load: the old one keeps serving and the error shows in status.
         unload(vllm, (2,))

@@ -1,12 +1,15 @@
-"""deploy/ checked without an engine: the compose file against the Compose Specification's
-schema, the Kubernetes manifests against Kubernetes' own schemas (kubernetes-validate,
+"""deploy/ checked without an engine: the compose file by `docker compose config` and against
+the Compose Specification's schema, the Kubernetes manifests against Kubernetes' own schemas (kubernetes-validate,
 strict), and what burnish needs from both: runtime LoRA on vLLM, the data directory at the
 same path for vLLM and the trainer, and only settings burnish knows."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import jsonschema
@@ -26,6 +29,42 @@ def test_compose_file_follows_the_compose_spec() -> None:
     schema = json.loads((ROOT / "tests" / "schemas" / "compose-spec.json").read_text())
     errors = [f"{list(e.path)}: {e.message}" for e in jsonschema.Draft7Validator(schema).iter_errors(COMPOSE)]
     assert errors == []
+
+
+def docker_compose(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`docker compose` with the plugin `make test` fetched into .tools/docker (or the user's own).
+    Without a client and plugin the test fails in CI (which has both) and is skipped elsewhere."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("BURNISH_", "COMPOSE_"))}
+    if (ROOT / ".tools" / "docker" / "cli-plugins" / "docker-compose").exists():
+        environ["DOCKER_CONFIG"] = str(ROOT / ".tools" / "docker")
+    usable = shutil.which("docker") and subprocess.run(["docker", "compose", "version"], env=environ, capture_output=True).returncode == 0
+    if not usable:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("no docker client with the compose plugin: make .tools/docker/cli-plugins/docker-compose")
+    return subprocess.run(
+        ["docker", "compose", "-p", "burnish", "-f", str(ROOT / "deploy" / "compose.yaml"), *args],
+        env=environ | env, capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_docker_compose_config_accepts_the_file() -> None:
+    done = docker_compose("config", "--format", "json", BURNISH_ADMIN_TOKEN="t0ken", VLLM_GPU="0", TRAINER_GPU="1")
+    assert done.returncode == 0, done.stderr
+    resolved = json.loads(done.stdout)
+    services = resolved["services"]
+    assert set(services) == {"postgres", "vllm", "gateway", "trainer"}
+    # What compose resolved, not what the file says: the token reaches both burnish processes,
+    # vLLM and the trainer mount the one volume at /data, each GPU variable lands on its service.
+    for name in ("gateway", "trainer"):
+        assert services[name]["environment"]["BURNISH_ADMIN_TOKEN"] == "t0ken"
+    mounts = {name: [(v["source"], v["target"]) for v in services[name]["volumes"]] for name in ("vllm", "trainer")}
+    assert ("data", "/data") in mounts["vllm"] and ("data", "/data") in mounts["trainer"]
+    gpus = {n: s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] for n, s in services.items() if "deploy" in s}
+    assert gpus == {"vllm": ["0"], "trainer": ["1"]}
+
+
+def test_docker_compose_config_names_the_missing_admin_token() -> None:
+    done = docker_compose("config", "-q")
+    assert done.returncode != 0 and "BURNISH_ADMIN_TOKEN" in done.stderr
 
 
 def test_compose_wires_what_burnish_needs() -> None:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from gateway.ruler import DEFAULT_RUBRIC, Message, build_prompt, conversation
-from tests.conftest import Gateway
+from tests.conftest import Gateway, wait_for
 from tests.judge import Judge, scores
 from tests.upstream import Upstream
 
@@ -188,10 +188,7 @@ def test_a_policy_can_run_ruler_by_itself(gw: Gateway, judge: Judge) -> None:
             c.post(f"/g/auto/t/auto-{i}/v1/chat/completions", json={"model": "agent", "messages": [{"role": "user", "content": text}]})
         judge.script = [scores({"auto-0": 0.1, "auto-1": 0.9})]
         c.post("/v1/groups/auto/close")
-        deadline = time.monotonic() + 10
-        while gw.trajectory("auto-1")["reward"] is None:
-            assert time.monotonic() < deadline, "no automatic RULER"
-            time.sleep(0.1)
+        wait_for(lambda: gw.trajectory("auto-1")["reward"] is not None, 10, "no automatic RULER")
     assert [gw.trajectory(f"auto-{i}")["reward"] for i in range(2)] == [0.1, 0.9]
     assert judge.requests[0]["model"] == "judge-2" and "Longer is better." in judge.requests[0]["messages"][0]["content"]
     assert gw.policy()["groups_ready"] == 1  # now trainable
@@ -246,8 +243,5 @@ def test_groups_that_need_no_judge_do_not_hold_up_those_that_do(gw: Gateway, jud
             c.post(f"/g/late/t/late-{i}/v1/chat/completions", json={"model": "agent", "messages": [{"role": "user", "content": str(i)}]})
         judge.script = [scores({"late-0": 0.2, "late-1": 0.8})]
         c.post("/v1/groups/late/close")
-    deadline = time.monotonic() + 10
-    while gw.trajectory("late-1")["reward"] is None:
-        assert time.monotonic() < deadline, "the late group was never judged"
-        time.sleep(0.1)
+    wait_for(lambda: gw.trajectory("late-1")["reward"] is not None, 10, "the late group was never judged")
     assert len(judge.requests) == 1 and gw.trajectory("tie0-0")["rewards"][-1]["source"] == "user"

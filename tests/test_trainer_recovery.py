@@ -60,6 +60,26 @@ def unload(vllm: VLLMServer, steps) -> None:
         httpx.post(vllm.url + "/v1/unload_lora_adapter", json={"lora_name": f"agent@{step}"})
 
 
+async def test_a_trainer_steps_from_the_head_another_trainer_just_moved(make_gateway, vllm: VLLMServer, tiny_model: Path) -> None:
+    """Trainer A reads the policies, trainer B takes a step, then A claims the next groups:
+    A must train from B's step (a step from A's stale view would be recorded, never served)."""
+    gw = make_gateway(upstream=vllm.url, upstream_timeout=120)
+    gw.create_policy("agent", "tiny", model_path=str(tiny_model), **TINY)
+    await make_groups(gw, 4)
+    settings = Settings.load({}, data_dir=gw.settings.data_dir, upstream=vllm.url)
+    a, b = TrainerWorker(settings, WorkerSettings(worker_id="a")), TrainerWorker(settings, WorkerSettings(worker_id="b"))
+    try:
+        stale = (await a.policies())[0]
+        assert await b.train_once((await b.policies())[0])
+        assert await a.train_once(stale)
+        steps = [(s["step"], s["parent"], s["serving"]) for s in gw.admin().get("/admin/policies/agent/checkpoints").json()["data"]]
+        assert steps == [(1, 0, False), (2, 1, True)] and served_step(gw) == 2
+    finally:
+        await a.close()
+        await b.close()
+        unload(vllm, (1, 2))
+
+
 async def test_killed_trainer_resumes_without_loss_or_repeat(make_gateway, vllm: VLLMServer, tiny_model: Path, tmp_path: Path) -> None:
     gw = make_gateway(upstream=vllm.url, upstream_timeout=120)
     gw.create_policy("agent", "tiny", model_path=str(tiny_model), **TINY)

@@ -35,10 +35,12 @@ import httpx
 import msgspec
 import torch
 
+from gateway.langfuse_export import LangfuseExport, Step
 from gateway.policies import Policy
 from gateway.settings import Settings
 from gateway.store import tokens
 from gateway.store.database import Database
+from gateway.store.models import utcnow
 from gateway.store.policies import clear_training_request, get_policy, last_step, load_policies, mark_load_error, mark_served, record_step
 from gateway.store.training import claim_groups, group_calls, other_trainer_busy, release_groups
 from trainer.grpo import group_advantages
@@ -67,6 +69,7 @@ class TrainerWorker:
         self.vllm = httpx.Client(base_url=settings.upstream.rstrip("/").removesuffix("/v1"), timeout=120)
         self.steps_done = 0
         self.failed_publish: dict[str, tuple[int, float]] = {}  # policy -> (step, when it failed)
+        self.langfuse = LangfuseExport.from_settings(settings)  # each step as an event, when keys are set
 
     def checkpoints(self, policy: str) -> Path:
         return self.settings.data_path / "policies" / policy / "checkpoints"
@@ -106,6 +109,8 @@ class TrainerWorker:
         return trained
 
     async def close(self) -> None:
+        if self.langfuse is not None:
+            await asyncio.to_thread(self.langfuse.close)
         self.vllm.close()
         await self.db.dispose()
 
@@ -157,6 +162,10 @@ class TrainerWorker:
                 await self.db.transaction(clear_training_request, policy.name)
             return False
         try:
+            # The policy as it is now, not as this pass read it: another trainer may have stepped
+            # it since (the claim means no one is mid-step on it now), and a step from a stale
+            # head would be recorded but never served.
+            policy = await self.db.read(get_policy, policy.name)
             rows = await self.db.read(group_calls, ids)
             step = 1 + await self.db.read(last_step, policy.name)
             log.info("%s step %d: claimed %d groups, training from step %d", policy.name, step, len(ids), policy.head)
@@ -174,6 +183,8 @@ class TrainerWorker:
             return False
         if not became_head:
             log.warning("%s was rolled back during step %d: the step is kept but not served", policy.name, step)
+        if self.langfuse is not None:
+            self.langfuse.put(Step(policy.name, step, policy.head, ids, metrics, utcnow()))
         self.steps_done += 1
         await self.publish_pending(await self.db.read(get_policy, policy.name))
         return True

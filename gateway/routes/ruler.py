@@ -20,6 +20,7 @@ from litestar.response import Response
 
 from gateway.errors import APIError
 from gateway.keys import check_id
+from gateway.langfuse_export import Score
 from gateway.policies import RulerSettings
 from gateway.ruler import Judge, RulerFailed, build_prompt, cache_key, conversation, judge_group
 from gateway.services import Services, services
@@ -87,6 +88,10 @@ async def run_ruler(svc: Services, group_id: str, request: RulerIn) -> dict:
     else:  # the cache holds the shown ids' scores; identical members share them
         verdict = {t: verdict[members[0]] for members in prompt.classes for t in members}
     rewards = await svc.db.transaction(store.store_verdict, group_id, key, judge.name, verdict, combine)
+    if svc.langfuse is not None:
+        for t, reward in rewards.items():
+            svc.langfuse.put(Score(t, "ruler", verdict[t].score, comment=verdict[t].explanation, metadata={"judge": judge.name, "group_id": group_id}))
+            svc.langfuse.put(Score(t, "reward", reward, metadata={"source": "ruler", "combine": combine}))
     return {
         "object": "group.ruler",
         "group_id": group_id,

@@ -19,6 +19,7 @@ from litestar.response import Response, Stream
 
 from gateway.errors import APIError
 from gateway.keys import check_id
+from gateway.langfuse_export import Score
 from gateway.services import services
 from gateway.store import reads
 from gateway.store.writes import CloseGroup, PostReward
@@ -73,7 +74,10 @@ async def post_reward(request: Request, trajectory_id: FromPath[str]) -> Respons
     """Set a trajectory's reward. Every reward is kept; the latest is the trajectory's."""
     check_id(trajectory_id, "trajectory_id")
     data = await _read_reward(request)
-    result = await services(request).writer.write(PostReward(trajectory_id, data.reward, dict(data.components)))
+    svc = services(request)
+    result = await svc.writer.write(PostReward(trajectory_id, data.reward, dict(data.components)))
+    if svc.langfuse is not None:
+        svc.langfuse.put(Score(trajectory_id, "reward", data.reward, metadata={"source": "user", "components": dict(data.components)}))
     out = await _read(request, reads.get_trajectory, trajectory_id, "trajectory")
     out.pop("calls")
     out["group_closed"] = result["group_closed"]

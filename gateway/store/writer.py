@@ -44,8 +44,8 @@ class Writer:
         # Counters for the benchmark: commits made and records written.
         self.commits = 0
         self.records = 0
-        # Told each commit's batch size (gateway/metrics.py).
-        self.on_commit: Callable[[int], None] | None = None
+        # Told each commit's items once they are durable (metrics, Langfuse: gateway/app.py).
+        self.on_commit: Callable[[list[Item]], None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="burnish-writer")
@@ -104,7 +104,7 @@ class Writer:
         self.commits += 1
         self.records += len(batch)
         if self.on_commit is not None:
-            self.on_commit(len(batch))
+            self.on_commit([item for item, _ in batch])
         for (_, future), result in zip(batch, results):
             _resolve(future, result)
 

@@ -1,0 +1,444 @@
+"""Langfuse export: what burnish records, sent to Langfuse off the request path.
+
+What goes where:
+
+- a recorded call -> a generation in the trace of its trajectory. The trace id is
+  Langfuse's own derivation from the trajectory id (``Langfuse.create_trace_id(seed=id)``),
+  so whoever holds a trajectory id can open its trace. The group is the trace's session;
+  trajectory, group, policy and version are metadata, and the observation's version is
+  ``policy@step``. Its start and end are the call's own. (No time to first token: the
+  gateway records when the upstream's headers arrived, which for a stream precede the first
+  token.)
+- a reward or a RULER verdict -> a score on that trace (every reward, as burnish keeps
+  every reward; the latest is the trajectory's).
+- a training step -> an event in a trace of its own, in one session per policy.
+
+How: the caller (the gateway's event loop, the trainer) only puts an item on a bounded
+queue; when it is full the item is dropped and counted, never waited for. One thread takes
+what is queued (up to ``BATCH_MAX`` items) and sends it the way the ``langfuse`` package
+does: observations as OpenTelemetry spans in Langfuse's attribute conventions, through
+OpenTelemetry's OTLP exporter (protobuf, gzip) to Langfuse's OTLP endpoint; scores with
+the package's API client. While a batch is in flight the next one gathers, as in the
+store's group commit. The thread sends synchronously, so each item ends counted exactly
+once in ``burnish_langfuse_items_total``: sent, failed (refused, or unreachable after the
+retries) or dropped.
+
+The high-level ``Langfuse`` client is not used: it stamps an observation with the moment
+it is created rather than the call's own times, sends from threads whose failures are only
+logged, and keeps one client per public key for the whole process. Nor is the API client
+used for spans: its JSON encoding costs ~2.5 ms of CPU a span (bench/langfuse_overhead.py),
+in the gateway's process.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import msgspec
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gateway.store.writes import CallRecord
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
+
+log = logging.getLogger("burnish.langfuse")
+
+# A batch is sent when it holds BATCH_MAX items or its first item has waited LINGER_S: at a
+# trickle of calls, one request to Langfuse a second rather than one a call; under load, a
+# request per 256 items keeps up with a distant Langfuse (at 150 ms a round trip, ~1,700 a
+# second). Langfuse's own SDK uses OpenTelemetry's batch processor: 5 s or 512 spans.
+BATCH_MAX = 256
+LINGER_S = 1.0
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder(enc_hook=str).encode
+# Of a call's request, what Langfuse shows as model parameters (the rest of the body is the input).
+MODEL_PARAMETERS = (
+    "temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens", "max_output_tokens", "n", "seed", "stop",
+    "frequency_penalty", "presence_penalty", "tool_choice", "response_format", "reasoning_effort",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    """A reward (name "reward") or a RULER score (name "ruler") of one trajectory."""
+
+    trajectory_id: str
+    name: str
+    value: float
+    comment: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    # Fixed when the score is made, so a retried request cannot make it twice in Langfuse.
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """A training step the trainer recorded."""
+
+    policy: str
+    step: int
+    parent: int
+    groups: list[str]
+    metrics: dict[str, float]
+    recorded_at: datetime
+
+
+Item = CallRecord | Score | Step
+
+
+@dataclass(slots=True)
+class _Batch:
+    spans: list[Any] = field(default_factory=list)
+    scores: list[Any] = field(default_factory=list)
+    kinds: dict[str, int] = field(default_factory=dict)  # spans by kind
+    taken: int = 0
+
+
+def trace_id(trajectory_id: str) -> str:
+    """The Langfuse trace id of a trajectory (Langfuse's own seeded derivation)."""
+    from langfuse import Langfuse
+
+    return Langfuse.create_trace_id(seed=trajectory_id)
+
+
+class LangfuseExport:
+    def __init__(
+        self,
+        *,
+        public_key: str,
+        secret_key: str,
+        base_url: str,
+        timeout_s: float = 10.0,
+        attempts: int = 3,
+        queue_size: int = 10_000,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        if timeout_s <= 0 or attempts < 1:
+            raise ValueError("langfuse_timeout must be above 0 and langfuse_attempts at least 1")
+        # Imported here: the package (pydantic, OpenTelemetry) loads only when export is on.
+        from langfuse.api import LangfuseAPI
+        from opentelemetry.exporter.otlp.proto.http import Compression
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+
+        base_url = base_url.rstrip("/")
+        # Spans are made here and handed to the exporter by this module, not by a span processor.
+        self._tracer = TracerProvider(resource=Resource.create({"service.name": "burnish"}), shutdown_on_exit=False).get_tracer("burnish")
+        auth = "Basic " + base64.b64encode(f"{public_key}:{secret_key}".encode()).decode()
+        self._spans = OTLPSpanExporter(
+            endpoint=f"{base_url}/api/public/otel/v1/traces",
+            # What Langfuse asks of OTLP exporters: Basic auth with the keys, its ingestion version.
+            headers={"Authorization": auth, "x-langfuse-public-key": public_key, "x-langfuse-ingestion-version": "4"},
+            # OpenTelemetry retries 429/502/503/504 and lost connections with backoff within this.
+            timeout=timeout_s * attempts,
+            compression=Compression.Gzip,
+        )
+        self._http = httpx.Client(timeout=timeout_s)
+        self.api = LangfuseAPI(
+            base_url=base_url,
+            username=public_key,
+            password=secret_key,
+            x_langfuse_sdk_name="burnish",
+            x_langfuse_public_key=public_key,
+            timeout=timeout_s,
+            httpx_client=self._http,
+        )
+        self.retries = max(attempts - 1, 0)
+        self.items = Counter(
+            "burnish_langfuse_items",
+            "Items for Langfuse by kind and outcome: sent; failed (refused, or unreachable after retries); dropped (queue full)",
+            ["kind", "outcome"], registry=registry,
+        )  # fmt: skip
+        self._queue: queue.Queue[Item] = queue.Queue(maxsize=queue_size)
+        Gauge("burnish_langfuse_queue", "Items waiting to be sent to Langfuse", registry=registry).set_function(self._queue.qsize)
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()  # counting, against close() giving up on a batch in flight
+        self._inflight: dict[str, int] = {}  # by kind: items the thread took and has not counted
+        self._abandoned = False
+        self._thread = threading.Thread(target=self._run, name="burnish-langfuse", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_settings(cls, settings: Settings, registry: CollectorRegistry | None = None) -> LangfuseExport | None:
+        """The export the settings ask for, or None when no keys are set."""
+        if not (settings.langfuse_public_key and settings.langfuse_secret_key):
+            return None
+        return cls(
+            public_key=settings.langfuse_public_key,
+            secret_key=settings.langfuse_secret_key,
+            base_url=settings.langfuse_base_url,
+            timeout_s=settings.langfuse_timeout,
+            attempts=settings.langfuse_attempts,
+            queue_size=settings.langfuse_queue_size,
+            registry=registry,
+        )
+
+    # ---- the caller's side: never blocks -------------------------------------------------
+
+    def put(self, item: Item) -> None:
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            self.items.labels(_kind(item), "dropped").inc()
+
+    def put_calls(self, items: list[Any]) -> None:
+        """The calls among a commit's items (the writer's on_commit)."""
+        for item in items:
+            if isinstance(item, CallRecord):
+                self.put(item)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Send what is queued, for at most ``timeout_s``; what is left then is counted as dropped."""
+        self._stopping.set()
+        self._thread.join(timeout_s)
+        with self._lock:
+            self._abandoned = True  # a batch still in flight is counted here, not when it ends
+            left = dict(self._inflight)
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            left[_kind(item)] = left.get(_kind(item), 0) + 1
+        for kind, n in left.items():
+            if n > 0:
+                self.items.labels(kind, "dropped").inc(n)
+        if any(left.values()):
+            log.warning("Langfuse export stopped with %s unsent", left)
+        self._http.close()
+        self._spans.shutdown()
+
+    # ---- the export thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            try:
+                first = self._queue.get(timeout=0.25)
+            except queue.Empty:
+                if self._stopping.is_set():
+                    return
+                continue
+            # Each item is turned into Langfuse data as it is taken, so the work is spread over
+            # the linger rather than done in one burst that would hold the GIL from the event loop.
+            batch = _Batch()
+            self._add(batch, first)
+            deadline = time.monotonic() + LINGER_S
+            while batch.taken < BATCH_MAX:
+                wait = 0 if self._stopping.is_set() else max(deadline - time.monotonic(), 0)
+                try:
+                    self._add(batch, self._queue.get(timeout=wait))
+                except queue.Empty:
+                    break
+            self._send(batch)
+
+    def _add(self, batch: _Batch, item: Item) -> None:
+        batch.taken += 1
+        with self._lock:  # taken and not yet counted: what close() counts as dropped if it gives up
+            if self._abandoned:
+                self.items.labels(_kind(item), "dropped").inc()
+                return
+            self._inflight[_kind(item)] = self._inflight.get(_kind(item), 0) + 1
+        try:
+            if isinstance(item, Score):
+                batch.scores.append(_score(item))
+                return
+            batch.spans.append(self._span(*(_generation(item) if isinstance(item, CallRecord) else _step_event(item))))
+            batch.kinds[_kind(item)] = batch.kinds.get(_kind(item), 0) + 1
+        except Exception:  # one odd record must not stop the thread
+            log.exception("could not turn a %s into Langfuse data", _kind(item))
+            self._count({_kind(item): 1}, "failed")
+
+    def _send(self, batch: _Batch) -> None:
+        from langfuse.api import CreateScoreBatchResults
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        if batch.spans:
+            try:  # the exporter logs why a batch failed (a status, a connection error)
+                sent = self._spans.export(batch.spans) is SpanExportResult.SUCCESS
+            except Exception:
+                log.exception("the OTLP exporter failed")
+                sent = False
+            self._count(batch.kinds, "sent" if sent else "failed")
+        if batch.scores:
+            try:
+                response = self.api.scores.create(request=batch.scores, request_options={"max_retries": self.retries})
+            except Exception as exc:
+                self._count({"score": len(batch.scores)}, "failed", _reason(exc))
+                return
+            rejected = response.rejected if isinstance(response, CreateScoreBatchResults) else 0
+            if rejected:  # 207: Langfuse took some and refused the rest (no retry: they would be refused again)
+                self._count({"score": rejected}, "failed", "; ".join(e.message for e in response.errors)[:500])
+            self._count({"score": len(batch.scores) - rejected}, "sent")
+
+    def _count(self, kinds: dict[str, int], outcome: str, reason: str = "") -> None:
+        with self._lock:
+            if self._abandoned:  # close() gave up on this batch and counted it dropped
+                return
+            if outcome == "failed":
+                log.warning("Langfuse did not take %s%s", ", ".join(f"{n} {kind}s" for kind, n in kinds.items()), f": {reason}" if reason else "")
+            for kind, n in kinds.items():
+                if n:
+                    self.items.labels(kind, outcome).inc(n)
+                    self._inflight[kind] -= n
+
+    def _span(self, trace: str, name: str, start: datetime, end: datetime, attributes: dict[str, Any]) -> Any:
+        """An ended OpenTelemetry span in the Langfuse trace ``trace``, with the given times."""
+        from opentelemetry import trace as otel
+
+        # A remote parent carries the trace id in; Langfuse reads as_root as "no parent observation",
+        # as its own SDK marks spans started in a given trace.
+        parent = otel.NonRecordingSpan(
+            otel.SpanContext(int(trace, 16), int.from_bytes(os.urandom(8)), is_remote=True, trace_flags=otel.TraceFlags(otel.TraceFlags.SAMPLED))
+        )
+        values = {k: v if isinstance(v, (str, bool, int, float)) else _encode(v).decode() for k, v in attributes.items() if v is not None}
+        span = self._tracer.start_span(name, context=otel.set_span_in_context(parent), start_time=_ns(start), attributes=values | {"langfuse.internal.as_root": True})
+        if attributes.get("langfuse.observation.level") == "ERROR":
+            span.set_status(otel.Status(otel.StatusCode.ERROR, attributes.get("langfuse.observation.status_message")))
+        span.end(end_time=_ns(end))
+        return span
+
+
+def _kind(item: Item) -> str:
+    return "generation" if isinstance(item, CallRecord) else "score" if isinstance(item, Score) else "event"
+
+
+def _reason(exc: Exception) -> str:
+    status = getattr(exc, "status_code", None)
+    return f"HTTP {status}" if status is not None else f"{type(exc).__name__}: {exc}"[:300]
+
+
+# ---- burnish's records in Langfuse's terms ---------------------------------------------------
+
+
+def _generation(call: CallRecord) -> tuple[str, str, datetime, datetime, dict[str, Any]]:
+    request = _json(call.request)
+    body = request if isinstance(request, dict) else {}
+    response = _json(call.response) if call.response is not None else None
+    version = f"{call.policy}@{call.policy_step or 0}" if call.policy else None
+    metadata = {
+        "trajectory_id": call.trajectory_id,
+        "group_id": call.group_id,
+        "policy": call.policy,
+        "version": version,
+        "endpoint": call.endpoint,
+        "stream": call.stream,
+        "status": call.status,
+        "http_status": call.http_status,
+        "attempts": call.attempts,
+    }
+    attributes = {
+        **_trace_attributes(call.trajectory_id, call.group_id, call.policy, version),
+        "langfuse.observation.type": "generation",
+        "langfuse.observation.input": _input(body) if body else request,
+        "langfuse.observation.output": _output(response),
+        "langfuse.observation.model.name": call.upstream_model or call.model,
+        "langfuse.observation.model.parameters": {k: body[k] for k in MODEL_PARAMETERS if k in body} or None,
+        "langfuse.observation.usage_details": _usage(call.usage),
+        "langfuse.observation.metadata": {k: v for k, v in metadata.items() if v is not None},
+        "langfuse.version": version,
+    }
+    if call.error:
+        attributes |= {"langfuse.observation.level": "ERROR", "langfuse.observation.status_message": call.error[:2000]}
+    return trace_id(call.trajectory_id), call.endpoint, call.started_at, call.finished_at, attributes
+
+
+def _step_event(step: Step) -> tuple[str, str, datetime, datetime, dict[str, Any]]:
+    session = f"train:{step.policy}"
+    attributes = {
+        "langfuse.trace.name": f"train {step.policy}@{step.step}",
+        "session.id": session,
+        "langfuse.trace.metadata": {"policy": step.policy, "step": step.step},
+        "langfuse.observation.type": "event",
+        "langfuse.observation.input": {"parent": step.parent, "groups": step.groups},
+        "langfuse.observation.output": step.metrics,
+        "langfuse.observation.metadata": {"policy": step.policy, "step": step.step, "parent": step.parent},
+        "langfuse.version": f"{step.policy}@{step.step}",
+    }
+    # An event is a moment: when the step was recorded (its duration is in the metrics, "seconds").
+    return trace_id(f"{session}@{step.step}"), "training step", step.recorded_at, step.recorded_at, attributes
+
+
+def _trace_attributes(trajectory_id: str, group_id: str | None, policy: str | None, version: str | None) -> dict[str, Any]:
+    metadata = {"trajectory_id": trajectory_id, "group_id": group_id, "policy": policy, "version": version}
+    return {
+        "langfuse.trace.name": policy or "trajectory",
+        "session.id": group_id,
+        "langfuse.trace.metadata": {k: v for k, v in metadata.items() if v is not None},
+    }
+
+
+def _score(score: Score) -> Any:
+    from langfuse.api import CreateScoreRequest
+
+    trace = trace_id(score.trajectory_id)
+    return CreateScoreRequest(
+        id=score.id,
+        trace_id=trace,
+        name=score.name,
+        value=score.value,
+        data_type="NUMERIC",
+        comment=score.comment,
+        metadata={"trajectory_id": score.trajectory_id, **score.metadata},
+    )
+
+
+def _ns(moment: datetime) -> int:
+    if moment.tzinfo is None:  # the store's times are UTC
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(moment.timestamp() * 1e6) * 1000
+
+
+def _json(raw: bytes | None) -> Any:
+    if raw is None:
+        return None
+    try:
+        return _decode(raw)
+    except msgspec.DecodeError:
+        return raw[:20_000].decode("utf-8", "replace")
+
+
+def _input(body: dict[str, Any]) -> Any:
+    """The conversation as Langfuse renders it: the messages (chat, Messages API), the Responses
+    API's input, or the completion prompt, with the system prompt and tools where given."""
+    for key in ("messages", "input", "prompt"):
+        if key in body:
+            extra = {k: body[k] for k in ("system", "instructions", "tools") if k in body}
+            return {key: body[key], **extra} if extra else body[key]
+    return {k: v for k, v in body.items() if k not in MODEL_PARAMETERS}
+
+
+def _output(response: Any) -> Any:
+    """The answer: the message (or messages when n > 1), the completion text, or the output items."""
+    if not isinstance(response, dict):
+        return response
+    if isinstance(choices := response.get("choices"), list) and choices:
+        answers = [c.get("message", c.get("text")) if isinstance(c, dict) else c for c in choices]
+        return answers[0] if len(answers) == 1 else answers
+    if "output" in response:  # Responses API
+        return response["output"]
+    if response.get("type") == "message":  # Messages API
+        return {"role": response.get("role", "assistant"), "content": response.get("content")}
+    return response
+
+
+def _usage(usage: dict[str, Any] | None) -> dict[str, int] | None:
+    if not usage:
+        return None
+    out = {
+        "input": usage.get("prompt_tokens", usage.get("input_tokens")),
+        "output": usage.get("completion_tokens", usage.get("output_tokens")),
+        "total": usage.get("total_tokens"),
+    }
+    return {k: int(v) for k, v in out.items() if isinstance(v, (int, float))} or None
