@@ -15,7 +15,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import traceback
 from pathlib import Path
+
+import httpx
+import pytest
 
 from burnish import AsyncClient
 from gateway.vllm_server import VLLMServer, last_lines
@@ -27,6 +32,21 @@ from digits import play_round  # noqa: E402
 # Groups of 8: with 4, the rise came between round 12 and round 23, and in some runs not
 # within 36 rounds; with 8 it came by round 13 (docs/trainer.md).
 ROUNDS, GROUPS, GROUP_SIZE = 36, 2, 8
+# A round takes a few seconds; past this it is stuck. Below the SDK's and the upstream's 120 s
+# time-outs, so that the report is taken while whatever is stuck still is.
+ROUND_TIMEOUT_S = 90
+
+
+def stuck_report(gw: Gateway, vllm: VLLMServer, trainer_log: Path) -> str:
+    """What a stuck round leaves to look at: the gateway's queue, every thread's stack, the logs."""
+    try:
+        metrics = httpx.get(f"{gw.url}/metrics", timeout=5).text
+        queue = "\n".join(line for line in metrics.splitlines() if line.startswith(("burnish_record_queue", "burnish_requests_total", "burnish_commit_batch_size_count")))
+    except httpx.HTTPError as exc:
+        queue = f"/metrics did not answer: {exc!r}"
+    names = {t.ident: t.name for t in threading.enumerate()}
+    stacks = "\n".join(f"-- {names.get(ident, ident)}\n{''.join(traceback.format_stack(frame)[-6:])}" for ident, frame in sys._current_frames().items())
+    return f"{queue}\n== threads\n{stacks}\n== trainer\n{last_lines(trainer_log, 15)}\n== vllm\n{last_lines(vllm.log_path, 25)}"
 
 
 def test_reward_rises_through_the_whole_loop(make_gateway, vllm: VLLMServer, tiny_model: Path, tmp_path: Path) -> None:
@@ -43,7 +63,10 @@ def test_reward_rises_through_the_whole_loop(make_gateway, vllm: VLLMServer, tin
         nonlocal trainable
         async with AsyncClient(gw.url, admin_token=ADMIN_TOKEN) as client:
             for round_no in range(ROUNDS):
-                results = await play_round(client, round_no, groups=GROUPS, size=GROUP_SIZE)
+                try:
+                    results = await asyncio.wait_for(play_round(client, round_no, groups=GROUPS, size=GROUP_SIZE), ROUND_TIMEOUT_S)
+                except TimeoutError:
+                    pytest.fail(f"round {round_no} stuck for {ROUND_TIMEOUT_S} s\n{stuck_report(gw, vllm, tmp_path / 'trainer.log')}")
                 means.append(sum(r for r, _ in results) / len(results))
                 versions.append({v for _, v in results})
                 groups = [[r for r, _ in results[g * GROUP_SIZE : (g + 1) * GROUP_SIZE]] for g in range(GROUPS)]

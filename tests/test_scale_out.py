@@ -19,7 +19,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from gateway.vllm_server import VLLMServer, last_lines
-from tests.conftest import ADMIN_TOKEN
+from tests.conftest import ADMIN_TOKEN, wait_for
 from tests.servers import free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.parametrize("database_url", ["postgres"], indirect=True)]
@@ -59,6 +59,10 @@ def test_two_gateways_two_trainers_one_postgres(database_url: str, vllm: VLLMSer
         for policy in POLICIES:
             body = {"name": policy, "base_model": "tiny", "model_path": str(tiny_model), "lora": {"rank": 8, "alpha": 16}, "train": {"learning_rate": 5e-3, "groups_per_step": 2}}
             assert httpx.post(urls[0] + "/admin/policies", json=body, headers=admin).status_code == 201
+        # The other gateway learns of a new policy from the store within its refresh interval
+        # (gateway/policies.py); until then it would pass "alpha" through to vLLM untouched.
+        for url in urls:
+            wait_for(lambda url=url: {m["id"] for m in httpx.get(url + "/v1/models").json()["data"]} >= set(POLICIES), 10, f"{url} never listed the policies")
         for n in range(2):
             log = tmp_path / f"trainer{n}.log"
             procs.append((spawn(["trainer", "--upstream", vllm.url, "--worker-id", f"trainer-{n}"], log, env), log))

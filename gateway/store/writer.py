@@ -104,7 +104,10 @@ class Writer:
         self.commits += 1
         self.records += len(batch)
         if self.on_commit is not None:
-            self.on_commit([item for item, _ in batch])
+            try:  # an observer's fault must not stop the writer: every waiting call would hang
+                self.on_commit([item for item, _ in batch])
+            except Exception:
+                log.exception("a commit observer failed")
         for (_, future), result in zip(batch, results):
             _resolve(future, result)
 
