@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy.engine import make_url
 
 from burnish import AsyncClient
 from gateway.vllm_server import VLLMServer, last_lines
@@ -44,9 +46,16 @@ def stuck_report(gw: Gateway, vllm: VLLMServer, trainer_log: Path) -> str:
         queue = "\n".join(line for line in metrics.splitlines() if line.startswith(("burnish_record_queue", "burnish_requests_total", "burnish_commit_batch_size_count")))
     except httpx.HTTPError as exc:
         queue = f"/metrics did not answer: {exc!r}"
+    try:  # is SQLite's write lock held (by the trainer, or by the gateway's own writer)?
+        db = sqlite3.connect(make_url(gw.settings.resolved_database_url).database, timeout=1)
+        db.execute("BEGIN IMMEDIATE")
+        db.rollback()
+        lock = "the store's write lock is free"
+    except sqlite3.OperationalError as exc:
+        lock = f"the store's write lock is held: {exc}"
     names = {t.ident: t.name for t in threading.enumerate()}
     stacks = "\n".join(f"-- {names.get(ident, ident)}\n{''.join(traceback.format_stack(frame)[-6:])}" for ident, frame in sys._current_frames().items())
-    return f"{queue}\n== threads\n{stacks}\n== trainer\n{last_lines(trainer_log, 15)}\n== vllm\n{last_lines(vllm.log_path, 25)}"
+    return f"{queue}\n{lock}\n== threads\n{stacks}\n== trainer\n{last_lines(trainer_log, 15)}\n== vllm\n{last_lines(vllm.log_path, 25)}"
 
 
 def test_reward_rises_through_the_whole_loop(make_gateway, vllm: VLLMServer, tiny_model: Path, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ recorded but before the policy switches to the new version. The second kills a r
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -77,6 +78,33 @@ async def test_a_trainer_steps_from_the_head_another_trainer_just_moved(make_gat
     finally:
         await a.close()
         await b.close()
+        unload(vllm, (1, 2))
+
+
+async def test_a_step_replaces_an_adapter_vllm_holds_under_its_name_from_elsewhere(make_gateway, vllm: VLLMServer, tiny_model: Path, tmp_path: Path) -> None:
+    """vLLM may hold ``agent@2`` already, loaded from another directory: a policy deleted and
+    made again under its name, or another deployment on the same vLLM. Step 2 must be served
+    from its own checkpoint, not from those weights."""
+    gw = make_gateway(upstream=vllm.url, upstream_timeout=120)
+    gw.create_policy("agent", "tiny", model_path=str(tiny_model), **TINY)
+    await make_groups(gw, 4)
+    settings = Settings.load({}, data_dir=gw.settings.data_dir, upstream=vllm.url)
+    ckpts = Path(gw.settings.data_dir) / "policies" / "agent" / "checkpoints"
+    worker = TrainerWorker(settings, WorkerSettings(worker_id="w1"))
+
+    def roots() -> dict[str, str]:
+        return {m["id"]: m["root"] for m in httpx.get(vllm.url + "/v1/models").json()["data"]}
+
+    try:
+        assert await worker.train_once(await worker.db.read(get_policy, "agent"))
+        elsewhere = shutil.copytree(ckpts / "1" / "adapter", tmp_path / "elsewhere" / "adapter")
+        unload(vllm, (2,))
+        assert httpx.post(vllm.url + "/v1/load_lora_adapter", json={"lora_name": "agent@2", "lora_path": str(elsewhere)}).status_code == 200
+        assert roots()["agent@2"] == str(elsewhere)
+        assert await worker.train_once(await worker.db.read(get_policy, "agent"))
+        assert served_step(gw) == 2 and roots()["agent@2"] == str(ckpts / "2" / "adapter")
+    finally:
+        await worker.close()
         unload(vllm, (1, 2))
 
 

@@ -255,17 +255,38 @@ class TrainerWorker:
         t0 = time.perf_counter()
         name = f"{policy.name}@{step}" if step > 0 else policy.base_model
         if step > 0:
-            adapter = self.checkpoints(policy.name) / str(step) / "adapter"
-            r = self.vllm.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(adapter)})
-            # After a rollback the adapter may still be loaded from before: that is fine.
-            if r.status_code != 200 and "already been loaded" not in r.text:
-                raise RuntimeError(f"vLLM did not load {name}: {r.status_code} {r.text[:300]}")
+            self.load_adapter(name, self.checkpoints(policy.name) / str(step) / "adapter")
         check = self.vllm.post("/v1/completions", json={"model": name, "prompt": "ok", "max_tokens": 1})
         if check.status_code != 200:
             raise RuntimeError(f"vLLM loaded {name} but it does not answer: {check.status_code} {check.text[:300]}")
         seconds = time.perf_counter() - t0
         self.unload_old(policy.name, step)
         return seconds
+
+    def load_adapter(self, name: str, path: Path) -> None:
+        """Have vLLM serve ``name`` from ``path``.
+
+        vLLM may hold the name already. From this path (a rollback re-publishing a step) that
+        is fine. From another (a policy deleted and made again under its name, or another
+        deployment sharing this vLLM) it is unloaded first: vLLM refuses a second load of a
+        name, and would go on serving the other weights under it.
+        """
+        body = {"lora_name": name, "lora_path": str(path)}
+        r = self.vllm.post("/v1/load_lora_adapter", json=body)
+        if r.status_code != 200 and "already been loaded" in r.text:
+            if self.loaded_from(name) == str(path):
+                return
+            log.warning("vLLM held %s from another path; reloading it from %s", name, path)
+            self.vllm.post("/v1/unload_lora_adapter", json={"lora_name": name})
+            r = self.vllm.post("/v1/load_lora_adapter", json=body)
+        if r.status_code != 200:
+            raise RuntimeError(f"vLLM did not load {name}: {r.status_code} {r.text[:300]}")
+
+    def loaded_from(self, name: str) -> str | None:
+        """The path vLLM loaded adapter ``name`` from (its /v1/models ``root``)."""
+        listed = self.vllm.get("/v1/models")
+        models = listed.json().get("data", []) if listed.status_code == 200 else []
+        return next((m.get("root") for m in models if m.get("id") == name), None)
 
     def unload_old(self, name: str, serving: int) -> None:
         """Keep the served adapter and the newest others, keep_loaded in all; unload the rest."""
