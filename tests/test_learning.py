@@ -39,6 +39,23 @@ ROUNDS, GROUPS, GROUP_SIZE = 36, 2, 8
 ROUND_TIMEOUT_S = 90
 
 
+def gateway_tasks() -> list[asyncio.Task]:
+    """The tasks of the other event loops in this process (the in-process gateways' loops)."""
+    here = asyncio.get_running_loop()
+    return [task for task in list(asyncio.tasks._all_tasks) if task.get_loop() is not here and not task.done()]
+
+
+def awaiting(coro) -> list[str]:
+    """Where a suspended coroutine waits: each frame down its await chain."""
+    out = []
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            out.append(f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} {frame.f_code.co_name}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return out
+
+
 def stuck_report(gw: Gateway, vllm: VLLMServer, trainer_log: Path) -> str:
     """What a stuck round leaves to look at: the gateway's queue, every thread's stack, the logs."""
     try:
@@ -53,9 +70,10 @@ def stuck_report(gw: Gateway, vllm: VLLMServer, trainer_log: Path) -> str:
         lock = "the store's write lock is free"
     except sqlite3.OperationalError as exc:
         lock = f"the store's write lock is held: {exc}"
+    tasks = "\n".join(" <- ".join(awaiting(task.get_coro())) for task in gateway_tasks()) or "(none found)"
     names = {t.ident: t.name for t in threading.enumerate()}
     stacks = "\n".join(f"-- {names.get(ident, ident)}\n{''.join(traceback.format_stack(frame)[-6:])}" for ident, frame in sys._current_frames().items())
-    return f"{queue}\n{lock}\n== threads\n{stacks}\n== trainer\n{last_lines(trainer_log, 15)}\n== vllm\n{last_lines(vllm.log_path, 25)}"
+    return f"{queue}\n{lock}\n== the gateway's tasks, outermost first\n{tasks}\n== threads\n{stacks}\n== trainer\n{last_lines(trainer_log, 15)}\n== vllm\n{last_lines(vllm.log_path, 25)}"
 
 
 def test_reward_rises_through_the_whole_loop(make_gateway, vllm: VLLMServer, tiny_model: Path, tmp_path: Path) -> None:
