@@ -282,18 +282,18 @@ class TrainerWorker:
         if r.status_code != 200:
             raise RuntimeError(f"vLLM did not load {name}: {r.status_code} {r.text[:300]}")
 
+    def served_models(self) -> list[dict]:
+        """vLLM's /v1/models entries (the base model and each loaded adapter); none if it fails."""
+        listed = self.vllm.get("/v1/models")
+        return listed.json().get("data", []) if listed.status_code == 200 else []
+
     def loaded_from(self, name: str) -> str | None:
         """The path vLLM loaded adapter ``name`` from (its /v1/models ``root``)."""
-        listed = self.vllm.get("/v1/models")
-        models = listed.json().get("data", []) if listed.status_code == 200 else []
-        return next((m.get("root") for m in models if m.get("id") == name), None)
+        return next((m.get("root") for m in self.served_models() if m.get("id") == name), None)
 
     def unload_old(self, name: str, serving: int) -> None:
         """Keep the served adapter and the newest others, keep_loaded in all; unload the rest."""
-        listed = self.vllm.get("/v1/models")
-        if listed.status_code != 200:
-            return
-        loaded = (m["id"].rpartition("@") for m in listed.json().get("data", []))
+        loaded = (m["id"].rpartition("@") for m in self.served_models())
         others = sorted((int(step) for policy, _, step in loaded if policy == name and step.isdigit() and int(step) != serving), reverse=True)
         for old in others[max(self.worker.keep_loaded - 1, 0) :]:
             self.vllm.post("/v1/unload_lora_adapter", json={"lora_name": f"{name}@{old}"})
