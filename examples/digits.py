@@ -118,9 +118,13 @@ def main(play=None, doc: str = __doc__) -> None:
         proc = start_burnish(args.data_dir, args.port)
         args.gateway = f"http://127.0.0.1:{args.port}"
         args.admin_token = args.admin_token or (args.data_dir / "admin-token").read_text().strip()
+
+    async def run() -> list[float]:
+        async with AsyncClient(args.gateway, admin_token=args.admin_token) as client:  # closes its connections
+            return await train(client, args.rounds, args.groups, args.size, play=play, plot=args.plot)
+
     try:
-        client = AsyncClient(args.gateway, admin_token=args.admin_token)
-        means = asyncio.run(train(client, args.rounds, args.groups, args.size, play=play, plot=args.plot))
+        means = asyncio.run(run())
         first, last = sum(means[:5]) / 5, sum(means[-5:]) / 5
         print(f"mean reward: first 5 rounds {first:.3f}, last 5 rounds {last:.3f}; plot in {args.plot}")
     finally:

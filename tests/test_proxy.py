@@ -42,16 +42,16 @@ def test_chat_plain_sync_client_sees_upstream_answer(gateway: Gateway, upstream_
 
 
 async def test_chat_stream_async_client_sees_upstream_chunks(gateway: Gateway, upstream_server: tuple[Upstream, str]) -> None:
-    direct = openai.AsyncOpenAI(base_url=upstream_server[1] + "/v1", api_key="k")
-    through = openai.AsyncOpenAI(base_url=gateway.url + "/t/stream-1/v1", api_key="k")
-    kwargs = dict(model="tiny", messages=MESSAGES, stream=True, stream_options={"include_usage": True})
-    want = [c.model_dump() async for c in await direct.chat.completions.create(**kwargs)]
-    got = [c.model_dump() async for c in await through.chat.completions.create(**kwargs)]
-    assert got == want and len(got) > 3
+    # Closed here, on their loop: not by the garbage collector on some other thread's.
+    async with openai.AsyncOpenAI(base_url=upstream_server[1] + "/v1", api_key="k") as direct, openai.AsyncOpenAI(base_url=gateway.url + "/t/stream-1/v1", api_key="k") as through:
+        kwargs = dict(model="tiny", messages=MESSAGES, stream=True, stream_options={"include_usage": True})
+        want = [c.model_dump() async for c in await direct.chat.completions.create(**kwargs)]
+        got = [c.model_dump() async for c in await through.chat.completions.create(**kwargs)]
+        assert got == want and len(got) > 3
+        plain = await direct.chat.completions.create(model="tiny", messages=MESSAGES)
 
     call = only_call(gateway, "stream-1")
     assert call["stream"] is True and call["status"] == "ok"
-    plain = await direct.chat.completions.create(model="tiny", messages=MESSAGES)
     assert call["response"]["choices"][0]["message"] == {"role": "assistant", "content": plain.choices[0].message.content}
     assert call["response"]["choices"][0]["finish_reason"] == "stop"
     assert call["usage"]["completion_tokens"] == plain.usage.completion_tokens

@@ -160,3 +160,26 @@ def test_the_async_client(gw: Gateway, upstream: Upstream) -> None:
             assert (await client.models())["data"][0]["id"] == "agent"
 
     asyncio.run(main())
+
+
+def test_trajectories_share_the_clients_openai_connections_and_close_with_it(gw: Gateway, upstream: Upstream) -> None:
+    # A client per trajectory, left for the garbage collector, used to be closed on whichever
+    # thread collected it: from a thread running another event loop, that breaks the owner's loop.
+    async def main() -> None:
+        client = AsyncClient(gw.url)
+        first, second = client.trajectory(), client.group(size=2).trajectory()
+        llms = [first.async_openai(), second.async_openai(max_retries=0), second.openai()]
+        for llm in llms[:2]:
+            await llm.chat.completions.create(model="tiny", messages=HI)
+        llms[2].chat.completions.create(model="tiny", messages=HI)
+        assert [len((await client.get_trajectory(t.id))["calls"]) for t in (first, second)] == [1, 2]
+        assert llms[1].max_retries == 0 and not any(llm.is_closed() for llm in llms)
+        await client.aclose()
+        assert all(llm.is_closed() for llm in llms)
+
+    asyncio.run(main())
+    with Client(gw.url) as client:
+        llm = client.trajectory().openai()
+        with pytest.raises(TypeError, match="AsyncClient"):
+            client.trajectory().async_openai()
+    assert llm.is_closed()

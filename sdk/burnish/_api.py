@@ -136,11 +136,54 @@ def served_step(models: Any, policy: str) -> int | None:
     return next((m.get("step", 0) for m in models.get("data", []) if m.get("id") == policy and m.get("owned_by") == "burnish"), None)
 
 
+class OpenAIClients:
+    """One ``openai.OpenAI`` and one ``openai.AsyncOpenAI`` per SDK client, made on first use.
+
+    A trajectory's client is a copy (``with_options``) with its keys as default headers, which
+    shares the connection pool: calls reuse connections across trajectories, and the SDK client's
+    close closes them. A client per trajectory left for the garbage collector was worse than
+    slow: AsyncOpenAI's finalizer closes its sockets on whichever thread collects it, and on a
+    thread running another event loop (a server in the same process) that corrupts the owning
+    loop's socket registrations.
+    """
+
+    def __init__(self, base_url: str, api_key: str, *, asynchronous: bool) -> None:
+        self._kwargs = {"base_url": f"{base_url}/v1", "api_key": api_key}
+        self._asynchronous = asynchronous  # only an async SDK client can close an AsyncOpenAI
+        self._sync: Any = None
+        self._async: Any = None
+
+    def sync(self) -> Any:
+        if self._sync is None:
+            import openai
+
+            self._sync = openai.OpenAI(**self._kwargs)
+        return self._sync
+
+    def async_(self) -> Any:
+        if not self._asynchronous:
+            raise TypeError("async_openai() needs burnish.AsyncClient: a sync Client could not close it")
+        if self._async is None:
+            import openai
+
+            self._async = openai.AsyncOpenAI(**self._kwargs)
+        return self._async
+
+    def close(self) -> None:
+        if self._sync is not None:
+            self._sync.close()
+
+    async def aclose(self) -> None:
+        self.close()
+        if self._async is not None:
+            await self._async.close()
+
+
 class TrajectoryKeys:
     """A trajectory's identity on the gateway, and the ways to attach calls to it."""
 
-    def __init__(self, gateway: str, api_key: str, trajectory_id: str, group_id: str | None, group_size: int | None) -> None:
-        self._gateway, self._api_key = gateway, api_key
+    def __init__(self, gateway: str, clients: OpenAIClients, trajectory_id: str, group_id: str | None, group_size: int | None) -> None:
+        self._gateway, self._clients = gateway, clients
         self.id, self.group_id, self.group_size = trajectory_id, group_id, group_size
 
     @property
@@ -159,18 +202,14 @@ class TrajectoryKeys:
                 out[GROUP_SIZE_HEADER] = str(self.group_size)
         return out
 
-    def _openai_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        headers = {**self.headers, **(kwargs.pop("default_headers", None) or {})}
-        return {"base_url": f"{self._gateway}/v1", "api_key": self._api_key, "default_headers": headers, **kwargs}
+    def _with_keys(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {**kwargs, "default_headers": {**self.headers, **(kwargs.get("default_headers") or {})}}
 
     def openai(self, **kwargs: Any) -> Any:
-        """An ``openai.OpenAI`` client whose every call lands in this trajectory."""
-        import openai
-
-        return openai.OpenAI(**self._openai_kwargs(kwargs))
+        """An ``openai.OpenAI`` whose every call lands in this trajectory. It shares the SDK
+        client's connections and is closed with it; ``kwargs`` go to ``with_options``."""
+        return self._clients.sync().with_options(**self._with_keys(kwargs))
 
     def async_openai(self, **kwargs: Any) -> Any:
-        """An ``openai.AsyncOpenAI`` client whose every call lands in this trajectory."""
-        import openai
-
-        return openai.AsyncOpenAI(**self._openai_kwargs(kwargs))
+        """The same as an ``openai.AsyncOpenAI``."""
+        return self._clients.async_().with_options(**self._with_keys(kwargs))

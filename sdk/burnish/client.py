@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from burnish._api import BurnishError, Call, Routes, StepTimeout, TrajectoryKeys, answer, keep_waiting, new_id, served_step
+from burnish._api import BurnishError, Call, OpenAIClients, Routes, StepTimeout, TrajectoryKeys, answer, keep_waiting, new_id, served_step
 
 DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
 
@@ -46,6 +46,7 @@ class Client(Routes):
     def __init__(self, base_url: str, api_key: str | None = None, admin_token: str | None = None, *, http: httpx.Client | None = None) -> None:
         self._settings = _Settings(base_url, api_key, admin_token)
         self._http = http or httpx.Client(base_url=self._settings.base_url, timeout=DEFAULT_TIMEOUT)
+        self._openai = OpenAIClients(self._settings.base_url, self._settings.api_key, asynchronous=False)
 
     def _send(self, call: Call) -> Any:
         r = self._http.request(call.method, call.path, json=call.json, params=call.params, headers=self._settings.headers(call))
@@ -77,6 +78,8 @@ class Client(Routes):
             time.sleep(poll)
 
     def close(self) -> None:
+        """Close the connections, the trajectories' OpenAI clients' included."""
+        self._openai.close()
         self._http.close()
 
     def __enter__(self) -> Client:
@@ -110,7 +113,7 @@ class Group:
 
 class Trajectory(TrajectoryKeys):
     def __init__(self, client: Client, id: str, group_id: str | None, group_size: int | None) -> None:
-        super().__init__(client._settings.base_url, client._settings.api_key, id, group_id, group_size)
+        super().__init__(client._settings.base_url, client._openai, id, group_id, group_size)
         self.client = client
 
     def reward(self, value: float, **components: float) -> Any:
@@ -127,6 +130,7 @@ class AsyncClient(Routes):
     def __init__(self, base_url: str, api_key: str | None = None, admin_token: str | None = None, *, http: httpx.AsyncClient | None = None) -> None:
         self._settings = _Settings(base_url, api_key, admin_token)
         self._http = http or httpx.AsyncClient(base_url=self._settings.base_url, timeout=DEFAULT_TIMEOUT)
+        self._openai = OpenAIClients(self._settings.base_url, self._settings.api_key, asynchronous=True)
 
     async def _send(self, call: Call) -> Any:
         r = await self._http.request(call.method, call.path, json=call.json, params=call.params, headers=self._settings.headers(call))
@@ -154,6 +158,8 @@ class AsyncClient(Routes):
             await asyncio.sleep(poll)
 
     async def aclose(self) -> None:
+        """Close the connections, the trajectories' OpenAI clients' included."""
+        await self._openai.aclose()
         await self._http.aclose()
 
     async def __aenter__(self) -> AsyncClient:
@@ -186,7 +192,7 @@ class AsyncGroup:
 
 class AsyncTrajectory(TrajectoryKeys):
     def __init__(self, client: AsyncClient, id: str, group_id: str | None, group_size: int | None) -> None:
-        super().__init__(client._settings.base_url, client._settings.api_key, id, group_id, group_size)
+        super().__init__(client._settings.base_url, client._openai, id, group_id, group_size)
         self.client = client
 
     async def reward(self, value: float, **components: float) -> Any:
