@@ -163,8 +163,8 @@ def test_the_async_client(gw: Gateway, upstream: Upstream) -> None:
 
 
 def test_trajectories_share_the_clients_openai_connections_and_close_with_it(gw: Gateway, upstream: Upstream) -> None:
-    # A client per trajectory, left for the garbage collector, used to be closed on whichever
-    # thread collected it: from a thread running another event loop, that breaks the owner's loop.
+    # A client per trajectory, left for the garbage collector, used to be closed from whichever
+    # thread collected it: from a thread running another event loop, on the wrong loop.
     async def main() -> None:
         client = AsyncClient(gw.url)
         first, second = client.trajectory(), client.group(size=2).trajectory()

@@ -141,10 +141,10 @@ class OpenAIClients:
 
     A trajectory's client is a copy (``with_options``) with its keys as default headers, which
     shares the connection pool: calls reuse connections across trajectories, and the SDK client's
-    close closes them. A client per trajectory left for the garbage collector was worse than
-    slow: AsyncOpenAI's finalizer closes its sockets on whichever thread collects it, and on a
-    thread running another event loop (a server in the same process) that corrupts the owning
-    loop's socket registrations.
+    close closes them. A client per trajectory was left for the garbage collector, and
+    AsyncOpenAI's finalizer closes its sockets from whichever thread collects it: on a thread
+    running another event loop (a server in the same process), from the wrong loop, which
+    asyncio does not support.
     """
 
     def __init__(self, base_url: str, api_key: str, *, asynchronous: bool) -> None:
@@ -211,5 +211,5 @@ class TrajectoryKeys:
         return self._clients.sync().with_options(**self._with_keys(kwargs))
 
     def async_openai(self, **kwargs: Any) -> Any:
-        """The same as an ``openai.AsyncOpenAI``."""
+        """The same, as an ``openai.AsyncOpenAI`` (from an ``AsyncClient`` only)."""
         return self._clients.async_().with_options(**self._with_keys(kwargs))
