@@ -4,7 +4,7 @@ Run from the repository root (about 3.5 minutes; installs granian into the venv 
 
     .venv/bin/python bench/asgi_servers.py
 
-Both serve the same app, ``gateway.app:app_from_env`` (recording on, SQLite in a fresh data
+Both serve the same app, ``burnish_server.gateway.app:app_from_env`` (recording on, SQLite in a fresh data
 dir, settings from ``BURNISH_*``), one worker, in front of the benchmark upstream
 (bench/harness.py). Each server gets the same load, from wrk (or the Python fallback):
 
@@ -39,7 +39,7 @@ LAT_SECONDS, LAT_WARMUP = 6.0, 1.0
 CASES = [("plain c=64", PLAIN_BODY, 64, TPUT_SECONDS, TPUT_WARMUP), ("stream c=64", STREAM_BODY, 64, TPUT_SECONDS, TPUT_WARMUP),
          ("plain c=1", PLAIN_BODY, 1, LAT_SECONDS, LAT_WARMUP)]
 RESULTS = ROOT / "bench" / "results" / "asgi_servers.json"
-APP = "gateway.app:app_from_env"
+APP = "burnish_server.gateway.app:app_from_env"
 
 
 def ensure_granian() -> None:

@@ -34,7 +34,7 @@ UPSTREAM = "upstream client (httpx and its transport): request and response"
 # Checked against the whole stack first: these own every sample they appear in.
 OWNERS = [
     ("logging/", "logging (any logger: formatting and handlers)"),
-    ("gateway/store/", STORE),
+    ("store/", STORE),
     ("_assign_requests_to_connections", "httpcore pool bookkeeping (scans every pooled connection)"),
     ("Call.record", "building the call record"),
 ]

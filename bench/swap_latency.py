@@ -10,7 +10,7 @@ the gateway, takes a real GRPO step and saves its checkpoint (not timed), then t
     publish  /v1/load_lora_adapter, one checking request, the switch in the store
     follow   until a request through the gateway comes back with X-Policy-Version <policy>@<step>
 
-and prints the median and the worst over the rounds. Budget (DESIGN.md): under 1 s.
+and prints the median and the worst over the rounds. Budget: under 1 s.
 The gateway re-reads the policies every REFRESH_EVERY_S (0.25 s), so `follow` is up to
 that plus one request; the client asks every 10 ms.
 """
@@ -33,11 +33,11 @@ from harness import HOST, VENV_BIN, Proc, free_port, install_cleanup  # noqa: E4
 from vs_litellm import make_tiny_model, start_vllm  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from gateway.policies import REFRESH_EVERY_S  # noqa: E402
-from gateway.settings import Settings  # noqa: E402
-from gateway.store.policies import get_policy, record_step  # noqa: E402
-from gateway.store.training import claim_groups, group_calls  # noqa: E402
-from trainer.worker import TrainerWorker, WorkerSettings  # noqa: E402
+from burnish_server.gateway.routing import REFRESH_EVERY_S  # noqa: E402
+from burnish_server.core.settings import Settings  # noqa: E402
+from burnish_server.store.policies import get_policy, record_step  # noqa: E402
+from burnish_server.store.training import claim_groups, group_calls  # noqa: E402
+from burnish_server.trainer.worker import TrainerWorker, WorkerSettings  # noqa: E402
 
 TOKEN = "bench-token"
 BUDGET_S = 1.0

@@ -9,7 +9,7 @@ Two sections, one after the other, each with its own upstream:
 
 * **vLLM upstream**: vLLM (the CPU build) serving the tiny model that
   ``burnish tiny-model --seed 0`` makes (served name ``tiny``, float32, max_model_len 2048,
-  started as gateway/vllm_server.py starts it, access log off). Requests are tiny
+  started as serving/process.py starts it, access log off). Requests are tiny
   (one short user message, ``max_tokens`` 1, temperature 0), so what a proxy adds stays
   visible; vLLM is still the slowest part, so its own req/s caps every target here.
 * **fast upstream**: bench/harness.py's fixed-answer upstream (uvicorn, httptools, uvloop).
@@ -73,7 +73,7 @@ from harness import (  # noqa: E402
 )
 
 sys.path.insert(0, str(ROOT))
-from gateway.vllm_server import VLLMServer  # noqa: E402  (imports neither vLLM nor torch)
+from burnish_server.serving.process import VLLMServer  # noqa: E402  (imports neither vLLM nor torch)
 
 LAT_SECONDS, LAT_WARMUP = 8.0, 1.0
 TPUT_SECONDS, TPUT_WARMUP, TPUT_CONNS = 10.0, 2.0, 64
@@ -114,7 +114,7 @@ def ensure_litellm() -> tuple[Path, str]:
 
 
 def make_tiny_model(path: Path) -> Path:
-    out = subprocess.run([PYTHON, "-m", "gateway.cli", "tiny-model", str(path), "--seed", "0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([PYTHON, "-m", "burnish_server.cli", "tiny-model", str(path), "--seed", "0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         raise RuntimeError(f"tiny-model failed ({out.returncode}): {out.stderr[-2000:]}")
     return path

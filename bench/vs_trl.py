@@ -87,9 +87,9 @@ def prepare(args: argparse.Namespace, work: Path) -> dict:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gateway.policies import LoraSettings, TrainSettings
-    from trainer.grpo import group_advantages
-    from trainer.tiny_model import make_tiny_model
+    from burnish_server.core.policies import LoraSettings, TrainSettings
+    from burnish_server.trainer.grpo import group_advantages
+    from burnish_server.trainer.tiny_model import make_tiny_model
 
     model = Path(args.model) if args.model else make_tiny_model(work / "tiny", seed=0)
     n, seq_len = args.groups * args.group_size, args.prompt_len + args.completion_len
@@ -119,9 +119,9 @@ def ours_stepper(spec: dict):
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    from gateway.policies import LoraSettings, TrainSettings
-    from trainer.policy_model import PolicyModel
-    from trainer.sequences import Sequence
+    from burnish_server.core.policies import LoraSettings, TrainSettings
+    from burnish_server.trainer.policy_model import PolicyModel
+    from burnish_server.trainer.sequences import Sequence
 
     policy = PolicyModel(spec["model"], msgspec.convert(spec["lora"], LoraSettings), msgspec.convert(spec["train"], TrainSettings))
     set_peft_model_state_dict(policy.model, load_file(spec["lora_init"], device=str(policy.device)))

@@ -87,7 +87,7 @@ def write_plot(means: list[float], path: Path) -> None:
 def start_burnish(data_dir: Path, port: int) -> subprocess.Popen:
     """`burnish up` on the embedded default; returns once it says it is up."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "up", "--port", str(port), "--data-dir", str(data_dir)],
+        [sys.executable, "-m", "burnish_server.cli", "up", "--port", str(port), "--data-dir", str(data_dir)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 600

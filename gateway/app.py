@@ -12,20 +12,24 @@ from typing import Any
 
 import httpx
 from litestar import Litestar, Request, Response, get
+from litestar.di import NamedDependency
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 
-from gateway import errors, logs
-from gateway.langfuse_export import LangfuseExport
-from gateway.metrics import CONTENT_TYPE, Metrics, store_state
-from gateway.policies import Registry, follow
-from gateway.routes import admin, proxy, ruler, trajectories
-from gateway.services import Services, services
-from gateway.settings import Settings
-from gateway.store.database import Database
-from gateway.store.policies import load_policies
-from gateway.store.writer import Writer
-from gateway.upstream import Upstream
+from burnish_server.core.errors import BurnishError
+from burnish_server.core.settings import Settings
+from burnish_server.gateway import errors, request_ids
+from burnish_server.gateway.metrics import CONTENT_TYPE, Metrics
+from burnish_server.gateway.routes import admin, proxy, ruler, trajectories
+from burnish_server.gateway.routes.common import DEPENDENCIES
+from burnish_server.gateway.routing import Registry, follow
+from burnish_server.gateway.services import Services
+from burnish_server.gateway.upstream import Upstream
+from burnish_server.store.database import Database
+from burnish_server.store.policies import load_policies
+from burnish_server.store.stats import store_state
+from burnish_server.store.writer import Writer
+from burnish_server.telemetry.langfuse_export import LangfuseExport
 
 log = logging.getLogger("burnish.gateway")
 
@@ -36,9 +40,8 @@ async def health() -> dict[str, str]:
 
 
 @get("/metrics", media_type=CONTENT_TYPE)
-async def metrics(request: Request) -> Response:
+async def metrics(svc: NamedDependency[Services]) -> Response[bytes]:
     """Prometheus text format: calls, latencies, the writer, and the store's state (gateway/metrics.py)."""
-    svc = services(request)
     svc.metrics.set_store_state(await svc.db.read(store_state))
     return Response(svc.metrics.render(), media_type=CONTENT_TYPE)
 
@@ -99,9 +102,14 @@ def create_app(settings: Settings | None = None) -> Litestar:
     return Litestar(
         route_handlers=[health, metrics, *proxy.route_handlers, *trajectories.route_handlers, *ruler.route_handlers, admin.router],
         lifespan=[lifespan],
-        exception_handlers={HTTPException: errors.handle_http_exception, Exception: errors.handle_unexpected},
+        dependencies=DEPENDENCIES,
+        exception_handlers={
+            BurnishError: errors.handle_domain_error,
+            HTTPException: errors.handle_http_exception,
+            Exception: errors.handle_unexpected,
+        },
         request_max_body_size=settings.max_body_bytes,
-        middleware=[logs.request_id_middleware],
+        middleware=[request_ids.request_id_middleware],
         openapi_config=OpenAPIConfig(title="burnish gateway", version="0.1.0", path="/docs"),
         # Logging is configured by whoever runs the app (the CLI); Litestar's default
         # would set the root logger to INFO behind --log-level's back.
@@ -111,5 +119,5 @@ def create_app(settings: Settings | None = None) -> Litestar:
 
 
 def app_from_env() -> Litestar:
-    """Factory for ASGI servers started by import string (``uvicorn --factory gateway.app:app_from_env``)."""
+    """Factory for ASGI servers started by import string (``uvicorn --factory burnish_server.gateway.app:app_from_env``)."""
     return create_app(Settings.load())

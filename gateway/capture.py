@@ -15,8 +15,8 @@ from typing import Any
 
 import msgspec
 
-from gateway.store import tokens
-from gateway.store.models import OK, UPSTREAM_CUT, UPSTREAM_ERROR
+from burnish_server.core import records, tokens
+from burnish_server.core.records import OK, UPSTREAM_CUT, UPSTREAM_ERROR
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -208,26 +208,26 @@ class Endpoint:
         if self.has_choices:
             return data == b"[DONE]"
         kind = obj.get("type") if isinstance(obj, dict) else event_name
-        if self.name == "messages":
+        if self.name == records.MESSAGES:
             return kind == "message_stop"
         return kind in ResponsesAssembler.TERMINAL
 
     def error_event(self, message: str) -> bytes:
         """The event that tells a client its stream failed, in the endpoint's own format."""
-        if self.name == "messages":
+        if self.name == records.MESSAGES:
             body = {"type": "error", "error": {"type": "api_error", "message": message}}
             return b"event: error\ndata: " + _encode(body) + b"\n\n"
-        if self.name == "responses":
+        if self.name == records.RESPONSES:
             body = {"type": "error", "code": "upstream_error", "message": message, "param": None}
             return b"event: error\ndata: " + _encode(body) + b"\n\n"
         body = {"error": {"message": message, "type": "api_error", "param": None, "code": "upstream_error"}}
         return b"data: " + _encode(body) + b"\n\n"
 
 
-CHAT = Endpoint("chat.completions", "chat/completions", ChatAssembler, True)
-COMPLETIONS = Endpoint("completions", "completions", CompletionAssembler, True)
-RESPONSES = Endpoint("responses", "responses", ResponsesAssembler, False)
-MESSAGES = Endpoint("messages", "messages", MessagesAssembler, False)
+CHAT = Endpoint(records.CHAT, "chat/completions", ChatAssembler, True)
+COMPLETIONS = Endpoint(records.COMPLETIONS, "completions", CompletionAssembler, True)
+RESPONSES = Endpoint(records.RESPONSES, "responses", ResponsesAssembler, False)
+MESSAGES = Endpoint(records.MESSAGES, "messages", MessagesAssembler, False)
 ENDPOINTS = (CHAT, COMPLETIONS, RESPONSES, MESSAGES)
 
 

@@ -1,17 +1,29 @@
-"""Errors in the OpenAI format, everywhere on the gateway.
+"""Errors at the gateway's edge: every failure a client sees is OpenAI's error body.
 
-Every failure a client can see is ``{"error": {"message", "type", "param", "code"}}``
-with a 4xx/5xx status. Unexpected exceptions become a 500 with a generic message:
-no stack trace ever reaches a client.
+    {"error": {"message", "type", "param", "code"}}   with a 4xx/5xx status
+
+One tree, mapped here and only here: the domain's errors (``core/errors.py``: not found,
+conflict, invalid, unavailable) by their class; Litestar's own (a body that does not
+decode or validate, a path parameter that does not match its pattern, 404/405/413) by
+their status; anything unexpected becomes a 500 with a generic message, so no stack trace
+ever reaches a client. ``APIError`` is for the few errors that exist only at the edge
+(authentication, an upstream's status).
+
+``ERROR_RESPONSES`` documents the same body in the OpenAPI schema.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import msgspec
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import ClientException, HTTPException, ValidationException
+from litestar.openapi.datastructures import ResponseSpec
+
+from burnish_server.core.errors import BurnishError, Conflict, Invalid, NotFound, Unavailable
+from burnish_server.core.ids import ID_REGEX, ID_RULE
 
 log = logging.getLogger("burnish.gateway")
 
@@ -26,15 +38,22 @@ _TYPES = {
     422: "invalid_request_error",
     429: "rate_limit_error",
 }
+# How msgspec quotes ID_REGEX in its message (up to the first escaped character).
+_ID_PATTERN_TEXT = ID_REGEX.split("\\")[0]
+_STATUS = {NotFound: 404, Conflict: 409, Invalid: 400, Unavailable: 502}
 
 
 class APIError(HTTPException):
-    """An error a client is meant to read: status, message and a short machine code."""
+    """An error that exists only at the edge: status, message and a short machine code."""
 
     def __init__(self, status_code: int, message: str, code: str, param: str | None = None) -> None:
         super().__init__(status_code=status_code, detail=message)
         self.code = code
         self.param = param
+
+
+def status_of(error: BurnishError) -> int:
+    return next((status for kind, status in _STATUS.items() if isinstance(error, kind)), 400)
 
 
 def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> bytes:
@@ -43,30 +62,75 @@ def error_body(status: int, message: str, code: str | None = None, param: str | 
 
 
 def error_response(status: int, message: str, code: str | None = None, param: str | None = None, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        content=error_body(status, message, code, param),
-        status_code=status,
-        media_type="application/json",
-        headers=headers,
-    )
+    return Response(content=error_body(status, message, code, param), status_code=status, media_type="application/json", headers=headers)
+
+
+def handle_domain_error(request: Request, exc: BurnishError) -> Response:
+    return error_response(status_of(exc), exc.message, exc.code, exc.param)
 
 
 def handle_http_exception(request: Request, exc: HTTPException) -> Response:
     if isinstance(exc, APIError):
         return error_response(exc.status_code, exc.detail, exc.code, exc.param, headers=exc.headers)
+    if isinstance(exc, ValidationException):
+        return _invalid(request, exc)
     status = exc.status_code
     message = exc.detail
     code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(status)
-    if isinstance(exc, ValidationException) and isinstance(exc.extra, list) and exc.extra:
-        first = exc.extra[0]
-        if isinstance(first, dict):
-            message = f"{exc.detail}: {first.get('message', '')} ({first.get('key') or first.get('source') or 'body'})"
-        code = "invalid_request"
     if status == 413:
         message = "request body is larger than the gateway's limit (BURNISH_MAX_BODY_BYTES)"
+    elif status == 400 and isinstance(exc, ClientException):  # a body Litestar could not decode as JSON
+        message, code = f"the request body is not valid JSON: {exc.detail}", "invalid_json"
     return error_response(status, message, code, headers=exc.headers)
+
+
+def _invalid(request: Request, exc: ValidationException) -> Response:
+    """A request Litestar refused: a path parameter off its pattern is ``invalid_id``; a body
+    that does not fit its struct gets the route's own code (``opt["invalid"]``)."""
+    first: dict[str, Any] = exc.extra[0] if isinstance(exc.extra, list) and exc.extra and isinstance(exc.extra[0], dict) else {}
+    where, key, message = first.get("source"), first.get("key"), str(first.get("message", ""))
+    if where == "path" or (where == "body" and _ID_PATTERN_TEXT in message):  # an id off its pattern, wherever it is
+        return error_response(400, f"invalid {key}: use {ID_RULE}", "invalid_id", key)
+    if where == "body":
+        what = request.route_handler.opt.get("invalid", "invalid_request")
+        if message == "'data'":  # Litestar's words for a missing body
+            message = "the request body is empty; expected a JSON object"
+        param = key if key and key != "data" else None
+        at = f" ({param})" if param else ""
+        return error_response(400, f"invalid {what.removeprefix('invalid_')}: {message}{at}", what, param)
+    detail = f"{exc.detail}: {message} ({key or where})" if first else exc.detail
+    return error_response(400, detail, "invalid_request", key)
 
 
 def handle_unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return error_response(500, "internal error in the gateway; the request was not completed", "internal_error")
+
+
+class ErrorDetail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(msgspec.Struct):
+    """Every error the gateway answers, on every route."""
+
+    error: ErrorDetail
+
+
+_MEANING = {
+    400: "Invalid request: a body, query or id that does not fit (code says which)",
+    401: "Missing or wrong credentials",
+    404: "Not found",
+    409: "Conflict with the current state (code says which)",
+    413: "Body larger than BURNISH_MAX_BODY_BYTES",
+    502: "A service behind the gateway failed (the upstream, a judge)",
+    503: "The gateway could not record the call",
+}
+
+
+def responses(*statuses: int) -> dict[int, ResponseSpec]:
+    """The error statuses a route can answer, each with the error body, for its OpenAPI entry."""
+    return {s: ResponseSpec(data_container=ErrorBody, description=_MEANING[s], generate_examples=False) for s in statuses}

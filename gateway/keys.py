@@ -1,24 +1,19 @@
 """Which trajectory (and group) a call belongs to.
 
-Precedence, as in DESIGN.md: the URL prefix ``/g/{group}/t/{trajectory}/v1`` or
-``/t/{trajectory}/v1``, then the headers ``X-Trajectory-Id``, ``X-Group-Id`` and
-``X-Group-Size``. A call with no trajectory key becomes a one-call trajectory
-with a generated id.
-
-Ids are 1 to 128 characters from ``A-Z a-z 0-9 _ - . :``; that keeps them safe
-in a URL path, a header and a file name without escaping.
+Precedence: the URL prefix ``/g/{group}/t/{trajectory}/v1`` or ``/t/{trajectory}/v1``
+(for clients that can set only a base URL), then the headers ``X-Trajectory-Id``,
+``X-Group-Id`` and ``X-Group-Size``. A call with no trajectory key becomes a one-call
+trajectory with a generated id. Ids follow ``core/ids.py``.
 """
 
 from __future__ import annotations
 
-import re
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.errors import APIError
+from burnish_server.core.errors import Invalid
+from burnish_server.core.ids import check_id, new_trajectory_id
 
-ID_PATTERN = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 MAX_GROUP_SIZE = 100_000
 
 TRAJECTORY_HEADER = "x-trajectory-id"
@@ -32,21 +27,6 @@ class CallKey:
     trajectory_id: str
     group_id: str | None = None
     group_size: int | None = None
-
-
-def check_id(value: str, what: str) -> str:
-    if not ID_PATTERN.fullmatch(value):
-        raise APIError(
-            400,
-            f"invalid {what} {value[:140]!r}: use 1 to 128 characters from A-Z a-z 0-9 _ - . :",
-            code="invalid_id",
-            param=what,
-        )
-    return value
-
-
-def new_trajectory_id() -> str:
-    return f"t-{uuid.uuid4().hex}"
 
 
 _KEY_HEADER_NAMES = frozenset(h.encode() for h in KEY_HEADERS)
@@ -71,9 +51,9 @@ def resolve(path_params: Mapping[str, str], headers: Mapping[str, str]) -> CallK
     size = None
     if size_text is not None:
         if group is None:
-            raise APIError(400, "X-Group-Size needs a group (X-Group-Id or the /g/{group}/t/{trajectory} prefix)", "invalid_group_size", "X-Group-Size")
+            raise Invalid("X-Group-Size needs a group (X-Group-Id or the /g/{group}/t/{trajectory} prefix)", "invalid_group_size", "X-Group-Size")
         if not size_text.isdigit() or not 1 <= int(size_text) <= MAX_GROUP_SIZE:
-            raise APIError(400, f"X-Group-Size must be an integer from 1 to {MAX_GROUP_SIZE}", "invalid_group_size", "X-Group-Size")
+            raise Invalid(f"X-Group-Size must be an integer from 1 to {MAX_GROUP_SIZE}", "invalid_group_size", "X-Group-Size")
         size = int(size_text)
     if trajectory is None:
         return CallKey(new_trajectory_id(), group, size)

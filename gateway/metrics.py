@@ -3,7 +3,7 @@
 On the request path each call costs a counter and two histogram observations (a few
 microseconds); the writer observes each commit's batch size. What lives in the store
 (trajectories and groups by state, trainer steps, rewards) is read from it when /metrics is
-scraped, so every gateway on one PostgreSQL reports the same totals and the trainer, a
+scraped (``store/stats.py``), so every gateway on one PostgreSQL reports the same totals and the trainer, a
 separate process, needs no exporter of its own.
 """
 
@@ -12,10 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from sqlalchemy import case, func, select
-from sqlalchemy.engine import Connection
-
-from gateway.store.models import Group, StepRow, Trajectory
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 600)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -64,22 +60,3 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-GROUP_STATE = case(
-    (Group.trained_at.is_not(None), "trained"),
-    (Group.claimed_by.is_not(None), "training"),
-    (Group.closed_at.is_not(None), "closed"),
-    else_="open",
-)
-
-
-def store_state(conn: Connection) -> dict[str, Any]:
-    """Counts for the gauges, in a handful of aggregate queries."""
-    rewarded = case((Trajectory.reward.is_(None), "unrewarded"), else_="rewarded")
-    trajectories = {"rewarded": 0, "unrewarded": 0} | dict(conn.execute(select(rewarded, func.count()).group_by(rewarded)).all())
-    groups = {(p, s): n for p, s, n in conn.execute(select(Group.policy, GROUP_STATE, func.count()).group_by(Group.policy, GROUP_STATE))}
-    last = select(StepRow.policy, func.max(StepRow.step).label("step"), func.count().label("steps")).group_by(StepRow.policy).subquery()
-    rows = conn.execute(select(last.c.policy, last.c.steps, StepRow.metrics).join(StepRow, (StepRow.policy == last.c.policy) & (StepRow.step == last.c.step)))
-    steps = {p: (n, (m or {}).get("seconds"), (m or {}).get("reward_mean")) for p, n, m in rows}
-    return {"trajectories": trajectories, "groups": groups, "steps": steps}

@@ -1,12 +1,12 @@
 """RULER: an LLM judge scores the trajectories of a group relative to each other.
 
-    members' calls -> conversations (one message list each)
+    members' calls -> conversations (one message list each: core/transcript.py)
                    -> shared prefix shown once, each trajectory's own part after it
                    -> identical trajectories judged once
                    -> one chat call with a JSON schema: a score in [0, 1] and an explanation per id
                    -> checked (every id once, scores in range), retried, then given up with an error
 
-Nothing here touches the store: ``gateway/store/ruler.py`` keeps verdicts and rewards,
+Nothing here touches the store: ``store/ruler.py`` keeps verdicts and rewards,
 ``gateway/routes/ruler.py`` puts the two together. The judge is any OpenAI-compatible
 endpoint; by default the gateway's own upstream.
 """
@@ -16,13 +16,16 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import msgspec
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from burnish_server.core.transcript import Message
+from burnish_server.core.verdicts import Score
 
 DEFAULT_RUBRIC = """\
 - A trajectory that reaches the user's goal scores higher than one that does not; this matters most.
@@ -72,101 +75,6 @@ class Judge:
     @property
     def name(self) -> str:
         return f"{self.model} at {self.base_url}"
-
-
-@dataclass(frozen=True)
-class Score:
-    score: float
-    explanation: str
-
-
-# ---- conversations ------------------------------------------------------------------
-
-
-def _text(content: Any) -> str:
-    """A message's content as text: strings as they are, parts joined, images named."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict):
-                kind = part.get("type")
-                if kind in ("text", "input_text", "output_text"):
-                    parts.append(str(part.get("text", "")))
-                elif kind == "tool_use":  # Anthropic
-                    parts.append(f"[calls {part.get('name')}({msgspec.json.encode(part.get('input')).decode()})]")
-                elif kind == "tool_result":
-                    parts.append(f"[tool result {part.get('tool_use_id', '')}]: {_text(part.get('content'))}")
-                else:
-                    parts.append(f"[{kind}]")
-            else:
-                parts.append(str(part))
-        return "\n".join(parts)
-    return str(content)
-
-
-@dataclass(frozen=True)
-class Message:
-    """A message reduced to what a judge reads, so copies of one message compare equal."""
-
-    role: str
-    content: str
-    tool_calls: tuple[tuple[str, str], ...] = ()  # (name, arguments)
-    tool_call_id: str | None = None
-
-    @classmethod
-    def of(cls, m: dict[str, Any]) -> Message:
-        calls = tuple(
-            ((c.get("function") or {}).get("name", ""), (c.get("function") or {}).get("arguments", "")) for c in m.get("tool_calls") or []
-        )
-        return cls(str(m.get("role", "")), _text(m.get("content")), calls, m.get("tool_call_id"))
-
-    def render(self) -> str:
-        head = f"[{self.role}" + (f" {self.tool_call_id}" if self.tool_call_id else "") + "]"
-        lines = [head]
-        if self.content:
-            lines.append(self.content)
-        lines += [f"-> calls {name}({arguments})" for name, arguments in self.tool_calls]
-        return "\n".join(lines)
-
-
-def call_messages(endpoint: str, request: dict[str, Any], response: dict[str, Any] | None) -> tuple[list[Message], list[Message]]:
-    """One recorded call as (what the model was shown, what it answered)."""
-    response = response or {}
-    if endpoint == "chat.completions":
-        shown = [Message.of(m) for m in request.get("messages") or []]
-        choices = response.get("choices") or [{}]
-        answer = [Message.of({"role": "assistant", **(choices[0].get("message") or {})})]
-    elif endpoint == "completions":
-        shown = [Message("user", _text(request.get("prompt")))]
-        answer = [Message("assistant", str(((response.get("choices") or [{}])[0]).get("text", "")))]
-    elif endpoint == "messages":  # Anthropic
-        system = [Message("system", _text(request["system"]))] if request.get("system") else []
-        shown = system + [Message.of(m) for m in request.get("messages") or []]
-        answer = [Message("assistant", _text(response.get("content")))]
-    else:  # responses
-        items = request.get("input")
-        shown = [Message("user", items)] if isinstance(items, str) else [Message.of(i) for i in items or [] if isinstance(i, dict)]
-        if request.get("instructions"):
-            shown.insert(0, Message("system", str(request["instructions"])))
-        texts = [_text(o.get("content")) for o in response.get("output") or [] if isinstance(o, dict) and o.get("type") == "message"]
-        answer = [Message("assistant", "\n".join(texts))]
-    return shown, answer
-
-
-def conversation(calls: Iterable[tuple[str, dict[str, Any], dict[str, Any] | None]]) -> list[Message]:
-    """A trajectory's calls, in order, as one conversation: a call whose messages repeat the
-    conversation so far adds only what is new; one that does not (the agent rewrote its
-    history) adds all of its messages."""
-    out: list[Message] = []
-    for endpoint, request, response in calls:
-        shown, answer = call_messages(endpoint, request, response)
-        out += shown[len(out) :] if shown[: len(out)] == out else shown
-        out += answer
-    return out
 
 
 def _cut_middle(text: str, budget: int) -> str:

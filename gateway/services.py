@@ -1,4 +1,7 @@
-"""What a request handler needs, built once per app by its lifespan and kept on ``app.state``."""
+"""What a request handler needs, built once per app by its lifespan and kept on ``app.state``.
+
+JSON API handlers receive it by dependency injection (``svc: Services``, see
+``routes/common.py``); the proxy's handlers, on the hot path, read it with ``services``."""
 
 from __future__ import annotations
 
@@ -7,13 +10,13 @@ from dataclasses import dataclass
 import httpx
 from litestar.connection import ASGIConnection
 
-from gateway.langfuse_export import LangfuseExport
-from gateway.metrics import Metrics
-from gateway.policies import Registry
-from gateway.settings import Settings
-from gateway.store.database import Database
-from gateway.store.writer import Writer
-from gateway.upstream import Upstream
+from burnish_server.core.settings import Settings
+from burnish_server.gateway.metrics import Metrics
+from burnish_server.gateway.routing import Registry
+from burnish_server.store.database import Database
+from burnish_server.store.writer import Writer
+from burnish_server.telemetry.langfuse_export import LangfuseExport
+from burnish_server.gateway.upstream import Upstream
 
 
 @dataclass(slots=True)

@@ -26,8 +26,8 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from gateway.keys import KEY_HEADERS
-from gateway.settings import Settings
+from burnish_server.gateway.keys import KEY_HEADERS
+from burnish_server.core.settings import Settings
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 # The request never reached the upstream, or the connection died before any answer.

@@ -11,8 +11,8 @@ import asyncio
 from alembic import context
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from gateway.settings import Settings
-from gateway.store.models import Base
+from burnish_server.core.settings import Settings
+from burnish_server.store.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -11,7 +11,9 @@ import httpx
 import msgspec
 import pytest
 
-from gateway.policies import REFRESH_EVERY_S, LoraSettings, TrainSettings
+from burnish_server.core.policies import LoraSettings, TrainSettings
+
+from burnish_server.gateway.routing import REFRESH_EVERY_S
 from tests.conftest import ADMIN_TOKEN, Gateway
 from tests.upstream import Upstream
 

@@ -14,7 +14,7 @@ import openai
 
 from tests.servers import free_port
 
-BURNISH = [sys.executable, "-m", "gateway.cli"]
+BURNISH = [sys.executable, "-m", "burnish_server.cli"]
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:

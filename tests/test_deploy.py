@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gateway.settings import ENV_PREFIX, Settings
+from burnish_server.core.settings import ENV_PREFIX, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())

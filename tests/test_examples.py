@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from burnish import AsyncClient
-from gateway.vllm_server import VLLMServer
+from burnish_server.serving.process import VLLMServer
 from tests.conftest import ADMIN_TOKEN
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))

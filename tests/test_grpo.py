@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from gateway.policies import TrainSettings
-from trainer.grpo import group_advantages, grpo_loss
+from burnish_server.core.policies import TrainSettings
+from burnish_server.trainer.grpo import group_advantages, grpo_loss
 
 
 def test_advantages_are_centred_and_scaled_by_the_sample_std() -> None:

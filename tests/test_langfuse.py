@@ -17,8 +17,8 @@ import pytest
 from langfuse import Langfuse
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.app import create_app
-from gateway.settings import Settings
+from burnish_server.gateway.app import create_app
+from burnish_server.core.settings import Settings
 from tests.conftest import Gateway, langfuse_settings, wait_for
 from tests.judge import Judge, scores
 from tests.langfuse_server import PUBLIC_KEY, SECRET_KEY, Langfuse as LangfuseStandIn

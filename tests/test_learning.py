@@ -25,7 +25,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from burnish import AsyncClient
-from gateway.vllm_server import VLLMServer, last_lines
+from burnish_server.serving.process import VLLMServer, last_lines
 from tests.conftest import ADMIN_TOKEN, Gateway, served_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
@@ -78,11 +78,11 @@ def stuck_report(gw: Gateway, vllm: VLLMServer, trainer_log: Path) -> str:
 
 def test_reward_rises_through_the_whole_loop(make_gateway, vllm: VLLMServer, tiny_model: Path, tmp_path: Path) -> None:
     gw: Gateway = make_gateway(upstream=vllm.url, upstream_timeout=120)
-    # The embedded default's settings for the tiny model (gateway/launch.py).
+    # The embedded default's settings for the tiny model (cli/up.py).
     gw.create_policy("agent", "tiny", model_path=str(tiny_model), lora={"rank": 8, "alpha": 16}, train={"learning_rate": 5e-3, "groups_per_step": GROUPS})
     env = {**os.environ, "BURNISH_DATA_DIR": gw.settings.data_dir}
     trainer_log = (tmp_path / "trainer.log").open("wb")
-    trainer = subprocess.Popen([sys.executable, "-m", "gateway.cli", "trainer", "--upstream", vllm.url], env=env, stdout=trainer_log, stderr=subprocess.STDOUT)
+    trainer = subprocess.Popen([sys.executable, "-m", "burnish_server.cli", "trainer", "--upstream", vllm.url], env=env, stdout=trainer_log, stderr=subprocess.STDOUT)
     means, versions = [], []
     trainable = 0  # groups whose rewards differ: only those are ever trained (GRPO learns nothing from a tie)
 

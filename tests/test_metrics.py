@@ -7,9 +7,9 @@ import asyncio
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.store.database import Database
-from gateway.store.policies import record_step
-from gateway.store.training import claim_groups
+from burnish_server.store.database import Database
+from burnish_server.store.policies import record_step
+from burnish_server.store.training import claim_groups
 from tests.conftest import Gateway
 from tests.upstream import Upstream
 

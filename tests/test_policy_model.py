@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.grpo import group_advantages
-from gateway.policies import LoraSettings, TrainSettings
-from trainer.policy_model import PolicyModel
-from trainer.sequences import Sequence
+from burnish_server.trainer.grpo import group_advantages
+from burnish_server.core.policies import LoraSettings, TrainSettings
+from burnish_server.trainer.policy_model import PolicyModel
+from burnish_server.trainer.sequences import Sequence
 
 STEPS, GROUPS, GROUP_SIZE = 40, 2, 4
 
@@ -21,7 +21,7 @@ STEPS, GROUPS, GROUP_SIZE = 40, 2, 4
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("m") / "tiny"
-    subprocess.run([sys.executable, "-m", "gateway.cli", "tiny-model", str(path)], check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "burnish_server.cli", "tiny-model", str(path)], check=True, capture_output=True, timeout=300)
     return path
 
 
@@ -89,7 +89,7 @@ def test_checkpoint_resumes_exactly(tiny: Path, tmp_path: Path) -> None:
 
 def test_logprobs_only_where_sampled_match_the_full_forward(tiny: Path) -> None:
     """Logits kept only at positions that predict a sampled token give the same logprobs there."""
-    from trainer.policy_model import make_batch
+    from burnish_server.trainer.policy_model import make_batch
 
     model = PolicyModel(str(tiny), LoraSettings(rank=8, alpha=16), TrainSettings())
     first, second = Sequence(), Sequence()

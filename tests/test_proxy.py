@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.store.tokens import pack_ids
+from burnish_server.core.tokens import pack_ids
 from tests.conftest import Gateway
 from tests.upstream import Upstream, choice_text, logprobs_for, prompt_ids, token_ids
 
@@ -127,7 +127,7 @@ def test_token_ids_are_stored_packed(gateway: Gateway) -> None:
     from sqlalchemy import select
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    from gateway.store.models import Call
+    from burnish_server.store.models import Call
 
     openai.OpenAI(base_url=gateway.url + "/t/packed/v1", api_key="k").chat.completions.create(
         model="tiny", messages=MESSAGES, extra_body={"return_token_ids": True}

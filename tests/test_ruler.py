@@ -12,7 +12,9 @@ import time
 import httpx
 import pytest
 
-from gateway.ruler import DEFAULT_RUBRIC, Message, build_prompt, conversation
+from burnish_server.core.transcript import Message, conversation
+from burnish_server.gateway.ruler import DEFAULT_RUBRIC, build_prompt
+from tests.records import chat_call
 from tests.conftest import Gateway, wait_for
 from tests.judge import Judge, scores
 from tests.upstream import Upstream
@@ -157,8 +159,8 @@ def test_bad_requests(gw: Gateway, judge: Judge, make_gateway, upstream: Upstrea
 def test_a_trained_group_is_refused(gw: Gateway, judge: Judge) -> None:
     import asyncio
 
-    from gateway.store.database import Database
-    from gateway.store.training import claim_groups
+    from burnish_server.store.database import Database
+    from burnish_server.store.training import claim_groups
 
     gw.create_policy("agent", "tiny")
     with gw.client() as c:
@@ -201,16 +203,16 @@ def test_a_policy_can_run_ruler_by_itself(gw: Gateway, judge: Judge) -> None:
 
 def test_conversations_merge_turns_and_render_tool_calls() -> None:
     call = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}]}
-    first = ("chat.completions", {"messages": [{"role": "user", "content": "add 1"}]}, {"choices": [{"message": call}]})
+    first = chat_call({"messages": [{"role": "user", "content": "add 1"}]}, {"choices": [{"message": call}]})
     second_messages = [{"role": "user", "content": "add 1"}, {**call, "refusal": None}, {"role": "tool", "tool_call_id": "c1", "content": "1"}]
-    second = ("chat.completions", {"messages": second_messages}, {"choices": [{"message": {"role": "assistant", "content": "It is 1."}}]})
+    second = chat_call({"messages": second_messages}, {"choices": [{"message": {"role": "assistant", "content": "It is 1."}}]})
     conv = conversation([first, second])
     assert [m.role for m in conv] == ["user", "assistant", "tool", "assistant"]  # the second call adds only what is new
     assert conv[1].render() == '[assistant]\n-> calls add({"a": 1})' and conv[2].render() == "[tool c1]\n1"
 
 
 def test_long_trajectories_are_cut_from_the_middle() -> None:
-    from gateway.ruler import TRAJECTORY_CHAR_BUDGET
+    from burnish_server.gateway.ruler import TRAJECTORY_CHAR_BUDGET
 
     long = "start " + "x" * (3 * TRAJECTORY_CHAR_BUDGET) + " the end"
     prompt = build_prompt({"a": [Message("user", "task"), Message("assistant", long)], "b": [Message("user", "task"), Message("assistant", "short")]})

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from gateway.vllm_server import VLLMServer, last_lines
+from burnish_server.serving.process import VLLMServer, last_lines
 from tests.conftest import ADMIN_TOKEN, wait_for
 from tests.servers import free_port
 
@@ -29,7 +29,7 @@ POLICIES = ("alpha", "beta")
 
 def spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     with log.open("wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "gateway.cli", *args], env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen([sys.executable, "-m", "burnish_server.cli", *args], env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
@@ -60,7 +60,7 @@ def test_two_gateways_two_trainers_one_postgres(database_url: str, vllm: VLLMSer
             body = {"name": policy, "base_model": "tiny", "model_path": str(tiny_model), "lora": {"rank": 8, "alpha": 16}, "train": {"learning_rate": 5e-3, "groups_per_step": 2}}
             assert httpx.post(urls[0] + "/admin/policies", json=body, headers=admin).status_code == 201
         # The other gateway learns of a new policy from the store within its refresh interval
-        # (gateway/policies.py); until then it would pass "alpha" through to vLLM untouched.
+        # (gateway/routing.py); until then it would pass "alpha" through to vLLM untouched.
         for url in urls:
             wait_for(lambda url=url: {m["id"] for m in httpx.get(url + "/v1/models").json()["data"]} >= set(POLICIES), 10, f"{url} never listed the policies")
         for n in range(2):

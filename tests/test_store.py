@@ -10,11 +10,12 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import func, inspect, select
 
-from gateway.errors import APIError
-from gateway.store.database import Database, alembic_config
-from gateway.store.models import Base, Call, Group, Reward, Trajectory, utcnow
-from gateway.store.writer import Writer
-from gateway.store.writes import CallRecord, CloseGroup, PostReward
+from burnish_server.core.errors import NotFound
+from burnish_server.store.database import Database, alembic_config
+from burnish_server.store.models import Base, Call, Group, Reward, Trajectory, utcnow
+from burnish_server.store.writer import Writer
+from burnish_server.core.records import CallRecord
+from burnish_server.store.writes import CloseGroup, PostReward
 
 
 def record(trajectory: str, group: str | None = None, size: int | None = None, **fields) -> CallRecord:
@@ -95,10 +96,10 @@ async def test_first_group_size_wins_and_a_later_call_can_fill_it(db: Database, 
 
 
 async def test_rejected_operations_change_nothing(db: Database, writer: Writer) -> None:
-    with pytest.raises(APIError) as missing:
+    with pytest.raises(NotFound) as missing:
         await writer.write(PostReward("nobody", 1.0))
-    assert missing.value.status_code == 404
-    with pytest.raises(APIError):
+    assert missing.value.code == "trajectory_not_found"
+    with pytest.raises(NotFound):
         await writer.write(CloseGroup("nogroup"))
     assert await count(db, Reward) == 0
 
@@ -138,7 +139,7 @@ async def test_sqlite_wal_stays_bounded_under_steady_writes(sqlite_url: str, mon
     """Under steady writes the WAL is checkpointed and restarted: it does not grow without bound."""
     from pathlib import Path
 
-    from gateway.store import database
+    from burnish_server.store import database
 
     monkeypatch.setattr(database, "CHECKPOINT_EVERY_S", 0.05)
     db = Database(sqlite_url)

@@ -19,13 +19,13 @@ from pathlib import Path
 import httpx
 from sqlalchemy import select
 
-from gateway.settings import Settings
-from gateway.store.models import Group, StepRow
-from gateway.store.policies import get_policy, record_step
-from gateway.store.training import claim_groups, count_ready, group_calls
-from gateway.vllm_server import VLLMServer, last_lines
+from burnish_server.core.settings import Settings
+from burnish_server.store.models import Group, StepRow
+from burnish_server.store.policies import get_policy, record_step
+from burnish_server.store.training import claim_groups, count_ready, group_calls
+from burnish_server.serving.process import VLLMServer, last_lines
 from tests.conftest import Gateway, served_step
-from trainer.worker import TrainerWorker, WorkerSettings
+from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
 
 SIZE = 2
 TINY = {"lora": {"rank": 8, "alpha": 16}, "train": {"learning_rate": 5e-3, "groups_per_step": 2}}
@@ -166,7 +166,7 @@ def test_sigkilled_trainer_process_resumes(make_gateway, vllm: VLLMServer, tiny_
     gw.create_policy("agent", "tiny", model_path=str(tiny_model), **TINY)
     asyncio.run(make_groups(gw, 6))
     env = {**os.environ, "BURNISH_DATA_DIR": gw.settings.data_dir}
-    command = [sys.executable, "-m", "gateway.cli", "trainer", "--upstream", vllm.url, "--worker-id", "killme"]
+    command = [sys.executable, "-m", "burnish_server.cli", "trainer", "--upstream", vllm.url, "--worker-id", "killme"]
 
     def run_until_claims(claims: int, log: Path) -> None:
         """Start a trainer; SIGKILL it when it has claimed groups for the `claims`-th time."""

@@ -8,11 +8,11 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
-from gateway.store.database import Database
-from gateway.store.models import Group, utcnow
-from gateway.store.training import claim_groups, complete_groups, count_ready, group_calls, release_groups
-from gateway.store.writer import Writer
-from gateway.store.writes import CloseGroup, PostReward
+from burnish_server.store.database import Database
+from burnish_server.store.models import Group, utcnow
+from burnish_server.store.training import claim_groups, complete_groups, count_ready, group_calls, release_groups
+from burnish_server.store.writer import Writer
+from burnish_server.store.writes import CloseGroup, PostReward
 from tests.test_store import record
 
 
@@ -122,8 +122,8 @@ async def test_one_trainer_at_a_time_trains_a_policy(store) -> None:
 
 async def test_steps_are_recorded_served_and_lose_to_a_rollback(store) -> None:
     """The trainer's side of the policies table on both databases: record, serve, rollback mid-step."""
-    from gateway.policies import Policy
-    from gateway.store.policies import create_policy, get_policy, list_steps, mark_load_error, mark_served, policy_status, record_step, request_rollback
+    from burnish_server.core.policies import Policy
+    from burnish_server.store.policies import create_policy, get_policy, list_steps, mark_load_error, mark_served, policy_status, record_step, request_rollback
 
     db, writer = store
     await db.transaction(create_policy, Policy(name="agent", base_model="tiny"))

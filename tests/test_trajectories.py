@@ -108,7 +108,7 @@ def test_list_filters_and_pages(gateway: Gateway) -> None:
 
 def test_export_streams_every_trajectory_with_its_calls(gateway: Gateway) -> None:
     # More trajectories than one export page, so the page boundary is crossed.
-    from gateway.store.reads import EXPORT_PAGE
+    from burnish_server.store.reads import EXPORT_PAGE
 
     n = EXPORT_PAGE + 20
     with gateway.client() as c:

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.vllm_server import VLLMServer
+from burnish_server.serving.process import VLLMServer
 from tests.conftest import GREEDY, MESSAGES, TOOLS, Gateway, set_served_step
 from tests.servers import free_port
 
@@ -37,7 +37,7 @@ get_peft_model(base, config).save_pretrained(sys.argv[2])
 
 def test_tiny_model_is_the_same_for_the_same_seed(tiny_model: Path, tmp_path: Path) -> None:
     again = tmp_path / "again"
-    subprocess.run([sys.executable, "-m", "gateway.cli", "tiny-model", str(again), "--seed", "0"], check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "burnish_server.cli", "tiny-model", str(again), "--seed", "0"], check=True, capture_output=True, timeout=300)
     files = sorted(p.name for p in tiny_model.iterdir())
     assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= set(files)
     assert files == sorted(p.name for p in again.iterdir())
@@ -162,7 +162,7 @@ def test_burnish_up_starts_serves_and_stops_cleanly(tiny_model: Path, tmp_path: 
     port, vllm_port = free_port(), free_port()
     env = {**os.environ, "BURNISH_DATA_DIR": str(data)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "up", "--port", str(port), "--vllm-port", str(vllm_port)],
+        [sys.executable, "-m", "burnish_server.cli", "up", "--port", str(port), "--vllm-port", str(vllm_port)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
@@ -201,7 +201,7 @@ def test_burnish_up_shows_why_vllm_did_not_start(tmp_path: Path) -> None:
     not_a_model.mkdir()
     env = {**os.environ, "BURNISH_DATA_DIR": str(tmp_path / "data"), "HF_HUB_OFFLINE": "1"}
     out = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "up", "--model", str(not_a_model), "--port", str(free_port()), "--vllm-port", str(free_port())],
+        [sys.executable, "-m", "burnish_server.cli", "up", "--model", str(not_a_model), "--port", str(free_port()), "--vllm-port", str(free_port())],
         env=env, capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 1

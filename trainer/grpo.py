@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gateway.policies import TrainSettings
+from burnish_server.core.policies import TrainSettings
 
 
 def group_advantages(rewards: torch.Tensor, *, scale: bool = True, eps: float = 1e-4) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 Read top to bottom: the batch (sequences padded into tensors), the forward pass
 (per-token logprobs), the step (loss, backward, clip, AdamW), checkpoints. Every knob
-and its default is in ``gateway.policies`` (LoraSettings, TrainSettings).
+and its default is in ``core/policies.py`` (LoraSettings, TrainSettings).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 import msgspec
 import torch
 
-from gateway.policies import LoraSettings, TrainSettings
-from trainer.grpo import grpo_loss
-from trainer.sequences import Sequence
+from burnish_server.core.policies import LoraSettings, TrainSettings
+from burnish_server.trainer.grpo import grpo_loss
+from burnish_server.trainer.sequences import Sequence
 
 
 @dataclass

@@ -7,7 +7,7 @@ and in CI. The same seed writes the same files.
 
 Why these numbers: at transformers' default ``initializer_range`` (0.02) the output
 distribution of a random model is nearly flat and out of a LoRA's reach; at 0.1 a
-40-step GRPO run on the digit-share task rose from 0.06 to 0.5 (DESIGN.md).
+40-step GRPO run on the digit-share task rose from 0.06 to 0.5.
 """
 
 from __future__ import annotations

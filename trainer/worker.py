@@ -2,13 +2,13 @@
 
 One iteration, for each policy in the store that is not paused:
 
-    claim groups_per_step ready groups        (gateway/store/training.py; all or nothing,
+    claim groups_per_step ready groups        (store/training.py; all or nothing,
                                                or what is ready when training was asked for)
-    calls -> token sequences                  (trainer/sequences.py; recorded ids, else the chat template)
-    advantages per group -> GRPO step          (trainer/grpo.py, trainer/policy_model.py)
-    save checkpoint <data>/policies/<name>/checkpoints/<step>/   (written aside, then renamed)
-    record the step: groups trained, metrics, new head             (gateway/store/policies.py; now it counts)
-    load it into vLLM as <name>@<step>, check it answers, then switch the policy to it
+    calls -> (sequence, advantage) pairs      (trainer/sequences.py; recorded ids, else the chat template)
+    one GRPO step on the LoRA                  (trainer/policy_model.py, trainer/grpo.py)
+    save checkpoint <step>                     (trainer/checkpoints.py; whole or absent)
+    record the step: groups trained, metrics, new head             (store/policies.py; now it counts)
+    load it into vLLM as <name>@<step>, check it answers, then switch the policy to it (serving/adapters.py)
 
 Publishing also serves a rollback: whenever a policy's head (what should be served)
 differs from its step (what is), the head is loaded, checked and switched to.
@@ -25,27 +25,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import msgspec
-import torch
 
-from gateway.langfuse_export import LangfuseExport, Step
-from gateway.policies import Policy
-from gateway.settings import Settings
-from gateway.store import tokens
-from gateway.store.database import Database
-from gateway.store.models import utcnow
-from gateway.store.policies import clear_training_request, get_policy, last_step, load_policies, mark_load_error, mark_served, record_step
-from gateway.store.training import claim_groups, group_calls, other_trainer_busy, release_groups
-from trainer.grpo import group_advantages
-from trainer.policy_model import PolicyModel
-from trainer.sequences import CallTokens, Sequence, build_sequences
+from burnish_server.core.policies import Policy, adapter_name, served_name
+from burnish_server.core.settings import Settings
+from burnish_server.serving.adapters import VLLMAdapters
+from burnish_server.store.database import Database
+from burnish_server.store.models import utcnow
+from burnish_server.store.policies import clear_training_request, get_policy, last_step, load_policies, mark_load_error, mark_served, record_step
+from burnish_server.store.training import TrainingCall, claim_groups, group_calls, other_trainer_busy, release_groups
+from burnish_server.telemetry.langfuse_export import LangfuseExport, Step
+from burnish_server.trainer.checkpoints import Checkpoints
+from burnish_server.trainer.policy_model import PolicyModel
+from burnish_server.trainer.sequences import training_batch
 
 log = logging.getLogger("burnish.trainer")
 
@@ -66,13 +63,11 @@ class TrainerWorker:
         self.settings, self.worker = settings, worker
         self.db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
         self.models: dict[str, PolicyModel] = {}
-        self.vllm = httpx.Client(base_url=settings.upstream.rstrip("/").removesuffix("/v1"), timeout=120)
+        self.checkpoints = Checkpoints(settings.data_path)
+        self.vllm = VLLMAdapters(settings.upstream, api_key=settings.upstream_api_key)
         self.steps_done = 0
         self.failed_publish: dict[str, tuple[int, float]] = {}  # policy -> (step, when it failed)
         self.langfuse = LangfuseExport.from_settings(settings)  # each step as an event, when keys are set
-
-    def checkpoints(self, policy: str) -> Path:
-        return self.settings.data_path / "policies" / policy / "checkpoints"
 
     def model(self, policy: Policy) -> PolicyModel:
         """The in-memory model at the policy's head: kept between steps, rebuilt after a rollback."""
@@ -80,7 +75,7 @@ class TrainerWorker:
         if model is None or model.step_count != policy.head or model.lora != policy.lora:
             model = PolicyModel(policy.model_path or policy.base_model, policy.lora, policy.train)
             if policy.head > 0:  # resume: adapter and optimizer state of that step
-                model.load(self.checkpoints(policy.name) / str(policy.head))
+                model.load(self.checkpoints.step(policy.name, policy.head))
             self.models[policy.name] = model
         elif model.train != policy.train:
             model.configure(policy.train)
@@ -123,16 +118,7 @@ class TrainerWorker:
         for policy in await self.policies():
             if await self.db.read(other_trainer_busy, policy.name, self.worker.worker_id, self.worker.lease_s):
                 continue  # another trainer is mid-step on it: what looks unrecorded may be its step
-            recorded = await self.db.read(last_step, policy.name)
-            for ckpt in self.checkpoints(policy.name).glob("*"):
-                if ckpt.name.endswith(".partial"):
-                    shutil.rmtree(ckpt)  # half written: never a checkpoint
-                elif ckpt.name.isdigit() and int(ckpt.name) > recorded:
-                    # Whole, but its step was never recorded (its groups wait again): set aside, not
-                    # deleted, so a store that lost its steps does not cost the checkpoints.
-                    aside = ckpt.with_name(f".unrecorded-{ckpt.name}-{int(time.time())}")
-                    log.info("moving %s to %s: its step was never recorded", ckpt, aside.name)
-                    ckpt.rename(aside)
+            self.checkpoints.tidy(policy.name, await self.db.read(last_step, policy.name))
 
     async def publish_pending(self, policy: Policy) -> None:
         """Serve the policy's head if it is not served yet (a new step, a rollback, a crash between the two)."""
@@ -174,7 +160,7 @@ class TrainerWorker:
             metrics["seconds_read"] = read_s
             metrics["groups"] = len(ids)
             became_head = await self.db.transaction(
-                record_step, policy.name, step, policy.head, ids, self.worker.worker_id, metrics, str(self.checkpoints(policy.name) / str(step))
+                record_step, policy.name, step, policy.head, ids, self.worker.worker_id, metrics, str(self.checkpoints.step(policy.name, step))
             )
         except Exception:
             log.exception("step for %s failed; its groups wait again", policy.name)
@@ -189,28 +175,28 @@ class TrainerWorker:
         await self.publish_pending(await self.db.read(get_policy, policy.name))
         return True
 
-    def train_and_save(self, policy: Policy, rows: list, step: int) -> dict[str, float]:
+    def train_and_save(self, policy: Policy, rows: list[TrainingCall], step: int) -> dict[str, float]:
         """One GRPO step from ``policy.head``, saved as checkpoint ``step``. Returns its metrics."""
         t0 = time.perf_counter()
         model = self.model(policy)
         t1 = time.perf_counter()
-        items, rewards, fallbacks = self.batch(model, rows, policy)
+        batch = training_batch(rows, model.tokenizer, policy.train)
         t2 = time.perf_counter()
-        metrics = model.step(items)
+        metrics = model.step(batch.items)
         t3 = time.perf_counter()
         model.step_count = step
-        rewards_t = torch.tensor(rewards)
-        metrics.update(reward_mean=float(rewards_t.mean()), reward_std=float(rewards_t.std()) if len(rewards) > 1 else 0.0, template_fallbacks=fallbacks)
-        # Written aside and renamed: a checkpoint directory is whole or absent.
-        ckpt = self.checkpoints(policy.name) / str(step)
-        partial = ckpt.with_name(f".{step}.partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        model.save(partial)
-        t4 = time.perf_counter()
-        metrics.update(seconds_load=t1 - t0, seconds_batch=t2 - t1, seconds_step=t3 - t2, seconds_save=t4 - t3, seconds=t4 - t0)
-        (partial / "metrics.json").write_bytes(msgspec.json.encode(metrics))
-        shutil.rmtree(ckpt, ignore_errors=True)
-        partial.rename(ckpt)
+        n = len(batch.rewards)
+        mean = sum(batch.rewards) / n
+        std = (sum((r - mean) ** 2 for r in batch.rewards) / (n - 1)) ** 0.5 if n > 1 else 0.0
+        metrics.update(reward_mean=mean, reward_std=std, template_fallbacks=batch.template_fallbacks, unreadable_calls=batch.unreadable)
+
+        def fill(directory: Path) -> None:
+            model.save(directory)
+            metrics.update(seconds_load=t1 - t0, seconds_batch=t2 - t1, seconds_step=t3 - t2, seconds_save=time.perf_counter() - t3)
+            metrics["seconds"] = time.perf_counter() - t0
+            (directory / "metrics.json").write_bytes(msgspec.json.encode(metrics))
+
+        self.checkpoints.write(policy.name, step, fill)
         log.info(
             "%s step %d: reward %.3f±%.3f loss %.4f kl %.4f tokens %d; load %.2fs batch %.2fs step %.2fs save %.2fs",
             policy.name, step, metrics["reward_mean"], metrics["reward_std"], metrics["loss"], metrics["kl"], metrics["tokens"],
@@ -218,82 +204,19 @@ class TrainerWorker:
         )  # fmt: skip
         return metrics
 
-    def batch(self, model: PolicyModel, rows: list, policy: Policy) -> tuple[list[tuple[Sequence, float]], list[float], int]:
-        """Rows of (group, trajectory, reward, call...) -> (sequence, advantage) pairs."""
-        trajectories: dict[str, dict[str, list]] = {}
-        rewards: dict[str, float] = {}
-        fallbacks = 0
-        for row in rows:
-            call = self.call_tokens(model, row)
-            fallbacks += call.from_template
-            trajectories.setdefault(row.group_id, {}).setdefault(row.trajectory_id, []).append(call)
-            rewards[row.trajectory_id] = row.reward
-        items: list[tuple[Sequence, float]] = []
-        for members in trajectories.values():
-            names = list(members)
-            advantages = group_advantages(torch.tensor([rewards[t] for t in names]), scale=policy.train.scale_advantages, eps=policy.train.advantage_eps)
-            for name, advantage in zip(names, advantages.tolist()):
-                items += [(seq, advantage) for seq in build_sequences(members[name])]
-        return items, [rewards[t] for m in trajectories.values() for t in m], fallbacks
-
-    @staticmethod
-    def call_tokens(model: PolicyModel, row) -> CallTokens:
-        lengths = tokens.unpack_ids(row.completion_lengths)
-        if row.prompt_token_ids is not None and lengths is not None and row.completion_token_ids is not None:
-            logprobs = tokens.split(tokens.unpack_floats(row.completion_logprobs), lengths) if row.completion_logprobs else None
-            return CallTokens(tokens.unpack_ids(row.prompt_token_ids), tokens.split(tokens.unpack_ids(row.completion_token_ids), lengths), logprobs)
-        # No recorded ids (a non-vLLM upstream, or an endpoint without them): the chat template.
-        request, response = msgspec.json.decode(row.request), msgspec.json.decode(row.response or b"{}")
-        text = model.tokenizer.apply_chat_template(request.get("messages", []), add_generation_prompt=True, tokenize=False)
-        prompt = model.tokenizer.encode(text, add_special_tokens=False)
-        contents = [(c.get("message") or {}).get("content") or c.get("text") or "" for c in response.get("choices", [])]
-        return CallTokens(prompt, [model.tokenizer.encode(c, add_special_tokens=False) for c in contents], None, from_template=True)
-
     def publish(self, policy: Policy, step: int) -> float:
         """Load ``<name>@<step>`` into vLLM and check it answers; return the seconds it took.
         Step 0 is the base model, always loaded. The caller switches the policy afterwards."""
         t0 = time.perf_counter()
-        name = f"{policy.name}@{step}" if step > 0 else policy.base_model
         if step > 0:
-            self.load_adapter(name, self.checkpoints(policy.name) / str(step) / "adapter")
-        check = self.vllm.post("/v1/completions", json={"model": name, "prompt": "ok", "max_tokens": 1})
-        if check.status_code != 200:
-            raise RuntimeError(f"vLLM loaded {name} but it does not answer: {check.status_code} {check.text[:300]}")
+            self.vllm.load(adapter_name(policy.name, step), self.checkpoints.adapter(policy.name, step))
+        self.vllm.check(served_name(policy, step))
         seconds = time.perf_counter() - t0
         self.unload_old(policy.name, step)
         return seconds
 
-    def load_adapter(self, name: str, path: Path) -> None:
-        """Have vLLM serve ``name`` from ``path``.
-
-        vLLM may hold the name already. From this path (a rollback re-publishing a step) that
-        is fine. From another (a policy deleted and made again under its name, or another
-        deployment sharing this vLLM) it is unloaded first: vLLM refuses a second load of a
-        name, and would go on serving the other weights under it.
-        """
-        body = {"lora_name": name, "lora_path": str(path)}
-        r = self.vllm.post("/v1/load_lora_adapter", json=body)
-        if r.status_code != 200 and "already been loaded" in r.text:
-            if self.loaded_from(name) == str(path):
-                return
-            log.warning("vLLM held %s from another path; reloading it from %s", name, path)
-            self.vllm.post("/v1/unload_lora_adapter", json={"lora_name": name})
-            r = self.vllm.post("/v1/load_lora_adapter", json=body)
-        if r.status_code != 200:
-            raise RuntimeError(f"vLLM did not load {name}: {r.status_code} {r.text[:300]}")
-
-    def served_models(self) -> list[dict]:
-        """vLLM's /v1/models entries (the base model and each loaded adapter); none if it fails."""
-        listed = self.vllm.get("/v1/models")
-        return listed.json().get("data", []) if listed.status_code == 200 else []
-
-    def loaded_from(self, name: str) -> str | None:
-        """The path vLLM loaded adapter ``name`` from (its /v1/models ``root``)."""
-        return next((m.get("root") for m in self.served_models() if m.get("id") == name), None)
-
     def unload_old(self, name: str, serving: int) -> None:
         """Keep the served adapter and the newest others, keep_loaded in all; unload the rest."""
-        loaded = (m["id"].rpartition("@") for m in self.served_models())
-        others = sorted((int(step) for policy, _, step in loaded if policy == name and step.isdigit() and int(step) != serving), reverse=True)
+        others = [step for step in self.vllm.loaded_steps(name) if step != serving]
         for old in others[max(self.worker.keep_loaded - 1, 0) :]:
-            self.vllm.post("/v1/unload_lora_adapter", json={"lora_name": f"{name}@{old}"})
+            self.vllm.unload(adapter_name(name, old))

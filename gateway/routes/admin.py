@@ -15,23 +15,24 @@ import hmac
 from typing import Annotated, Any
 
 import msgspec
-from litestar import Request, Router, get, patch, post
+from litestar import Router, get, patch, post
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
-from litestar.params import FromPath
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
 from litestar.response import Response
 
-from gateway.errors import APIError
-from gateway.keys import check_id
-from gateway.policies import LoraSettings, Policy, RulerSettings, TrainSettings
-from gateway.services import services
-from gateway.store import policies as store
-
-_encode = msgspec.json.Encoder().encode
+from burnish_server.core.errors import Conflict, Invalid
+from burnish_server.core.ids import ID_REGEX
+from burnish_server.core.policies import LoraSettings, Policy, RulerSettings, TrainSettings
+from burnish_server.gateway.errors import APIError, responses
+from burnish_server.gateway.routes.common import PolicyName, json
+from burnish_server.gateway.services import Services
+from burnish_server.store import policies as store
 
 
 def require_admin(connection: ASGIConnection, _: BaseRouteHandler) -> None:
-    expected = services(connection).settings.admin_token  # type: ignore[arg-type]
+    expected = connection.app.state.services.settings.admin_token
     if not expected:
         raise APIError(401, "the admin API is closed: set BURNISH_ADMIN_TOKEN on the gateway", "admin_disabled")
     scheme, _, token = connection.headers.get("authorization", "").partition(" ")
@@ -41,12 +42,13 @@ def require_admin(connection: ASGIConnection, _: BaseRouteHandler) -> None:
         raise error
 
 
+Name = Annotated[str, msgspec.Meta(pattern=ID_REGEX, description="1 to 128 characters from A-Z a-z 0-9 _ - . :")]
 BaseModel = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 ModelPath = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
 
 
 class PolicyIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    name: str
+    name: Name
     base_model: BaseModel
     model_path: ModelPath | None = None
     lora: LoraSettings = LoraSettings()
@@ -67,75 +69,64 @@ class PolicyPatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class RollbackIn(msgspec.Struct, forbid_unknown_fields=True):
-    step: Annotated[int, msgspec.Meta(le=2**31 - 1)]
+    # 0 is the base model; any other is a trained step.
+    step: Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
 
 
-def _decode(body: bytes, kind: type[Any], what: str) -> Any:
-    try:
-        return msgspec.json.decode(body, type=kind)
-    except msgspec.ValidationError as exc:
-        raise APIError(400, f"invalid {what}: {exc}", f"invalid_{what}") from None
-    except msgspec.DecodeError as exc:
-        raise APIError(400, f"the request body is not valid JSON: {exc}", "invalid_json") from None
-
-
-def _json(body: Any, status: int = 200) -> Response:
-    return Response(content=_encode(body), status_code=status, media_type="application/json")
-
-
-async def _write(request: Request, fn: Any, *args: Any) -> Any:
+async def _write(svc: NamedDependency[Services], fn: Any, *args: Any) -> Any:
     """A write, then the gateway's own routing table re-read at once (others follow within REFRESH_EVERY_S)."""
-    svc = services(request)
     result = await svc.db.transaction(fn, *args)
     svc.policies.replace(await svc.db.read(store.load_policies))
     return result
 
 
-async def _status(request: Request, name: str, status: int = 200) -> Response:
-    return _json(await services(request).db.read(store.policy_status, name), status)
+async def _status(svc: NamedDependency[Services], name: str, status: int = 200) -> Response[bytes]:
+    return json(await svc.db.read(store.policy_status, name), status)
 
 
-@post("/policies", status_code=201)
-async def create_policy(request: Request) -> Response:
-    data = _decode(await request.body(), PolicyIn, "policy")
-    check_id(data.name, "name")
+@post("/policies", status_code=201, opt={"invalid": "invalid_policy"}, responses=responses(400, 401, 409))
+async def create_policy(data: JSONBody[PolicyIn], svc: NamedDependency[Services]) -> Response[bytes]:
+    """Create a policy: a trainable model over a base model, with LoRA, training and RULER settings."""
     policy = Policy(
         name=data.name, base_model=data.base_model, model_path=data.model_path, lora=data.lora, train=data.train, ruler=data.ruler, paused=data.paused
     )
-    await _write(request, store.create_policy, policy)
-    return await _status(request, data.name, 201)
+    await _write(svc, store.create_policy, policy)
+    return await _status(svc, data.name, 201)
 
 
-@get("/policies")
-async def list_policies(request: Request) -> Response:
-    db = services(request).db
-    names = [p.name for p in await db.read(store.load_policies)]
-    return _json({"object": "list", "data": [await db.read(store.policy_status, name) for name in names]})
+@get("/policies", responses=responses(401))
+async def list_policies(svc: NamedDependency[Services]) -> Response[bytes]:
+    names = [p.name for p in await svc.db.read(store.load_policies)]
+    return json({"object": "list", "data": [await svc.db.read(store.policy_status, name) for name in names]})
 
 
-@get("/policies/{name:str}")
-async def get_policy(request: Request, name: FromPath[str]) -> Response:
-    check_id(name, "name")
-    return await _status(request, name)
+@get("/policies/{name:str}", responses=responses(400, 401, 404))
+async def get_policy(name: PolicyName, svc: NamedDependency[Services]) -> Response[bytes]:
+    """A policy's settings and where it stands: served and pending version, groups by state, last step."""
+    return await _status(svc, name)
 
 
-@patch("/policies/{name:str}")
-async def change_policy(request: Request, name: FromPath[str]) -> Response:
-    check_id(name, "name")
-    data = _decode(await request.body(), PolicyPatch, "policy")
-    await _write(request, _patch, name, data)
-    return await _status(request, name)
+@patch("/policies/{name:str}", opt={"invalid": "invalid_policy"}, responses=responses(400, 401, 404, 409))
+async def change_policy(name: PolicyName, data: JSONBody[PolicyPatch], svc: NamedDependency[Services]) -> Response[bytes]:
+    await _write(svc, _patch, name, data)
+    return await _status(svc, name)
 
 
-def _patch(conn: Any, name: str, data: PolicyPatch) -> Any:
+def _merge(current: msgspec.Struct, changes: dict[str, Any], kind: type[Any], key: str) -> Any:
+    try:
+        return msgspec.convert({**msgspec.to_builtins(current), **changes}, kind)
+    except msgspec.ValidationError as exc:
+        raise Invalid(f"invalid {key}: {exc}", f"invalid_{key}", key) from None
+
+
+def _patch(conn: Any, name: str, data: JSONBody[PolicyPatch]) -> Any:
     """Merge inside the write transaction, on the locked row, so two PATCHes of different keys both stand."""
     store.lock_policy(conn, name)
     current = store.get_policy(conn, name)
     values: dict[str, Any] = {k: getattr(data, k) for k in ("base_model", "model_path", "paused") if getattr(data, k) is not msgspec.UNSET}
     for key, kind in (("lora", LoraSettings), ("train", TrainSettings), ("ruler", RulerSettings)):
         if (changes := getattr(data, key)) is not msgspec.UNSET:
-            merged = {**msgspec.to_builtins(getattr(current, key)), **changes}
-            values[key] = _decode(msgspec.json.encode(merged), kind, key)
+            values[key] = _merge(getattr(current, key), changes, kind, key)
     return store.update_policy(conn, name, **values)
 
 
@@ -143,55 +134,46 @@ def _update(conn: Any, name: str, values: dict[str, Any]) -> Any:
     return store.update_policy(conn, name, **values)
 
 
-@post("/policies/{name:str}/pause", status_code=200)
-async def pause(request: Request, name: FromPath[str]) -> Response:
+@post("/policies/{name:str}/pause", status_code=200, responses=responses(400, 401, 404))
+async def pause(name: PolicyName, svc: NamedDependency[Services]) -> Response[bytes]:
     """Stop training (the served version stays); a step already running finishes."""
-    check_id(name, "name")
-    await _write(request, _update, name, {"paused": True})
-    return await _status(request, name)
+    await _write(svc, _update, name, {"paused": True})
+    return await _status(svc, name)
 
 
-@post("/policies/{name:str}/resume", status_code=200)
-async def resume(request: Request, name: FromPath[str]) -> Response:
-    check_id(name, "name")
-    await _write(request, _update, name, {"paused": False})
-    return await _status(request, name)
+@post("/policies/{name:str}/resume", status_code=200, responses=responses(400, 401, 404))
+async def resume(name: PolicyName, svc: NamedDependency[Services]) -> Response[bytes]:
+    await _write(svc, _update, name, {"paused": False})
+    return await _status(svc, name)
 
 
-@post("/policies/{name:str}/train", status_code=202)
-async def train_now(request: Request, name: FromPath[str]) -> Response:
+@post("/policies/{name:str}/train", status_code=202, responses=responses(400, 401, 404, 409))
+async def train_now(name: PolicyName, svc: NamedDependency[Services]) -> Response[bytes]:
     """Train on the groups ready now, even fewer than groups_per_step (409 if none; paused policies too)."""
-    check_id(name, "name")
-    if (await services(request).db.read(store.get_policy, name)).paused:
-        raise APIError(409, f"policy {name!r} is paused; resume it first", "policy_paused")
-    await _write(request, store.request_training, name)
-    return await _status(request, name, 202)
+    if (await svc.db.read(store.get_policy, name)).paused:
+        raise Conflict(f"policy {name!r} is paused; resume it first", "policy_paused")
+    await _write(svc, store.request_training, name)
+    return await _status(svc, name, 202)
 
 
-@get("/policies/{name:str}/checkpoints")
-async def checkpoints(request: Request, name: FromPath[str]) -> Response:
-    check_id(name, "name")
-    steps = await services(request).db.read(store.list_steps, name)
-    return _json({"object": "list", "data": [{k: v for k, v in s.items() if k != "metrics"} for s in steps]})
+@get("/policies/{name:str}/checkpoints", responses=responses(400, 401, 404))
+async def checkpoints(name: PolicyName, svc: NamedDependency[Services]) -> Response[bytes]:
+    steps = await svc.db.read(store.list_steps, name)
+    return json({"object": "list", "data": [{k: v for k, v in s.items() if k != "metrics"} for s in steps]})
 
 
-@post("/policies/{name:str}/rollback", status_code=202)
-async def rollback(request: Request, name: FromPath[str]) -> Response:
+@post("/policies/{name:str}/rollback", status_code=202, opt={"invalid": "invalid_rollback"}, responses=responses(400, 401, 404))
+async def rollback(name: PolicyName, data: JSONBody[RollbackIn], svc: NamedDependency[Services]) -> Response[bytes]:
     """Serve (and train on from) an earlier step; 0 is the base model. The trainer loads and switches."""
-    check_id(name, "name")
-    data = _decode(await request.body(), RollbackIn, "rollback")
-    if data.step < 0:
-        raise APIError(400, "step is 0 (the base model) or a trained step", "invalid_rollback", "step")
-    await _write(request, store.request_rollback, name, data.step)
-    return await _status(request, name, 202)
+    await _write(svc, store.request_rollback, name, data.step)
+    return await _status(svc, name, 202)
 
 
-@get("/policies/{name:str}/metrics")
-async def metrics(request: Request, name: FromPath[str]) -> Response:
+@get("/policies/{name:str}/metrics", responses=responses(400, 401, 404))
+async def metrics(name: PolicyName, svc: NamedDependency[Services]) -> Response[bytes]:
     """One entry per step, oldest first."""
-    check_id(name, "name")
-    steps = await services(request).db.read(store.list_steps, name)
-    return _json({"object": "list", "data": [{"step": s["step"], "created_at": s["created_at"], "published_at": s["published_at"], **s["metrics"]} for s in steps]})
+    steps = await svc.db.read(store.list_steps, name)
+    return json({"object": "list", "data": [{"step": s["step"], "created_at": s["created_at"], "published_at": s["published_at"], **s["metrics"]} for s in steps]})
 
 
 router = Router(

@@ -27,8 +27,8 @@ from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Send
 
-from gateway import keys
-from gateway.capture import (
+from burnish_server.gateway import keys
+from burnish_server.gateway.capture import (
     ENDPOINTS,
     Endpoint,
     Injected,
@@ -37,18 +37,12 @@ from gateway.capture import (
     extract_tokens,
     inject,
 )
-from gateway.errors import APIError, error_body
-from gateway.policies import Route
-from gateway.services import Services, services
-from gateway.store.models import (
-    CLIENT_DISCONNECTED,
-    OK,
-    UPSTREAM_CUT,
-    UPSTREAM_ERROR,
-    utcnow,
-)
-from gateway.store.writes import CallRecord
-from gateway.upstream import UpstreamFailure, response_headers
+from burnish_server.gateway.errors import APIError, error_body
+from burnish_server.core.policies import Route
+from burnish_server.gateway.services import Services, services
+from burnish_server.core.records import CLIENT_DISCONNECTED, OK, UPSTREAM_CUT, UPSTREAM_ERROR, CallRecord
+from burnish_server.store.models import utcnow
+from burnish_server.gateway.upstream import UpstreamFailure, response_headers
 
 log = logging.getLogger("burnish.gateway")
 

@@ -10,40 +10,45 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Literal
+from typing import Annotated, Literal
 
 import httpx
 import msgspec
-from litestar import Request, post
-from litestar.params import FromPath
+from litestar import post
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
 from litestar.response import Response
 
-from gateway.errors import APIError
-from gateway.keys import check_id
-from gateway.langfuse_export import Score
-from gateway.policies import RulerSettings
-from gateway.ruler import Judge, RulerFailed, build_prompt, cache_key, conversation, judge_group
-from gateway.services import Services, services
-from gateway.upstream import base_url
-from gateway.store import ruler as store
+from burnish_server.core.errors import BurnishError, Invalid, Unavailable
+from burnish_server.core.policies import RulerSettings
+from burnish_server.core.transcript import conversation
+from burnish_server.gateway.errors import responses
+from burnish_server.gateway.routes.common import GroupId, json
+from burnish_server.gateway.ruler import Judge, RulerFailed, build_prompt, cache_key, judge_group
+from burnish_server.gateway.services import Services
+from burnish_server.gateway.upstream import base_url
+from burnish_server.store import ruler as store
+from burnish_server.telemetry.langfuse_export import Score
 
 log = logging.getLogger("burnish.ruler")
 AUTO_EVERY_S = 1.0
 
 
 class RulerIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    rubric: str | None = None
-    judge_model: str | None = None
-    judge_base_url: str | None = None
-    judge_api_key: str | None = None
+    """Every field is optional: the policy's RULER settings, then the gateway's, fill the rest."""
+
+    rubric: Annotated[str, msgspec.Meta(max_length=20_000)] | None = None
+    judge_model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
+    judge_base_url: Annotated[str, msgspec.Meta(min_length=1, max_length=700)] | None = None
+    judge_api_key: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
     combine: Literal["set", "add"] | None = None
 
 
-def _judge(svc: Services, policy: RulerSettings, request: RulerIn, base_model: str | None) -> Judge:
+def _judge(svc: NamedDependency[Services], policy: RulerSettings, request: RulerIn, base_model: str | None) -> Judge:
     s = svc.settings
     model = request.judge_model or policy.judge_model or s.judge_model or base_model
     if not model:
-        raise APIError(400, "no judge model: pass judge_model, or set the policy's ruler.judge_model or BURNISH_JUDGE_MODEL", "no_judge_model", "judge_model")
+        raise Invalid("no judge model: pass judge_model, or set the policy's ruler.judge_model or BURNISH_JUDGE_MODEL", "no_judge_model", "judge_model")
     upstream = base_url(s.upstream) + "/v1"
     url = (request.judge_base_url or policy.judge_base_url or s.judge_base_url or upstream).rstrip("/")
     # A configured key goes only to the server it was configured for: a request naming
@@ -61,13 +66,13 @@ def _judge(svc: Services, policy: RulerSettings, request: RulerIn, base_model: s
     except httpx.InvalidURL:
         parsed = None
     if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
-        raise APIError(400, f"judge_base_url {url[:200]!r} is not an http(s) URL", "invalid_request", "judge_base_url")
+        raise Invalid(f"judge_base_url {url[:200]!r} is not an http(s) URL", "invalid_request", "judge_base_url")
     if len(model) > 256 or len(url) > 700:
-        raise APIError(400, "judge_model is at most 256 characters and judge_base_url at most 700", "invalid_request", "judge_model")
+        raise Invalid("judge_model is at most 256 characters and judge_base_url at most 700", "invalid_request", "judge_model")
     return Judge(base_url=url, model=model, api_key=api_key, attempts=s.judge_attempts, timeout_s=s.upstream_timeout, max_tokens=s.judge_max_tokens)
 
 
-async def run_ruler(svc: Services, group_id: str, request: RulerIn) -> dict:
+async def run_ruler(svc: NamedDependency[Services], group_id: str, request: RulerIn) -> dict:
     """Judge a group (or reuse a cached verdict) and store its rewards."""
     group = await svc.db.read(store.group_for_judge, group_id)
     policy = svc.policies.policies.get(group.policy) if group.policy else None
@@ -83,7 +88,7 @@ async def run_ruler(svc: Services, group_id: str, request: RulerIn) -> dict:
             shown, calls = await judge_group(svc.judge_http, judge, prompt)
         except RulerFailed as exc:
             await svc.db.transaction(store.store_error, group_id, str(exc))
-            raise APIError(502, str(exc), "ruler_failed", "group_id") from None
+            raise Unavailable(str(exc), "ruler_failed", "group_id") from None
         verdict = shown
     else:  # the cache holds the shown ids' scores; identical members share them
         verdict = {t: verdict[members[0]] for members in prompt.classes for t in members}
@@ -106,22 +111,13 @@ async def run_ruler(svc: Services, group_id: str, request: RulerIn) -> dict:
     }
 
 
-@post("/v1/groups/{group_id:str}/ruler", status_code=200)
-async def ruler(request: Request, group_id: FromPath[str]) -> Response:
+@post("/v1/groups/{group_id:str}/ruler", status_code=200, opt={"invalid": "invalid_request"}, responses=responses(400, 404, 409, 502))
+async def ruler(group_id: GroupId, svc: NamedDependency[Services], data: JSONBody[RulerIn | None] = None) -> Response[bytes]:
     """Score a group's trajectories relative to each other with an LLM judge; the scores become rewards."""
-    check_id(group_id, "group_id")
-    body = await request.body()
-    try:
-        data = msgspec.json.decode(body or b"{}", type=RulerIn)
-    except msgspec.ValidationError as exc:
-        raise APIError(400, f"invalid ruler request: {exc}", "invalid_request") from None
-    except msgspec.DecodeError as exc:
-        raise APIError(400, f"the request body is not valid JSON: {exc}", "invalid_json") from None
-    out = await run_ruler(services(request), group_id, data)
-    return Response(content=msgspec.json.encode(out), media_type="application/json")
+    return json(await run_ruler(svc, group_id, data or RulerIn()))
 
 
-async def auto_ruler(svc: Services, every_s: float = AUTO_EVERY_S) -> None:
+async def auto_ruler(svc: NamedDependency[Services], every_s: float = AUTO_EVERY_S) -> None:
     """Until cancelled: judge the closed groups of policies whose RULER settings say auto."""
     while True:
         await asyncio.sleep(every_s)
@@ -137,9 +133,9 @@ async def auto_ruler(svc: Services, every_s: float = AUTO_EVERY_S) -> None:
                 out = await run_ruler(svc, group_id, RulerIn())
                 log.info("RULER scored group %s of %s: %s", group_id, policy, [round(s["score"], 3) for s in out["scores"]])
             except Exception as exc:  # one group's failure must not stop the task for every policy
-                message = exc.detail if isinstance(exc, APIError) else f"{type(exc).__name__}: {exc}"
+                message = exc.message if isinstance(exc, BurnishError) else f"{type(exc).__name__}: {exc}"
                 log.warning("RULER on group %s of %s failed: %s", group_id, policy, message)
-                if not (isinstance(exc, APIError) and exc.code == "ruler_failed"):  # that one is stored already
+                if not (isinstance(exc, BurnishError) and exc.code == "ruler_failed"):  # that one is stored already
                     with contextlib.suppress(Exception):
                         await svc.db.transaction(store.store_error, group_id, message)
 

@@ -1,7 +1,8 @@
 """The training queue, kept in the store: which groups are ready, and who trains them.
 
 A group is ready for its policy when it is closed, every member has a reward, and the
-rewards are not all equal (equal rewards give zero advantages: nothing to learn).
+rewards are not all equal (equal rewards give zero advantages: nothing to learn); see
+``core/groups.py`` for the states.
 
 A trainer *claims* ready groups in one transaction (``FOR UPDATE SKIP LOCKED`` on
 PostgreSQL; SQLite's writer lock serialises the rest), so two trainers never take the
@@ -15,12 +16,15 @@ These are sync functions of a ``Connection``, run by ``Database.transaction``.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import NamedTuple
 
-from sqlalchemy import Select, func, or_, select, update
+from sqlalchemy import Select, and_, func, or_, select, update
 from sqlalchemy.engine import Connection
 
-from gateway.store.models import Call, Group, PolicyRow, Trajectory, utcnow
+from burnish_server.core.records import OK, CallRecord
+from burnish_server.store import groups
+from burnish_server.store.calls import to_record
+from burnish_server.store.models import Call, Group, PolicyRow, Trajectory, utcnow
 
 DEFAULT_LEASE_S = 900.0
 
@@ -44,9 +48,8 @@ def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S
         .join(members, members.c.group_id == Group.id)
         .where(
             Group.policy == policy,
-            Group.closed_at.is_not(None),
-            Group.trained_at.is_(None),
-            or_(Group.claimed_by.is_(None), Group.claimed_at < now - timedelta(seconds=lease_s)),
+            # Closed, or being trained by a trainer whose lease ran out (it died mid-step).
+            or_(groups.is_closed(), and_(groups.is_training(), Group.claimed_at < now - timedelta(seconds=lease_s))),
             members.c.size == members.c.rewarded,
             members.c.high > members.c.low,
         )
@@ -81,9 +84,7 @@ def claim_groups(conn: Connection, policy: str, worker: str, count: int, lease_s
 def other_trainer_busy(conn: Connection, policy: str, worker: str, lease_s: float = DEFAULT_LEASE_S) -> bool:
     """Whether another worker holds a live claim on the policy's groups (it is mid-step)."""
     since = utcnow() - timedelta(seconds=lease_s)
-    busy = select(Group.pk).where(
-        Group.policy == policy, Group.claimed_by.is_not(None), Group.claimed_by != worker, Group.trained_at.is_(None), Group.claimed_at >= since
-    )
+    busy = select(Group.pk).where(Group.policy == policy, groups.is_training(), Group.claimed_by != worker, Group.claimed_at >= since)
     return conn.execute(busy.limit(1)).first() is not None
 
 
@@ -104,24 +105,19 @@ def release_groups(conn: Connection, worker: str, ids: list[str] | None = None) 
     return conn.execute(query.values(claimed_by=None, claimed_at=None)).rowcount
 
 
-def group_calls(conn: Connection, ids: list[str]) -> list[Any]:
+class TrainingCall(NamedTuple):
+    group_id: str
+    trajectory_id: str
+    reward: float
+    call: CallRecord
+
+
+def group_calls(conn: Connection, ids: list[str]) -> list[TrainingCall]:
     """Every ok call of the groups' trajectories, with the trajectory's reward, in order."""
-    return list(
-        conn.execute(
-            select(
-                Trajectory.group_id,
-                Trajectory.id.label("trajectory_id"),
-                Trajectory.reward,
-                Call.request,
-                Call.response,
-                Call.endpoint,
-                Call.prompt_token_ids,
-                Call.completion_token_ids,
-                Call.completion_logprobs,
-                Call.completion_lengths,
-            )
-            .join(Call, Call.trajectory_id == Trajectory.id)
-            .where(Trajectory.group_id.in_(ids), Call.status == "ok")
-            .order_by(Trajectory.group_id, Trajectory.pk, Call.started_at, Call.pk)
-        )
+    rows = conn.execute(
+        select(Trajectory.group_id, Trajectory.reward, Call)
+        .join(Call, Call.trajectory_id == Trajectory.id)
+        .where(Trajectory.group_id.in_(ids), Call.status == OK)
+        .order_by(Trajectory.group_id, Trajectory.pk, Call.started_at, Call.pk)
     )
+    return [TrainingCall(row.group_id, row.trajectory_id, row.reward, to_record(row, row.group_id)) for row in rows]

@@ -1,4 +1,7 @@
-"""The ``burnish`` command."""
+"""The ``burnish`` command: gateway, trainer, up, db upgrade, tiny-model.
+
+The top layer. It imports the gateway and the trainer only inside the commands that run
+them, so `burnish gateway` never loads torch and `burnish trainer` never loads Litestar."""
 
 from __future__ import annotations
 
@@ -9,8 +12,8 @@ import sys
 
 import click
 
-from gateway import logs
-from gateway.settings import Settings
+from burnish_server.core import logs
+from burnish_server.core.settings import Settings
 
 
 def _settings(**overrides: object) -> Settings:
@@ -39,7 +42,7 @@ def gateway(**options: object) -> None:
     """Serve the gateway."""
     import uvicorn
 
-    from gateway.app import create_app
+    from burnish_server.gateway.app import create_app
 
     settings = _settings(**options)
     logs.configure(settings.log_level, settings.log_format)
@@ -67,7 +70,7 @@ def db() -> None:
 @click.argument("revision", default="head")
 def upgrade(revision: str, **options: object) -> None:
     """Apply migrations up to REVISION (default: head)."""
-    from gateway.store.database import Database
+    from burnish_server.store.database import Database
 
     settings = _settings(**options)
 
@@ -101,7 +104,7 @@ def trainer(worker_id: str | None, keep_loaded: int, **options: object) -> None:
 
     Each policy trains with its own settings (create and change them over /admin/policies)."""
     try:
-        from trainer.worker import TrainerWorker, WorkerSettings
+        from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
     except ImportError as exc:
         raise click.ClickException(f"{exc}: install the trainer's dependencies (pip install 'burnish[train]')") from None
 
@@ -131,7 +134,7 @@ def trainer(worker_id: str | None, keep_loaded: int, **options: object) -> None:
 def tiny_model(path: str, seed: int) -> None:
     """Write a tiny random Qwen2 model with its tokenizer to PATH (needs the train extra)."""
     try:
-        from trainer.tiny_model import make_tiny_model
+        from burnish_server.trainer.tiny_model import make_tiny_model
     except ImportError as exc:
         raise click.ClickException(f"{exc}: install the trainer's dependencies (pip install 'burnish[train]')") from None
     click.echo(f"tiny model written to {make_tiny_model(path, seed=seed)}")
@@ -148,11 +151,8 @@ def tiny_model(path: str, seed: int) -> None:
 @click.option("--vllm-arg", "vllm_args", multiple=True, help="an argument passed to vLLM as is (repeat for more), e.g. --vllm-arg=--tool-call-parser=hermes")
 def up(model: str | None, policy: str, vllm_port: int, vllm_args: tuple[str, ...], **options: object) -> None:
     """Start vLLM with runtime LoRA, then the gateway in front of it. Ctrl-C stops both."""
-    from gateway.launch import run_up
+    from burnish_server.cli.up import run_up
 
     settings = _settings(**options)
     raise SystemExit(run_up(settings, model=model, policy=policy, vllm_port=vllm_port, vllm_args=list(vllm_args)))
 
-
-if __name__ == "__main__":
-    main()

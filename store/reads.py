@@ -15,8 +15,9 @@ import msgspec
 from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from gateway.store import tokens
-from gateway.store.models import Call, Group, Reward, Trajectory
+from burnish_server.core.groups import group_state
+from burnish_server.store.calls import to_record
+from burnish_server.store.models import Call, Group, Reward, Trajectory
 
 EXPORT_PAGE = 256  # trajectories per query while exporting
 _encode = msgspec.json.Encoder().encode
@@ -47,13 +48,13 @@ def trajectory_summary(row: Any, call_count: int | None = None) -> dict[str, Any
 
 
 def call_dict(row: Any) -> dict[str, Any]:
-    lengths = tokens.unpack_ids(row.completion_lengths)
+    tokens = to_record(row).tokens()
     token_info = None
-    if row.prompt_token_ids is not None or lengths is not None:
+    if tokens is not None:
         token_info = {
-            "prompt_token_ids": tokens.unpack_ids(row.prompt_token_ids),
-            "completion_token_ids": tokens.split(tokens.unpack_ids(row.completion_token_ids), lengths),
-            "completion_logprobs": tokens.split(tokens.unpack_floats(row.completion_logprobs), lengths),
+            "prompt_token_ids": tokens.prompt,
+            "completion_token_ids": tokens.completions,
+            "completion_logprobs": tokens.logprobs,
         }
     return {
         "id": row.pk,
@@ -85,6 +86,7 @@ def group_summary(row: Any) -> dict[str, Any]:
         "object": "group",
         "expected_size": row.expected_size,
         "created_at": _ts(row.created_at),
+        "state": group_state(row.closed_at, row.claimed_by, row.trained_at).value,
         "closed_at": _ts(row.closed_at),
         "close_reason": row.close_reason,
         "ruler_at": _ts(row.ruler_at),

@@ -7,7 +7,9 @@ caller gets a future that resolves once its record is durable, which is what
 lets the proxy hold back the end of a response until then.
 
 A batch that fails is retried one record at a time, so one bad record cannot
-take its neighbours down with it.
+take its neighbours down with it. An operation (a reward, a close) whose check fails
+raises a domain error: it runs in a savepoint, so its failure is undone alone, and the
+error goes to its caller while the rest of the batch commits.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from typing import Any, Protocol
 from sqlalchemy.exc import OperationalError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from gateway.store.database import Database
-from gateway.store.writes import CallRecord, insert_calls
+from burnish_server.core.errors import BurnishError
+from burnish_server.core.records import CallRecord
+from burnish_server.store.database import Database
+from burnish_server.store.writes import insert_calls
 
 log = logging.getLogger("burnish.store")
 
@@ -132,7 +136,16 @@ def _apply(conn: Any, items: list[Item]) -> list[Any]:
     calls = [item for item in items if isinstance(item, CallRecord)]
     if calls:
         insert_calls(conn, calls)
-    return [None if isinstance(item, CallRecord) else item.apply(conn) for item in items]
+    return [None if isinstance(item, CallRecord) else _operate(conn, item) for item in items]
+
+
+def _operate(conn: Any, operation: Operation) -> Any:
+    """One operation in a savepoint: a refusal (a domain error) is its result, not the batch's."""
+    try:
+        with conn.begin_nested():
+            return operation.apply(conn)
+    except BurnishError as exc:
+        return exc
 
 
 def _resolve(future: asyncio.Future[Any], result: Any) -> None:

@@ -8,9 +8,9 @@ itself. So:
     model: "<policy>@<N>"   -> that step, pinned
     anything else           -> passed through untouched (and still recorded)
 
-Policies live in the store (``gateway/store/policies.py``), are created and changed
-over the admin API, and are advanced by the trainer. The gateway routes from a
-``Registry``: a snapshot of that table, refreshed in the background (``follow``).
+Policies live in the store (``store/policies.py``), are created and changed over the
+admin API, and are advanced by the trainer. The gateway routes from a snapshot of that
+table (``gateway/routing.py``).
 
 Every training knob and its default is here, and only here: the admin API validates
 against these structs, the store keeps them as JSON, the trainer reads them.
@@ -18,23 +18,12 @@ against these structs, the store keeps them as JSON, the trainer reads them.
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 import msgspec
 from msgspec import Meta
-
-if TYPE_CHECKING:
-    from gateway.store.database import Database
-
-log = logging.getLogger("burnish.gateway")
-
-# How often a gateway re-reads the policies table: the most a new version waits to be routed to.
-REFRESH_EVERY_S = 0.25
 
 
 class LoraSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -79,7 +68,7 @@ class RulerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # Judge every group of the policy when it closes (a group whose members all carry a
     # user reward is left alone under combine "set").
     auto: bool = False
-    # None: the default rubric (gateway.ruler.DEFAULT_RUBRIC).
+    # None: the default rubric (DEFAULT_RUBRIC in gateway/ruler.py).
     rubric: Annotated[str, Meta(max_length=20_000)] | None = None
     # None: BURNISH_JUDGE_MODEL, else the policy's base model.
     judge_model: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
@@ -120,41 +109,31 @@ class Route:
 
     @property
     def version(self) -> str:
-        return f"{self.policy}@{self.step}"
+        return adapter_name(self.policy, self.step)
+
+
+def adapter_name(policy: str, step: int) -> str:
+    """The name vLLM serves a policy's step under (step 0 is the base model, not an adapter)."""
+    return f"{policy}@{step}"
+
+
+def served_name(policy: Policy, step: int) -> str:
+    """The model name to ask vLLM for to get ``step`` of ``policy``."""
+    return policy.base_model if step == 0 else adapter_name(policy.name, step)
 
 
 def route(policy: Policy, step: int | None = None) -> Route:
     step = policy.step if step is None else step
-    return Route(policy.name, step, policy.base_model if step == 0 else f"{policy.name}@{step}")
+    return Route(policy.name, step, served_name(policy, step))
 
 
-class Registry:
-    """The gateway's snapshot of the policies, looked up on every call (a dict read)."""
-
-    def __init__(self, policies: Iterable[Policy] = ()) -> None:
-        self.policies: dict[str, Policy] = {p.name: p for p in policies}
-
-    def replace(self, policies: Iterable[Policy]) -> None:
-        self.policies = {p.name: p for p in policies}
-
-    def resolve(self, model: str | None) -> Route | None:
-        if model is None:
-            return None
-        if (policy := self.policies.get(model)) is not None:
-            return route(policy)
-        name, at, step = model.rpartition("@")
-        if at and step.isdigit() and (policy := self.policies.get(name)) is not None:
-            return route(policy, int(step))
+def resolve(policies: dict[str, Policy], model: str | None) -> Route | None:
+    """The route of a request's ``model``: a policy, a pinned ``policy@step``, or None (pass through)."""
+    if model is None:
         return None
-
-
-async def follow(db: Database, registry: Registry, every_s: float = REFRESH_EVERY_S) -> None:
-    """Keep ``registry`` in step with the store until cancelled. A failed read keeps the last snapshot."""
-    from gateway.store.policies import load_policies
-
-    while True:
-        await asyncio.sleep(every_s)
-        try:
-            registry.replace(await db.read(load_policies))
-        except Exception as exc:  # the store away for a moment must not stop routing
-            log.warning("policies not refreshed: %s", exc)
+    if (policy := policies.get(model)) is not None:
+        return route(policy)
+    name, at, step = model.rpartition("@")
+    if at and step.isdigit() and (policy := policies.get(name)) is not None:
+        return route(policy, int(step))
+    return None

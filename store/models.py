@@ -1,10 +1,10 @@
 """The store's tables: groups, trajectories, calls, rewards; policies and their training steps.
 
-This module is the one thing the gateway and the trainer share besides HTTP.
-
 Request and response bodies are stored as the JSON bytes that crossed the wire
 (``LargeBinary``), so recording never re-encodes them; token ids and logprobs are
-packed little-endian arrays (see ``gateway.store.tokens``).
+packed little-endian arrays (see ``core/tokens.py``). Each table's typed view lives in
+the domain: a call is ``core.records.CallRecord``, a policy ``core.policies.Policy``, a
+group's state ``core.groups.GroupState``.
 """
 
 from __future__ import annotations
@@ -17,13 +17,6 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a BIGINT identity.
 PK = BigInteger().with_variant(Integer(), "sqlite")
-
-# Call statuses.
-OK = "ok"
-UPSTREAM_ERROR = "upstream_error"
-CLIENT_DISCONNECTED = "client_disconnected"
-UPSTREAM_CUT = "upstream_cut"
-CALL_STATUSES = (OK, UPSTREAM_ERROR, CLIENT_DISCONNECTED, UPSTREAM_CUT)
 
 
 def utcnow() -> datetime:
@@ -140,7 +133,7 @@ class Reward(Base):
 
 
 class PolicyRow(Base):
-    """A trainable model (``gateway.policies.Policy`` is its typed view)."""
+    """A trainable model (``core.policies.Policy`` is its typed view)."""
 
     __tablename__ = "policies"
 
@@ -148,10 +141,10 @@ class PolicyRow(Base):
     name: Mapped[str] = mapped_column(String(128), unique=True)
     base_model: Mapped[str] = mapped_column(String(256))
     model_path: Mapped[str | None] = mapped_column(String(1024))
-    # gateway.policies.LoraSettings / TrainSettings, as JSON objects.
+    # core.policies.LoraSettings / TrainSettings, as JSON objects.
     lora: Mapped[dict[str, Any]] = mapped_column(JSON)
     train: Mapped[dict[str, Any]] = mapped_column(JSON)
-    # gateway.policies.RulerSettings; None for a policy made before RULER existed (defaults).
+    # core.policies.RulerSettings; None for a policy made before RULER existed (defaults).
     ruler: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     paused: Mapped[bool] = mapped_column(Boolean, default=False)
     # The version served, and the one the next step trains from (and that should be served).

@@ -4,59 +4,24 @@ These are plain functions of a sync ``Connection`` (see ``Database.transaction``
 
 Calls are written in bulk: one upsert of their groups, one of their trajectories,
 one insert of the calls, for a whole commit batch. Rewards and closes are small
-operations that check before they change anything; a check that fails returns an
-``APIError`` (the writer hands it to the caller) and changes nothing.
+operations that check before they change anything; a check that fails raises a domain
+error (``core/errors.py``), which the writer hands to that operation's caller alone.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from gateway.errors import APIError
-from gateway.store.models import Call, Group, Reward, Trajectory, utcnow
-
-
-@dataclass(slots=True)
-class CallRecord:
-    """One call, as the proxy saw it. Field names follow the `calls` table."""
-
-    trajectory_id: str
-    group_id: str | None
-    group_size: int | None
-    endpoint: str
-    model: str | None
-    stream: bool
-    status: str
-    http_status: int | None
-    request: bytes
-    started_at: datetime
-    finished_at: datetime
-    response: bytes | None = None
-    error: str | None = None
-    usage: dict[str, Any] | None = None
-    prompt_token_ids: bytes | None = None
-    completion_token_ids: bytes | None = None
-    completion_logprobs: bytes | None = None
-    completion_lengths: bytes | None = None
-    attempts: int = 1
-    upstream_first_byte_ms: float | None = None
-    upstream_ms: float | None = None
-    policy: str | None = None
-    policy_step: int | None = None
-    upstream_model: str | None = None
-
-    def call_row(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in _CALL_COLUMNS}
-
-
-_CALL_COLUMNS = tuple(c.name for c in Call.__table__.columns if c.name != "pk")
+from burnish_server.core.errors import Conflict, NotFound
+from burnish_server.core.records import CallRecord
+from burnish_server.store.calls import CALL_COLUMNS, to_row
+from burnish_server.store.models import Call, Group, Reward, Trajectory, utcnow
 
 
 @functools.cache
@@ -113,7 +78,7 @@ def _prepared_sqlite(dialect: Any) -> tuple[_Prepared, _Prepared, _Prepared]:
     return (
         _Prepared(groups, dialect, ("id", "expected_size", "policy", "created_at")),
         _Prepared(trajectories, dialect, ("id", "group_id", "created_at", "updated_at")),
-        _Prepared(_INSERT_CALLS, dialect, _CALL_COLUMNS),
+        _Prepared(_INSERT_CALLS, dialect, CALL_COLUMNS),
     )
 
 
@@ -142,7 +107,7 @@ def insert_calls(conn: Connection, records: list[CallRecord]) -> None:
     now = utcnow()
     group_rows = [{**groups[g], "created_at": now} for g in sorted(groups)]
     trajectory_rows = [trajectories[t] for t in sorted(trajectories)]
-    call_rows = [rec.call_row() for rec in records]
+    call_rows = [to_row(rec) for rec in records]
     if conn.dialect.name == "sqlite":
         upsert_groups, upsert_trajectories, insert = _prepared_sqlite(conn.dialect)
         if group_rows:
@@ -164,10 +129,10 @@ class PostReward:
     components: dict[str, float] = field(default_factory=dict)
     source: str = "user"
 
-    def apply(self, conn: Connection) -> dict[str, Any] | APIError:
+    def apply(self, conn: Connection) -> dict[str, Any]:
         group_id = conn.execute(select(Trajectory.group_id).where(Trajectory.id == self.trajectory_id)).first()
         if group_id is None:
-            return APIError(404, f"no trajectory {self.trajectory_id!r}", "trajectory_not_found", "trajectory_id")
+            raise NotFound(f"no trajectory {self.trajectory_id!r}", "trajectory_not_found", "trajectory_id")
         group_id = group_id[0]
         group = None
         if group_id is not None:
@@ -175,7 +140,7 @@ class PostReward:
             # the last of them sees all the others and closes the group.
             group = conn.execute(select(Group.expected_size, Group.closed_at).where(Group.id == group_id).with_for_update()).one()
             if group.closed_at is not None:
-                return APIError(409, f"group {group_id!r} is closed; its rewards can no longer change", "group_closed", "trajectory_id")
+                raise Conflict(f"group {group_id!r} is closed; its rewards can no longer change", "group_closed", "trajectory_id")
         now = utcnow()
         conn.execute(
             update(Trajectory)
@@ -202,10 +167,10 @@ class PostReward:
 class CloseGroup:
     group_id: str
 
-    def apply(self, conn: Connection) -> dict[str, Any] | APIError:
+    def apply(self, conn: Connection) -> dict[str, Any]:
         row = conn.execute(select(Group.closed_at).where(Group.id == self.group_id).with_for_update()).first()
         if row is None:
-            return APIError(404, f"no group {self.group_id!r}", "group_not_found", "group_id")
+            raise NotFound(f"no group {self.group_id!r}", "group_not_found", "group_id")
         if row.closed_at is None:  # closing twice is not an error: the first close stands
             conn.execute(update(Group).where(Group.id == self.group_id).values(closed_at=utcnow(), close_reason="closed"))
         return {"group_id": self.group_id}

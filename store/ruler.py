@@ -3,7 +3,7 @@
 Sync functions of a ``Connection`` (``Database.read`` / ``Database.transaction``). A
 verdict is stored in one transaction with every member's reward (source ``ruler``, the
 component ``ruler``, the judge's explanation), and the group closes if it was open. A
-group a trainer has claimed or trained is refused (409): its rewards are in a step.
+group a trainer has claimed or trained is refused (``Conflict``): its rewards are in a step.
 
 How a RULER score combines with a reward the user posted is one rule, per request or per
 policy (``combine``): ``set`` (default) makes the score the reward; ``add`` adds it to the
@@ -21,9 +21,13 @@ from sqlalchemy import exists, or_, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from gateway.errors import APIError
-from gateway.ruler import Score
-from gateway.store.models import Call, Group, PolicyRow, Reward, RulerVerdict, Trajectory, utcnow
+from burnish_server.core.errors import Conflict, NotFound
+from burnish_server.core.groups import group_state, rewards_final
+from burnish_server.core.records import OK, CallRecord
+from burnish_server.core.verdicts import Score
+from burnish_server.store import groups
+from burnish_server.store.calls import to_record
+from burnish_server.store.models import Call, Group, PolicyRow, Reward, RulerVerdict, Trajectory, utcnow
 
 # A gateway that died while judging a group of a policy with automatic RULER: another
 # (or the restarted one) takes the group again after this long.
@@ -35,7 +39,7 @@ class Member:
     trajectory_id: str
     reward: float | None
     components: dict[str, float]
-    calls: list[tuple[str, dict[str, Any], dict[str, Any] | None]]  # (endpoint, request, response)
+    calls: list[CallRecord]  # its ok calls, in order
 
 
 @dataclass
@@ -45,30 +49,24 @@ class GroupForJudge:
     members: list[Member]
 
 
-def _check_trainable(group: Any, group_id: str) -> None:
+def _check_judgeable(group: Any, group_id: str) -> None:
     if group is None:
-        raise APIError(404, f"no group {group_id!r}", "group_not_found", "group_id")
-    if group.trained_at is not None or group.claimed_by is not None:
-        raise APIError(409, f"group {group_id!r} is being trained or was trained; its rewards can no longer change", "group_trained", "group_id")
+        raise NotFound(f"no group {group_id!r}", "group_not_found", "group_id")
+    if rewards_final(group_state(group.closed_at, group.claimed_by, group.trained_at)):
+        raise Conflict(f"group {group_id!r} is being trained or was trained; its rewards can no longer change", "group_trained", "group_id")
 
 
 def group_for_judge(conn: Connection, group_id: str) -> GroupForJudge:
     group = conn.execute(select(Group).where(Group.id == group_id)).first()
-    _check_trainable(group, group_id)
+    _check_judgeable(group, group_id)
     members: dict[str, Member] = {}
     for t in conn.execute(select(Trajectory).where(Trajectory.group_id == group_id).order_by(Trajectory.pk)):
         members[t.id] = Member(t.id, t.reward, dict(t.reward_components or {}), [])
     if not members:
-        raise APIError(409, f"group {group_id!r} has no trajectories to judge", "group_empty", "group_id")
-    rows = conn.execute(
-        select(Call.trajectory_id, Call.endpoint, Call.request, Call.response)
-        .where(Call.trajectory_id.in_(list(members)), Call.status == "ok")
-        .order_by(Call.started_at, Call.pk)
-    )
+        raise Conflict(f"group {group_id!r} has no trajectories to judge", "group_empty", "group_id")
+    rows = conn.execute(select(Call).where(Call.trajectory_id.in_(list(members)), Call.status == OK).order_by(Call.started_at, Call.pk))
     for row in rows:
-        request = msgspec.json.decode(row.request) if row.request else {}
-        response = msgspec.json.decode(row.response) if row.response else None
-        members[row.trajectory_id].calls.append((row.endpoint, request, response))
+        members[row.trajectory_id].calls.append(to_record(row, group_id))
     return GroupForJudge(group_id, group.policy, list(members.values()))
 
 
@@ -82,7 +80,7 @@ def cached_verdict(conn: Connection, key: str) -> dict[str, Score] | None:
 def store_verdict(conn: Connection, group_id: str, key: str, judge: str, scores: dict[str, Score], combine: str) -> dict[str, float]:
     """Cache the verdict and set every member's reward from it; returns the rewards set."""
     group = conn.execute(select(Group).where(Group.id == group_id).with_for_update()).first()
-    _check_trainable(group, group_id)
+    _check_judgeable(group, group_id)
     insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
     conn.execute(
         insert(RulerVerdict)
@@ -92,7 +90,7 @@ def store_verdict(conn: Connection, group_id: str, key: str, judge: str, scores:
     now, rewards = utcnow(), {}
     members = {t.id: t for t in conn.execute(select(Trajectory).where(Trajectory.group_id == group_id))}
     if set(members) != set(scores):  # a member joined while the judge was thinking
-        raise APIError(409, f"group {group_id!r} changed while it was judged; ask again", "group_changed", "group_id")
+        raise Conflict(f"group {group_id!r} changed while it was judged; ask again", "group_changed", "group_id")
     for trajectory_id, s in scores.items():
         member = members[trajectory_id]
         user = conn.execute(
@@ -135,9 +133,7 @@ def claim_auto(conn: Connection, limit: int = 8) -> list[tuple[str, str]]:
         .where(
             Group.policy.in_(list(policies)),
             or_(Group.policy.not_in(needs), unrewarded) if needs else true(),
-            Group.closed_at.is_not(None),
-            Group.trained_at.is_(None),
-            Group.claimed_by.is_(None),
+            groups.is_closed(),
             Group.ruler_key.is_(None),
             Group.ruler_error.is_(None),
             or_(Group.ruler_at.is_(None), Group.ruler_at < now - timedelta(seconds=AUTO_LEASE_S)),

@@ -17,6 +17,7 @@ instead of failing on a read-then-write upgrade.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import sqlite3
 import time
@@ -30,8 +31,6 @@ from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-
-import migrations
 
 log = logging.getLogger("burnish.store")
 
@@ -47,9 +46,15 @@ CHECKPOINT_EVERY_S = 1.0
 MIGRATION_LOCK_KEY = 0x6275726E697368  # "burnish"
 
 
+# Found, not imported: the migrations import the store's tables (a layer above it).
+MIGRATIONS = "burnish_server.migrations"
+
+
 def alembic_config(url: str | None = None) -> Config:
+    spec = importlib.util.find_spec(MIGRATIONS)
+    assert spec is not None and spec.submodule_search_locations, f"{MIGRATIONS} is not installed"
     cfg = Config()
-    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    cfg.set_main_option("script_location", spec.submodule_search_locations[0])
     if url:
         cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return cfg

@@ -3,8 +3,8 @@
 The admin API states intent (create, change, pause, train now, roll back); the trainer
 acts on it (trains, loads adapters into vLLM, switches the served step). Both go through
 these functions, which are sync functions of a ``Connection`` (``Database.transaction``
-for writes, ``Database.read`` for reads). A check that fails raises an ``APIError`` and
-changes nothing.
+for writes, ``Database.read`` for reads). A check that fails raises a domain error
+(``NotFound``, ``Conflict``) and changes nothing.
 
 The served version moves only here: ``record_step`` advances ``head`` (what should be
 served), ``mark_served`` moves ``step`` (what is served) once vLLM answered with it.
@@ -19,10 +19,11 @@ import msgspec
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Connection
 
-from gateway.errors import APIError
-from gateway.policies import LoraSettings, Policy, RulerSettings, TrainSettings
-from gateway.store.models import Group, PolicyRow, StepRow, utcnow
-from gateway.store.training import complete_groups, count_ready
+from burnish_server.core.errors import Conflict, NotFound
+from burnish_server.core.policies import LoraSettings, Policy, RulerSettings, TrainSettings
+from burnish_server.store import groups
+from burnish_server.store.models import Group, PolicyRow, StepRow, utcnow
+from burnish_server.store.training import complete_groups, count_ready
 
 
 def to_policy(row: Any) -> Policy:
@@ -45,10 +46,14 @@ def load_policies(conn: Connection) -> list[Policy]:
     return [to_policy(row) for row in conn.execute(select(PolicyRow).order_by(PolicyRow.pk))]
 
 
+def _find(conn: Connection, name: str) -> Any | None:
+    return conn.execute(select(PolicyRow).where(PolicyRow.name == name)).one_or_none()
+
+
 def _row(conn: Connection, name: str) -> Any:
-    row = conn.execute(select(PolicyRow).where(PolicyRow.name == name)).one_or_none()
+    row = _find(conn, name)
     if row is None:
-        raise APIError(404, f"no policy {name!r}", "policy_not_found", "name")
+        raise NotFound(f"no policy {name!r}", "policy_not_found", "name")
     return row
 
 
@@ -63,7 +68,7 @@ def lock_policy(conn: Connection, name: str) -> None:
 
 def create_policy(conn: Connection, policy: Policy) -> Policy:
     if conn.execute(select(PolicyRow.pk).where(PolicyRow.name == policy.name)).first() is not None:
-        raise APIError(409, f"policy {policy.name!r} exists; PATCH it to change its settings", "policy_exists", "name")
+        raise Conflict(f"policy {policy.name!r} exists; PATCH it to change its settings", "policy_exists", "name")
     conn.execute(
         insert(PolicyRow).values(
             name=policy.name,
@@ -82,20 +87,18 @@ def create_policy(conn: Connection, policy: Policy) -> Policy:
 
 def ensure_policy(conn: Connection, policy: Policy) -> Policy:
     """Create the policy unless one of that name exists; return the stored one."""
-    try:
-        return get_policy(conn, policy.name)
-    except APIError:
-        return create_policy(conn, policy)
+    row = _find(conn, policy.name)
+    return to_policy(row) if row is not None else create_policy(conn, policy)
 
 
 def update_policy(conn: Connection, name: str, **values: Any) -> Policy:
     """Change a policy's columns (settings structs are stored as JSON)."""
     current = get_policy(conn, name)
-    in_flight = conn.execute(select(Group.pk).where(Group.policy == name, Group.claimed_by.is_not(None), Group.trained_at.is_(None)).limit(1)).first()
+    in_flight = conn.execute(select(Group.pk).where(Group.policy == name, groups.is_training()).limit(1)).first()
     trained = current.head > 0 or last_step(conn, name) > 0 or in_flight is not None
     if trained and any(key in values and values[key] != getattr(current, key) for key in ("base_model", "model_path", "lora")):
         # The checkpoints were trained on this base with this adapter shape.
-        raise APIError(409, "base_model, model_path and lora cannot change once a policy has trained (or is training); create a new policy", "policy_trained")
+        raise Conflict("base_model, model_path and lora cannot change once a policy has trained (or is training); create a new policy", "policy_trained")
     values = {k: msgspec.to_builtins(v) if isinstance(v, msgspec.Struct) else v for k, v in values.items()}
     conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(**values, updated_at=utcnow()))
     return get_policy(conn, name)
@@ -106,7 +109,7 @@ def request_training(conn: Connection, name: str) -> int:
     get_policy(conn, name)
     ready = count_ready(conn, name)
     if ready == 0:
-        raise APIError(409, f"policy {name!r} has no ready groups (closed, all rewarded, rewards not all equal)", "no_ready_groups")
+        raise Conflict(f"policy {name!r} has no ready groups (closed, all rewarded, rewards not all equal)", "no_ready_groups")
     conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(train_requested_at=utcnow(), updated_at=utcnow()))
     return ready
 
@@ -115,7 +118,7 @@ def request_rollback(conn: Connection, name: str, step: int) -> Policy:
     """Make ``step`` the version to serve and to train from; the trainer loads it and switches."""
     get_policy(conn, name)
     if step != 0 and conn.execute(select(StepRow.pk).where(StepRow.policy == name, StepRow.step == step)).first() is None:
-        raise APIError(404, f"policy {name!r} has no checkpoint at step {step}", "checkpoint_not_found", "step")
+        raise NotFound(f"policy {name!r} has no checkpoint at step {step}", "checkpoint_not_found", "step")
     # A new intent: an error from loading the version it replaces no longer applies.
     conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(head=step, load_error=None, load_error_at=None, updated_at=utcnow()))
     return get_policy(conn, name)
@@ -198,9 +201,7 @@ def policy_status(conn: Connection, name: str) -> dict[str, Any]:
     row = _row(conn, name)
     policy = to_policy(row)
     last = list_steps(conn, name, limit=1)
-    waiting = conn.execute(
-        select(func.count()).select_from(Group).where(Group.policy == name, Group.closed_at.is_(None))
-    ).scalar_one()
+    by_state = dict(conn.execute(select(groups.STATE, func.count()).where(Group.policy == name).group_by(groups.STATE)).all())
     return {
         "object": "policy",
         **msgspec.to_builtins(policy),
@@ -208,8 +209,8 @@ def policy_status(conn: Connection, name: str) -> dict[str, Any]:
         # A trained or rolled-back version the trainer has not switched to yet.
         "pending_version": f"{name}@{policy.head}" if policy.head != policy.step else None,
         "groups_ready": count_ready(conn, name),
-        "groups_open": waiting,
-        "groups_trained": conn.execute(select(func.count()).select_from(Group).where(Group.policy == name, Group.trained_at.is_not(None))).scalar_one(),
+        "groups_open": by_state.get("open", 0),
+        "groups_trained": by_state.get("trained", 0),
         "last_step": last[0] if last else None,
         "train_requested_at": _ts(policy.train_requested_at),
         "load_error_at": _ts(row.load_error_at),

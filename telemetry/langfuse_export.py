@@ -47,10 +47,11 @@ import httpx
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gateway.store.writes import CallRecord
+from burnish_server.core.records import CallRecord
+from burnish_server.core.transcript import UnreadableCall, exchange
 
 if TYPE_CHECKING:
-    from gateway.settings import Settings
+    from burnish_server.core.settings import Settings
 
 log = logging.getLogger("burnish.langfuse")
 
@@ -323,10 +324,9 @@ def _reason(exc: Exception) -> str:
 
 
 def _generation(call: CallRecord) -> tuple[str, str, datetime, datetime, dict[str, Any]]:
-    request = _json(call.request)
+    request = call.request_json()
     body = request if isinstance(request, dict) else {}
-    response = _json(call.response) if call.response is not None else None
-    version = f"{call.policy}@{call.policy_step or 0}" if call.policy else None
+    version = call.version
     metadata = {
         "trajectory_id": call.trajectory_id,
         "group_id": call.group_id,
@@ -338,11 +338,12 @@ def _generation(call: CallRecord) -> tuple[str, str, datetime, datetime, dict[st
         "http_status": call.http_status,
         "attempts": call.attempts,
     }
+    shown, answer = _conversation(call)
     attributes = {
         **_trace_attributes(call.trajectory_id, call.group_id, call.policy, version),
         "langfuse.observation.type": "generation",
-        "langfuse.observation.input": _input(body) if body else request,
-        "langfuse.observation.output": _output(response),
+        "langfuse.observation.input": shown,
+        "langfuse.observation.output": answer,
         "langfuse.observation.model.name": call.upstream_model or call.model,
         "langfuse.observation.model.parameters": {k: body[k] for k in MODEL_PARAMETERS if k in body} or None,
         "langfuse.observation.usage_details": _usage(call.usage),
@@ -400,37 +401,24 @@ def _ns(moment: datetime) -> int:
     return int(moment.timestamp() * 1e6) * 1000
 
 
-def _json(raw: bytes | None) -> Any:
-    if raw is None:
-        return None
+def _conversation(call: CallRecord) -> tuple[Any, Any]:
+    """Input and output as Langfuse renders a chat: the prompt's messages (with the tools, if
+    any) and the answer message (a list when n > 1), whatever protocol the call spoke. A body
+    that is not its endpoint's shape goes as text."""
     try:
-        return _decode(raw)
-    except msgspec.DecodeError:
-        return raw[:20_000].decode("utf-8", "replace")
+        turn = exchange(call)
+    except UnreadableCall:
+        return _text(call.request), _text(call.response)
+    messages = [m.chat() for m in turn.prompt]
+    shown = {"messages": messages, "tools": turn.tools} if turn.tools else messages
+    answers = [m.chat() for m in turn.answers]
+    if call.response is None:
+        return shown, None
+    return shown, answers[0] if len(answers) == 1 else answers
 
 
-def _input(body: dict[str, Any]) -> Any:
-    """The conversation as Langfuse renders it: the messages (chat, Messages API), the Responses
-    API's input, or the completion prompt, with the system prompt and tools where given."""
-    for key in ("messages", "input", "prompt"):
-        if key in body:
-            extra = {k: body[k] for k in ("system", "instructions", "tools") if k in body}
-            return {key: body[key], **extra} if extra else body[key]
-    return {k: v for k, v in body.items() if k not in MODEL_PARAMETERS}
-
-
-def _output(response: Any) -> Any:
-    """The answer: the message (or messages when n > 1), the completion text, or the output items."""
-    if not isinstance(response, dict):
-        return response
-    if isinstance(choices := response.get("choices"), list) and choices:
-        answers = [c.get("message", c.get("text")) if isinstance(c, dict) else c for c in choices]
-        return answers[0] if len(answers) == 1 else answers
-    if "output" in response:  # Responses API
-        return response["output"]
-    if response.get("type") == "message":  # Messages API
-        return {"role": response.get("role", "assistant"), "content": response.get("content")}
-    return response
+def _text(raw: bytes | None) -> str | None:
+    return None if raw is None else raw[:20_000].decode("utf-8", "replace")
 
 
 def _usage(usage: dict[str, Any] | None) -> dict[str, int] | None:

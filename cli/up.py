@@ -21,17 +21,17 @@ from pathlib import Path
 import click
 import httpx
 
-from gateway.policies import LoraSettings, Policy, TrainSettings
-from gateway.settings import Settings
-from gateway.store.database import Database
-from gateway.store.policies import ensure_policy
-from gateway.vllm_server import VLLMFailed, VLLMServer, last_lines
+from burnish_server.core.policies import LoraSettings, Policy, TrainSettings
+from burnish_server.core.settings import Settings
+from burnish_server.store.database import Database
+from burnish_server.store.policies import ensure_policy
+from burnish_server.serving.process import VLLMFailed, VLLMServer, last_lines
 
 TINY_MODEL_NAME = "tiny"
 
 
 def _burnish(*args: str) -> list[str]:
-    return [sys.executable, "-m", "gateway.cli", *args]
+    return [sys.executable, "-m", "burnish_server.cli", *args]
 
 
 # The tiny model's chat template writes tool calls the way Qwen2.5 does (<tool_call>).

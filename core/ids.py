@@ -1,0 +1,27 @@
+"""Trajectory, group and policy ids.
+
+Ids are 1 to 128 characters from ``A-Z a-z 0-9 _ - . :``; that keeps them safe in a URL
+path, a header and a file name without escaping. The gateway's path parameters use
+``ID_REGEX`` (and so the OpenAPI schema shows it); headers and bodies use ``check_id``.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from burnish_server.core.errors import Invalid
+
+ID_REGEX = r"^[A-Za-z0-9_.:\-]{1,128}$"
+ID_PATTERN = re.compile(ID_REGEX)
+ID_RULE = "1 to 128 characters from A-Z a-z 0-9 _ - . :"
+
+
+def check_id(value: str, what: str) -> str:
+    if not ID_PATTERN.fullmatch(value):
+        raise Invalid(f"invalid {what} {value[:140]!r}: use {ID_RULE}", "invalid_id", what)
+    return value
+
+
+def new_trajectory_id() -> str:
+    return f"t-{uuid.uuid4().hex}"

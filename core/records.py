@@ -1,0 +1,112 @@
+"""A recorded call: what the gateway writes for each call, and what every reader gets back.
+
+``CallRecord`` is the one definition of a call as stored. The gateway builds one per call;
+the store writes it (``store/writes.py``) and reads it back (``store/reads.py``); RULER,
+the trainer and the Langfuse export all take it from there. Bodies stay the bytes that
+crossed the wire; ``tokens()`` unpacks the sampled tokens, and ``exchange()``
+(``core/transcript.py``) reads the conversation out of the bodies, so no consumer parses
+a stored call its own way.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from burnish_server.core import tokens as packed
+
+# Statuses of a call.
+OK = "ok"
+UPSTREAM_ERROR = "upstream_error"
+CLIENT_DISCONNECTED = "client_disconnected"
+UPSTREAM_CUT = "upstream_cut"
+CALL_STATUSES = (OK, UPSTREAM_ERROR, CLIENT_DISCONNECTED, UPSTREAM_CUT)
+
+# The recorded endpoints, by their name in the store (and their path under /v1).
+CHAT = "chat.completions"
+COMPLETIONS = "completions"
+RESPONSES = "responses"
+MESSAGES = "messages"
+ENDPOINT_NAMES = (CHAT, COMPLETIONS, RESPONSES, MESSAGES)
+
+
+class CallTokens(msgspec.Struct, frozen=True):
+    """A call's tokens as vLLM returned them: the prompt, and per choice the sampled ids and
+    their logprobs under the policy that served it; None where they were not returned."""
+
+    prompt: list[int] | None
+    completions: list[list[int]] | None
+    logprobs: list[list[float]] | None
+
+    @property
+    def trainable(self) -> bool:
+        """Prompt and sampled ids both there: the call trains on exactly what was sampled."""
+        return self.prompt is not None and self.completions is not None
+
+
+class CallRecord(msgspec.Struct, kw_only=True):
+    """One call, as the proxy saw it. Field names follow the ``calls`` table."""
+
+    trajectory_id: str
+    group_id: str | None
+    group_size: int | None
+    endpoint: str
+    model: str | None
+    stream: bool
+    status: str
+    http_status: int | None
+    # The request as the client sent it; the response as the client received it (a stream
+    # folded into the plain response's shape).
+    request: bytes
+    started_at: datetime
+    finished_at: datetime
+    response: bytes | None = None
+    error: str | None = None
+    usage: dict[str, Any] | None = None
+    # Packed little-endian arrays (core/tokens.py); all choices end to end, cut by the lengths.
+    prompt_token_ids: bytes | None = None
+    completion_token_ids: bytes | None = None
+    completion_logprobs: bytes | None = None
+    completion_lengths: bytes | None = None
+    attempts: int = 1
+    # Milliseconds from sending to the upstream until its first byte, and until its last.
+    upstream_first_byte_ms: float | None = None
+    upstream_ms: float | None = None
+    # For a call to a policy: its name and the step that served it; `upstream_model` is
+    # the name vLLM was asked for (`<policy>@<step>`, or the base model).
+    policy: str | None = None
+    policy_step: int | None = None
+    upstream_model: str | None = None
+
+    @property
+    def version(self) -> str | None:
+        return f"{self.policy}@{self.policy_step or 0}" if self.policy else None
+
+    def tokens(self) -> CallTokens | None:
+        """The recorded tokens, split per choice; None if the upstream returned none."""
+        lengths = packed.unpack_ids(self.completion_lengths)
+        if self.prompt_token_ids is None and lengths is None:
+            return None
+        return CallTokens(
+            packed.unpack_ids(self.prompt_token_ids),
+            packed.split(packed.unpack_ids(self.completion_token_ids), lengths),
+            packed.split(packed.unpack_floats(self.completion_logprobs), lengths),
+        )
+
+    def request_json(self) -> Any:
+        return _json(self.request)
+
+    def response_json(self) -> Any:
+        return _json(self.response)
+
+
+def _json(raw: bytes | None) -> Any:
+    """A body as JSON, or None where it is absent or not JSON."""
+    if not raw:
+        return None
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None

@@ -1,0 +1,1 @@
+"""Alembic revisions (a package so that it installs with burnish; Alembic skips this file)."""

@@ -1,0 +1,73 @@
+"""vLLM's runtime LoRA API, as the trainer uses it: load an adapter, check that it answers,
+list what is loaded, unload the old ones.
+
+vLLM must run with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``
+(``serving/process.py`` starts it so). Calls are synchronous: the trainer publishes from a
+worker thread, between steps.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+log = logging.getLogger("burnish.serving")
+
+
+class AdapterError(RuntimeError):
+    """vLLM refused to load an adapter, or loaded it and does not answer with it."""
+
+
+class VLLMAdapters:
+    def __init__(self, base_url: str, *, api_key: str = "", timeout_s: float = 120.0) -> None:
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        # Accept both http://host:8000 and the .../v1 people paste from client configs.
+        self.http = httpx.Client(base_url=base_url.rstrip("/").removesuffix("/v1"), timeout=timeout_s, headers=headers)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def load(self, name: str, path: Path) -> None:
+        """Have vLLM serve ``name`` from ``path``.
+
+        vLLM may hold the name already. From this path (a rollback re-publishing a step) that
+        is fine. From another (a policy deleted and made again under its name, or another
+        deployment sharing this vLLM) it is unloaded first: vLLM refuses a second load of a
+        name, and would go on serving the other weights under it.
+        """
+        body = {"lora_name": name, "lora_path": str(path)}
+        r = self.http.post("/v1/load_lora_adapter", json=body)
+        if r.status_code != 200 and "already been loaded" in r.text:
+            if self.loaded_from(name) == str(path):
+                return
+            log.warning("vLLM held %s from another path; reloading it from %s", name, path)
+            self.unload(name)
+            r = self.http.post("/v1/load_lora_adapter", json=body)
+        if r.status_code != 200:
+            raise AdapterError(f"vLLM did not load {name}: {r.status_code} {r.text[:300]}")
+
+    def check(self, model: str) -> None:
+        """One token from ``model``: proof that vLLM serves it."""
+        r = self.http.post("/v1/completions", json={"model": model, "prompt": "ok", "max_tokens": 1})
+        if r.status_code != 200:
+            raise AdapterError(f"vLLM does not answer as {model}: {r.status_code} {r.text[:300]}")
+
+    def unload(self, name: str) -> None:
+        self.http.post("/v1/unload_lora_adapter", json={"lora_name": name})
+
+    def models(self) -> list[dict[str, Any]]:
+        """vLLM's /v1/models entries (the base model and each loaded adapter); none if it fails."""
+        listed = self.http.get("/v1/models")
+        return listed.json().get("data", []) if listed.status_code == 200 else []
+
+    def loaded_from(self, name: str) -> str | None:
+        """The path vLLM loaded adapter ``name`` from (its /v1/models ``root``)."""
+        return next((m.get("root") for m in self.models() if m.get("id") == name), None)
+
+    def loaded_steps(self, policy: str) -> list[int]:
+        """The steps of ``policy`` vLLM holds as ``<policy>@<step>`` adapters, newest first."""
+        names = (m["id"].rpartition("@") for m in self.models() if isinstance(m.get("id"), str))
+        return sorted((int(step) for name, at, step in names if at and name == policy and step.isdigit()), reverse=True)

@@ -1,0 +1,20 @@
+"""Calls between their row in ``calls`` and their one definition, ``core.records.CallRecord``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from burnish_server.core.records import CallRecord
+from burnish_server.store.models import Call
+
+# Every column but the key, in the table's order: CallRecord has a field for each.
+CALL_COLUMNS = tuple(c.name for c in Call.__table__.columns if c.name != "pk")
+
+
+def to_row(record: CallRecord) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in CALL_COLUMNS}
+
+
+def to_record(row: Any, group_id: str | None = None) -> CallRecord:
+    """A ``calls`` row (with every column) as a record; the group is the trajectory's, if known."""
+    return CallRecord(group_id=group_id, group_size=None, **{name: getattr(row, name) for name in CALL_COLUMNS})

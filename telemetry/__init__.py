@@ -1,0 +1,1 @@
+"""What operators watch from outside: the Langfuse export, shared by the gateway and the trainer."""

@@ -1,0 +1,56 @@
+"""The layer contract: each layer imports only downward; the gateway never loads torch, the
+trainer never loads Litestar. Checked statically (import-linter, the contracts in
+pyproject.toml) and at run time in fresh interpreters."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+
+def loaded_after(module: str, *watch: str) -> list[str]:
+    """Which of ``watch`` a fresh interpreter has loaded after importing ``module``."""
+    code = f"import sys, {module}; print(' '.join(m for m in {watch!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_the_gateway_never_loads_torch() -> None:
+    assert loaded_after("burnish_server.gateway.app", "torch", "transformers", "peft", "burnish_server.trainer") == []
+
+
+def test_the_trainer_never_loads_litestar() -> None:
+    assert loaded_after("burnish_server.trainer.worker", "litestar", "uvicorn", "burnish_server.gateway") == []
+
+
+def test_the_domain_loads_no_framework() -> None:
+    modules = " ".join(f"burnish_server.core.{p.stem}" for p in (ROOT / "core").glob("*.py") if p.stem != "__init__")
+    code = f"import sys; import {', '.join(modules.split())}; print(' '.join(m for m in ('sqlalchemy', 'litestar', 'httpx', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
+    assert out.returncode == 0 and out.stdout.split() == [], out.stderr or out.stdout
+
+
+def lint_imports() -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+@pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is not installed (make lint installs it)")
+def test_the_layer_contract_holds_and_catches_a_wrong_way_import() -> None:
+    kept = lint_imports()
+    assert kept.returncode == 0, kept.stdout[-3000:]
+    # A module of the domain that imports the gateway: the contract must break on it.
+    probe = ROOT / "core" / "_wrong_way_probe.py"
+    probe.write_text("import burnish_server.gateway.app  # a deliberate wrong-way import\n")
+    try:
+        broken = lint_imports()
+    finally:
+        probe.unlink()
+    assert broken.returncode != 0
+    assert "burnish_server.core._wrong_way_probe -> burnish_server.gateway.app" in broken.stdout, broken.stdout[-3000:]
