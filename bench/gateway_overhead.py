@@ -34,7 +34,22 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import HOST, PATH, PLAIN_BODY, ROOT, STREAM_BODY, VENV_BIN, Load, OtherLoad, Proc, code_fingerprint, free_port, git_state, install_cleanup, start_upstream  # noqa: E402
+from harness import (  # noqa: E402
+    HOST,
+    PATH,
+    PLAIN_BODY,
+    ROOT,
+    STREAM_BODY,
+    VENV_BIN,
+    Load,
+    OtherLoad,
+    Proc,
+    code_fingerprint,
+    free_port,
+    git_state,
+    install_cleanup,
+    start_upstream,
+)
 
 LAT_SECONDS, LAT_WARMUP = 6.0, 1.0
 TPUT_SECONDS, TPUT_WARMUP = 10.0, 2.0
@@ -45,8 +60,21 @@ RESULTS = ROOT / "bench" / "results" / "gateway_overhead.json"
 
 def start_gateway(upstream: str, record: bool, data_dir: str, *, name: str | None = None, env: dict[str, str] | None = None) -> Proc:
     port = free_port()
-    cmd = [str(VENV_BIN / "burnish"), "gateway", "--upstream", upstream, "--host", HOST, "--port", str(port),
-           "--data-dir", data_dir, "--log-level", "warning", "--record" if record else "--no-record"]
+    cmd = [
+        str(VENV_BIN / "burnish"),
+        "gateway",
+        "--upstream",
+        upstream,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--data-dir",
+        data_dir,
+        "--log-level",
+        "warning",
+        "--record" if record else "--no-record",
+    ]
     name = name or ("gateway-record" if record else "gateway-norecord")
     return Proc(name, cmd, port, env=env, health="/health").wait_ready(60)
 
@@ -69,8 +97,11 @@ def measure(load: Load, targets: dict[str, Proc]) -> dict:
             for label, target in targets.items():
                 r = out[label][mode][f"c{conns}"] = load.run(target.url, body, conns, seconds, warmup, server=target)
                 bad = f"  ERRORS {r['errors']} non-2xx {r['non2xx']}" if r["errors"] or r["non2xx"] else ""
-                print(f"  {label:<10} {mode:<6} c={conns:<3} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms"
-                      f"  cpu {r.get('server_cpu_ms_per_req', 0):.3f} ms/req{bad}", flush=True)
+                print(
+                    f"  {label:<10} {mode:<6} c={conns:<3} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms"
+                    f"  cpu {r.get('server_cpu_ms_per_req', 0):.3f} ms/req{bad}",
+                    flush=True,
+                )
     return out
 
 
@@ -85,17 +116,28 @@ def summarize(res: dict) -> tuple[list[dict], dict]:
     for mode in MODES:
         for c in ("c1", "c64"):
             d, off, on = res["direct"][mode][c], res["record_off"][mode][c], res["record_on"][mode][c]
-            rows.append({
-                "mode": mode, "concurrency": int(c[1:]),
-                "direct_p50_ms": d["p50_ms"], "direct_p99_ms": d["p99_ms"],
-                "record_on_p50_ms": on["p50_ms"], "record_on_p99_ms": on["p99_ms"],
-                "record_off_p50_ms": off["p50_ms"], "record_off_p99_ms": off["p99_ms"],
-                "added_p50_ms": on["p50_ms"] - d["p50_ms"], "added_p99_ms": on["p99_ms"] - d["p99_ms"],
-                "added_off_p50_ms": off["p50_ms"] - d["p50_ms"], "added_off_p99_ms": off["p99_ms"] - d["p99_ms"],
-                "rps_direct": d["rps"], "rps_record_off": off["rps"], "rps_record_on": on["rps"],
-                "on_off_ratio": on["rps"] / off["rps"] if off["rps"] else 0.0,
-                "gw_cpu_ms_per_req_off": off.get("server_cpu_ms_per_req"), "gw_cpu_ms_per_req_on": on.get("server_cpu_ms_per_req"),
-            })
+            rows.append(
+                {
+                    "mode": mode,
+                    "concurrency": int(c[1:]),
+                    "direct_p50_ms": d["p50_ms"],
+                    "direct_p99_ms": d["p99_ms"],
+                    "record_on_p50_ms": on["p50_ms"],
+                    "record_on_p99_ms": on["p99_ms"],
+                    "record_off_p50_ms": off["p50_ms"],
+                    "record_off_p99_ms": off["p99_ms"],
+                    "added_p50_ms": on["p50_ms"] - d["p50_ms"],
+                    "added_p99_ms": on["p99_ms"] - d["p99_ms"],
+                    "added_off_p50_ms": off["p50_ms"] - d["p50_ms"],
+                    "added_off_p99_ms": off["p99_ms"] - d["p99_ms"],
+                    "rps_direct": d["rps"],
+                    "rps_record_off": off["rps"],
+                    "rps_record_on": on["rps"],
+                    "on_off_ratio": on["rps"] / off["rps"] if off["rps"] else 0.0,
+                    "gw_cpu_ms_per_req_off": off.get("server_cpu_ms_per_req"),
+                    "gw_cpu_ms_per_req_on": on.get("server_cpu_ms_per_req"),
+                }
+            )
     verdicts = {}
     for r in rows:
         name = f"{r['mode']} c={r['concurrency']}"
@@ -111,13 +153,17 @@ def print_table(rows: list[dict], verdicts: dict) -> None:
     print("\nLatency (ms; wrk, keep-alive; added = gateway record-on - direct)")
     print(f"{'mode':<7}{'c':>3} | {'direct p50/p99':>15} | {'rec-off p50/p99':>15} | {'rec-on p50/p99':>15} | {'added p50/p99':>15}")
     for r in rows:
-        print(f"{r['mode']:<7}{r['concurrency']:>3} | {r['direct_p50_ms']:>6.3f} /{r['direct_p99_ms']:>7.3f} | {r['record_off_p50_ms']:>6.3f} /{r['record_off_p99_ms']:>7.3f}"
-              f" | {r['record_on_p50_ms']:>6.3f} /{r['record_on_p99_ms']:>7.3f} | {r['added_p50_ms']:>6.3f} /{r['added_p99_ms']:>7.3f}")
+        print(
+            f"{r['mode']:<7}{r['concurrency']:>3} | {r['direct_p50_ms']:>6.3f} /{r['direct_p99_ms']:>7.3f} | {r['record_off_p50_ms']:>6.3f} /{r['record_off_p99_ms']:>7.3f}"
+            f" | {r['record_on_p50_ms']:>6.3f} /{r['record_on_p99_ms']:>7.3f} | {r['added_p50_ms']:>6.3f} /{r['added_p99_ms']:>7.3f}"
+        )
     print("\nThroughput (req/s) and gateway CPU per request (ms)")
     print(f"{'mode':<7}{'c':>3} | {'direct':>8} {'rec-off':>8} {'rec-on':>8} | {'on/off':>6} | {'cpu off':>7} {'cpu on':>7}")
     for r in rows:
-        print(f"{r['mode']:<7}{r['concurrency']:>3} | {r['rps_direct']:>8.0f} {r['rps_record_off']:>8.0f} {r['rps_record_on']:>8.0f} | {r['on_off_ratio']:>6.2f}"
-              f" | {r['gw_cpu_ms_per_req_off'] or 0:>7.3f} {r['gw_cpu_ms_per_req_on'] or 0:>7.3f}")
+        print(
+            f"{r['mode']:<7}{r['concurrency']:>3} | {r['rps_direct']:>8.0f} {r['rps_record_off']:>8.0f} {r['rps_record_on']:>8.0f} | {r['on_off_ratio']:>6.2f}"
+            f" | {r['gw_cpu_ms_per_req_off'] or 0:>7.3f} {r['gw_cpu_ms_per_req_on'] or 0:>7.3f}"
+        )
     print("\nBudgets")
     for name, ok in verdicts.items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
@@ -151,10 +197,22 @@ def main() -> int:
     rows, verdicts = summarize(res)
     print_table(rows, verdicts)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "git": git_state(), "code_fingerprint": code,
-            "code_changed_during_run": code_fingerprint() != code, "other_cpu_share": round(busy, 3), "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "load_tool": load.tool, "latency_seconds": LAT_SECONDS, "throughput_seconds": TPUT_SECONDS, "warmup_seconds": [LAT_WARMUP, TPUT_WARMUP],
-            "run_seconds": round(time.time() - started, 1), "record_on_calls_stored": counts}
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "git": git_state(),
+        "code_fingerprint": code,
+        "code_changed_during_run": code_fingerprint() != code,
+        "other_cpu_share": round(busy, 3),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_tool": load.tool,
+        "latency_seconds": LAT_SECONDS,
+        "throughput_seconds": TPUT_SECONDS,
+        "warmup_seconds": [LAT_WARMUP, TPUT_WARMUP],
+        "run_seconds": round(time.time() - started, 1),
+        "record_on_calls_stored": counts,
+    }
     RESULTS.write_text(json.dumps({"meta": meta, "rows": rows, "budgets": verdicts, "raw": res}, indent=2))
     print(f"\nwrote {RESULTS.relative_to(ROOT)} ({meta['run_seconds']} s)")
     return 0

@@ -36,10 +36,22 @@ STREAM_BODY = json.dumps({**BODY, "stream": True}, separators=(",", ":"))
 
 # ---- the upstream ----------------------------------------------------------------------------
 _BASE = {"id": "chatcmpl-bench", "created": 1700000000, "model": "tiny"}
-_PLAIN = json.dumps({**_BASE, "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello there, how are you?"}, "finish_reason": "stop", "logprobs": None}], "usage": {"prompt_tokens": 14, "completion_tokens": 7, "total_tokens": 21}}).encode()
+_PLAIN = json.dumps(
+    {
+        **_BASE,
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello there, how are you?"}, "finish_reason": "stop", "logprobs": None}],
+        "usage": {"prompt_tokens": 14, "completion_tokens": 7, "total_tokens": 21},
+    }
+).encode()
 _DELTAS = [{"role": "assistant", "content": ""}] + [{"content": w} for w in ("Hello", " there,", " how", " are", " you?")]
-_EVENTS = [b"data: " + json.dumps({**_BASE, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": d, "finish_reason": None}]}).encode() + b"\n\n" for d in _DELTAS]
-_EVENTS.append(b"data: " + json.dumps({**_BASE, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}).encode() + b"\n\n")
+_EVENTS = [
+    b"data: " + json.dumps({**_BASE, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": d, "finish_reason": None}]}).encode() + b"\n\n"
+    for d in _DELTAS
+]
+_EVENTS.append(
+    b"data: " + json.dumps({**_BASE, "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}).encode() + b"\n\n"
+)
 _EVENTS.append(b"data: [DONE]\n\n")  # 8 events in all
 _JSON_HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(_PLAIN)).encode())]
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
@@ -210,8 +222,27 @@ def install_cleanup() -> None:
 
 def start_upstream(app: str = "upstream_app", env: dict[str, str] | None = None) -> Proc:
     port = free_port()
-    cmd = [PYTHON, "-m", "uvicorn", f"harness:{app}", "--app-dir", str(ROOT / "bench"), "--host", HOST, "--port", str(port),
-           "--http", "httptools", "--loop", "uvloop", "--lifespan", "off", "--no-access-log", "--log-level", "warning"]
+    cmd = [
+        PYTHON,
+        "-m",
+        "uvicorn",
+        f"harness:{app}",
+        "--app-dir",
+        str(ROOT / "bench"),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--http",
+        "httptools",
+        "--loop",
+        "uvloop",
+        "--lifespan",
+        "off",
+        "--no-access-log",
+        "--log-level",
+        "warning",
+    ]
     return Proc(app.removesuffix("_app"), cmd, port, env=env).wait_ready()
 
 
@@ -275,9 +306,9 @@ class Load:
         else:
             cmd = [PYTHON, str(Path(__file__).resolve().parent / "pyload.py"), url + PATH, str(conns), str(duration), tag, body]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 60)
-        line = next((l for l in out.stdout.splitlines() if l.startswith("WRKJSON ")), None)
+        line = next((text for text in out.stdout.splitlines() if text.startswith("WRKJSON ")), None)
         if line is None:
             raise RuntimeError(f"load generator failed ({out.returncode}): {out.stdout[-2000:]} {out.stderr[-2000:]}")
-        r = json.loads(line[len("WRKJSON "):])
+        r = json.loads(line[len("WRKJSON ") :])
         r["rps"] = r["requests"] / r["duration_s"] if r["duration_s"] else 0.0
         return r

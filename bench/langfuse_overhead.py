@@ -76,16 +76,32 @@ def main() -> int:
     for mode in MODES:
         for c in ("c1", "c64"):
             off, on = res["record_on"][mode][c], res["langfuse"][mode][c]
-            row = {"mode": mode, "concurrency": int(c[1:]), "p50_ms": [off["p50_ms"], on["p50_ms"]], "p99_ms": [off["p99_ms"], on["p99_ms"]],
-                   "rps": [off["rps"], on["rps"]], "ratio": on["rps"] / off["rps"] if off["rps"] else 0.0}
+            row = {
+                "mode": mode,
+                "concurrency": int(c[1:]),
+                "p50_ms": [off["p50_ms"], on["p50_ms"]],
+                "p99_ms": [off["p99_ms"], on["p99_ms"]],
+                "rps": [off["rps"], on["rps"]],
+                "ratio": on["rps"] / off["rps"] if off["rps"] else 0.0,
+            }
             rows.append(row)
-            print(f"{mode:<7}{row['concurrency']:>3} | {off['p50_ms']:>8.3f} / {off['p99_ms']:>8.3f} | {on['p50_ms']:>7.3f} / {on['p99_ms']:>7.3f} |"
-                  f" {off['rps']:>9.0f} {on['rps']:>9.0f}       | {row['ratio']:.2f}")
+            print(
+                f"{mode:<7}{row['concurrency']:>3} | {off['p50_ms']:>8.3f} / {off['p99_ms']:>8.3f} | {on['p50_ms']:>7.3f} / {on['p99_ms']:>7.3f} |"
+                f" {off['rps']:>9.0f} {on['rps']:>9.0f}       | {row['ratio']:.2f}"
+            )
     print(f"\nexport counted: {counted}")
     results = RESULTS.with_name(f"langfuse_overhead-delay{args.delay}.json") if args.delay else RESULTS
     results.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "git": git_state(), "code_fingerprint": code, "cpus": os.cpu_count(),
-            "load_tool": load.tool, "langfuse_delay_s": args.delay, "run_seconds": round(time.time() - started, 1), "exported": counted}
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "git": git_state(),
+        "code_fingerprint": code,
+        "cpus": os.cpu_count(),
+        "load_tool": load.tool,
+        "langfuse_delay_s": args.delay,
+        "run_seconds": round(time.time() - started, 1),
+        "exported": counted,
+    }
     results.write_text(json.dumps({"meta": meta, "rows": rows, "raw": res}, indent=2))
     print(f"wrote {results.relative_to(ROOT)} ({meta['run_seconds']} s)")
     return 0

@@ -121,8 +121,26 @@ def main() -> int:
             raw = OUT / f"profile-{name}.txt"
             try:
                 load.run(gateway.url, body, conns, WARMUP)
-                spy = subprocess.Popen([spy_exe, "record", "-p", str(gateway.proc.pid), "-r", str(RATE), "-d", str(SECONDS), "--nonblocking",
-                                        "--threads", "-f", "raw", "-o", str(raw)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                spy = subprocess.Popen(
+                    [
+                        spy_exe,
+                        "record",
+                        "-p",
+                        str(gateway.proc.pid),
+                        "-r",
+                        str(RATE),
+                        "-d",
+                        str(SECONDS),
+                        "--nonblocking",
+                        "--threads",
+                        "-f",
+                        "raw",
+                        "-o",
+                        str(raw),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                )
                 result = load.run(gateway.url, body, conns, SECONDS, server=gateway)
                 _, err = spy.communicate(timeout=60)
                 if not raw.exists():

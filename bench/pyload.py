@@ -35,6 +35,7 @@ async def _python_load(url: str, conns: int, duration: float, tag: str, body: st
             async with c.post(url, data=data, headers=headers) as r:
                 await r.read()  # the whole body, every event of a stream
                 return r.status
+
         failures: tuple = (aiohttp.ClientError, asyncio.TimeoutError)
     except ImportError:
         import httpx
@@ -46,6 +47,7 @@ async def _python_load(url: str, conns: int, duration: float, tag: str, body: st
             async with c.stream("POST", url, content=data, headers=headers) as r:
                 await r.aread()
                 return r.status_code
+
         failures = (httpx.HTTPError,)
 
     async def worker() -> None:
@@ -65,8 +67,16 @@ async def _python_load(url: str, conns: int, duration: float, tag: str, body: st
     elapsed = time.perf_counter() - start
     lat.sort()
     pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000 if lat else 0.0  # noqa: E731
-    result = {"requests": len(lat), "duration_s": elapsed, "errors": errors, "non2xx": non2xx,
-              "p50_ms": pct(0.50), "p99_ms": pct(0.99), "mean_ms": sum(lat) / len(lat) * 1000 if lat else 0.0, "max_ms": lat[-1] * 1000 if lat else 0.0}
+    result = {
+        "requests": len(lat),
+        "duration_s": elapsed,
+        "errors": errors,
+        "non2xx": non2xx,
+        "p50_ms": pct(0.50),
+        "p99_ms": pct(0.99),
+        "mean_ms": sum(lat) / len(lat) * 1000 if lat else 0.0,
+        "max_ms": lat[-1] * 1000 if lat else 0.0,
+    }
     print("WRKJSON " + json.dumps(result))
 
 

@@ -33,8 +33,8 @@ from harness import HOST, VENV_BIN, Proc, free_port, install_cleanup  # noqa: E4
 from vs_litellm import make_tiny_model, start_vllm  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from burnish_server.gateway.routing import REFRESH_EVERY_S  # noqa: E402
 from burnish_server.core.settings import Settings  # noqa: E402
+from burnish_server.gateway.routing import REFRESH_EVERY_S  # noqa: E402
 from burnish_server.store.policies import get_policy, record_step  # noqa: E402
 from burnish_server.store.training import claim_groups, group_calls  # noqa: E402
 from burnish_server.trainer.worker import TrainerWorker, WorkerSettings  # noqa: E402
@@ -45,8 +45,11 @@ BUDGET_S = 1.0
 
 async def ready_group(client: httpx.AsyncClient, name: str) -> None:
     for i in range(2):
-        r = await client.post(f"/g/{name}/t/{name}-{i}/v1/chat/completions", headers={"x-group-size": "2"},
-                              json={"model": "agent", "messages": [{"role": "user", "content": "digits"}], "max_tokens": 8})
+        r = await client.post(
+            f"/g/{name}/t/{name}-{i}/v1/chat/completions",
+            headers={"x-group-size": "2"},
+            json={"model": "agent", "messages": [{"role": "user", "content": "digits"}], "max_tokens": 8},
+        )
         r.raise_for_status()
         (await client.post(f"/v1/trajectories/{name}-{i}/reward", json={"reward": float(i)})).raise_for_status()
 
@@ -57,8 +60,17 @@ async def run(swaps: int, data: Path, vllm_url: str, gateway_url: str, model: Pa
     admin = {"authorization": f"Bearer {TOKEN}"}
     rounds = []
     async with httpx.AsyncClient(base_url=gateway_url, timeout=120) as client:
-        r = await client.post("/admin/policies", headers=admin, json={"name": "agent", "base_model": "tiny", "model_path": str(model),
-                              "lora": {"rank": 8, "alpha": 16}, "train": {"learning_rate": 5e-3, "groups_per_step": 1}})
+        r = await client.post(
+            "/admin/policies",
+            headers=admin,
+            json={
+                "name": "agent",
+                "base_model": "tiny",
+                "model_path": str(model),
+                "lora": {"rank": 8, "alpha": 16},
+                "train": {"learning_rate": 5e-3, "groups_per_step": 1},
+            },
+        )
         r.raise_for_status()
         for n in range(1, swaps + 1):
             await ready_group(client, f"swap{n}")
@@ -92,9 +104,26 @@ def main() -> int:
         model = make_tiny_model(tmp / "tiny")
         vllm = start_vllm(model).wait_ready(timeout=300)
         port = free_port()
-        gateway = Proc("burnish", [str(VENV_BIN / "burnish"), "gateway", "--upstream", vllm.url, "--host", HOST, "--port", str(port),
-                                   "--data-dir", str(tmp / "data"), "--log-level", "warning"], port,
-                       env={"BURNISH_ADMIN_TOKEN": TOKEN}, health="/health").wait_ready()
+        gateway = Proc(
+            "burnish",
+            [
+                str(VENV_BIN / "burnish"),
+                "gateway",
+                "--upstream",
+                vllm.url,
+                "--host",
+                HOST,
+                "--port",
+                str(port),
+                "--data-dir",
+                str(tmp / "data"),
+                "--log-level",
+                "warning",
+            ],
+            port,
+            env={"BURNISH_ADMIN_TOKEN": TOKEN},
+            health="/health",
+        ).wait_ready()
         try:
             rounds = asyncio.run(run(args.swaps, tmp / "data", vllm.url, gateway.url, model))
         finally:

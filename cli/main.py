@@ -155,4 +155,3 @@ def up(model: str | None, policy: str, vllm_port: int, vllm_args: tuple[str, ...
 
     settings = _settings(**options)
     raise SystemExit(run_up(settings, model=model, policy=policy, vllm_port=vllm_port, vllm_args=list(vllm_args)))
-

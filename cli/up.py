@@ -23,9 +23,9 @@ import httpx
 
 from burnish_server.core.policies import LoraSettings, Policy, TrainSettings
 from burnish_server.core.settings import Settings
+from burnish_server.serving.process import VLLMFailed, VLLMServer, last_lines
 from burnish_server.store.database import Database
 from burnish_server.store.policies import ensure_policy
-from burnish_server.serving.process import VLLMFailed, VLLMServer, last_lines
 
 TINY_MODEL_NAME = "tiny"
 
@@ -37,7 +37,13 @@ def _burnish(*args: str) -> list[str]:
 # The tiny model's chat template writes tool calls the way Qwen2.5 does (<tool_call>).
 # Structured outputs without free whitespace: a random model otherwise fills a JSON answer
 # (RULER's verdict) with whitespace, which the grammar allows, until max_tokens.
-TINY_MODEL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}']
+TINY_MODEL_ARGS = [
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "hermes",
+    "--structured-outputs-config",
+    '{"backend": "xgrammar", "disable_any_whitespace": true}',
+]
 # A random model needs a far larger step than a pretrained one (docs/trainer.md).
 TINY_MODEL_LORA = LoraSettings(rank=8, alpha=16)
 TINY_MODEL_TRAIN = TrainSettings(learning_rate=5e-3)

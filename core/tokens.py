@@ -9,6 +9,9 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _SWAP = sys.byteorder != "little"
 
@@ -22,7 +25,7 @@ def _pack(kind: str, values: Sequence[int] | Sequence[float] | None) -> bytes | 
     return packed.tobytes()
 
 
-def _unpack(kind: str, blob: bytes | None) -> list | None:
+def _unpack(kind: str, blob: bytes | None) -> list[Any] | None:
     if blob is None:
         return None
     values = array(kind)
@@ -48,11 +51,12 @@ def unpack_floats(blob: bytes | None) -> list[float] | None:
     return _unpack("f", blob)
 
 
-def split(values: list | None, lengths: list[int] | None) -> list[list] | None:
+def split(values: list[T] | None, lengths: list[int] | None) -> list[list[T]] | None:
     """Cut the concatenated per-choice arrays back into one list per choice."""
     if values is None or lengths is None:
         return None
-    out, start = [], 0
+    out: list[list[T]] = []
+    start = 0
     for n in lengths:
         out.append(values[start : start + n])
         start += n

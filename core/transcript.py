@@ -49,9 +49,7 @@ class Message(msgspec.Struct, frozen=True, omit_defaults=True):
         """As an OpenAI chat message (what chat templates take; tool arguments parsed where JSON)."""
         out: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.tool_calls:
-            out["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments(c.arguments)}} for c in self.tool_calls
-            ]
+            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments(c.arguments)}} for c in self.tool_calls]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
         return out

@@ -27,9 +27,9 @@ import operator
 import os
 import random
 
-from burnish import AsyncClient
-
 from digits import digit_share, main
+
+from burnish import AsyncClient
 
 TOOLS = [
     {

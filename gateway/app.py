@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-from litestar import Litestar, Request, Response, get
+from litestar import Litestar, Response, get
 from litestar.di import NamedDependency
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig

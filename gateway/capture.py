@@ -99,9 +99,7 @@ class CompletionAssembler:
         if chunk.get("usage"):
             self.extra["usage"] = chunk["usage"]
         for c in chunk.get("choices") or ():
-            choice = self.choices.setdefault(
-                c.get("index", 0), {"index": c.get("index", 0), "text": "", "finish_reason": None, "logprobs": None}
-            )
+            choice = self.choices.setdefault(c.get("index", 0), {"index": c.get("index", 0), "text": "", "finish_reason": None, "logprobs": None})
             _append(choice, "text", c.get("text"))
             if c.get("finish_reason") is not None:
                 choice["finish_reason"] = c["finish_reason"]

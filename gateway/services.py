@@ -13,10 +13,10 @@ from litestar.connection import ASGIConnection
 from burnish_server.core.settings import Settings
 from burnish_server.gateway.metrics import Metrics
 from burnish_server.gateway.routing import Registry
+from burnish_server.gateway.upstream import Upstream
 from burnish_server.store.database import Database
 from burnish_server.store.writer import Writer
 from burnish_server.telemetry.langfuse_export import LangfuseExport
-from burnish_server.gateway.upstream import Upstream
 
 
 @dataclass(slots=True)

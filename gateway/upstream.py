@@ -26,16 +26,14 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from burnish_server.gateway.keys import KEY_HEADERS
 from burnish_server.core.settings import Settings
+from burnish_server.gateway.keys import KEY_HEADERS
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 # The request never reached the upstream, or the connection died before any answer.
 CONNECTION_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
 
-_HOP_BY_HOP = frozenset(
-    {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade"}
-)
+_HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade"})
 # Not forwarded upstream: the gateway's own headers, and what httpx sets itself.
 _DROP_REQUEST = _HOP_BY_HOP | {b"host", b"content-length", b"accept-encoding", b"expect"} | {h.encode() for h in KEY_HEADERS}
 # Not relayed to the client: the ASGI server sets framing and its own date and server.

@@ -148,6 +148,7 @@ class Database:
             if self._write_conn is not None:
                 conn, self._write_conn = self._write_conn, None
                 await asyncio.get_running_loop().run_in_executor(self._write_thread, conn.close)
+            assert self._write_thread is not None
             self._write_thread.shutdown(wait=True)
             self._checkpoint_thread.shutdown(wait=True)
             if self._checkpoint_conn is not None:

@@ -137,9 +137,7 @@ def record_step(conn: Connection, name: str, step: int, parent: int, groups: lis
     the head, unless a rollback moved the head while it trained (then it is kept, unserved).
     Returns whether it became the head."""
     complete_groups(conn, groups, worker, step)
-    conn.execute(
-        insert(StepRow).values(policy=name, step=step, parent=parent, groups=groups, metrics=metrics, checkpoint=checkpoint, trainer=worker)
-    )
+    conn.execute(insert(StepRow).values(policy=name, step=step, parent=parent, groups=groups, metrics=metrics, checkpoint=checkpoint, trainer=worker))
     moved = conn.execute(
         update(PolicyRow).where(PolicyRow.name == name, PolicyRow.head == parent).values(head=step, train_requested_at=None, updated_at=utcnow())
     ).rowcount
@@ -156,7 +154,9 @@ def mark_served(conn: Connection, name: str, step: int, seconds: float | None) -
         update(PolicyRow).where(PolicyRow.name == name, PolicyRow.head == step).values(step=step, load_error=None, load_error_at=None, updated_at=utcnow())
     )
     conn.execute(
-        update(StepRow).where(StepRow.policy == name, StepRow.step == step, StepRow.published_at.is_(None)).values(published_at=utcnow(), publish_seconds=seconds)
+        update(StepRow)
+        .where(StepRow.policy == name, StepRow.step == step, StepRow.published_at.is_(None))
+        .values(published_at=utcnow(), publish_seconds=seconds)
     )
 
 
@@ -201,7 +201,7 @@ def policy_status(conn: Connection, name: str) -> dict[str, Any]:
     row = _row(conn, name)
     policy = to_policy(row)
     last = list_steps(conn, name, limit=1)
-    by_state = dict(conn.execute(select(groups.STATE, func.count()).where(Group.policy == name).group_by(groups.STATE)).all())
+    by_state: dict[str, int] = dict(conn.execute(select(groups.STATE, func.count()).where(Group.policy == name).group_by(groups.STATE)).all())
     return {
         "object": "policy",
         **msgspec.to_builtins(policy),

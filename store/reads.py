@@ -106,8 +106,7 @@ async def get_trajectory(conn: AsyncConnection, trajectory_id: str) -> dict[str,
     out = trajectory_summary(row, len(calls))
     out["calls"] = [call_dict(c) for c in calls]
     out["rewards"] = [
-        {"reward": r.reward, "components": r.components, "source": r.source, "explanation": r.explanation, "created_at": _ts(r.created_at)}
-        for r in rewards
+        {"reward": r.reward, "components": r.components, "source": r.source, "explanation": r.explanation, "created_at": _ts(r.created_at)} for r in rewards
     ]
     return out
 
@@ -151,9 +150,7 @@ class Filters:
         return stmt
 
 
-async def list_trajectories(
-    conn: AsyncConnection, filters: Filters, *, limit: int, after: str | None, order: str
-) -> dict[str, Any] | None:
+async def list_trajectories(conn: AsyncConnection, filters: Filters, *, limit: int, after: str | None, order: str) -> dict[str, Any] | None:
     """One page, OpenAI list style. ``after`` is the last id of the previous page; None if it is unknown."""
     stmt = filters.apply(select(Trajectory))
     if after is not None:
@@ -167,9 +164,7 @@ async def list_trajectories(
     counts: dict[str, int] = {}
     if page:
         ids = [r.id for r in page]
-        counts = dict(
-            (await conn.execute(select(Call.trajectory_id, func.count()).where(Call.trajectory_id.in_(ids)).group_by(Call.trajectory_id))).all()
-        )
+        counts = dict((await conn.execute(select(Call.trajectory_id, func.count()).where(Call.trajectory_id.in_(ids)).group_by(Call.trajectory_id))).all())
     data = [trajectory_summary(r, counts.get(r.id, 0)) for r in page]
     return {
         "object": "list",
@@ -191,9 +186,7 @@ async def export_jsonl(engine: AsyncEngine, filters: Filters, *, flush_bytes: in
     buffer = bytearray()
     while True:
         async with engine.connect() as conn:
-            page = (
-                await conn.execute(filters.apply(select(Trajectory)).where(Trajectory.pk > last_pk).order_by(Trajectory.pk).limit(EXPORT_PAGE))
-            ).all()
+            page = (await conn.execute(filters.apply(select(Trajectory)).where(Trajectory.pk > last_pk).order_by(Trajectory.pk).limit(EXPORT_PAGE))).all()
             if not page:
                 break
             last_pk = page[-1].pk

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import msgspec
-from sqlalchemy import exists, or_, select, true, update
+from sqlalchemy import exists, insert, or_, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -59,6 +58,7 @@ def _check_judgeable(group: Any, group_id: str) -> None:
 def group_for_judge(conn: Connection, group_id: str) -> GroupForJudge:
     group = conn.execute(select(Group).where(Group.id == group_id)).first()
     _check_judgeable(group, group_id)
+    assert group is not None
     members: dict[str, Member] = {}
     for t in conn.execute(select(Trajectory).where(Trajectory.group_id == group_id).order_by(Trajectory.pk)):
         members[t.id] = Member(t.id, t.reward, dict(t.reward_components or {}), [])
@@ -81,9 +81,10 @@ def store_verdict(conn: Connection, group_id: str, key: str, judge: str, scores:
     """Cache the verdict and set every member's reward from it; returns the rewards set."""
     group = conn.execute(select(Group).where(Group.id == group_id).with_for_update()).first()
     _check_judgeable(group, group_id)
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    assert group is not None
+    upsert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
     conn.execute(
-        insert(RulerVerdict)
+        upsert(RulerVerdict)
         .values(key=key, judge=judge, scores={t: {"score": s.score, "explanation": s.explanation} for t, s in scores.items()}, created_at=utcnow())
         .on_conflict_do_nothing(index_elements=["key"])
     )
@@ -100,9 +101,7 @@ def store_verdict(conn: Connection, group_id: str, key: str, judge: str, scores:
         components = {**(member.reward_components or {}), "ruler": s.score}
         conn.execute(update(Trajectory).where(Trajectory.id == trajectory_id).values(reward=reward, reward_components=components, rewarded_at=now))
         conn.execute(
-            Reward.__table__.insert().values(
-                trajectory_id=trajectory_id, reward=reward, components=components, source="ruler", explanation=s.explanation, created_at=now
-            )
+            insert(Reward).values(trajectory_id=trajectory_id, reward=reward, components=components, source="ruler", explanation=s.explanation, created_at=now)
         )
         rewards[trajectory_id] = reward
     values: dict[str, Any] = {"ruler_at": now, "ruler_key": key, "ruler_error": None}
@@ -144,4 +143,4 @@ def claim_auto(conn: Connection, limit: int = 8) -> list[tuple[str, str]]:
     ).all()
     for group_id, _ in candidates:
         conn.execute(update(Group).where(Group.id == group_id).values(ruler_at=now))
-    return [(group_id, policy) for group_id, policy in candidates]
+    return [(group_id, policy) for group_id, policy in candidates if policy is not None]

@@ -14,7 +14,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -27,8 +27,8 @@ from burnish_server.store.models import Call, Group, Reward, Trajectory, utcnow
 @functools.cache
 def _upserts(dialect: str) -> tuple[Any, Any]:
     """The group and trajectory upserts, built once per dialect (building one costs ~0.2 ms)."""
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    groups = insert(Group)
+    upsert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    groups = upsert(Group)
     groups = groups.on_conflict_do_update(
         index_elements=["id"],
         # The first size (and policy) given wins; a later call may fill it in if none was given.
@@ -37,7 +37,7 @@ def _upserts(dialect: str) -> tuple[Any, Any]:
             "policy": func.coalesce(Group.policy, groups.excluded.policy),
         },
     )
-    trajectories = insert(Trajectory)
+    trajectories = upsert(Trajectory)
     trajectories = trajectories.on_conflict_do_update(
         index_elements=["id"],
         # A trajectory joins a group once; the first group it was seen with stays.
@@ -49,7 +49,7 @@ def _upserts(dialect: str) -> tuple[Any, Any]:
     return groups, trajectories
 
 
-_INSERT_CALLS = Call.__table__.insert()
+_INSERT_CALLS = insert(Call)
 
 
 class _Prepared:
@@ -69,7 +69,9 @@ class _Prepared:
 
     def executemany(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         params = [tuple(p(row[k]) if p else row[k] for k, p in zip(self.order, self.processors)) for row in rows]
-        conn.connection.driver_connection.cursor().executemany(self.sql, params)
+        driver = conn.connection.driver_connection
+        assert driver is not None, "the writer's connection is open"
+        driver.cursor().executemany(self.sql, params)
 
 
 @functools.cache
@@ -109,11 +111,11 @@ def insert_calls(conn: Connection, records: list[CallRecord]) -> None:
     trajectory_rows = [trajectories[t] for t in sorted(trajectories)]
     call_rows = [to_row(rec) for rec in records]
     if conn.dialect.name == "sqlite":
-        upsert_groups, upsert_trajectories, insert = _prepared_sqlite(conn.dialect)
+        upsert_groups, upsert_trajectories, insert_rows = _prepared_sqlite(conn.dialect)
         if group_rows:
             upsert_groups.executemany(conn, group_rows)
         upsert_trajectories.executemany(conn, trajectory_rows)
-        insert.executemany(conn, call_rows)
+        insert_rows.executemany(conn, call_rows)
         return
     upsert_groups, upsert_trajectories = _upserts(conn.dialect.name)
     if group_rows:
@@ -130,10 +132,10 @@ class PostReward:
     source: str = "user"
 
     def apply(self, conn: Connection) -> dict[str, Any]:
-        group_id = conn.execute(select(Trajectory.group_id).where(Trajectory.id == self.trajectory_id)).first()
-        if group_id is None:
+        found = conn.execute(select(Trajectory.group_id).where(Trajectory.id == self.trajectory_id)).first()
+        if found is None:
             raise NotFound(f"no trajectory {self.trajectory_id!r}", "trajectory_not_found", "trajectory_id")
-        group_id = group_id[0]
+        group_id = found[0]
         group = None
         if group_id is not None:
             # Lock the group row: concurrent rewards of one group take turns, so
@@ -143,14 +145,10 @@ class PostReward:
                 raise Conflict(f"group {group_id!r} is closed; its rewards can no longer change", "group_closed", "trajectory_id")
         now = utcnow()
         conn.execute(
-            update(Trajectory)
-            .where(Trajectory.id == self.trajectory_id)
-            .values(reward=self.reward, reward_components=self.components, rewarded_at=now)
+            update(Trajectory).where(Trajectory.id == self.trajectory_id).values(reward=self.reward, reward_components=self.components, rewarded_at=now)
         )
         conn.execute(
-            Reward.__table__.insert().values(
-                trajectory_id=self.trajectory_id, reward=self.reward, components=self.components, source=self.source, created_at=now
-            )
+            insert(Reward).values(trajectory_id=self.trajectory_id, reward=self.reward, components=self.components, source=self.source, created_at=now)
         )
         closed = False
         if group is not None and group.expected_size is not None:

@@ -40,7 +40,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -304,7 +304,9 @@ class LangfuseExport:
             otel.SpanContext(int(trace, 16), int.from_bytes(os.urandom(8)), is_remote=True, trace_flags=otel.TraceFlags(otel.TraceFlags.SAMPLED))
         )
         values = {k: v if isinstance(v, (str, bool, int, float)) else _encode(v).decode() for k, v in attributes.items() if v is not None}
-        span = self._tracer.start_span(name, context=otel.set_span_in_context(parent), start_time=_ns(start), attributes=values | {"langfuse.internal.as_root": True})
+        span = self._tracer.start_span(
+            name, context=otel.set_span_in_context(parent), start_time=_ns(start), attributes=values | {"langfuse.internal.as_root": True}
+        )
         if attributes.get("langfuse.observation.level") == "ERROR":
             span.set_status(otel.Status(otel.StatusCode.ERROR, attributes.get("langfuse.observation.status_message")))
         span.end(end_time=_ns(end))
@@ -381,7 +383,7 @@ def _trace_attributes(trajectory_id: str, group_id: str | None, policy: str | No
 
 
 def _score(score: Score) -> Any:
-    from langfuse.api import CreateScoreRequest
+    from langfuse.api import CreateScoreRequest, ScoreDataType
 
     trace = trace_id(score.trajectory_id)
     return CreateScoreRequest(
@@ -389,7 +391,7 @@ def _score(score: Score) -> Any:
         trace_id=trace,
         name=score.name,
         value=score.value,
-        data_type="NUMERIC",
+        data_type=ScoreDataType.NUMERIC,
         comment=score.comment,
         metadata={"trajectory_id": score.trajectory_id, **score.metadata},
     )
@@ -397,7 +399,7 @@ def _score(score: Score) -> Any:
 
 def _ns(moment: datetime) -> int:
     if moment.tzinfo is None:  # the store's times are UTC
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1e6) * 1000
 
 

@@ -19,9 +19,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from burnish_server.gateway.app import create_app
 from burnish_server.cli.up import TINY_MODEL_ARGS
 from burnish_server.core.settings import Settings
+from burnish_server.gateway.app import create_app
 from burnish_server.serving.process import VLLMServer
 from tests.judge import Judge
 from tests.langfuse_server import PUBLIC_KEY as LANGFUSE_PUBLIC_KEY
@@ -217,7 +217,12 @@ def gateway(make_gateway: Callable[..., Gateway], upstream: Upstream) -> Gateway
 # ---- real vLLM on the tiny model ---------------------------------------------------------
 
 MESSAGES = [{"role": "system", "content": "Answer with digits."}, {"role": "user", "content": "What is 12 times 7?"}]
-TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate", "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "calculator", "description": "evaluate", "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}},
+    }
+]
 GREEDY = {"temperature": 0, "max_tokens": 12}
 
 
@@ -252,8 +257,6 @@ def vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         yield server
     finally:
         server.stop()
-
-
 
 
 # ---- a quiet exit --------------------------------------------------------------------------

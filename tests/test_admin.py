@@ -12,7 +12,6 @@ import msgspec
 import pytest
 
 from burnish_server.core.policies import LoraSettings, TrainSettings
-
 from burnish_server.gateway.routing import REFRESH_EVERY_S
 from tests.conftest import ADMIN_TOKEN, Gateway
 from tests.upstream import Upstream

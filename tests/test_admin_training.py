@@ -13,13 +13,13 @@ from pathlib import Path
 
 from langfuse import Langfuse
 
-from burnish_server.gateway.routing import REFRESH_EVERY_S
 from burnish_server.core.settings import Settings
+from burnish_server.gateway.routing import REFRESH_EVERY_S
 from burnish_server.serving.process import VLLMServer
+from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
 from tests.conftest import langfuse_settings
 from tests.langfuse_server import Langfuse as LangfuseStandIn
 from tests.test_trainer_recovery import ready_group, unload
-from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
 
 
 async def test_train_now_pause_rollback_and_a_failed_load(

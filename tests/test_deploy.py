@@ -42,7 +42,10 @@ def docker_compose(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         (pytest.fail if os.environ.get("CI") else pytest.skip)("no docker client with the compose plugin: make .tools/docker/cli-plugins/docker-compose")
     return subprocess.run(
         ["docker", "compose", "-p", "burnish", "-f", str(ROOT / "deploy" / "compose.yaml"), *args],
-        env=environ | env, capture_output=True, text=True, timeout=60,
+        env=environ | env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 

@@ -17,11 +17,12 @@ import pytest
 from langfuse import Langfuse
 from prometheus_client.parser import text_string_to_metric_families
 
-from burnish_server.gateway.app import create_app
 from burnish_server.core.settings import Settings
+from burnish_server.gateway.app import create_app
 from tests.conftest import Gateway, langfuse_settings, wait_for
 from tests.judge import Judge, scores
-from tests.langfuse_server import PUBLIC_KEY, SECRET_KEY, Langfuse as LangfuseStandIn
+from tests.langfuse_server import PUBLIC_KEY, SECRET_KEY
+from tests.langfuse_server import Langfuse as LangfuseStandIn
 from tests.servers import ServerThread, free_port
 from tests.upstream import Upstream
 
@@ -82,7 +83,11 @@ def test_calls_rewards_and_ruler_verdicts_arrive_as_generations_and_scores(
         assert a["langfuse.observation.output"] == stored["response"]["choices"][0]["message"]
         assert a["langfuse.observation.model.name"] == stored["upstream_model"] == "tiny"
         if stored["usage"]:
-            assert a["langfuse.observation.usage_details"] == {"input": 10, "output": stored["usage"]["completion_tokens"], "total": stored["usage"]["total_tokens"]}
+            assert a["langfuse.observation.usage_details"] == {
+                "input": 10,
+                "output": stored["usage"]["completion_tokens"],
+                "total": stored["usage"]["total_tokens"],
+            }
         # The call's own times, not the export's.
         assert (int(g["startTimeUnixNano"]), int(g["endTimeUnixNano"])) == (ns(stored["started_at"]), ns(stored["finished_at"]))
 
@@ -94,7 +99,9 @@ def test_calls_rewards_and_ruler_verdicts_arrive_as_generations_and_scores(
         ("reward", 0.5, {"trajectory_id": "t1", "source": "user", "components": {}}),
     ]
     shown = {(s["traceId"], s["name"]): s for s in langfuse.scores}
-    assert shown[(Langfuse.create_trace_id(seed="t3"), "ruler")] | {"value": 0.9, "comment": "t3 judged"} == shown[(Langfuse.create_trace_id(seed="t3"), "ruler")]
+    assert (
+        shown[(Langfuse.create_trace_id(seed="t3"), "ruler")] | {"value": 0.9, "comment": "t3 judged"} == shown[(Langfuse.create_trace_id(seed="t3"), "ruler")]
+    )
     assert shown[(Langfuse.create_trace_id(seed="t4"), "reward")]["value"] == 0.1
 
 
@@ -107,7 +114,9 @@ def test_a_stalled_langfuse_costs_the_gateway_nothing(
     langfuse.mode = "stall"
     exporting = create_app(
         Settings.load(
-            {}, upstream=upstream_server[1], data_dir=str(tmp_path / "lf"),
+            {},
+            upstream=upstream_server[1],
+            data_dir=str(tmp_path / "lf"),
             **langfuse_settings(langfuse_server[1], langfuse_timeout=3, langfuse_attempts=1, langfuse_queue_size=20),
         )
     )

@@ -60,7 +60,9 @@ def stuck_report(gw: Gateway, vllm: VLLMServer, trainer_log: Path) -> str:
     """What a stuck round leaves to look at: the gateway's queue, every thread's stack, the logs."""
     try:
         metrics = httpx.get(f"{gw.url}/metrics", timeout=5).text
-        queue = "\n".join(line for line in metrics.splitlines() if line.startswith(("burnish_record_queue", "burnish_requests_total", "burnish_commit_batch_size_count")))
+        queue = "\n".join(
+            line for line in metrics.splitlines() if line.startswith(("burnish_record_queue", "burnish_requests_total", "burnish_commit_batch_size_count"))
+        )
     except httpx.HTTPError as exc:
         queue = f"/metrics did not answer: {exc!r}"
     try:  # is SQLite's write lock held (by the trainer, or by the gateway's own writer)?
@@ -82,7 +84,9 @@ def test_reward_rises_through_the_whole_loop(make_gateway, vllm: VLLMServer, tin
     gw.create_policy("agent", "tiny", model_path=str(tiny_model), lora={"rank": 8, "alpha": 16}, train={"learning_rate": 5e-3, "groups_per_step": GROUPS})
     env = {**os.environ, "BURNISH_DATA_DIR": gw.settings.data_dir}
     trainer_log = (tmp_path / "trainer.log").open("wb")
-    trainer = subprocess.Popen([sys.executable, "-m", "burnish_server.cli", "trainer", "--upstream", vllm.url], env=env, stdout=trainer_log, stderr=subprocess.STDOUT)
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "burnish_server.cli", "trainer", "--upstream", vllm.url], env=env, stdout=trainer_log, stderr=subprocess.STDOUT
+    )
     means, versions = [], []
     trainable = 0  # groups whose rewards differ: only those are ever trained (GRPO learns nothing from a tie)
 

@@ -33,7 +33,9 @@ def test_bodies_stay_out_of_logs_unless_asked(make_gateway, upstream: Upstream, 
     gw = make_gateway(log_bodies=log_bodies)
     with caplog.at_level(logging.DEBUG):
         with gw.client() as c:
-            r = c.post("/t/logged/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": SECRET}]}, headers={"x-request-id": "rid-9"})
+            r = c.post(
+                "/t/logged/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": SECRET}]}, headers={"x-request-id": "rid-9"}
+            )
             assert r.status_code == 200
             c.post("/t/logged/v1/chat/completions", json={"model": "tiny"}, headers={"x-fault": "status:500"})  # an upstream error is logged
     text = "\n".join(r.getMessage() for r in caplog.records)

@@ -86,5 +86,3 @@ def test_no_policy_ever_made_no_trainer_series(make_gateway, upstream: Upstream)
     m = scrape(gw)
     assert not [k for k in m if k[0].startswith("burnish_trainer")]
     assert m[("burnish_trajectories", (("state", "rewarded"),))] == 0
-
-

@@ -14,7 +14,12 @@ from tests.conftest import Gateway
 from tests.upstream import Upstream, choice_text, logprobs_for, prompt_ids, token_ids
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is two plus two"}]
-TOOLS = [{"type": "function", "function": {"name": "search", "description": "look up", "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "search", "description": "look up", "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}},
+    }
+]
 
 
 def only_call(gw: Gateway, trajectory_id: str) -> dict:
@@ -43,7 +48,10 @@ def test_chat_plain_sync_client_sees_upstream_answer(gateway: Gateway, upstream_
 
 async def test_chat_stream_async_client_sees_upstream_chunks(gateway: Gateway, upstream_server: tuple[Upstream, str]) -> None:
     # Closed here, on their loop: not by the garbage collector on some other thread's.
-    async with openai.AsyncOpenAI(base_url=upstream_server[1] + "/v1", api_key="k") as direct, openai.AsyncOpenAI(base_url=gateway.url + "/t/stream-1/v1", api_key="k") as through:
+    async with (
+        openai.AsyncOpenAI(base_url=upstream_server[1] + "/v1", api_key="k") as direct,
+        openai.AsyncOpenAI(base_url=gateway.url + "/t/stream-1/v1", api_key="k") as through,
+    ):
         kwargs = dict(model="tiny", messages=MESSAGES, stream=True, stream_options={"include_usage": True})
         want = [c.model_dump() async for c in await direct.chat.completions.create(**kwargs)]
         got = [c.model_dump() async for c in await through.chat.completions.create(**kwargs)]

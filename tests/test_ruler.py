@@ -14,9 +14,9 @@ import pytest
 
 from burnish_server.core.transcript import Message, conversation
 from burnish_server.gateway.ruler import DEFAULT_RUBRIC, build_prompt
-from tests.records import chat_call
 from tests.conftest import Gateway, wait_for
 from tests.judge import Judge, scores
+from tests.records import chat_call
 from tests.upstream import Upstream
 
 

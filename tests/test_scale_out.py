@@ -57,7 +57,13 @@ def test_two_gateways_two_trainers_one_postgres(database_url: str, vllm: VLLMSer
             wait_healthy(urls[-1], proc, log)
         admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
         for policy in POLICIES:
-            body = {"name": policy, "base_model": "tiny", "model_path": str(tiny_model), "lora": {"rank": 8, "alpha": 16}, "train": {"learning_rate": 5e-3, "groups_per_step": 2}}
+            body = {
+                "name": policy,
+                "base_model": "tiny",
+                "model_path": str(tiny_model),
+                "lora": {"rank": 8, "alpha": 16},
+                "train": {"learning_rate": 5e-3, "groups_per_step": 2},
+            }
             assert httpx.post(urls[0] + "/admin/policies", json=body, headers=admin).status_code == 201
         # The other gateway learns of a new policy from the store within its refresh interval
         # (gateway/routing.py); until then it would pass "alpha" through to vLLM untouched.

@@ -9,20 +9,31 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import func, inspect, select
+from sqlalchemy.exc import IntegrityError
 
 from burnish_server.core.errors import NotFound
+from burnish_server.core.records import CallRecord
 from burnish_server.store.database import Database, alembic_config
 from burnish_server.store.models import Base, Call, Group, Reward, Trajectory, utcnow
 from burnish_server.store.writer import Writer
-from burnish_server.core.records import CallRecord
 from burnish_server.store.writes import CloseGroup, PostReward
 
 
 def record(trajectory: str, group: str | None = None, size: int | None = None, **fields) -> CallRecord:
     now = utcnow()
     base = dict(
-        trajectory_id=trajectory, group_id=group, group_size=size, endpoint="chat.completions", model="tiny", stream=False,
-        status="ok", http_status=200, request=b'{"model":"tiny"}', started_at=now, finished_at=now, response=b"{}",
+        trajectory_id=trajectory,
+        group_id=group,
+        group_size=size,
+        endpoint="chat.completions",
+        model="tiny",
+        stream=False,
+        status="ok",
+        http_status=200,
+        request=b'{"model":"tiny"}',
+        started_at=now,
+        finished_at=now,
+        response=b"{}",
     )
     return CallRecord(**{**base, **fields})
 
@@ -81,7 +92,7 @@ async def test_a_bad_record_fails_alone(db: Database, writer: Writer) -> None:
     bad = writer.submit(record("broken", request=None))  # violates NOT NULL
     more = [writer.submit(record(f"ok-{i}")) for i in range(5, 10)]
     await asyncio.gather(*good, *more)
-    with pytest.raises(Exception):
+    with pytest.raises(IntegrityError):
         await bad
     assert await count(db, Call) == 10
     assert await count(db, Trajectory, Trajectory.id == "broken") == 0

@@ -20,12 +20,12 @@ import httpx
 from sqlalchemy import select
 
 from burnish_server.core.settings import Settings
+from burnish_server.serving.process import VLLMServer, last_lines
 from burnish_server.store.models import Group, StepRow
 from burnish_server.store.policies import get_policy, record_step
 from burnish_server.store.training import claim_groups, count_ready, group_calls
-from burnish_server.serving.process import VLLMServer, last_lines
-from tests.conftest import Gateway, served_step
 from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
+from tests.conftest import Gateway, served_step
 
 SIZE = 2
 TINY = {"lora": {"rank": 8, "alpha": 16}, "train": {"learning_rate": 5e-3, "groups_per_step": 2}}

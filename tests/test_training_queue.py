@@ -89,6 +89,7 @@ async def test_two_trainers_claiming_at_once_take_each_group_once(store, databas
         await make_group(writer, f"c{i:02d}", [0.0, 1.0])
     other = Database(database_url)
     try:
+
         async def trainer(database: Database, name: str) -> list[str]:
             taken: list[str] = []
             while ids := await database.transaction(claim_groups, "agent", name, 2):

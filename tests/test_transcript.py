@@ -9,8 +9,26 @@ WEATHER = {"type": "function", "function": {"name": "weather", "description": ""
 
 
 def test_chat_keeps_messages_tools_and_every_choice() -> None:
-    request = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "x"}}]}], "tools": [WEATHER]}
-    response = {"choices": [{"index": 1, "message": {"role": "assistant", "content": "b"}}, {"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]}}]}
+    request = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "x"}}]},
+        ],
+        "tools": [WEATHER],
+    }
+    response = {
+        "choices": [
+            {"index": 1, "message": {"role": "assistant", "content": "b"}},
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": "c", "type": "function", "function": {"name": "weather", "arguments": "{}"}}],
+                },
+            },
+        ]
+    }
     turn = exchange(chat_call(request, response))
     assert turn.prompt == [Message("system", "be brief"), Message("user", "hi\n[image_url]")]
     assert turn.tools == [WEATHER]
@@ -53,7 +71,10 @@ def test_anthropic_messages_system_tool_use_and_tool_results() -> None:
         "messages": [
             {"role": "user", "content": "1+2?"},
             {"role": "assistant", "content": [{"type": "text", "text": "Adding."}, {"type": "tool_use", "id": "u1", "name": "add", "input": {"a": 1}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "u1", "content": [{"type": "text", "text": "3"}]}, {"type": "text", "text": "so?"}]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "u1", "content": [{"type": "text", "text": "3"}]}, {"type": "text", "text": "so?"}],
+            },
         ],
         "tools": [{"name": "add", "description": "adds", "input_schema": {"type": "object"}}],
     }

@@ -62,9 +62,7 @@ def strip_ids(d: dict) -> dict:
 
 def test_chat_through_the_gateway_is_what_vllm_answers(gw: Gateway, vllm: VLLMServer) -> None:
     want = direct(vllm).chat.completions.create(model="tiny", messages=MESSAGES, **GREEDY)
-    raw = openai.OpenAI(base_url=gw.url + "/t/v-chat/v1", api_key="k").chat.completions.with_raw_response.create(
-        model="agent", messages=MESSAGES, **GREEDY
-    )
+    raw = openai.OpenAI(base_url=gw.url + "/t/v-chat/v1", api_key="k").chat.completions.with_raw_response.create(model="agent", messages=MESSAGES, **GREEDY)
     got = raw.parse()
     assert raw.headers["x-policy-version"] == "agent@0"
     assert strip_ids(got.model_dump()) == strip_ids(want.model_dump())  # no injected field left behind
@@ -81,9 +79,11 @@ def test_chat_through_the_gateway_is_what_vllm_answers(gw: Gateway, vllm: VLLMSe
 
 def test_streamed_chat_records_the_same_tokens(gw: Gateway, vllm: VLLMServer) -> None:
     want = [c.model_dump() for c in direct(vllm).chat.completions.create(model="tiny", messages=MESSAGES, stream=True, **GREEDY)]
-    got = [c.model_dump() for c in openai.OpenAI(base_url=gw.url + "/t/v-stream/v1", api_key="k").chat.completions.create(
-        model="agent", messages=MESSAGES, stream=True, **GREEDY
-    )]
+    got = [
+        c.model_dump()
+        for c in openai.OpenAI(base_url=gw.url + "/t/v-stream/v1", api_key="k").chat.completions.create(model="agent", messages=MESSAGES, stream=True, **GREEDY)
+    ]
+
     # vLLM cuts a stream differently once logprobs are asked for (a chunk per token, even
     # inside a UTF-8 sequence), so chunk boundaries may differ; the answer may not.
     def text(chunks: list[dict]) -> str:
@@ -163,7 +163,10 @@ def test_burnish_up_starts_serves_and_stops_cleanly(tiny_model: Path, tmp_path: 
     env = {**os.environ, "BURNISH_DATA_DIR": str(data)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "burnish_server.cli", "up", "--port", str(port), "--vllm-port", str(vllm_port)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 300
@@ -176,9 +179,7 @@ def test_burnish_up_starts_serves_and_stops_cleanly(tiny_model: Path, tmp_path: 
                 break
         else:
             raise AssertionError("".join(lines))
-        reply = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/t/up-1/v1", api_key="k").chat.completions.create(
-            model="agent", messages=MESSAGES, **GREEDY
-        )
+        reply = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/t/up-1/v1", api_key="k").chat.completions.create(model="agent", messages=MESSAGES, **GREEDY)
         assert reply.choices[0].message.content is not None
         token = (data / "admin-token").read_text().strip()  # made by `up`, mode 600
         assert (data / "admin-token").stat().st_mode & 0o777 == 0o600
@@ -202,7 +203,10 @@ def test_burnish_up_shows_why_vllm_did_not_start(tmp_path: Path) -> None:
     env = {**os.environ, "BURNISH_DATA_DIR": str(tmp_path / "data"), "HF_HUB_OFFLINE": "1"}
     out = subprocess.run(
         [sys.executable, "-m", "burnish_server.cli", "up", "--model", str(not_a_model), "--port", str(free_port()), "--vllm-port", str(free_port())],
-        env=env, capture_output=True, text=True, timeout=300,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 1
     assert "vLLM exited" in out.stderr and "Last lines of" in out.stderr

@@ -142,7 +142,11 @@ class Upstream:
         tools = req.get("tools")
         choices, events = [], []
         base = {"id": "chatcmpl-test", "created": 1700000000, "model": req.get("model")}
-        first: dict[str, Any] = {**base, "object": "chat.completion.chunk", "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None} for i in range(n)]}
+        first: dict[str, Any] = {
+            **base,
+            "object": "chat.completion.chunk",
+            "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None} for i in range(n)],
+        }
         if want_ids:
             first["prompt_token_ids"] = prompt_ids(req)
         events.append(first)
@@ -153,11 +157,35 @@ class Upstream:
             if tools:
                 name = tools[0]["function"]["name"]
                 args = json.dumps({"query": text})
-                message = {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": args}}]}
+                message = {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": args}}],
+                }
                 finish = "tool_calls"
-                events.append({**base, "object": "chat.completion.chunk", "choices": [{"index": i, "delta": {"tool_calls": [{"index": 0, "id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": ""}}]}, "finish_reason": None}]})
+                events.append(
+                    {
+                        **base,
+                        "object": "chat.completion.chunk",
+                        "choices": [
+                            {
+                                "index": i,
+                                "delta": {"tool_calls": [{"index": 0, "id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": ""}}]},
+                                "finish_reason": None,
+                            }
+                        ],
+                    }
+                )
                 for j in range(0, len(args), 7):
-                    events.append({**base, "object": "chat.completion.chunk", "choices": [{"index": i, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": args[j : j + 7]}}]}, "finish_reason": None}]})
+                    events.append(
+                        {
+                            **base,
+                            "object": "chat.completion.chunk",
+                            "choices": [
+                                {"index": i, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": args[j : j + 7]}}]}, "finish_reason": None}
+                            ],
+                        }
+                    )
             else:
                 for piece in words(text):
                     c: dict[str, Any] = {"index": i, "delta": {"content": piece}, "finish_reason": None}
@@ -171,9 +199,18 @@ class Upstream:
             if want_ids:
                 choice["token_ids"] = token_ids(text) if not tools else []
             if want_lp and not tools:
-                choice["logprobs"] = {"content": [{"token": chr(b) if b < 128 else "?", "logprob": lp, "bytes": [b], "top_logprobs": []} for b, lp in zip(token_ids(text), logprobs_for(text))]}
+                choice["logprobs"] = {
+                    "content": [
+                        {"token": chr(b) if b < 128 else "?", "logprob": lp, "bytes": [b], "top_logprobs": []}
+                        for b, lp in zip(token_ids(text), logprobs_for(text))
+                    ]
+                }
             choices.append(choice)
-        usage = {"prompt_tokens": 10, "completion_tokens": sum(len(choice_text(req, i).encode()) for i in range(n)), "total_tokens": 10 + sum(len(choice_text(req, i).encode()) for i in range(n))}
+        usage = {
+            "prompt_tokens": 10,
+            "completion_tokens": sum(len(choice_text(req, i).encode()) for i in range(n)),
+            "total_tokens": 10 + sum(len(choice_text(req, i).encode()) for i in range(n)),
+        }
         plain: dict[str, Any] = {**base, "object": "chat.completion", "choices": choices, "usage": usage}
         if want_ids:
             plain["prompt_token_ids"] = prompt_ids(req)
@@ -193,7 +230,9 @@ class Upstream:
                     piece = c["delta"]["content"].encode()
                     start = used[c["index"]]
                     lps = logprobs_for(text)[start : start + len(piece)]
-                    c["logprobs"] = {"content": [{"token": chr(b) if b < 128 else "?", "logprob": lp, "bytes": [b], "top_logprobs": []} for b, lp in zip(piece, lps)]}
+                    c["logprobs"] = {
+                        "content": [{"token": chr(b) if b < 128 else "?", "logprob": lp, "bytes": [b], "top_logprobs": []} for b, lp in zip(piece, lps)]
+                    }
                     used[c["index"]] = start + len(piece)
 
     def completions(self, req: dict[str, Any]) -> tuple[dict, list[bytes]]:
@@ -221,19 +260,59 @@ class Upstream:
 
     def responses(self, req: dict[str, Any]) -> tuple[dict, list[bytes]]:
         text = answer_text(req)
-        item = {"id": "msg_test", "type": "message", "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": text, "annotations": []}]}
-        done = {"id": "resp_test", "object": "response", "created_at": 1700000000, "model": req.get("model"), "status": "completed", "output": [item], "usage": {"input_tokens": 5, "output_tokens": 7, "total_tokens": 12}}
+        item = {
+            "id": "msg_test",
+            "type": "message",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+        done = {
+            "id": "resp_test",
+            "object": "response",
+            "created_at": 1700000000,
+            "model": req.get("model"),
+            "status": "completed",
+            "output": [item],
+            "usage": {"input_tokens": 5, "output_tokens": 7, "total_tokens": 12},
+        }
         started = {**done, "status": "in_progress", "output": [], "usage": None}
         events = [("response.created", {"type": "response.created", "sequence_number": 0, "response": started})]
         for i, piece in enumerate(words(text)):
-            events.append(("response.output_text.delta", {"type": "response.output_text.delta", "sequence_number": i + 1, "item_id": "msg_test", "output_index": 0, "content_index": 0, "delta": piece}))
+            events.append(
+                (
+                    "response.output_text.delta",
+                    {
+                        "type": "response.output_text.delta",
+                        "sequence_number": i + 1,
+                        "item_id": "msg_test",
+                        "output_index": 0,
+                        "content_index": 0,
+                        "delta": piece,
+                    },
+                )
+            )
         events.append(("response.completed", {"type": "response.completed", "sequence_number": len(events), "response": done}))
         return done, [f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events]
 
     def messages(self, req: dict[str, Any]) -> tuple[dict, list[bytes]]:
         text = answer_text(req)
-        message = {"id": "msg_test", "type": "message", "role": "assistant", "model": req.get("model"), "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None, "usage": {"input_tokens": 5, "output_tokens": 7}}
-        events = [("message_start", {"type": "message_start", "message": {**message, "content": [], "stop_reason": None, "usage": {"input_tokens": 5, "output_tokens": 1}}})]
+        message = {
+            "id": "msg_test",
+            "type": "message",
+            "role": "assistant",
+            "model": req.get("model"),
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 5, "output_tokens": 7},
+        }
+        events = [
+            (
+                "message_start",
+                {"type": "message_start", "message": {**message, "content": [], "stop_reason": None, "usage": {"input_tokens": 5, "output_tokens": 1}}},
+            )
+        ]
         events.append(("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}))
         for piece in words(text):
             events.append(("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}}))

@@ -72,9 +72,7 @@ class PolicyModel:
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(base_model)
         base = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype).to(self.device)
-        config = LoraConfig(
-            r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules), task_type="CAUSAL_LM"
-        )
+        config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
         torch.manual_seed(train.seed)  # LoRA's A matrices start random: the same seed, the same start
         self.model = get_peft_model(base, config)
         self.lora, self.train = lora, train

@@ -40,7 +40,7 @@ CHAT_TEMPLATE = (
     "{{- '<|im_start|>assistant\\n' }}{%- if message.content %}{{- message.content }}{%- endif %}"
     "{%- for call in message.tool_calls or [] %}"
     "{%- if call.function is defined %}{%- set call = call.function %}{%- endif %}"
-    "{{- '\\n<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' }}"
+    '{{- \'\\n<tool_call>\\n{"name": "\' + call.name + \'", "arguments": \' }}'
     "{%- if call.arguments is string %}{{- call.arguments }}{%- else %}{{- call.arguments | tojson }}{%- endif %}"
     "{{- '}\\n</tool_call>' }}"
     "{%- endfor %}"
@@ -71,8 +71,8 @@ _CORPUS_LINES = [
     "Monday Tuesday Wednesday Thursday Friday Saturday Sunday",
     "January February March April May June July August September October November December",
     "yes no maybe ok done error retry success failure true false null",
-    "<tool_call>\n{\"name\": \"lookup\", \"arguments\": {\"id\": 7}}\n</tool_call>",
-    "<tool_response>\n{\"result\": 49}\n</tool_response>",
+    '<tool_call>\n{"name": "lookup", "arguments": {"id": 7}}\n</tool_call>',
+    '<tool_response>\n{"result": 49}\n</tool_response>',
 ]
 
 

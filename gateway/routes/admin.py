@@ -17,8 +17,8 @@ from typing import Annotated, Any
 import msgspec
 from litestar import Router, get, patch, post
 from litestar.connection import ASGIConnection
-from litestar.handlers import BaseRouteHandler
 from litestar.di import NamedDependency
+from litestar.handlers import BaseRouteHandler
 from litestar.params import JSONBody
 from litestar.response import Response
 
@@ -173,7 +173,9 @@ async def rollback(name: PolicyName, data: JSONBody[RollbackIn], svc: NamedDepen
 async def metrics(name: PolicyName, svc: NamedDependency[Services]) -> Response[bytes]:
     """One entry per step, oldest first."""
     steps = await svc.db.read(store.list_steps, name)
-    return json({"object": "list", "data": [{"step": s["step"], "created_at": s["created_at"], "published_at": s["published_at"], **s["metrics"]} for s in steps]})
+    return json(
+        {"object": "list", "data": [{"step": s["step"], "created_at": s["created_at"], "published_at": s["published_at"], **s["metrics"]} for s in steps]}
+    )
 
 
 router = Router(

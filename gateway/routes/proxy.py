@@ -27,6 +27,8 @@ from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Send
 
+from burnish_server.core.policies import Route
+from burnish_server.core.records import CLIENT_DISCONNECTED, OK, UPSTREAM_CUT, UPSTREAM_ERROR, CallRecord
 from burnish_server.gateway import keys
 from burnish_server.gateway.capture import (
     ENDPOINTS,
@@ -38,11 +40,9 @@ from burnish_server.gateway.capture import (
     inject,
 )
 from burnish_server.gateway.errors import APIError, error_body
-from burnish_server.core.policies import Route
 from burnish_server.gateway.services import Services, services
-from burnish_server.core.records import CLIENT_DISCONNECTED, OK, UPSTREAM_CUT, UPSTREAM_ERROR, CallRecord
-from burnish_server.store.models import utcnow
 from burnish_server.gateway.upstream import UpstreamFailure, response_headers
+from burnish_server.store.models import utcnow
 
 log = logging.getLogger("burnish.gateway")
 

@@ -105,9 +105,7 @@ async def run_ruler(svc: NamedDependency[Services], group_id: str, request: Rule
         "cached": calls == 0,
         "judge_calls": calls,
         "distinct_trajectories": len(prompt.classes),
-        "scores": [
-            {"trajectory_id": t, "score": verdict[t].score, "explanation": verdict[t].explanation, "reward": rewards[t]} for t in rewards
-        ],
+        "scores": [{"trajectory_id": t, "score": verdict[t].score, "explanation": verdict[t].explanation, "reward": rewards[t]} for t in rewards],
     }
 
 

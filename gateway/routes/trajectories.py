@@ -19,8 +19,8 @@ from litestar.di import NamedDependency
 from litestar.params import FromQuery, JSONBody, QueryParameter
 from litestar.response import Response, Stream
 
-from burnish_server.core.errors import Invalid, NotFound
-from burnish_server.core.ids import ID_REGEX, check_id
+from burnish_server.core.errors import NotFound
+from burnish_server.core.ids import ID_REGEX
 from burnish_server.gateway.errors import responses
 from burnish_server.gateway.routes.common import GroupId, TrajectoryId, json
 from burnish_server.gateway.services import Services
