@@ -12,7 +12,9 @@ import uuid
 
 from burnish_server.core.errors import Invalid
 
-ID_REGEX = r"^[A-Za-z0-9_.:\-]{1,128}$"
+# The lookahead: Python's `$` also matches before a final newline, and msgspec (bodies,
+# Litestar's parameters) searches with it; "abc\n" must not pass for "abc".
+ID_REGEX = r"^[A-Za-z0-9_.:\-]{1,128}$(?!\n)"
 ID_PATTERN = re.compile(ID_REGEX)
 ID_RULE = "1 to 128 characters from A-Z a-z 0-9 _ - . :"
 

@@ -127,6 +127,9 @@ def test_bad_requests_get_clear_errors_and_change_nothing(gw: Gateway) -> None:
         error(c.post("/admin/policies/agent/rollback", json={"step": -1}), 400, "invalid_rollback")
         error(c.post("/admin/policies/agent/rollback", json={}), 400, "invalid_rollback")
         error(c.get("/admin/policies/bad%20name"), 400, "invalid_id")
+        # A trailing newline is no part of an id (Python's `$` alone would let it through).
+        error(c.post("/admin/policies", json={"name": "x\n", "base_model": "tiny"}), 400, "invalid_id")
+        error(c.get("/admin/policies/agent%0A"), 400, "invalid_id")
         c.post("/admin/policies/agent/pause")
         error(c.post("/admin/policies/agent/train"), 409, "policy_paused")
         c.post("/admin/policies/agent/resume")
