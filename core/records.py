@@ -22,14 +22,12 @@ OK = "ok"
 UPSTREAM_ERROR = "upstream_error"
 CLIENT_DISCONNECTED = "client_disconnected"
 UPSTREAM_CUT = "upstream_cut"
-CALL_STATUSES = (OK, UPSTREAM_ERROR, CLIENT_DISCONNECTED, UPSTREAM_CUT)
 
 # The recorded endpoints, by their name in the store (and their path under /v1).
 CHAT = "chat.completions"
 COMPLETIONS = "completions"
 RESPONSES = "responses"
 MESSAGES = "messages"
-ENDPOINT_NAMES = (CHAT, COMPLETIONS, RESPONSES, MESSAGES)
 
 
 class CallTokens(msgspec.Struct, frozen=True):
@@ -85,28 +83,23 @@ class CallRecord(msgspec.Struct, kw_only=True):
         return f"{self.policy}@{self.policy_step or 0}" if self.policy else None
 
     def tokens(self) -> CallTokens | None:
-        """The recorded tokens, split per choice; None if the upstream returned none."""
-        lengths = packed.unpack_ids(self.completion_lengths)
-        if self.prompt_token_ids is None and lengths is None:
-            return None
-        return CallTokens(
-            packed.unpack_ids(self.prompt_token_ids),
-            packed.split(packed.unpack_ids(self.completion_token_ids), lengths),
-            packed.split(packed.unpack_floats(self.completion_logprobs), lengths),
-        )
+        return unpack_tokens(self.prompt_token_ids, self.completion_token_ids, self.completion_logprobs, self.completion_lengths)
 
     def request_json(self) -> Any:
-        return _json(self.request)
+        """The request as JSON, or None where it is not JSON."""
+        try:
+            return msgspec.json.decode(self.request)
+        except msgspec.DecodeError:
+            return None
 
-    def response_json(self) -> Any:
-        return _json(self.response)
 
-
-def _json(raw: bytes | None) -> Any:
-    """A body as JSON, or None where it is absent or not JSON."""
-    if not raw:
+def unpack_tokens(prompt: bytes | None, completions: bytes | None, logprobs: bytes | None, lengths: bytes | None) -> CallTokens | None:
+    """A call's packed token columns, split per choice; None if the upstream returned none."""
+    sizes = packed.unpack_ids(lengths)
+    if prompt is None and sizes is None:
         return None
-    try:
-        return msgspec.json.decode(raw)
-    except msgspec.DecodeError:
-        return None
+    return CallTokens(
+        packed.unpack_ids(prompt),
+        packed.split(packed.unpack_ids(completions), sizes),
+        packed.split(packed.unpack_floats(logprobs), sizes),
+    )

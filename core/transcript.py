@@ -18,13 +18,13 @@ a conversation says something was there, not what.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
 
 from burnish_server.core import wire
-from burnish_server.core.records import CallRecord
+from burnish_server.core.records import CHAT, COMPLETIONS, MESSAGES, RESPONSES, CallRecord
 
 
 class UnreadableCall(ValueError):
@@ -78,22 +78,12 @@ def exchange(call: CallRecord) -> Exchange:
     try:
         request = wire.decode_request(call.endpoint, call.request)
         response = wire.decode_response(call.endpoint, call.response)
-    except (msgspec.ValidationError, msgspec.DecodeError, KeyError) as exc:
+    except KeyError:
+        raise UnreadableCall(f"no reader for endpoint {call.endpoint!r}") from None
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise UnreadableCall(f"a {call.endpoint} call that is not one: {exc}") from None
-    match request:
-        case wire.ChatRequest():
-            assert response is None or isinstance(response, wire.ChatResponse)
-            return _chat(request, response)
-        case wire.CompletionRequest():
-            assert response is None or isinstance(response, wire.CompletionResponse)
-            return _completion(request, response)
-        case wire.ResponsesRequest():
-            assert response is None or isinstance(response, wire.ResponsesResponse)
-            return _responses(request, response)
-        case wire.MessagesRequest():
-            assert response is None or isinstance(response, wire.MessagesResponse)
-            return _messages(request, response)
-    raise UnreadableCall(f"no reader for endpoint {call.endpoint!r}")
+    # The decoders above picked the request and response structs by endpoint: the reader matches.
+    return _READERS[call.endpoint](request, response)
 
 
 def conversation(calls: Iterable[CallRecord]) -> list[Message]:
@@ -243,3 +233,6 @@ def _arguments(text: str) -> Any:
         return msgspec.json.decode(text) if text else {}
     except msgspec.DecodeError:
         return text
+
+
+_READERS: dict[str, Callable[[Any, Any], Exchange]] = {CHAT: _chat, COMPLETIONS: _completion, RESPONSES: _responses, MESSAGES: _messages}

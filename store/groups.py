@@ -19,10 +19,6 @@ STATE = case(
 )
 
 
-def is_open() -> ColumnElement[bool]:
-    return Group.closed_at.is_(None)
-
-
 def is_closed() -> ColumnElement[bool]:
     """Closed and not yet taken by a trainer (claimed or trained)."""
     return and_(Group.closed_at.is_not(None), Group.claimed_by.is_(None), Group.trained_at.is_(None))
@@ -30,7 +26,3 @@ def is_closed() -> ColumnElement[bool]:
 
 def is_training() -> ColumnElement[bool]:
     return and_(Group.claimed_by.is_not(None), Group.trained_at.is_(None))
-
-
-def is_trained() -> ColumnElement[bool]:
-    return Group.trained_at.is_not(None)

@@ -16,7 +16,7 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from burnish_server.core.groups import group_state
-from burnish_server.store.calls import to_record
+from burnish_server.core.records import unpack_tokens
 from burnish_server.store.models import Call, Group, Reward, Trajectory
 
 EXPORT_PAGE = 256  # trajectories per query while exporting
@@ -48,7 +48,7 @@ def trajectory_summary(row: Any, call_count: int | None = None) -> dict[str, Any
 
 
 def call_dict(row: Any) -> dict[str, Any]:
-    tokens = to_record(row).tokens()
+    tokens = unpack_tokens(row.prompt_token_ids, row.completion_token_ids, row.completion_logprobs, row.completion_lengths)
     token_info = None
     if tokens is not None:
         token_info = {

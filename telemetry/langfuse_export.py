@@ -61,7 +61,6 @@ log = logging.getLogger("burnish.langfuse")
 # second). Langfuse's own SDK uses OpenTelemetry's batch processor: 5 s or 512 spans.
 BATCH_MAX = 256
 LINGER_S = 1.0
-_decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder(enc_hook=str).encode
 # Of a call's request, what Langfuse shows as model parameters (the rest of the body is the input).
 MODEL_PARAMETERS = (

@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
@@ -41,8 +39,8 @@ def lint_imports() -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(LINT_IMPORTS), "--no-cache"], capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
-@pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is not installed (make lint installs it)")
 def test_the_layer_contract_holds_and_catches_a_wrong_way_import() -> None:
+    assert LINT_IMPORTS.exists(), "import-linter is not installed: make test installs it (the lint extra)"
     kept = lint_imports()
     assert kept.returncode == 0, kept.stdout[-3000:]
     # A module of the domain that imports the gateway: the contract must break on it.
