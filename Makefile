@@ -42,7 +42,7 @@ test: $(VENV)/.installed $(VENV)/.lint .tools/docker/cli-plugins/docker-compose
 lint: $(VENV)/.lint .tools/typing/burnish_server
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy -p burnish_server.core -p burnish_server.store -p burnish_server.serving -p burnish_server.telemetry
+	$(VENV)/bin/mypy $(foreach layer,$(LAYERS),-p burnish_server.$(layer))
 	$(VENV)/bin/lint-imports
 
 # burnish up on the embedded default, the digits agent training against it, a plot (reward.png).

@@ -18,7 +18,7 @@ from burnish_server.core.settings import Settings
 
 def _settings(**overrides: object) -> Settings:
     try:
-        return Settings.load(**overrides)
+        return Settings.load(None, **overrides)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
 

@@ -71,6 +71,7 @@ def prepare_model(settings: Settings, model: str | None, vllm_port: int, vllm_ar
 def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int, vllm_args: Sequence[str] = ()) -> int:
     vllm = prepare_model(settings, model, vllm_port, list(vllm_args))
     tiny = model is None
+    lora, train = (TINY_MODEL_LORA, TINY_MODEL_TRAIN) if tiny else (LoraSettings(), TrainSettings())
     created = asyncio.run(
         _ensure_policy(
             settings,
@@ -78,7 +79,8 @@ def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int
                 name=policy,
                 base_model=vllm.served_model_name or vllm.model,
                 model_path=vllm.model,
-                **({"lora": TINY_MODEL_LORA, "train": TINY_MODEL_TRAIN} if tiny else {}),
+                lora=lora,
+                train=train,
             ),
         )
     )

@@ -212,6 +212,7 @@ class Endpoint:
 
     def error_event(self, message: str) -> bytes:
         """The event that tells a client its stream failed, in the endpoint's own format."""
+        body: dict[str, Any]
         if self.name == records.MESSAGES:
             body = {"type": "error", "error": {"type": "api_error", "message": message}}
             return b"event: error\ndata: " + _encode(body) + b"\n\n"
@@ -390,8 +391,8 @@ def extract_tokens(endpoint: Endpoint, body: Any) -> Tokens | None:
     if not choices:
         return None
     prompt = body.get("prompt_token_ids") or choices[0].get("prompt_token_ids")
-    ids = [c.get("token_ids") for c in choices]
-    lps = [_choice_logprobs(c) for c in choices]
+    ids: list[Any] = [c.get("token_ids") for c in choices]
+    lps: list[Any] = [_choice_logprobs(c) for c in choices]
     have_ids = all(isinstance(x, list) for x in ids)
     have_lps = all(isinstance(x, list) and None not in x for x in lps)
     if have_ids and have_lps and any(len(a) != len(b) for a, b in zip(ids, lps)):

@@ -8,7 +8,7 @@ trajectory with a generated id. Ids follow ``core/ids.py``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from burnish_server.core.errors import Invalid
@@ -32,7 +32,7 @@ class CallKey:
 _KEY_HEADER_NAMES = frozenset(h.encode() for h in KEY_HEADERS)
 
 
-def key_headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
+def key_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
     """The key headers from an ASGI scope's raw headers (names are lower-case there)."""
     return {k.decode(): v.decode("latin-1") for k, v in raw if k in _KEY_HEADER_NAMES}
 

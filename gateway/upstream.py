@@ -56,7 +56,7 @@ class Upstream:
             retry=retry_if_exception_type(CONNECTION_ERRORS) | retry_if_result(lambda r: r.status_code in RETRY_STATUSES),
             before_sleep=_discard_response,
             # Out of attempts: hand back the last response (the caller relays it), or raise the last error.
-            retry_error_callback=lambda state: state.outcome.result(),
+            retry_error_callback=_last_outcome,
         )
         self.api_key = settings.upstream_api_key.encode() if settings.upstream_api_key else None
         limits = httpx.Limits(max_connections=settings.max_connections, max_keepalive_connections=settings.max_connections)
@@ -87,7 +87,7 @@ class Upstream:
         request = self.client.build_request(method, path, content=content, headers=headers)
         retrying = self.retrying.copy()  # per call: tenacity keeps the attempt count on the object
         try:
-            response = await retrying(self.client.send, request, stream=True)
+            response: httpx.Response = await retrying(self.client.send, request, stream=True)
         except httpx.HTTPError as exc:
             raise UpstreamFailure.from_error(exc, "could not reach the upstream", retrying.statistics.get("attempt_number", 1)) from exc
         return response, retrying.statistics.get("attempt_number", 1)
@@ -109,6 +109,11 @@ class UpstreamFailure(Exception):
         if isinstance(exc, httpx.ReadTimeout):
             return cls(504, "the upstream did not answer in time", attempts)
         return cls(502, f"{what}: {exc or type(exc).__name__}", attempts)
+
+
+def _last_outcome(state: RetryCallState) -> httpx.Response:
+    assert state.outcome is not None  # tenacity calls this only after an attempt
+    return state.outcome.result()
 
 
 async def _discard_response(state: RetryCallState) -> None:

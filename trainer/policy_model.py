@@ -71,7 +71,7 @@ class PolicyModel:
         # bf16 on a GPU; fp32 on the CPU, where bf16 matmuls are slow or missing.
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(base_model)
-        base = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype).to(self.device)
+        base = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype).to(self.device)  # type: ignore[arg-type]  # transformers' stubs type .to oddly
         config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
         torch.manual_seed(train.seed)  # LoRA's A matrices start random: the same seed, the same start
         self.model = get_peft_model(base, config)
@@ -133,7 +133,7 @@ class PolicyModel:
     def save(self, directory: Path) -> None:
         """Adapter (what vLLM loads), optimizer and trainer state: enough to resume exactly."""
         directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory / "adapter")
+        self.model.save_pretrained(str(directory / "adapter"))
         torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
         state = {"step": self.step_count, "lora": msgspec.to_builtins(self.lora), "train": msgspec.to_builtins(self.train)}
         (directory / "trainer_state.json").write_text(json.dumps(state, indent=2))

@@ -137,9 +137,9 @@ def training_batch(rows: list[TrainingCall], tokenizer: Any, settings: TrainSett
         fallbacks += call.from_template
         members.append(call)
     items: list[tuple[Sequence, float]] = []
-    for members in trajectories.values():
-        names = list(members)
+    for group in trajectories.values():
+        names = list(group)
         advantages = group_advantages(torch.tensor([rewards[t] for t in names]), scale=settings.scale_advantages, eps=settings.advantage_eps)
         for name, advantage in zip(names, advantages.tolist()):
-            items += [(seq, advantage) for seq in build_sequences(members[name])]
+            items += [(seq, advantage) for seq in build_sequences(group[name])]
     return Batch(items, [rewards[t] for m in trajectories.values() for t in m], fallbacks, unreadable)

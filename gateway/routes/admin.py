@@ -31,7 +31,7 @@ from burnish_server.gateway.services import Services
 from burnish_server.store import policies as store
 
 
-def require_admin(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+def require_admin(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
     expected = connection.app.state.services.settings.admin_token
     if not expected:
         raise APIError(401, "the admin API is closed: set BURNISH_ADMIN_TOKEN on the gateway", "admin_disabled")

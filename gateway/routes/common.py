@@ -26,7 +26,8 @@ _encode = msgspec.json.Encoder().encode
 
 
 def _services(state: State) -> Services:
-    return state.services  # type: ignore[no-any-return]
+    services: Services = state.services
+    return services
 
 
 # Registered on the app: every handler that names a ``svc: Services`` parameter gets it.

@@ -211,9 +211,9 @@ async def forward(request: Request, endpoint: Endpoint) -> ASGIResponse:
     try:
         raw = await response.aread()
     except httpx.HTTPError as exc:
-        failure = UpstreamFailure.from_error(exc, "the upstream broke off its answer", call.attempts)
-        await call.commit(call.record(UPSTREAM_ERROR, failure.status, error=failure.message))
-        return _error(failure.status, failure.message, call)
+        broke = UpstreamFailure.from_error(exc, "the upstream broke off its answer", call.attempts)
+        await call.commit(call.record(UPSTREAM_ERROR, broke.status, error=broke.message))
+        return _error(broke.status, broke.message, call)
     finally:
         await response.aclose()
 
