@@ -23,6 +23,13 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def iso(value: datetime | None) -> str | None:
+    """A stored time as ISO 8601 in UTC (SQLite hands back naive datetimes; they were written in UTC)."""
+    if value is None:
+        return None
+    return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(
         naming_convention={

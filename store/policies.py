@@ -12,7 +12,6 @@ served), ``mark_served`` moves ``step`` (what is served) once vLLM answered with
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -20,9 +19,10 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from burnish_server.core.errors import Conflict, NotFound
-from burnish_server.core.policies import LoraSettings, Policy, RulerSettings, TrainSettings
+from burnish_server.core.policies import LoraSettings, Policy, RulerSettings, TrainSettings, adapter_name
+from burnish_server.core.views import PolicyView, StepView
 from burnish_server.store import groups
-from burnish_server.store.models import Group, PolicyRow, StepRow, utcnow
+from burnish_server.store.models import Group, PolicyRow, StepRow, iso, utcnow
 from burnish_server.store.training import complete_groups, count_ready
 
 
@@ -167,53 +167,53 @@ def mark_load_error(conn: Connection, name: str, error: str) -> None:
 # ---- reads for the admin API --------------------------------------------------------
 
 
-def _ts(value: datetime | None) -> str | None:
-    if value is None:
-        return None
-    return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
+def step_view(row: Any, served: int) -> StepView:
+    return StepView(
+        step=row.step,
+        parent=row.parent,
+        created_at=iso(row.created_at),
+        published_at=iso(row.published_at),
+        publish_seconds=row.publish_seconds,
+        serving=row.step == served,
+        groups=row.groups,
+        checkpoint=row.checkpoint,
+        trainer=row.trainer,
+        metrics=row.metrics,
+    )
 
 
-def step_dict(row: Any, served: int) -> dict[str, Any]:
-    return {
-        "object": "policy.step",
-        "step": row.step,
-        "parent": row.parent,
-        "created_at": _ts(row.created_at),
-        "published_at": _ts(row.published_at),
-        "publish_seconds": row.publish_seconds,
-        "serving": row.step == served,
-        "groups": row.groups,
-        "checkpoint": row.checkpoint,
-        "trainer": row.trainer,
-        "metrics": row.metrics,
-    }
-
-
-def list_steps(conn: Connection, name: str, limit: int | None = None) -> list[dict[str, Any]]:
+def list_steps(conn: Connection, name: str, limit: int | None = None) -> list[StepView]:
     policy = get_policy(conn, name)
     query = select(StepRow).where(StepRow.policy == name).order_by(StepRow.step.desc())
     rows = list(conn.execute(query.limit(limit) if limit else query))
-    return [step_dict(row, policy.step) for row in reversed(rows)]
+    return [step_view(row, policy.step) for row in reversed(rows)]
 
 
-def policy_status(conn: Connection, name: str) -> dict[str, Any]:
+def policy_status(conn: Connection, name: str) -> PolicyView:
     """A policy's settings and where it stands: served and head step, groups waiting, last metrics."""
     row = _row(conn, name)
     policy = to_policy(row)
     last = list_steps(conn, name, limit=1)
     by_state: dict[str, int] = dict(conn.execute(select(groups.STATE, func.count()).where(Group.policy == name).group_by(groups.STATE)).all())
-    return {
-        "object": "policy",
-        **msgspec.to_builtins(policy),
-        "served_version": f"{name}@{policy.step}",
-        # A trained or rolled-back version the trainer has not switched to yet.
-        "pending_version": f"{name}@{policy.head}" if policy.head != policy.step else None,
-        "groups_ready": count_ready(conn, name),
-        "groups_open": by_state.get("open", 0),
-        "groups_trained": by_state.get("trained", 0),
-        "last_step": last[0] if last else None,
-        "train_requested_at": _ts(policy.train_requested_at),
-        "load_error_at": _ts(row.load_error_at),
-        "created_at": _ts(row.created_at),
-        "updated_at": _ts(row.updated_at),
-    }
+    return PolicyView(
+        name=policy.name,
+        base_model=policy.base_model,
+        model_path=policy.model_path,
+        lora=policy.lora,
+        train=policy.train,
+        ruler=policy.ruler,
+        paused=policy.paused,
+        step=policy.step,
+        head=policy.head,
+        served_version=adapter_name(name, policy.step),
+        pending_version=adapter_name(name, policy.head) if policy.head != policy.step else None,
+        groups_ready=count_ready(conn, name),
+        groups_open=by_state.get("open", 0),
+        groups_trained=by_state.get("trained", 0),
+        last_step=last[0] if last else None,
+        train_requested_at=iso(policy.train_requested_at),
+        load_error=policy.load_error,
+        load_error_at=iso(row.load_error_at),
+        created_at=iso(row.created_at),
+        updated_at=iso(row.updated_at),
+    )

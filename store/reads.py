@@ -1,117 +1,88 @@
 """Reading the store back: one trajectory, one group, a filtered page, a streamed export.
 
-Everything is returned as plain dicts ready for ``msgspec.json.encode``; request
-and response bodies go out as ``msgspec.Raw``, the bytes that were recorded.
+Everything is returned as the API's typed answers (``core/views.py``); request and
+response bodies go out as ``msgspec.Raw``, the bytes that were recorded.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import msgspec
+from msgspec import UNSET, UnsetType
 from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from burnish_server.core.groups import group_state
 from burnish_server.core.records import unpack_tokens
-from burnish_server.store.models import Call, Group, Reward, Trajectory
+from burnish_server.core.views import CallTokensView, CallView, GroupView, RewardView, TrajectoryPage, TrajectoryView
+from burnish_server.store.models import Call, Group, Reward, Trajectory, iso
 
 EXPORT_PAGE = 256  # trajectories per query while exporting
 _encode = msgspec.json.Encoder().encode
 
 
-def _ts(value: datetime | None) -> str | None:
-    if value is None:
-        return None
-    if value.tzinfo is None:  # SQLite hands back naive datetimes; they were written in UTC
-        value = value.replace(tzinfo=UTC)
-    return value.isoformat()
+def trajectory_view(row: Any, call_count: int | UnsetType = UNSET) -> TrajectoryView:
+    return TrajectoryView(
+        id=row.id,
+        group_id=row.group_id,
+        created_at=iso(row.created_at),
+        updated_at=iso(row.updated_at),
+        reward=row.reward,
+        reward_components=row.reward_components,
+        rewarded_at=iso(row.rewarded_at),
+        call_count=call_count,
+    )
 
 
-def trajectory_summary(row: Any, call_count: int | None = None) -> dict[str, Any]:
-    out = {
-        "id": row.id,
-        "object": "trajectory",
-        "group_id": row.group_id,
-        "created_at": _ts(row.created_at),
-        "updated_at": _ts(row.updated_at),
-        "reward": row.reward,
-        "reward_components": row.reward_components,
-        "rewarded_at": _ts(row.rewarded_at),
-    }
-    if call_count is not None:
-        out["call_count"] = call_count
-    return out
-
-
-def call_dict(row: Any) -> dict[str, Any]:
+def call_view(row: Any) -> CallView:
     tokens = unpack_tokens(row.prompt_token_ids, row.completion_token_ids, row.completion_logprobs, row.completion_lengths)
-    token_info = None
-    if tokens is not None:
-        token_info = {
-            "prompt_token_ids": tokens.prompt,
-            "completion_token_ids": tokens.completions,
-            "completion_logprobs": tokens.logprobs,
-        }
-    return {
-        "id": row.pk,
-        "object": "trajectory.call",
-        "endpoint": row.endpoint,
-        "model": row.model,
-        "policy": row.policy,
-        "policy_step": row.policy_step,
-        "upstream_model": row.upstream_model,
-        "stream": row.stream,
-        "status": row.status,
-        "http_status": row.http_status,
-        "error": row.error,
-        "request": msgspec.Raw(row.request),
-        "response": msgspec.Raw(row.response) if row.response is not None else None,
-        "usage": row.usage,
-        "tokens": token_info,
-        "attempts": row.attempts,
-        "upstream_first_byte_ms": row.upstream_first_byte_ms,
-        "upstream_ms": row.upstream_ms,
-        "started_at": _ts(row.started_at),
-        "finished_at": _ts(row.finished_at),
-    }
-
-
-def group_summary(row: Any) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "object": "group",
-        "expected_size": row.expected_size,
-        "created_at": _ts(row.created_at),
-        "state": group_state(row.closed_at, row.claimed_by, row.trained_at).value,
-        "closed_at": _ts(row.closed_at),
-        "close_reason": row.close_reason,
-        "ruler_at": _ts(row.ruler_at),
-        "ruler_error": row.ruler_error,
-    }
+    return CallView(
+        id=row.pk,
+        endpoint=row.endpoint,
+        model=row.model,
+        policy=row.policy,
+        policy_step=row.policy_step,
+        upstream_model=row.upstream_model,
+        stream=row.stream,
+        status=row.status,
+        http_status=row.http_status,
+        error=row.error,
+        request=msgspec.Raw(row.request),
+        response=msgspec.Raw(row.response) if row.response is not None else None,
+        usage=row.usage,
+        tokens=None
+        if tokens is None
+        else CallTokensView(prompt_token_ids=tokens.prompt, completion_token_ids=tokens.completions, completion_logprobs=tokens.logprobs),
+        attempts=row.attempts,
+        upstream_first_byte_ms=row.upstream_first_byte_ms,
+        upstream_ms=row.upstream_ms,
+        started_at=iso(row.started_at),
+        finished_at=iso(row.finished_at),
+    )
 
 
 _CALLS_IN_ORDER = (Call.started_at, Call.pk)
 
 
-async def get_trajectory(conn: AsyncConnection, trajectory_id: str) -> dict[str, Any] | None:
+async def get_trajectory(conn: AsyncConnection, trajectory_id: str) -> TrajectoryView | None:
     row = (await conn.execute(select(Trajectory).where(Trajectory.id == trajectory_id))).first()
     if row is None:
         return None
     calls = (await conn.execute(select(Call).where(Call.trajectory_id == trajectory_id).order_by(*_CALLS_IN_ORDER))).all()
     rewards = (await conn.execute(select(Reward).where(Reward.trajectory_id == trajectory_id).order_by(Reward.pk))).all()
-    out = trajectory_summary(row, len(calls))
-    out["calls"] = [call_dict(c) for c in calls]
-    out["rewards"] = [
-        {"reward": r.reward, "components": r.components, "source": r.source, "explanation": r.explanation, "created_at": _ts(r.created_at)} for r in rewards
+    out = trajectory_view(row, len(calls))
+    out.calls = [call_view(c) for c in calls]
+    out.rewards = [
+        RewardView(reward=r.reward, components=r.components, source=r.source, explanation=r.explanation, created_at=iso(r.created_at)) for r in rewards
     ]
     return out
 
 
-async def get_group(conn: AsyncConnection, group_id: str) -> dict[str, Any] | None:
+async def get_group(conn: AsyncConnection, group_id: str) -> GroupView | None:
     row = (await conn.execute(select(Group).where(Group.id == group_id))).first()
     if row is None:
         return None
@@ -124,11 +95,19 @@ async def get_group(conn: AsyncConnection, group_id: str) -> dict[str, Any] | No
             .order_by(Trajectory.pk)
         )
     ).all()
-    out = group_summary(row)
-    out["size"] = len(members)
-    out["rewarded"] = sum(1 for m in members if m.reward is not None)
-    out["members"] = [trajectory_summary(m, m.call_count) for m in members]
-    return out
+    return GroupView(
+        id=row.id,
+        expected_size=row.expected_size,
+        created_at=iso(row.created_at),
+        state=group_state(row.closed_at, row.claimed_by, row.trained_at).value,
+        closed_at=iso(row.closed_at),
+        close_reason=row.close_reason,
+        ruler_at=iso(row.ruler_at),
+        ruler_error=row.ruler_error,
+        size=len(members),
+        rewarded=sum(1 for m in members if m.reward is not None),
+        members=[trajectory_view(m, m.call_count) for m in members],
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +129,7 @@ class Filters:
         return stmt
 
 
-async def list_trajectories(conn: AsyncConnection, filters: Filters, *, limit: int, after: str | None, order: str) -> dict[str, Any] | None:
+async def list_trajectories(conn: AsyncConnection, filters: Filters, *, limit: int, after: str | None, order: str) -> TrajectoryPage | None:
     """One page, OpenAI list style. ``after`` is the last id of the previous page; None if it is unknown."""
     stmt = filters.apply(select(Trajectory))
     if after is not None:
@@ -165,14 +144,8 @@ async def list_trajectories(conn: AsyncConnection, filters: Filters, *, limit: i
     if page:
         ids = [r.id for r in page]
         counts = dict((await conn.execute(select(Call.trajectory_id, func.count()).where(Call.trajectory_id.in_(ids)).group_by(Call.trajectory_id))).all())
-    data = [trajectory_summary(r, counts.get(r.id, 0)) for r in page]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": len(rows) > limit,
-    }
+    data = [trajectory_view(r, counts.get(r.id, 0)) for r in page]
+    return TrajectoryPage(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None, has_more=len(rows) > limit)
 
 
 async def export_jsonl(engine: AsyncEngine, filters: Filters, *, flush_bytes: int = 64 * 1024) -> AsyncIterator[bytes]:
@@ -205,12 +178,12 @@ async def export_jsonl(engine: AsyncEngine, filters: Filters, *, flush_bytes: in
                     if current >= 0:
                         buffer += b"]}\n"
                     current += 1
-                    head = _encode(trajectory_summary(page[current]))
+                    head = _encode(trajectory_view(page[current]))
                     buffer += head[:-1] + b',"calls":['
                     first_call = True
                 if not first_call:
                     buffer += b","
-                buffer += _encode(call_dict(call))
+                buffer += _encode(call_view(call))
                 first_call = False
                 if len(buffer) >= flush_bytes:
                     yield bytes(buffer)
@@ -219,7 +192,7 @@ async def export_jsonl(engine: AsyncEngine, filters: Filters, *, flush_bytes: in
                 if current >= 0:
                     buffer += b"]}\n"
                 current += 1
-                buffer += _encode(trajectory_summary(page[current]))[:-1] + b',"calls":['
+                buffer += _encode(trajectory_view(page[current]))[:-1] + b',"calls":['
             buffer += b"]}\n"
         if len(page) < EXPORT_PAGE:
             break

@@ -34,3 +34,21 @@ def test_bodies_id_patterns_and_error_statuses_are_in_the_schema(gateway: Gatewa
     rollback = operation(schema, "/admin/policies/{name}/rollback", "post")
     assert {"400", "401", "404"} <= set(rollback["responses"])
     assert operation(schema, "/v1/groups/{group_id}/ruler", "post")["responses"].keys() >= {"400", "404", "409", "502"}
+
+
+def test_answers_are_typed_in_the_schema(gateway: Gateway) -> None:
+    with gateway.client() as c:
+        schema = c.get("/docs/openapi.json").json()
+    components = schema["components"]["schemas"]
+
+    def answer(path: str, method: str, status: str = "200") -> dict[str, Any]:
+        ref = operation(schema, path, method)["responses"][status]["content"]["application/json"]["schema"]["$ref"]
+        return components[ref.rsplit("/", 1)[-1]]
+
+    trajectory = answer("/v1/trajectories/{trajectory_id}", "get")
+    assert {"id", "group_id", "reward", "calls", "rewards"} <= set(trajectory["properties"])
+    assert {"id", "state", "members"} <= set(answer("/v1/groups/{group_id}", "get")["properties"])
+    assert {"data", "has_more", "last_id"} <= set(answer("/v1/trajectories", "get")["properties"])
+    assert {"served_version", "pending_version", "groups_ready", "lora", "train"} <= set(answer("/admin/policies", "post", "201")["properties"])
+    assert {"scores", "judge", "cached"} <= set(answer("/v1/groups/{group_id}/ruler", "post")["properties"])
+

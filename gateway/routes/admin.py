@@ -20,13 +20,13 @@ from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency
 from litestar.handlers import BaseRouteHandler
 from litestar.params import JSONBody
-from litestar.response import Response
 
 from burnish_server.core.errors import Conflict, Invalid
 from burnish_server.core.ids import ID_REGEX
 from burnish_server.core.policies import LoraSettings, Policy, RulerSettings, TrainSettings
+from burnish_server.core.views import MetricsList, PolicyList, PolicyView, StepList
 from burnish_server.gateway.errors import APIError, responses
-from burnish_server.gateway.routes.common import PolicyName, json
+from burnish_server.gateway.routes.common import PolicyName
 from burnish_server.gateway.services import Services
 from burnish_server.store import policies as store
 
@@ -73,41 +73,41 @@ class RollbackIn(msgspec.Struct, forbid_unknown_fields=True):
     step: Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
 
 
-async def _write(svc: NamedDependency[Services], fn: Any, *args: Any) -> Any:
+async def _write(svc: Services, fn: Any, *args: Any) -> Any:
     """A write, then the gateway's own routing table re-read at once (others follow within REFRESH_EVERY_S)."""
     result = await svc.db.transaction(fn, *args)
     svc.policies.replace(await svc.db.read(store.load_policies))
     return result
 
 
-async def _status(svc: NamedDependency[Services], name: str, status: int = 200) -> Response[bytes]:
-    return json(await svc.db.read(store.policy_status, name), status)
+async def _status(svc: Services, name: str) -> PolicyView:
+    return await svc.db.read(store.policy_status, name)
 
 
 @post("/policies", status_code=201, opt={"invalid": "invalid_policy"}, responses=responses(400, 401, 409))
-async def create_policy(data: JSONBody[PolicyIn], svc: NamedDependency[Services]) -> Response[bytes]:
+async def create_policy(data: JSONBody[PolicyIn], svc: NamedDependency[Services]) -> PolicyView:
     """Create a policy: a trainable model over a base model, with LoRA, training and RULER settings."""
     policy = Policy(
         name=data.name, base_model=data.base_model, model_path=data.model_path, lora=data.lora, train=data.train, ruler=data.ruler, paused=data.paused
     )
     await _write(svc, store.create_policy, policy)
-    return await _status(svc, data.name, 201)
+    return await _status(svc, data.name)
 
 
 @get("/policies", responses=responses(401))
-async def list_policies(svc: NamedDependency[Services]) -> Response[bytes]:
+async def list_policies(svc: NamedDependency[Services]) -> PolicyList:
     names = [p.name for p in await svc.db.read(store.load_policies)]
-    return json({"object": "list", "data": [await svc.db.read(store.policy_status, name) for name in names]})
+    return PolicyList(data=[await svc.db.read(store.policy_status, name) for name in names])
 
 
 @get("/policies/{name:str}", responses=responses(400, 401, 404))
-async def get_policy(name: PolicyName, svc: NamedDependency[Services]) -> Response[bytes]:
+async def get_policy(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
     """A policy's settings and where it stands: served and pending version, groups by state, last step."""
     return await _status(svc, name)
 
 
 @patch("/policies/{name:str}", opt={"invalid": "invalid_policy"}, responses=responses(400, 401, 404, 409))
-async def change_policy(name: PolicyName, data: JSONBody[PolicyPatch], svc: NamedDependency[Services]) -> Response[bytes]:
+async def change_policy(name: PolicyName, data: JSONBody[PolicyPatch], svc: NamedDependency[Services]) -> PolicyView:
     await _write(svc, _patch, name, data)
     return await _status(svc, name)
 
@@ -135,47 +135,45 @@ def _update(conn: Any, name: str, values: dict[str, Any]) -> Any:
 
 
 @post("/policies/{name:str}/pause", status_code=200, responses=responses(400, 401, 404))
-async def pause(name: PolicyName, svc: NamedDependency[Services]) -> Response[bytes]:
+async def pause(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
     """Stop training (the served version stays); a step already running finishes."""
     await _write(svc, _update, name, {"paused": True})
     return await _status(svc, name)
 
 
 @post("/policies/{name:str}/resume", status_code=200, responses=responses(400, 401, 404))
-async def resume(name: PolicyName, svc: NamedDependency[Services]) -> Response[bytes]:
+async def resume(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
     await _write(svc, _update, name, {"paused": False})
     return await _status(svc, name)
 
 
 @post("/policies/{name:str}/train", status_code=202, responses=responses(400, 401, 404, 409))
-async def train_now(name: PolicyName, svc: NamedDependency[Services]) -> Response[bytes]:
+async def train_now(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
     """Train on the groups ready now, even fewer than groups_per_step (409 if none; paused policies too)."""
     if (await svc.db.read(store.get_policy, name)).paused:
         raise Conflict(f"policy {name!r} is paused; resume it first", "policy_paused")
     await _write(svc, store.request_training, name)
-    return await _status(svc, name, 202)
+    return await _status(svc, name)
 
 
 @get("/policies/{name:str}/checkpoints", responses=responses(400, 401, 404))
-async def checkpoints(name: PolicyName, svc: NamedDependency[Services]) -> Response[bytes]:
+async def checkpoints(name: PolicyName, svc: NamedDependency[Services]) -> StepList:
     steps = await svc.db.read(store.list_steps, name)
-    return json({"object": "list", "data": [{k: v for k, v in s.items() if k != "metrics"} for s in steps]})
+    return StepList(data=[msgspec.structs.replace(s, metrics=msgspec.UNSET) for s in steps])
 
 
 @post("/policies/{name:str}/rollback", status_code=202, opt={"invalid": "invalid_rollback"}, responses=responses(400, 401, 404))
-async def rollback(name: PolicyName, data: JSONBody[RollbackIn], svc: NamedDependency[Services]) -> Response[bytes]:
+async def rollback(name: PolicyName, data: JSONBody[RollbackIn], svc: NamedDependency[Services]) -> PolicyView:
     """Serve (and train on from) an earlier step; 0 is the base model. The trainer loads and switches."""
     await _write(svc, store.request_rollback, name, data.step)
-    return await _status(svc, name, 202)
+    return await _status(svc, name)
 
 
 @get("/policies/{name:str}/metrics", responses=responses(400, 401, 404))
-async def metrics(name: PolicyName, svc: NamedDependency[Services]) -> Response[bytes]:
+async def metrics(name: PolicyName, svc: NamedDependency[Services]) -> MetricsList:
     """One entry per step, oldest first."""
     steps = await svc.db.read(store.list_steps, name)
-    return json(
-        {"object": "list", "data": [{"step": s["step"], "created_at": s["created_at"], "published_at": s["published_at"], **s["metrics"]} for s in steps]}
-    )
+    return MetricsList(data=[{"step": s.step, "created_at": s.created_at, "published_at": s.published_at, **(s.metrics or {})} for s in steps])
 
 
 router = Router(

@@ -17,13 +17,13 @@ import msgspec
 from litestar import post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
-from litestar.response import Response
 
 from burnish_server.core.errors import BurnishError, Invalid, Unavailable
 from burnish_server.core.policies import RulerSettings
 from burnish_server.core.transcript import conversation
+from burnish_server.core.views import JudgeView, RulerView, ScoreView
 from burnish_server.gateway.errors import responses
-from burnish_server.gateway.routes.common import GroupId, json
+from burnish_server.gateway.routes.common import GroupId
 from burnish_server.gateway.ruler import Judge, RulerFailed, build_prompt, cache_key, judge_group
 from burnish_server.gateway.services import Services
 from burnish_server.gateway.upstream import base_url
@@ -44,7 +44,7 @@ class RulerIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     combine: Literal["set", "add"] | None = None
 
 
-def _judge(svc: NamedDependency[Services], policy: RulerSettings, request: RulerIn, base_model: str | None) -> Judge:
+def _judge(svc: Services, policy: RulerSettings, request: RulerIn, base_model: str | None) -> Judge:
     s = svc.settings
     model = request.judge_model or policy.judge_model or s.judge_model or base_model
     if not model:
@@ -72,7 +72,7 @@ def _judge(svc: NamedDependency[Services], policy: RulerSettings, request: Ruler
     return Judge(base_url=url, model=model, api_key=api_key, attempts=s.judge_attempts, timeout_s=s.upstream_timeout, max_tokens=s.judge_max_tokens)
 
 
-async def run_ruler(svc: NamedDependency[Services], group_id: str, request: RulerIn) -> dict:
+async def run_ruler(svc: Services, group_id: str, request: RulerIn) -> RulerView:
     """Judge a group (or reuse a cached verdict) and store its rewards."""
     group = await svc.db.read(store.group_for_judge, group_id)
     policy = svc.policies.policies.get(group.policy) if group.policy else None
@@ -97,25 +97,24 @@ async def run_ruler(svc: NamedDependency[Services], group_id: str, request: Rule
         for t, reward in rewards.items():
             svc.langfuse.put(Score(t, "ruler", verdict[t].score, comment=verdict[t].explanation, metadata={"judge": judge.name, "group_id": group_id}))
             svc.langfuse.put(Score(t, "reward", reward, metadata={"source": "ruler", "combine": combine}))
-    return {
-        "object": "group.ruler",
-        "group_id": group_id,
-        "judge": {"model": judge.model, "base_url": judge.base_url},
-        "combine": combine,
-        "cached": calls == 0,
-        "judge_calls": calls,
-        "distinct_trajectories": len(prompt.classes),
-        "scores": [{"trajectory_id": t, "score": verdict[t].score, "explanation": verdict[t].explanation, "reward": rewards[t]} for t in rewards],
-    }
+    return RulerView(
+        group_id=group_id,
+        judge=JudgeView(model=judge.model, base_url=judge.base_url),
+        combine=combine,
+        cached=calls == 0,
+        judge_calls=calls,
+        distinct_trajectories=len(prompt.classes),
+        scores=[ScoreView(trajectory_id=t, score=verdict[t].score, explanation=verdict[t].explanation, reward=rewards[t]) for t in rewards],
+    )
 
 
 @post("/v1/groups/{group_id:str}/ruler", status_code=200, opt={"invalid": "invalid_request"}, responses=responses(400, 404, 409, 502))
-async def ruler(group_id: GroupId, svc: NamedDependency[Services], data: JSONBody[RulerIn | None] = None) -> Response[bytes]:
+async def ruler(group_id: GroupId, svc: NamedDependency[Services], data: JSONBody[RulerIn | None] = None) -> RulerView:
     """Score a group's trajectories relative to each other with an LLM judge; the scores become rewards."""
-    return json(await run_ruler(svc, group_id, data or RulerIn()))
+    return await run_ruler(svc, group_id, data or RulerIn())
 
 
-async def auto_ruler(svc: NamedDependency[Services], every_s: float = AUTO_EVERY_S) -> None:
+async def auto_ruler(svc: Services, every_s: float = AUTO_EVERY_S) -> None:
     """Until cancelled: judge the closed groups of policies whose RULER settings say auto."""
     while True:
         await asyncio.sleep(every_s)
@@ -129,7 +128,7 @@ async def auto_ruler(svc: NamedDependency[Services], every_s: float = AUTO_EVERY
         for group_id, policy in claimed:
             try:
                 out = await run_ruler(svc, group_id, RulerIn())
-                log.info("RULER scored group %s of %s: %s", group_id, policy, [round(s["score"], 3) for s in out["scores"]])
+                log.info("RULER scored group %s of %s: %s", group_id, policy, [round(s.score, 3) for s in out.scores])
             except Exception as exc:  # one group's failure must not stop the task for every policy
                 message = exc.message if isinstance(exc, BurnishError) else f"{type(exc).__name__}: {exc}"
                 log.warning("RULER on group %s of %s failed: %s", group_id, policy, message)

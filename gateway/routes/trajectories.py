@@ -11,24 +11,27 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, TypeVar
 
 import msgspec
 from litestar import get, post
 from litestar.di import NamedDependency
 from litestar.params import FromQuery, JSONBody, QueryParameter
-from litestar.response import Response, Stream
+from litestar.response import Stream
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from burnish_server.core.errors import NotFound
 from burnish_server.core.ids import ID_REGEX
+from burnish_server.core.views import GroupView, TrajectoryPage, TrajectoryView
 from burnish_server.gateway.errors import responses
-from burnish_server.gateway.routes.common import GroupId, TrajectoryId, json
+from burnish_server.gateway.routes.common import GroupId, TrajectoryId
 from burnish_server.gateway.services import Services
 from burnish_server.store import reads
 from burnish_server.store.writes import CloseGroup, PostReward
 from burnish_server.telemetry.langfuse_export import Score
 
 MAX_COMPONENTS = 64
+V = TypeVar("V")
 ComponentName = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 
 
@@ -47,7 +50,7 @@ class RewardIn(msgspec.Struct, forbid_unknown_fields=True):
                 raise ValueError(f"component {name!r} must be a finite number")
 
 
-async def _read(svc: NamedDependency[Services], read: Callable[..., Awaitable[dict[str, Any] | None]], key: str, kind: str) -> dict[str, Any]:
+async def _read(svc: Services, read: Callable[[AsyncConnection, str], Awaitable[V | None]], key: str, kind: str) -> V:
     """One trajectory or group from the reader pool, or NotFound."""
     async with svc.db.reader.connect() as conn:
         out = await read(conn, key)
@@ -57,34 +60,32 @@ async def _read(svc: NamedDependency[Services], read: Callable[..., Awaitable[di
 
 
 @post("/v1/trajectories/{trajectory_id:str}/reward", status_code=200, opt={"invalid": "invalid_reward"}, responses=responses(400, 404, 409))
-async def post_reward(trajectory_id: TrajectoryId, data: JSONBody[RewardIn], svc: NamedDependency[Services]) -> Response[bytes]:
+async def post_reward(trajectory_id: TrajectoryId, data: JSONBody[RewardIn], svc: NamedDependency[Services]) -> TrajectoryView:
     """Set a trajectory's reward. Every reward is kept; the latest is the trajectory's."""
     result = await svc.writer.write(PostReward(trajectory_id, data.reward, dict(data.components)))
     if svc.langfuse is not None:
         svc.langfuse.put(Score(trajectory_id, "reward", data.reward, metadata={"source": "user", "components": dict(data.components)}))
     out = await _read(svc, reads.get_trajectory, trajectory_id, "trajectory")
-    out.pop("calls")
-    out["group_closed"] = result["group_closed"]
-    return json(out)
+    return msgspec.structs.replace(out, calls=msgspec.UNSET, group_closed=result["group_closed"])
 
 
 @post("/v1/groups/{group_id:str}/close", status_code=200, responses=responses(400, 404))
-async def close_group(group_id: GroupId, svc: NamedDependency[Services]) -> Response[bytes]:
+async def close_group(group_id: GroupId, svc: NamedDependency[Services]) -> GroupView:
     """Close a group: it takes no more rewards and is ready for training."""
     await svc.writer.write(CloseGroup(group_id))
-    return json(await _read(svc, reads.get_group, group_id, "group"))
+    return await _read(svc, reads.get_group, group_id, "group")
 
 
 @get("/v1/trajectories/{trajectory_id:str}", responses=responses(400, 404))
-async def get_trajectory(trajectory_id: TrajectoryId, svc: NamedDependency[Services]) -> Response[bytes]:
+async def get_trajectory(trajectory_id: TrajectoryId, svc: NamedDependency[Services]) -> TrajectoryView:
     """A trajectory: its calls in order (request, response, tokens), its rewards."""
-    return json(await _read(svc, reads.get_trajectory, trajectory_id, "trajectory"))
+    return await _read(svc, reads.get_trajectory, trajectory_id, "trajectory")
 
 
 @get("/v1/groups/{group_id:str}", responses=responses(400, 404))
-async def get_group(group_id: GroupId, svc: NamedDependency[Services]) -> Response[bytes]:
+async def get_group(group_id: GroupId, svc: NamedDependency[Services]) -> GroupView:
     """A group: its state and its members."""
-    return json(await _read(svc, reads.get_group, group_id, "group"))
+    return await _read(svc, reads.get_group, group_id, "group")
 
 
 OptionalId = Annotated[str | None, QueryParameter(pattern=ID_REGEX)]
@@ -108,14 +109,14 @@ async def list_trajectories(
     limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 100,
     after: OptionalId = None,
     order: Annotated[str, QueryParameter(pattern="^(asc|desc)$")] = "desc",
-) -> Response[bytes]:
+) -> TrajectoryPage:
     """A page of trajectories, newest first by default; pass ``after=<last_id>`` for the next."""
     filters = _filters(group_id, rewarded, created_after, created_before)
     async with svc.db.reader.connect() as conn:
         out = await reads.list_trajectories(conn, filters, limit=limit, after=after, order=order)
     if out is None:
         raise NotFound(f"no trajectory {after!r} to page after", "trajectory_not_found", "after")
-    return json(out)
+    return out
 
 
 @get("/v1/trajectories/export", responses=responses(400))

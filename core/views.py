@@ -1,0 +1,176 @@
+"""What the JSON APIs answer, as typed structs: built by the store's reads, returned by the gateway.
+
+Litestar encodes them and derives the OpenAPI schema from them, so what the schema says
+is what a client gets. Times are ISO 8601 strings in UTC. A field that is ``UNSET`` is left
+out of the answer: a trajectory carries its calls only when read alone, a list entry has
+no calls. Recorded bodies travel as the bytes that were recorded (``msgspec.Raw``), typed
+``Any`` here: they are whatever JSON the client and the upstream exchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from burnish_server.core.policies import LoraSettings, RulerSettings, TrainSettings
+
+
+class View(msgspec.Struct):
+    """Base of the answers (each is keyword-only: its `object` tag has a default and comes first)."""
+
+
+class CallTokensView(View, kw_only=True):
+    prompt_token_ids: list[int] | None
+    completion_token_ids: list[list[int]] | None  # one list per choice
+    completion_logprobs: list[list[float]] | None
+
+
+class CallView(View, kw_only=True):
+    object: Literal["trajectory.call"] = "trajectory.call"
+    id: int
+    endpoint: str
+    model: str | None
+    policy: str | None
+    policy_step: int | None
+    upstream_model: str | None
+    stream: bool
+    status: str
+    http_status: int | None
+    error: str | None
+    request: Any  # the request body as the client sent it
+    response: Any  # the response as the client received it (a stream folded into one body); null if none
+    usage: dict[str, Any] | None
+    tokens: CallTokensView | None
+    attempts: int
+    upstream_first_byte_ms: float | None
+    upstream_ms: float | None
+    started_at: str | None
+    finished_at: str | None
+
+
+class RewardView(View, kw_only=True):
+    reward: float
+    components: dict[str, float] | None
+    source: str  # "user" or "ruler"
+    explanation: str | None
+    created_at: str | None
+
+
+class TrajectoryView(View, kw_only=True):
+    object: Literal["trajectory"] = "trajectory"
+    id: str
+    group_id: str | None
+    created_at: str | None
+    updated_at: str | None
+    reward: float | None
+    reward_components: dict[str, float] | None
+    rewarded_at: str | None
+    call_count: int | UnsetType = UNSET
+    # Read alone (GET /v1/trajectories/{id}): its calls in order and every reward posted.
+    calls: list[CallView] | UnsetType = UNSET
+    rewards: list[RewardView] | UnsetType = UNSET
+    # Answering a reward: whether that reward closed the trajectory's group.
+    group_closed: bool | UnsetType = UNSET
+
+
+class GroupView(View, kw_only=True):
+    object: Literal["group"] = "group"
+    id: str
+    expected_size: int | None
+    created_at: str | None
+    state: str  # open, closed, training, trained (core/groups.py)
+    closed_at: str | None
+    close_reason: str | None
+    ruler_at: str | None
+    ruler_error: str | None
+    size: int
+    rewarded: int
+    members: list[TrajectoryView]
+
+
+class TrajectoryPage(View, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[TrajectoryView]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class StepView(View, kw_only=True):
+    object: Literal["policy.step"] = "policy.step"
+    step: int
+    parent: int
+    created_at: str | None
+    published_at: str | None
+    publish_seconds: float | None
+    serving: bool
+    groups: list[str]
+    checkpoint: str
+    trainer: str
+    # reward_mean, reward_std, loss, kl, clip_fraction, grad_norm, tokens, seconds, ... (docs/trainer.md)
+    metrics: dict[str, Any] | UnsetType = UNSET
+
+
+class PolicyView(View, kw_only=True):
+    object: Literal["policy"] = "policy"
+    name: str
+    base_model: str
+    model_path: str | None
+    lora: LoraSettings
+    train: TrainSettings
+    ruler: RulerSettings
+    paused: bool
+    step: int  # the version served (0: the base model)
+    head: int  # the version to serve and to train from next
+    served_version: str
+    pending_version: str | None  # a trained or rolled-back version not switched to yet
+    groups_ready: int
+    groups_open: int
+    groups_trained: int
+    last_step: StepView | None
+    train_requested_at: str | None
+    load_error: str | None
+    load_error_at: str | None
+    created_at: str | None
+    updated_at: str | None
+
+
+class PolicyList(View, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[PolicyView]
+
+
+class StepList(View, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[StepView]
+
+
+class MetricsList(View, kw_only=True):
+    object: Literal["list"] = "list"
+    # One object per step, oldest first: step, created_at, published_at and the step's metrics.
+    data: list[dict[str, Any]]
+
+
+class JudgeView(View, kw_only=True):
+    model: str
+    base_url: str
+
+
+class ScoreView(View, kw_only=True):
+    trajectory_id: str
+    score: float
+    explanation: str
+    reward: float  # the reward the score set (combine "set") or changed (combine "add")
+
+
+class RulerView(View, kw_only=True):
+    object: Literal["group.ruler"] = "group.ruler"
+    group_id: str
+    judge: JudgeView
+    combine: str
+    cached: bool
+    judge_calls: int
+    distinct_trajectories: int
+    scores: list[ScoreView]
