@@ -51,4 +51,3 @@ def test_answers_are_typed_in_the_schema(gateway: Gateway) -> None:
     assert {"data", "has_more", "last_id"} <= set(answer("/v1/trajectories", "get")["properties"])
     assert {"served_version", "pending_version", "groups_ready", "lora", "train"} <= set(answer("/admin/policies", "post", "201")["properties"])
     assert {"scores", "judge", "cached"} <= set(answer("/v1/groups/{group_id}/ruler", "post")["properties"])
-
