@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
+import msgspec
 import pytest
 from sqlalchemy import update
 
@@ -121,6 +123,11 @@ async def test_one_trainer_at_a_time_trains_a_policy(store) -> None:
     assert await db.transaction(claim_groups, "agent", "c", 1, 900.0) == ["p3"]
 
 
+async def answer(db: Any, read: Any, *args: Any) -> Any:
+    """A read of the admin API's answers, as the JSON a client gets."""
+    return msgspec.to_builtins(await db.read(read, *args))
+
+
 async def test_steps_are_recorded_served_and_lose_to_a_rollback(store) -> None:
     """The trainer's side of the policies table on both databases: record, serve, rollback mid-step."""
     from burnish_server.core.policies import Policy
@@ -134,9 +141,9 @@ async def test_steps_are_recorded_served_and_lose_to_a_rollback(store) -> None:
     assert await db.transaction(record_step, "agent", 1, 0, first, "w1", {"loss": 0.5}, "/ckpt/1")
     assert (await db.read(get_policy, "agent")).head == 1
     await db.transaction(mark_load_error, "agent", "agent@1: vLLM away")
-    assert (await db.read(policy_status, "agent"))["load_error"] == "agent@1: vLLM away"
+    assert (await answer(db, policy_status, "agent"))["load_error"] == "agent@1: vLLM away"
     await db.transaction(mark_served, "agent", 1, 0.02)
-    status = await db.read(policy_status, "agent")
+    status = await answer(db, policy_status, "agent")
     assert (status["step"], status["load_error"], status["groups_trained"], status["groups_ready"]) == (1, None, 2, 1)
     assert status["last_step"]["metrics"] == {"loss": 0.5} and status["last_step"]["publish_seconds"] == 0.02
 
@@ -146,11 +153,11 @@ async def test_steps_are_recorded_served_and_lose_to_a_rollback(store) -> None:
     assert not await db.transaction(record_step, "agent", 2, 1, second, "w1", {"loss": 0.1}, "/ckpt/2")
     policy = await db.read(get_policy, "agent")
     assert (policy.step, policy.head) == (1, 0)
-    assert [(s["step"], s["parent"], s["serving"], s["published_at"] is not None) for s in await db.read(list_steps, "agent")] == [
+    assert [(s["step"], s["parent"], s["serving"], s["published_at"] is not None) for s in await answer(db, list_steps, "agent")] == [
         (1, 0, True, True),
         (2, 1, False, False),
     ]
     # A step's groups cannot be recorded twice.
     with pytest.raises(RuntimeError, match="lost its claim"):
         await db.transaction(record_step, "agent", 3, 0, first, "w1", {}, "/ckpt/3")
-    assert [s["step"] for s in await db.read(list_steps, "agent")] == [1, 2]
+    assert [s["step"] for s in await answer(db, list_steps, "agent")] == [1, 2]
