@@ -77,6 +77,8 @@ class CallRecord(msgspec.Struct, kw_only=True):
     policy: str | None = None
     policy_step: int | None = None
     upstream_model: str | None = None
+    # A Responses API answer the gateway served (and may continue, `previous_response_id`).
+    response_id: str | None = None
 
     @property
     def version(self) -> str | None:

@@ -27,11 +27,13 @@ class Wire(msgspec.Struct, omit_defaults=True):
 
 
 class ContentPart(Wire):
-    """A part of a message's content: text (``text``, ``input_text``, ``output_text``) or
-    something else (an image, a file, audio), which burnish names but does not read."""
+    """A part of a message's content: text (``text``, ``input_text``, ``output_text``), an
+    image (chat's ``image_url`` object, the Responses API's ``input_image`` URL string), or
+    something else (a file, audio), which burnish names but does not read."""
 
     type: str = "text"
     text: str | None = None
+    image_url: str | dict[str, Any] | None = None
 
 
 Content = str | list[ContentPart] | None
@@ -71,10 +73,16 @@ class ChatChoice(Wire):
     index: int = 0
     message: ChatMessage = msgspec.field(default_factory=lambda: ChatMessage(role="assistant"))
     finish_reason: str | None = None
+    # vLLM: the stop string (or token id) that ended the choice, if one did.
+    stop_reason: str | int | None = None
 
 
 class ChatResponse(Wire):
     choices: list[ChatChoice] = []
+    id: str | None = None
+    model: str | None = None
+    usage: dict[str, Any] | None = None
+    prompt_token_ids: list[int] | None = None  # vLLM's return_token_ids
 
 
 # ---- completions --------------------------------------------------------------------------
@@ -119,6 +127,24 @@ class ResponsesRequest(Wire):
     tools: list[dict[str, Any]] | None = None
 
 
+class ResponsesCreate(ResponsesRequest):
+    """A Responses request as the gateway serves it for a policy (``core/translate``): the
+    reader's fields, plus the knobs that become the chat request's."""
+
+    model: str | None = None
+    stream: bool | None = None
+    previous_response_id: str | None = None
+    store: bool | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+
+
 class ResponsesResponse(Wire):
     output: list[ResponsesItem] = []
     status: str | None = None
@@ -140,6 +166,7 @@ class Block(Wire):
     tool_use_id: str | None = None
     content: str | list[Block] | None = None
     is_error: bool | None = None
+    source: dict[str, Any] | None = None  # an image's: {"type": "base64", "media_type", "data"} or {"type": "url", "url"}
 
 
 class AnthropicMessage(Wire):
@@ -151,6 +178,20 @@ class MessagesRequest(Wire):
     system: str | list[Block] | None = None
     messages: list[AnthropicMessage] = []
     tools: list[dict[str, Any]] | None = None
+
+
+class MessagesCreate(MessagesRequest):
+    """A Messages request as the gateway serves it for a policy (``core/translate``)."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    stream: bool | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    tool_choice: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
 
 
 class MessagesResponse(Wire):

@@ -10,6 +10,7 @@ plain one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ import msgspec
 
 from burnish_server.core import records, tokens
 from burnish_server.core.records import OK, UPSTREAM_CUT, UPSTREAM_ERROR
+from burnish_server.gateway.errors import anthropic_error_body, error_body
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -210,6 +212,12 @@ class Endpoint:
             return kind == "message_stop"
         return kind in ResponsesAssembler.TERMINAL
 
+    def error_body(self, status: int, message: str, code: str | None = None) -> bytes:
+        """An error answer in the endpoint's own format (Anthropic's on /v1/messages)."""
+        if self.name == records.MESSAGES:
+            return anthropic_error_body(status, message)
+        return error_body(status, message, code)
+
     def error_event(self, message: str) -> bytes:
         """The event that tells a client its stream failed, in the endpoint's own format."""
         body: dict[str, Any]
@@ -294,9 +302,10 @@ def _parse_event(raw: bytes) -> tuple[str | None, bytes | None]:
 class StreamCapture:
     """Cuts a byte stream into events, folds them, and holds back the terminal one."""
 
-    def __init__(self, endpoint: Endpoint, injected: Injected | None = None) -> None:
+    def __init__(self, endpoint: Endpoint, injected: Injected | None = None, listener: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.endpoint = endpoint
         self.injected = injected
+        self.listener = listener  # sees each decoded event (a translated surface turns it into its own)
         self.assembler = endpoint.assembler()
         self.buffer = b""
         self.held = b""
@@ -348,6 +357,8 @@ class StreamCapture:
                     self.error = str(obj.get("message") or obj)
                 else:
                     self.assembler.add(obj)  # sees the token ids before they are scrubbed
+                    if self.listener is not None:
+                        self.listener(obj)
                     if self.injected is not None:
                         rewritten = b"data: " + _encode(self.injected.scrub(obj)) + b"\n\n"
         return self.endpoint.is_terminal(name, data, obj), rewritten

@@ -1,6 +1,8 @@
-"""Errors at the gateway's edge: every failure a client sees is OpenAI's error body.
+"""Errors at the gateway's edge: every failure a client sees is OpenAI's error body,
+except on ``/v1/messages``, where it is Anthropic's (that surface's clients parse that one):
 
-    {"error": {"message", "type", "param", "code"}}   with a 4xx/5xx status
+    {"error": {"message", "type", "param", "code"}}              with a 4xx/5xx status
+    {"type": "error", "error": {"type", "message"}}              on /v1/messages
 
 One tree, mapped here and only here: the domain's errors (``core/errors.py``: not found,
 conflict, invalid, unavailable) by their class; Litestar's own (a body that does not
@@ -56,22 +58,46 @@ def status_of(error: BurnishError) -> int:
     return next((status for kind, status in _STATUS.items() if isinstance(error, kind)), 400)
 
 
+# Anthropic's error types by status (its API answers 529 overloaded_error; 5xx otherwise api_error).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+}
+
+
 def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> bytes:
     kind = _TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
     return msgspec.json.encode({"error": {"message": message, "type": kind, "param": param, "code": code}})
 
 
-def error_response(status: int, message: str, code: str | None = None, param: str | None = None, headers: dict[str, str] | None = None) -> Response:
-    return Response(content=error_body(status, message, code, param), status_code=status, media_type="application/json", headers=headers)
+def anthropic_error_body(status: int, message: str) -> bytes:
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return msgspec.json.encode({"type": "error", "error": {"type": kind, "message": message}})
+
+
+def is_anthropic(path: str) -> bool:
+    """Whether a path is the Messages surface, whose errors are Anthropic's."""
+    return path.endswith("/v1/messages")
+
+
+def error_response(
+    status: int, message: str, code: str | None = None, param: str | None = None, headers: dict[str, str] | None = None, *, anthropic: bool = False
+) -> Response:
+    body = anthropic_error_body(status, message) if anthropic else error_body(status, message, code, param)
+    return Response(content=body, status_code=status, media_type="application/json", headers=headers)
 
 
 def handle_domain_error(request: Request, exc: BurnishError) -> Response:
-    return error_response(status_of(exc), exc.message, exc.code, exc.param)
+    return error_response(status_of(exc), exc.message, exc.code, exc.param, anthropic=is_anthropic(request.scope["path"]))
 
 
 def handle_http_exception(request: Request, exc: HTTPException) -> Response:
     if isinstance(exc, APIError):
-        return error_response(exc.status_code, exc.detail, exc.code, exc.param, headers=exc.headers)
+        return error_response(exc.status_code, exc.detail, exc.code, exc.param, headers=exc.headers, anthropic=is_anthropic(request.scope["path"]))
     if isinstance(exc, ValidationException):
         return _invalid(request, exc)
     status = exc.status_code
@@ -81,7 +107,7 @@ def handle_http_exception(request: Request, exc: HTTPException) -> Response:
         message = "request body is larger than the gateway's limit (BURNISH_MAX_BODY_BYTES)"
     elif status == 400 and isinstance(exc, ClientException):  # a body Litestar could not decode as JSON
         message, code = f"the request body is not valid JSON: {exc.detail}", "invalid_json"
-    return error_response(status, message, code, headers=exc.headers)
+    return error_response(status, message, code, headers=exc.headers, anthropic=is_anthropic(request.scope["path"]))
 
 
 def _invalid(request: Request, exc: ValidationException) -> Response:
@@ -104,7 +130,8 @@ def _invalid(request: Request, exc: ValidationException) -> Response:
 
 def handle_unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response(500, "internal error in the gateway; the request was not completed", "internal_error")
+    message = "internal error in the gateway; the request was not completed"
+    return error_response(500, message, "internal_error", anthropic=is_anthropic(request.scope["path"]))
 
 
 class ErrorDetail(msgspec.Struct):

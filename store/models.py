@@ -90,6 +90,7 @@ class Call(Base):
     __table_args__ = (
         Index("ix_calls_trajectory_id_started_at", "trajectory_id", "started_at"),
         Index("ix_calls_policy_policy_step", "policy", "policy_step"),
+        Index("ix_calls_response_id", "response_id"),
     )
 
     pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
@@ -121,6 +122,9 @@ class Call(Base):
     upstream_ms: Mapped[float | None] = mapped_column(Float)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # A Responses API answer the gateway served for a policy (and the client let it store):
+    # its id, so a later call can continue it with `previous_response_id`.
+    response_id: Mapped[str | None] = mapped_column(String(128))
 
 
 class Reward(Base):
@@ -178,8 +182,8 @@ class StepRow(Base):
     # The checkpoint this step started from (step - 1, or the one rolled back to).
     parent: Mapped[int] = mapped_column(Integer)
     groups: Mapped[list[str]] = mapped_column(JSON)
-    # reward_mean/std, loss, kl, clip_fraction, grad_norm, tokens, sequences,
-    # template_fallbacks, and seconds per phase (see trainer/worker.py).
+    # reward_mean/std, loss, kl, clip_fraction, grad_norm, tokens, sequences, sequence_splits,
+    # untokenized_calls, and seconds per phase (see trainer/worker.py).
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
     checkpoint: Mapped[str] = mapped_column(String(1024))
     trainer: Mapped[str] = mapped_column(String(128))

@@ -1,0 +1,72 @@
+"""What both translated surfaces share: server-sent events, a chat delta, tool arguments."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from burnish_server.core.errors import Invalid
+
+_encode = msgspec.json.Encoder().encode
+
+
+def sse(kind: str, data: Any) -> bytes:
+    """One server-sent event with a name, as both the Responses API and Anthropic write them."""
+    return b"event: " + kind.encode() + b"\ndata: " + _encode(data) + b"\n\n"
+
+
+@dataclass
+class ToolCallDelta:
+    """A piece of a streamed tool call: the first piece of each call carries its id and name."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass
+class Delta:
+    """What one chat completion chunk adds to choice 0 (the translated surfaces have one choice)."""
+
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+def delta_of(chunk: dict[str, Any]) -> Delta:
+    """The choice-0 delta of a ``chat.completion.chunk`` (vLLM's field names)."""
+    out = Delta()
+    for choice in chunk.get("choices") or ():
+        if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+            continue
+        delta = choice.get("delta") or {}
+        out.reasoning += delta.get("reasoning_content") or delta.get("reasoning") or ""
+        out.content += delta.get("content") or ""
+        for call in delta.get("tool_calls") or ():
+            function = call.get("function") or {}
+            out.tool_calls.append(ToolCallDelta(call.get("index", 0), call.get("id"), function.get("name"), function.get("arguments") or ""))
+        out.finish_reason = choice.get("finish_reason") or out.finish_reason
+        out.stop_reason = choice.get("stop_reason") if choice.get("stop_reason") is not None else out.stop_reason
+    return out
+
+
+def completion_as_chunk(completion: dict[str, Any]) -> dict[str, Any]:
+    """A whole chat completion as one chunk, so a plain answer takes the stream's code path."""
+    choices = []
+    for choice in completion.get("choices") or ():
+        message = choice.get("message") or {}
+        calls = [{**c, "index": i} for i, c in enumerate(message.get("tool_calls") or ())]
+        delta = {k: message.get(k) for k in ("content", "reasoning_content", "reasoning")}
+        choices.append(
+            {"index": choice.get("index", 0), "delta": {**delta, "tool_calls": calls}, **{k: choice.get(k) for k in ("finish_reason", "stop_reason")}}
+        )
+    return {"choices": choices, "usage": completion.get("usage"), "prompt_token_ids": completion.get("prompt_token_ids")}
+
+
+def unsupported(what: str, param: str) -> Invalid:
+    return Invalid(f"{what} is not supported for a policy: burnish serves policies through chat completions", "unsupported", param)

@@ -1,0 +1,328 @@
+"""Anthropic Messages served through chat completions (see ``core/translate/__init__.py``).
+
+Request::
+
+    system (a string or text blocks)   -> a system message (first)
+    user text / image blocks           -> a user message (text joined; images as image_url parts)
+    user tool_result blocks            -> tool messages, before the rest of that user turn
+                                          (chat wants a tool message right after the call)
+    assistant text + tool_use blocks   -> one assistant message with content and tool_calls
+    thinking blocks                    -> dropped (chat templates render no reasoning input)
+    tools {name, description, input_schema} -> chat function tools
+    tool_choice auto/any/tool/none     -> auto/required/{function}/none
+    max_tokens, stop_sequences, temperature, top_p, top_k -> the same knobs
+    metadata.user_id                   -> user
+
+Answer: reasoning -> a ``thinking`` block, text -> a ``text`` block, each tool call -> a
+``tool_use`` block (its arguments parsed into ``input``). ``finish_reason`` stop -> ``end_turn``
+(``stop_sequence`` when one of the request's stop sequences ended it), length ->
+``max_tokens``, a tool call -> ``tool_use``. Streamed, the events are Anthropic's:
+``message_start``, per block ``content_block_start``/``_delta``/``_stop``, ``message_delta``
+(stop reason and usage), and last ``message_stop``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from burnish_server.core import wire
+from burnish_server.core.errors import Invalid
+from burnish_server.core.translate.common import ToolCallDelta, completion_as_chunk, delta_of, sse, unsupported
+
+# ---- the answer's shapes ------------------------------------------------------------------
+
+
+class TextBlock(msgspec.Struct):
+    text: str
+    type: str = "text"
+
+
+class ThinkingBlock(msgspec.Struct):
+    thinking: str
+    signature: str = ""
+    type: str = "thinking"
+
+
+class ToolUseBlock(msgspec.Struct):
+    id: str
+    name: str
+    input: Any
+    type: str = "tool_use"
+
+
+Block = TextBlock | ThinkingBlock | ToolUseBlock
+
+
+class Usage(msgspec.Struct):
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+
+class Message(msgspec.Struct):
+    """The ``message`` object, every field Anthropic writes."""
+
+    id: str
+    model: str
+    content: list[Block]
+    stop_reason: str | None
+    stop_sequence: str | None
+    usage: Usage
+    type: str = "message"
+    role: str = "assistant"
+
+
+# ---- request -> chat ----------------------------------------------------------------------
+
+
+def _text(content: str | list[wire.Block] | None) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "\n".join(b.text or "" for b in content if b.type == "text")
+
+
+def _image(block: wire.Block, param: str) -> dict[str, Any]:
+    source = block.source or {}
+    if source.get("type") == "base64":
+        url = f"data:{source.get('media_type', 'image/png')};base64,{source.get('data', '')}"
+    elif source.get("type") == "url":
+        url = source.get("url", "")
+    else:
+        raise unsupported(f"an image source of type {source.get('type')!r}", param)
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _turn(role: str, content: str | list[wire.Block], param: str) -> list[dict[str, Any]]:
+    """One Anthropic message as chat messages: tool results first, then the rest."""
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    tools: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    for i, block in enumerate(content):
+        at = f"{param}.content[{i}]"
+        match block.type:
+            case "text":
+                parts.append({"type": "text", "text": block.text or ""})
+            case "image" if role == "user":
+                parts.append(_image(block, at))
+            case "tool_use" if role == "assistant":
+                arguments = msgspec.json.encode(block.input if block.input is not None else {}).decode()
+                calls.append({"id": block.id, "type": "function", "function": {"name": block.name or "", "arguments": arguments}})
+            case "tool_result" if role == "user":
+                result = _text(block.content)
+                tools.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": f"Error: {result}" if block.is_error else result})
+            case "thinking" | "redacted_thinking":
+                pass
+            case other:
+                raise unsupported(f"a {other!r} block in a {role} message", at)
+    out = list(tools)
+    if parts or calls or not tools:
+        text_only = all(p["type"] == "text" for p in parts)
+        message: dict[str, Any] = {"role": role, "content": "\n".join(p["text"] for p in parts) if text_only else parts}
+        if calls:
+            message["tool_calls"] = calls
+        out.append(message)
+    return out
+
+
+def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
+    if tool.get("type") not in (None, "custom") or "input_schema" not in tool:
+        raise unsupported(f"the server tool {tool.get('type') or tool.get('name')!r}", f"tools[{i}]")
+    spec = {"name": tool.get("name", ""), "parameters": tool["input_schema"]}
+    if tool.get("description"):
+        spec["description"] = tool["description"]
+    return {"type": "function", "function": spec}
+
+
+def _tool_choice(choice: dict[str, Any]) -> str | dict[str, Any]:
+    match choice.get("type"):
+        case "auto":
+            return "auto"
+        case "none":
+            return "none"
+        case "any":
+            return "required"
+        case "tool" if choice.get("name"):
+            return {"type": "function", "function": {"name": choice["name"]}}
+    raise Invalid(f"unknown tool_choice {choice!r}", "invalid_request", "tool_choice")
+
+
+def chat_request(request: wire.MessagesCreate) -> dict[str, Any]:
+    """The chat completions body that serves this request (without ``model``: the caller routes)."""
+    if request.max_tokens is None:
+        raise Invalid("Field required", "invalid_request", "max_tokens")
+    if not request.messages:
+        raise Invalid("at least one message is required", "invalid_request", "messages")
+    messages: list[dict[str, Any]] = []
+    if request.system:
+        messages.append({"role": "system", "content": _text(request.system)})
+    for i, m in enumerate(request.messages):
+        if m.role not in ("user", "assistant"):
+            raise Invalid(f"expected 'user' or 'assistant', got {m.role!r}", "invalid_request", f"messages[{i}].role")
+        messages += _turn(m.role, m.content, f"messages[{i}]")
+    body: dict[str, Any] = {"messages": messages, "max_tokens": request.max_tokens}
+    if request.tools:
+        body["tools"] = [_tool(t, i) for i, t in enumerate(request.tools)]
+    if request.tool_choice is not None:
+        body["tool_choice"] = _tool_choice(request.tool_choice)
+        if request.tool_choice.get("disable_parallel_tool_use") and request.tools:
+            body["parallel_tool_calls"] = False
+    if request.stop_sequences:
+        body["stop"] = request.stop_sequences
+    for key in ("temperature", "top_p", "top_k"):
+        if (value := getattr(request, key)) is not None:
+            body[key] = value
+    if request.metadata and isinstance(request.metadata.get("user_id"), str):
+        body["user"] = request.metadata["user_id"]
+    if request.stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+# ---- chat -> answer and events ------------------------------------------------------------
+
+
+class Translator:
+    """Chat completion chunks in, Messages events out; ``message()`` is what they add up to."""
+
+    def __init__(self, request: wire.MessagesCreate, *, message_id: str, model: str) -> None:
+        self.request = request
+        self.id = message_id
+        self.model = model
+        self.blocks: list[Block] = []
+        self.open: Block | None = None  # the block being written (Anthropic streams one at a time)
+        self.arguments: dict[int, str] = {}  # tool_use block index -> its arguments so far
+        self.calls: dict[int, int] = {}  # chat tool call index -> block index
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.started = False
+
+    # -- the stream
+
+    def feed(self, chunk: dict[str, Any]) -> list[bytes]:
+        out: list[bytes] = []
+        if isinstance(chunk.get("prompt_token_ids"), list):  # vLLM sends the prompt with the first chunk
+            self.input_tokens = len(chunk["prompt_token_ids"])
+        if isinstance(chunk.get("usage"), dict):
+            self.input_tokens = int(chunk["usage"].get("prompt_tokens") or self.input_tokens)
+            self.output_tokens = int(chunk["usage"].get("completion_tokens") or 0)
+        if not self.started:
+            self.started = True
+            start = self.message(stop_reason=None, content=[])
+            out.append(sse("message_start", {"type": "message_start", "message": msgspec.to_builtins(start)}))
+        delta = delta_of(chunk)
+        if delta.reasoning:
+            out += self._write(ThinkingBlock, "thinking_delta", "thinking", delta.reasoning)
+        if delta.content:
+            out += self._write(TextBlock, "text_delta", "text", delta.content)
+        for call in delta.tool_calls:
+            out += self._call(call)
+        self.finish_reason = delta.finish_reason or self.finish_reason
+        if delta.stop_reason is not None:
+            self.stop_reason = delta.stop_reason
+        return out
+
+    def _start(self, block: Block) -> list[bytes]:
+        out = self._stop()
+        self.blocks.append(block)
+        self.open = block
+        index = len(self.blocks) - 1
+        # A block starts empty; its content arrives as deltas.
+        empty: dict[str, Any]
+        if isinstance(block, ToolUseBlock):
+            empty = {"type": "tool_use", "id": block.id, "name": block.name, "input": {}}
+        elif isinstance(block, ThinkingBlock):
+            empty = {"type": "thinking", "thinking": "", "signature": ""}
+        else:
+            empty = {"type": "text", "text": ""}
+        return [*out, sse("content_block_start", {"type": "content_block_start", "index": index, "content_block": empty})]
+
+    def _stop(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        index = self.blocks.index(self.open)
+        if isinstance(self.open, ToolUseBlock):
+            self.open.input = _input(self.arguments.get(index, ""))
+        self.open = None
+        return [sse("content_block_stop", {"type": "content_block_stop", "index": index})]
+
+    def _write(self, kind: type[TextBlock] | type[ThinkingBlock], delta_type: str, field: str, piece: str) -> list[bytes]:
+        out = [] if isinstance(self.open, kind) else self._start(kind(""))
+        block = self.open
+        setattr(block, field, getattr(block, field) + piece)
+        delta = {"type": "content_block_delta", "index": len(self.blocks) - 1, "delta": {"type": delta_type, field: piece}}
+        return [*out, sse("content_block_delta", delta)]
+
+    def _call(self, piece: ToolCallDelta) -> list[bytes]:
+        out: list[bytes] = []
+        if piece.index not in self.calls:
+            out += self._start(ToolUseBlock(piece.id or f"toolu_{self.id}_{len(self.blocks)}", piece.name or "", {}))
+            self.calls[piece.index] = len(self.blocks) - 1
+        index = self.calls[piece.index]
+        if piece.arguments:
+            self.arguments[index] = self.arguments.get(index, "") + piece.arguments
+            delta = {"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": piece.arguments}}
+            out.append(sse("content_block_delta", delta))
+        return out
+
+    def _reason(self) -> tuple[str, str | None]:
+        if any(isinstance(b, ToolUseBlock) for b in self.blocks):
+            return "tool_use", None
+        if self.finish_reason == "length":
+            return "max_tokens", None
+        if isinstance(self.stop_reason, str) and self.stop_reason in (self.request.stop_sequences or ()):
+            return "stop_sequence", self.stop_reason
+        return "end_turn", None
+
+    def finish(self) -> tuple[list[bytes], bytes]:
+        """Close the open block, say why the message ended; then the terminal ``message_stop``."""
+        if not self.started:
+            self.feed({})
+        out = self._stop()
+        reason, sequence = self._reason()
+        delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": reason, "stop_sequence": sequence},
+            "usage": {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens},
+        }
+        out.append(sse("message_delta", delta))
+        return out, sse("message_stop", {"type": "message_stop"})
+
+    # -- the answer
+
+    def message(self, stop_reason: str | None = "", content: list[Block] | None = None) -> Message:
+        """The message as it stands; ``stop_reason=""`` (the default) works it out."""
+        for index, block in enumerate(self.blocks):  # a stream cut inside a tool_use block
+            if isinstance(block, ToolUseBlock) and block is self.open:
+                block.input = _input(self.arguments.get(index, ""))
+        reason, sequence = self._reason() if stop_reason == "" else (stop_reason, None)
+        blocks = list(self.blocks) if content is None else content
+        return Message(self.id, self.model, blocks, reason, sequence, Usage(self.input_tokens, self.output_tokens))
+
+    def result(self) -> Message:
+        """What the stream added up to so far (all of it once ``finish`` ran)."""
+        return self.message()
+
+    def answer(self, completion: dict[str, Any]) -> Message:
+        """A plain (non-streamed) chat completion as the message object."""
+        self.feed(completion_as_chunk(completion))
+        self.finish()
+        return self.message()
+
+
+def _input(arguments: str) -> Any:
+    """A tool call's arguments as ``input`` (an object); the text under ``_raw`` if not JSON."""
+    try:
+        value = msgspec.json.decode(arguments) if arguments.strip() else {}
+    except msgspec.DecodeError:
+        return {"_raw": arguments}
+    return value if isinstance(value, dict) else {"_raw": arguments}

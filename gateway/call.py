@@ -1,0 +1,161 @@
+"""One call in flight through the proxy: what the gateway reads of it, and its record.
+
+``parse_head`` reads the two fields every surface needs (``model``, ``stream``) without
+decoding the rest; ``Call`` carries what the record needs, whatever happens to the call,
+and commits it (``commit`` returns only once the record is durable).
+"""
+
+from __future__ import annotations
+
+import logging
+from time import perf_counter
+from typing import Any
+
+import msgspec
+from litestar.response.base import ASGIResponse
+
+from burnish_server.core.policies import Route
+from burnish_server.core.records import CallRecord
+from burnish_server.gateway import keys
+from burnish_server.gateway.capture import Endpoint, Injected, Tokens, extract_tokens, inject
+from burnish_server.gateway.errors import APIError
+from burnish_server.gateway.services import Services
+from burnish_server.store.models import utcnow
+
+log = logging.getLogger("burnish.gateway")
+
+
+class RequestHead(msgspec.Struct):
+    """The only fields the gateway reads from a request body."""
+
+    model: str | None = None
+    stream: bool | None = None
+
+
+_decode_head = msgspec.json.Decoder(RequestHead).decode
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+
+
+def parse_head(body: bytes) -> RequestHead:
+    if not body.strip():
+        raise APIError(400, "the request body is empty; expected a JSON object", "invalid_json")
+    try:
+        return _decode_head(body)
+    except msgspec.ValidationError as exc:
+        raise APIError(400, f"invalid request body: {exc}", "invalid_request") from None
+    except msgspec.DecodeError as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}", "invalid_json") from None
+
+
+def json_or_none(raw: bytes) -> Any:
+    try:
+        return _decode(raw)
+    except msgspec.DecodeError:
+        return None
+
+
+def ms(since: float) -> float:
+    return round((perf_counter() - since) * 1000, 3)
+
+
+class Call:
+    """One call in flight: what it needs to be recorded, whatever happens to it."""
+
+    def __init__(self, svc: Services, endpoint: Endpoint, key: keys.CallKey, head: RequestHead, body: bytes) -> None:
+        self.svc = svc
+        self.endpoint = endpoint
+        self.key = key
+        self.head = head
+        self.body = body  # as the client sent it: that is what gets recorded
+        self.upstream_body = body
+        self.route: Route | None = svc.policies.resolve(head.model)
+        self.injected: Injected | None = None
+        self.response_id: str | None = None  # a Responses answer served for a policy, to continue later
+        self.started_at = utcnow()
+        self.sent_at = perf_counter()
+        self.attempts = 1
+        self.first_byte_ms: float | None = None
+
+    def to_policy(self, endpoint: Endpoint, request: dict[str, Any]) -> None:
+        """Send vLLM the policy's served version, asking for the sampled tokens."""
+        assert self.route is not None
+        request["model"] = self.route.upstream_model
+        self.injected = inject(endpoint, request)
+        self.upstream_body = _encode(request)
+
+    @property
+    def version(self) -> str:
+        return self.route.version if self.route is not None else (self.head.model or "")
+
+    def answer(self, parsed: Any) -> tuple[Tokens | None, Any]:
+        """The tokens in the full answer, then the answer as the client should see it."""
+        tokens = extract_tokens(self.endpoint, parsed)
+        if self.injected is not None:
+            parsed = self.injected.scrub(parsed)
+        return tokens, parsed
+
+    def record(
+        self,
+        status: str,
+        http_status: int | None,
+        *,
+        response: bytes | None = None,
+        parsed: Any = None,
+        tokens: Tokens | None = None,
+        error: str | None = None,
+    ) -> CallRecord:
+        usage = parsed.get("usage") if isinstance(parsed, dict) and isinstance(parsed.get("usage"), dict) else None
+        return CallRecord(
+            trajectory_id=self.key.trajectory_id,
+            group_id=self.key.group_id,
+            group_size=self.key.group_size,
+            endpoint=self.endpoint.name,
+            model=self.head.model,
+            stream=bool(self.head.stream),
+            status=status,
+            http_status=http_status,
+            request=self.body,
+            response=response,
+            error=error,
+            usage=usage,
+            prompt_token_ids=tokens.prompt_token_ids if tokens else None,
+            completion_token_ids=tokens.completion_token_ids if tokens else None,
+            completion_logprobs=tokens.completion_logprobs if tokens else None,
+            completion_lengths=tokens.completion_lengths if tokens else None,
+            attempts=self.attempts,
+            upstream_first_byte_ms=self.first_byte_ms,
+            upstream_ms=ms(self.sent_at),
+            started_at=self.started_at,
+            finished_at=utcnow(),
+            policy=self.route.policy if self.route else None,
+            policy_step=self.route.step if self.route else None,
+            upstream_model=self.route.upstream_model if self.route else self.head.model,
+            response_id=self.response_id,
+        )
+
+    async def commit(self, record: CallRecord) -> None:
+        """Wait until the record is durable; raise APIError 503 if it cannot be."""
+        if not self.svc.settings.record:
+            self.observe(record)
+            return
+        try:
+            await self.svc.writer.write(record)
+        except Exception as exc:
+            log.error("call for trajectory %s not recorded: %s", self.key.trajectory_id, exc)
+            self.observe(record, status=503)
+            raise APIError(503, "the gateway could not record this call; it was not completed", "record_failed") from exc
+        self.observe(record)
+        if self.svc.settings.log_bodies:
+            log.debug("call %s/%s: request %s response %s", self.key.trajectory_id, self.endpoint.name, record.request[:4000], (record.response or b"")[:4000])
+
+    def error(self, status: int, message: str) -> ASGIResponse:
+        """The upstream could not be reached or broke off: an error in the surface's format."""
+        code = "upstream_timeout" if status == 504 else "upstream_unavailable"
+        headers = {"x-trajectory-id": self.key.trajectory_id, "x-policy-version": self.version}
+        return ASGIResponse(body=self.endpoint.error_body(status, message, code), status_code=status, headers=headers)
+
+    def observe(self, record: CallRecord, status: int | None = None) -> None:
+        """Count the call for /metrics: its whole time so far, and the upstream's part of it."""
+        upstream = record.upstream_ms / 1000 if record.upstream_ms is not None else None
+        self.svc.metrics.observe_call(self.endpoint.name, status or record.http_status or 502, perf_counter() - self.sent_at, upstream)

@@ -1,0 +1,312 @@
+"""Policy calls on the Responses API and Anthropic Messages, served through chat completions.
+
+Against the deterministic upstream (tests/upstream.py), whose chat answer is a pure function
+of the request: the official SDKs get the protocol they spoke (plain and streamed, their
+stream helpers assemble the final answer), every call is recorded with the chat
+completion's token ids, and bad input is refused in the surface's own error format.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.conftest import Gateway
+from tests.upstream import Upstream, choice_text, logprobs_for, prompt_ids, token_ids, words
+
+TOOL = {"type": "function", "name": "search", "description": "look up", "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}
+ANTHROPIC_TOOL = {"name": "search", "description": "look up", "input_schema": TOOL["parameters"]}
+
+
+@pytest.fixture
+def gw(gateway: Gateway) -> Gateway:
+    gateway.create_policy("agent", base_model="tiny")
+    return gateway
+
+
+def openai_client(gw: Gateway, trajectory: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gw.url}/t/{trajectory}/v1", api_key="x", max_retries=0)
+
+
+def anthropic_client(gw: Gateway, trajectory: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=f"{gw.url}/t/{trajectory}", api_key="x", max_retries=0)
+
+
+def sent_upstream(upstream: Upstream) -> dict[str, Any]:
+    """The last request the upstream got, checked to be a chat completion for the policy."""
+    last = upstream.requests[-1]
+    assert last["path"] == "/v1/chat/completions", last["path"]
+    body = json.loads(last["body"])
+    assert body["model"] == "agent@0" or body["model"] == "tiny", body["model"]
+    assert body["return_token_ids"] is True and body["logprobs"] is True
+    return body
+
+
+def the_call(gw: Gateway, trajectory: str, index: int = -1) -> dict[str, Any]:
+    return gw.trajectory(trajectory)["calls"][index]
+
+
+def assert_token_exact(call: dict[str, Any], chat: dict[str, Any], text: str) -> None:
+    """Recorded with the chat completion's tokens: prompt ids, sampled ids, their logprobs."""
+    tokens = call["tokens"]
+    assert tokens["prompt_token_ids"] == prompt_ids(chat)
+    assert tokens["completion_token_ids"] == [token_ids(text)]
+    assert tokens["completion_logprobs"] == [pytest.approx(logprobs_for(text))]
+
+
+# ---- the Responses API ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_responses_text(gw: Gateway, upstream: Upstream, stream: bool) -> None:
+    client = openai_client(gw, f"resp-{stream}")
+    kwargs: dict[str, Any] = dict(model="agent", input="hello there", instructions="be brief", max_output_tokens=40)
+    if stream:
+        with client.responses.stream(**kwargs) as s:
+            kinds = [event.type for event in s]
+            response = s.get_final_response()
+        assert kinds == [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            *["response.output_text.delta"] * len(words(response.output_text)),  # the upstream streams a word per event
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+    else:
+        response = client.responses.create(**kwargs)
+    chat = sent_upstream(upstream)
+    assert chat["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+    assert chat["max_tokens"] == 40
+    text = choice_text(chat, 0)
+    assert response.output_text == text
+    assert response.status == "completed" and response.model == "agent" and response.id.startswith("resp_")
+    assert response.usage is not None and response.usage.input_tokens == upstream.chat(chat)[0]["usage"]["prompt_tokens"]
+    call = the_call(gw, f"resp-{stream}")
+    assert call["endpoint"] == "responses" and call["status"] == "ok" and call["policy"] == "agent"
+    assert call["response"]["id"] == response.id and call["response"]["output"][0]["content"][0]["text"] == text
+    assert_token_exact(call, chat, text)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_responses_tool_round_trip(gw: Gateway, upstream: Upstream, stream: bool) -> None:
+    """A function tool is called; its output goes back with previous_response_id, which the
+    gateway resolves from what it recorded."""
+    client = openai_client(gw, f"tools-{stream}")
+    if stream:
+        with client.responses.stream(model="agent", input="find cats", tools=[TOOL]) as s:
+            first = s.get_final_response()
+    else:
+        first = client.responses.create(model="agent", input="find cats", tools=[TOOL])
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    chat = sent_upstream(upstream)
+    assert chat["tools"] == [{"type": "function", "function": {k: TOOL[k] for k in ("name", "description", "parameters")}}]
+    assert call.name == "search" and json.loads(call.arguments) == {"query": choice_text(chat, 0)}
+
+    second = client.responses.create(
+        model="agent",
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "three cats"}],
+        tools=[TOOL],
+        tool_choice="none",
+    )
+    chat2 = sent_upstream(upstream)
+    assert chat2["messages"] == [
+        {"role": "user", "content": "find cats"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": call.call_id, "type": "function", "function": {"name": "search", "arguments": call.arguments}}],
+        },
+        {"role": "tool", "tool_call_id": call.call_id, "content": "three cats"},
+    ]
+    assert chat2["tool_choice"] == "none"
+    assert second.previous_response_id == first.id
+    recorded = the_call(gw, f"tools-{stream}")
+    # Recorded with the whole conversation the model saw.
+    assert [item["type"] for item in recorded["request"]["input"]] == ["message", "function_call", "function_call_output"]
+    assert recorded["request"]["previous_response_id"] == first.id
+
+
+def test_responses_unknown_previous_response(gw: Gateway) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        openai_client(gw, "prev").responses.create(model="agent", input="hi", previous_response_id="resp_nope")
+    assert refused.value.code == "previous_response_not_found"
+    assert refused.value.body["param"] == "previous_response_id"  # type: ignore[index]
+
+
+def test_responses_store_false_is_not_continued(gw: Gateway) -> None:
+    client = openai_client(gw, "nostore")
+    first = client.responses.create(model="agent", input="hi", store=False)
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model="agent", input="again", previous_response_id=first.id)
+    assert gw.trajectory("nostore")["call_count"] == 1  # recorded all the same
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"model": "agent", "input": "hi", "tools": [{"type": "web_search"}]}, "unsupported"),
+        ({"model": "agent", "input": [{"type": "item_reference", "id": "x"}]}, "unsupported"),
+        ({"model": "agent", "input": 5}, "invalid_request"),
+        ({"model": "agent", "input": []}, "invalid_request"),
+        ({"model": "agent", "input": [{"type": "message", "role": "narrator", "content": "x"}]}, "invalid_request"),
+        ({"model": "agent", "input": "hi", "text": {"format": {"type": "yaml"}}}, "unsupported"),
+    ],
+)
+def test_responses_bad_input(gw: Gateway, upstream: Upstream, body: dict[str, Any], code: str) -> None:
+    sent = len(upstream.requests)
+    r = httpx.post(f"{gw.url}/t/bad/v1/responses", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == code and r.json()["error"]["type"] == "invalid_request_error"
+    assert r.headers["x-trajectory-id"] == "bad"
+    assert len(upstream.requests) == sent  # refused before anything went upstream
+
+
+def test_responses_upstream_error(gw: Gateway) -> None:
+    r = httpx.post(f"{gw.url}/t/upstream-err/v1/responses", json={"model": "agent", "input": "hi"}, headers={"x-fault": "status:500"})
+    assert r.status_code == 500 and r.json()["error"]["message"] == "fault 500"
+    assert the_call(gw, "upstream-err")["status"] == "upstream_error"
+
+
+# ---- Anthropic Messages ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_messages_text(gw: Gateway, upstream: Upstream, stream: bool) -> None:
+    client = anthropic_client(gw, f"msg-{stream}")
+    kwargs: dict[str, Any] = dict(model="agent", max_tokens=50, system="be brief", messages=[{"role": "user", "content": "hi claude"}])
+    if stream:
+        with client.messages.stream(**kwargs) as s:
+            kinds = [event.type for event in s]
+            message = s.get_final_message()
+        # The SDK adds "text" events of its own beside each content_block_delta.
+        assert [k for k in kinds if k != "text"] == [
+            "message_start",
+            "content_block_start",
+            *["content_block_delta"] * len(words(message.content[0].text)),  # type: ignore[union-attr]
+            "content_block_stop",
+            "message_delta",
+            "message_stop",
+        ]
+    else:
+        message = client.messages.create(**kwargs)
+    chat = sent_upstream(upstream)
+    assert chat["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi claude"}]
+    assert chat["max_tokens"] == 50
+    text = choice_text(chat, 0)
+    assert [b.type for b in message.content] == ["text"] and message.content[0].text == text  # type: ignore[union-attr]
+    assert message.stop_reason == "end_turn" and message.model == "agent"
+    assert message.usage.input_tokens == upstream.chat(chat)[0]["usage"]["prompt_tokens"]
+    call = the_call(gw, f"msg-{stream}")
+    assert call["endpoint"] == "messages" and call["status"] == "ok"
+    assert call["response"]["content"] == [{"type": "text", "text": text}]
+    assert_token_exact(call, chat, text)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_messages_tool_use_and_result(gw: Gateway, upstream: Upstream, stream: bool) -> None:
+    client = anthropic_client(gw, f"mtools-{stream}")
+    question = {"role": "user", "content": "find cats"}
+    if stream:
+        with client.messages.stream(model="agent", max_tokens=50, messages=[question], tools=[ANTHROPIC_TOOL]) as s:
+            first = s.get_final_message()
+    else:
+        first = client.messages.create(model="agent", max_tokens=50, messages=[question], tools=[ANTHROPIC_TOOL])
+    chat = sent_upstream(upstream)
+    assert chat["tools"] == [{"type": "function", "function": {"name": "search", "parameters": TOOL["parameters"], "description": "look up"}}]
+    (use,) = first.content
+    assert use.type == "tool_use" and use.name == "search" and use.input == {"query": choice_text(chat, 0)}
+    assert first.stop_reason == "tool_use"
+
+    client.messages.create(
+        model="agent",
+        max_tokens=50,
+        tools=[ANTHROPIC_TOOL],
+        tool_choice={"type": "none"},
+        messages=[
+            question,
+            {
+                "role": "assistant",
+                "content": [{"type": "text", "text": "let me look"}, {"type": "tool_use", "id": use.id, "name": "search", "input": use.input}],
+            },
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "three cats"}, {"type": "text", "text": "and?"}]},
+        ],
+    )
+    chat2 = sent_upstream(upstream)
+    assert chat2["messages"] == [
+        {"role": "user", "content": "find cats"},
+        {
+            "role": "assistant",
+            "content": "let me look",
+            "tool_calls": [{"id": use.id, "type": "function", "function": {"name": "search", "arguments": json.dumps(use.input, separators=(",", ":"))}}],
+        },
+        {"role": "tool", "tool_call_id": use.id, "content": "three cats"},
+        {"role": "user", "content": "and?"},
+    ]
+    assert chat2["tool_choice"] == "none"
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"model": "agent", "messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
+        ({"model": "agent", "max_tokens": 5, "messages": []}, "messages"),
+        ({"model": "agent", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "role"),
+        ({"model": "agent", "max_tokens": "many", "messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
+        (
+            {"model": "agent", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "web_search_20250305", "name": "w"}]},
+            "tools",
+        ),
+        ({"model": "agent", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "document"),
+    ],
+)
+def test_messages_bad_input_in_anthropic_format(gw: Gateway, upstream: Upstream, body: dict[str, Any], fragment: str) -> None:
+    sent = len(upstream.requests)
+    r = httpx.post(f"{gw.url}/t/mbad/v1/messages", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert fragment in error["error"]["message"]
+    assert len(upstream.requests) == sent
+
+
+def test_messages_errors_reach_the_sdk(gw: Gateway) -> None:
+    client = anthropic_client(gw, "sdk-err")
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(model="agent", max_tokens=5, messages=[])
+    assert refused.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    r = httpx.post(f"{gw.url}/t/sdk-err/v1/messages", content=b"{not json")
+    assert r.status_code == 400 and r.json()["type"] == "error"
+    r = httpx.post(
+        f"{gw.url}/t/sdk-err/v1/messages",
+        json={"model": "agent", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+        headers={"x-fault": "status:503"},
+    )
+    assert r.status_code == 503 and r.json() == {"type": "error", "error": {"type": "api_error", "message": "fault 503"}}
+
+
+def test_messages_stream_cut_is_recorded(gw: Gateway) -> None:
+    body = {"model": "agent", "max_tokens": 50, "stream": True, "messages": [{"role": "user", "content": "one two three four five"}]}
+    with httpx.stream("POST", f"{gw.url}/t/mcut/v1/messages", json=body, headers={"x-fault": "cut:3"}) as r:
+        text = r.read().decode()
+    assert "message_stop" not in text and "event: error" in text
+    call = the_call(gw, "mcut")
+    assert call["status"] == "upstream_cut"
+    assert call["response"]["content"][0]["type"] == "text"  # what arrived
+
+
+def test_non_policy_models_still_pass_through(gw: Gateway, upstream: Upstream) -> None:
+    """model "tiny" is no policy: its Messages call goes to the upstream's own /v1/messages."""
+    anthropic_client(gw, "pass").messages.create(model="tiny", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+    assert upstream.requests[-1]["path"] == "/v1/messages"
+    openai_client(gw, "pass").responses.create(model="tiny", input="hi")
+    assert upstream.requests[-1]["path"] == "/v1/responses"
