@@ -43,6 +43,12 @@ class CallView(View, kw_only=True):
     response: Any  # the response as the client received it (a stream folded into one body); null if none
     usage: dict[str, Any] | None
     tokens: CallTokensView | None
+    # Whether this call's prompt ids start with the trajectory so far (the previous single-choice
+    # call's prompt and completion), so that the trainer merges it into the same sequence
+    # (core/tokens.py: Continuity). False: a split, a new sequence starts here. None: not merged:
+    # several choices, or not trained at all (no prompt or completion ids, not ok, or not
+    # answered by the policy the trajectory's group trains).
+    extends_previous: bool | None
     attempts: int
     upstream_first_byte_ms: float | None
     upstream_ms: float | None
@@ -71,6 +77,8 @@ class TrajectoryView(View, kw_only=True):
     # Read alone (GET /v1/trajectories/{id}): its calls in order and every reward posted.
     calls: list[CallView] | UnsetType = UNSET
     rewards: list[RewardView] | UnsetType = UNSET
+    # Read alone: the calls whose extends_previous is false, where training starts a new sequence.
+    sequence_splits: int | UnsetType = UNSET
     # Answering a reward: whether that reward closed the trajectory's group.
     group_closed: bool | UnsetType = UNSET
 
@@ -109,7 +117,8 @@ class StepView(View, kw_only=True):
     groups: list[str]
     checkpoint: str
     trainer: str
-    # reward_mean, reward_std, loss, kl, clip_fraction, grad_norm, tokens, seconds, ... (docs/trainer.md)
+    # reward_mean, reward_std, loss, kl, clip_fraction, grad_norm, tokens, sequences, sequence_splits,
+    # untokenized_calls, seconds, ... (docs/trainer.md)
     metrics: dict[str, Any] | UnsetType = UNSET
 
 

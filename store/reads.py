@@ -1,7 +1,9 @@
 """Reading the store back: one trajectory, one group, a filtered page, a streamed export.
 
 Everything is returned as the API's typed answers (``core/views.py``); request and
-response bodies go out as ``msgspec.Raw``, the bytes that were recorded.
+response bodies go out as ``msgspec.Raw``, the bytes that were recorded. Each call of a
+trajectory says whether its prompt extends the trajectory so far, by the rule the trainer
+merges on (``core/tokens.py: Continuity``), over the calls the trainer reads (``Merging``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from burnish_server.core.groups import group_state
-from burnish_server.core.records import unpack_tokens
+from burnish_server.core.records import OK, CallTokens, unpack_tokens
+from burnish_server.core.tokens import Continuity
 from burnish_server.core.views import CallTokensView, CallView, GroupView, RewardView, TrajectoryPage, TrajectoryView
 from burnish_server.store.models import Call, Group, Reward, Trajectory, iso
 
@@ -38,8 +41,28 @@ def trajectory_view(row: Any, call_count: int | UnsetType = UNSET) -> Trajectory
     )
 
 
-def call_view(row: Any) -> CallView:
+class Merging:
+    """A trajectory's calls as the trainer reads them (``store/training.py: group_calls``): the ok
+    calls answered by its group's policy, walked in order by ``Continuity``. A trajectory with no
+    group (or a group with no policy) is read as a group would make it: the first policy among
+    its calls."""
+
+    def __init__(self, policy: str | None) -> None:
+        self.policy = policy
+        self.continuity = Continuity()
+
+    def extends(self, row: Any, tokens: CallTokens | None) -> bool | None:
+        if self.policy is None:
+            self.policy = row.policy
+        if tokens is None or row.status != OK or row.policy is None or row.policy != self.policy:
+            return None  # not read for training
+        return self.continuity.extends(tokens.prompt, tokens.completions)
+
+
+def call_view(row: Any, merging: Merging) -> CallView:
+    """One call of a trajectory; ``merging`` has walked the trajectory's calls before it, in order."""
     tokens = unpack_tokens(row.prompt_token_ids, row.completion_token_ids, row.completion_logprobs, row.completion_lengths)
+    extends = merging.extends(row, tokens)
     return CallView(
         id=row.pk,
         endpoint=row.endpoint,
@@ -57,6 +80,7 @@ def call_view(row: Any) -> CallView:
         tokens=None
         if tokens is None
         else CallTokensView(prompt_token_ids=tokens.prompt, completion_token_ids=tokens.completions, completion_logprobs=tokens.logprobs),
+        extends_previous=extends,
         attempts=row.attempts,
         upstream_first_byte_ms=row.upstream_first_byte_ms,
         upstream_ms=row.upstream_ms,
@@ -74,8 +98,11 @@ async def get_trajectory(conn: AsyncConnection, trajectory_id: str) -> Trajector
         return None
     calls = (await conn.execute(select(Call).where(Call.trajectory_id == trajectory_id).order_by(*_CALLS_IN_ORDER))).all()
     rewards = (await conn.execute(select(Reward).where(Reward.trajectory_id == trajectory_id).order_by(Reward.pk))).all()
+    policy = (await conn.execute(select(Group.policy).where(Group.id == row.group_id))).scalar() if row.group_id is not None else None
     out = trajectory_view(row, len(calls))
-    out.calls = [call_view(c) for c in calls]
+    merging = Merging(policy)
+    out.calls = [call_view(c, merging) for c in calls]
+    out.sequence_splits = merging.continuity.splits
     out.rewards = [
         RewardView(reward=r.reward, components=r.components, source=r.source, explanation=r.explanation, created_at=iso(r.created_at)) for r in rewards
     ]
@@ -164,6 +191,8 @@ async def export_jsonl(engine: AsyncEngine, filters: Filters, *, flush_bytes: in
                 break
             last_pk = page[-1].pk
             order = {r.id: i for i, r in enumerate(page)}
+            grouped = {r.group_id for r in page if r.group_id is not None}
+            policies = dict((await conn.execute(select(Group.id, Group.policy).where(Group.id.in_(grouped)))).all()) if grouped else {}
             calls = await conn.stream(
                 select(Call)
                 .join(Trajectory, Trajectory.id == Call.trajectory_id)
@@ -172,6 +201,7 @@ async def export_jsonl(engine: AsyncEngine, filters: Filters, *, flush_bytes: in
             )
             current = -1  # index in `page` of the trajectory whose line is open
             first_call = True
+            merging = Merging(None)  # over the open trajectory's calls so far
             async for call in calls:
                 index = order[call.trajectory_id]
                 while current < index:  # close the open line, open the next (trajectories without calls included)
@@ -181,9 +211,10 @@ async def export_jsonl(engine: AsyncEngine, filters: Filters, *, flush_bytes: in
                     head = _encode(trajectory_view(page[current]))
                     buffer += head[:-1] + b',"calls":['
                     first_call = True
+                    merging = Merging(policies.get(page[current].group_id))
                 if not first_call:
                     buffer += b","
-                buffer += _encode(call_view(call))
+                buffer += _encode(call_view(call, merging))
                 first_call = False
                 if len(buffer) >= flush_bytes:
                     yield bytes(buffer)

@@ -73,7 +73,7 @@ async def test_train_now_pause_rollback_and_a_failed_load(
         assert all(s["published_at"] and s["publish_seconds"] < 30 for s in steps)
         history = admin.get("/admin/policies/agent/metrics").json()["data"]
         assert [h["step"] for h in history] == [1, 2, 3]
-        for key in ("reward_mean", "reward_std", "loss", "kl", "tokens", "seconds_step", "seconds_save", "seconds_read", "template_fallbacks"):
+        for key in "reward_mean reward_std loss kl tokens seconds_step seconds_save seconds_read sequence_splits untokenized_calls".split():
             assert all(key in h for h in history), key
         # In Langfuse: one event per step, in a trace of its own, with the step's metrics and groups.
         deadline = time.monotonic() + 15

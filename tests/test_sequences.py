@@ -1,7 +1,9 @@
-"""Recorded calls into training sequences: merge where prompts extend, split where not."""
+"""Recorded calls into training sequences: merge where prompts extend, split where not, and the
+one rule for both (core/tokens.py: Continuity)."""
 
 from __future__ import annotations
 
+from burnish_server.core.tokens import Continuity
 from burnish_server.trainer.sequences import SampledCall, build_sequences
 
 
@@ -9,29 +11,60 @@ def test_multi_turn_calls_that_extend_merge_into_one_sequence() -> None:
     first = SampledCall(prompt=[1, 2, 3], completions=[[10, 11]], logprobs=[[-0.1, -0.2]])
     # the next prompt is everything so far, then a tool result (5, 6)
     second = SampledCall(prompt=[1, 2, 3, 10, 11, 5, 6], completions=[[12]], logprobs=[[-0.3]])
-    (seq,) = build_sequences([first, second])
+    merged = build_sequences([first, second])
+    (seq,) = merged.sequences
     assert seq.tokens == [1, 2, 3, 10, 11, 5, 6, 12]
     assert seq.mask == [0, 0, 0, 1, 1, 0, 0, 1]
     assert seq.behaviour_logprobs == [0, 0, 0, -0.1, -0.2, 0, 0, -0.3]
     assert seq.calls == 2 and seq.sampled == 3
+    assert merged.splits == 0
 
 
-def test_a_prompt_that_does_not_extend_starts_a_new_sequence() -> None:
+def test_a_prompt_that_does_not_extend_starts_a_new_sequence_and_counts_as_a_split() -> None:
     a = SampledCall(prompt=[1, 2], completions=[[10]], logprobs=[[-0.5]])
     b = SampledCall(prompt=[1, 2, 99, 7], completions=[[11]], logprobs=[[-0.6]])  # 99: re-tokenised reply
-    seqs = build_sequences([a, b])
-    assert [s.tokens for s in seqs] == [[1, 2, 10], [1, 2, 99, 7, 11]]
-    assert [s.mask for s in seqs] == [[0, 0, 1], [0, 0, 0, 0, 1]]
+    merged = build_sequences([a, b])
+    assert [s.tokens for s in merged.sequences] == [[1, 2, 10], [1, 2, 99, 7, 11]]
+    assert [s.mask for s in merged.sequences] == [[0, 0, 1], [0, 0, 0, 0, 1]]
+    assert merged.splits == 1
 
 
-def test_each_choice_of_an_n_call_is_its_own_sequence() -> None:
+def test_each_choice_of_an_n_call_is_its_own_sequence_and_no_split() -> None:
     call = SampledCall(prompt=[1], completions=[[5, 6], [7]], logprobs=[[-1.0, -2.0], [-3.0]])
-    seqs = build_sequences([call])
-    assert [(s.tokens, s.behaviour_logprobs) for s in seqs] == [([1, 5, 6], [0, -1.0, -2.0]), ([1, 7], [0, -3.0])]
+    merged = build_sequences([call])
+    assert [(s.tokens, s.behaviour_logprobs) for s in merged.sequences] == [([1, 5, 6], [0, -1.0, -2.0]), ([1, 7], [0, -3.0])]
+    assert merged.splits == 0
+
+
+def test_an_n_call_between_single_calls_neither_splits_nor_moves_the_history() -> None:
+    first = SampledCall(prompt=[1], completions=[[2]], logprobs=None)
+    several = SampledCall(prompt=[1, 2, 3], completions=[[4], [5]], logprobs=None)  # not merged
+    last = SampledCall(prompt=[1, 2, 6], completions=[[7]], logprobs=None)  # extends `first`, not `several`
+    merged = build_sequences([first, several, last])
+    assert merged.splits == 0
+    assert [s.tokens for s in merged.sequences] == [[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 6, 7]]
+    assert merged.sequences[2].mask == [0, 1, 0, 1] and merged.sequences[2].calls == 2
 
 
 def test_calls_without_logprobs_or_samples() -> None:
-    rebuilt = SampledCall(prompt=[1, 2], completions=[[3]], logprobs=None, from_template=True)
+    no_logprobs = SampledCall(prompt=[1, 2], completions=[[3]], logprobs=None)
     empty = SampledCall(prompt=[9], completions=[[]], logprobs=[[]])
-    seqs = build_sequences([empty, rebuilt])
-    assert len(seqs) == 1 and seqs[0].from_template and not seqs[0].has_behaviour_logprobs
+    merged = build_sequences([empty, no_logprobs])
+    assert len(merged.sequences) == 1 and not merged.sequences[0].has_behaviour_logprobs
+    assert merged.splits == 1  # [1, 2] does not start with [9]
+
+
+def test_continuity_says_per_call_whether_it_extends() -> None:
+    walk = Continuity()
+    verdicts = [
+        walk.extends([1, 2], [[3]]),  # the first: extends the empty history
+        walk.extends(None, None),  # no ids: not trained, not merged
+        walk.extends([1, 2, 3, 4], [[5]]),  # extends [1, 2, 3]
+        walk.extends([1, 2, 3, 4, 5, 6], [[7], [8]]),  # two choices: each its own sequence
+        walk.extends([1, 2, 3, 4, 5, 6], [[9]]),  # extends [1, 2, 3, 4, 5]: the n call changed nothing
+        walk.extends([1, 2, 4], [[0]]),  # history rewritten: a split
+        walk.extends([1, 2, 4, 0, 1], []),  # no choice at all
+        walk.extends([1, 2], [[1]]),  # shorter than the history: a split
+    ]
+    assert verdicts == [True, None, True, None, True, False, None, False]
+    assert walk.splits == 2

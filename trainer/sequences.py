@@ -1,31 +1,37 @@
-"""From recorded calls to training sequences, using the token ids vLLM sampled.
+"""From recorded calls to training sequences: the token ids vLLM sampled, and nothing else.
 
-    recorded call ──(its token ids; else its conversation through the chat template)──▶ SampledCall
+    recorded call ──(its prompt and completion ids, as vLLM returned them)──▶ SampledCall
     a trajectory's SampledCalls ──(merged where each prompt extends the last)──▶ Sequences
     a group's rewards ──(group-relative advantages, trainer/grpo.py)──▶ (Sequence, advantage) pairs
 
-A trajectory's calls become as few sequences as possible: a call whose prompt token
-ids start with everything so far (the previous prompt and completion) extends that
-sequence, so a multi-turn episode trains as one. A call whose prompt does not (the
-agent rewrote its history, or the chat template re-tokenised a reply differently)
-starts a new sequence. Only sampled tokens are trained on (mask 1); prompt tokens,
-tool results and user turns are context (mask 0).
+A call trains only on the ids the policy actually saw and sampled. A call recorded without
+prompt or completion ids is skipped and counted (``untokenized_calls`` in the step's
+metrics), never rebuilt from its text: a conversation rendered again through the chat
+template need not be the prompt the policy saw, and training on it would be a guess.
+
+A trajectory's calls become as few sequences as possible: a call whose prompt token ids
+start with everything so far (the previous prompt and completion) extends that sequence,
+so a multi-turn episode trains as one. A call whose prompt does not (a chat template that
+drops earlier reasoning, an agent that rewrote its history, a reply re-tokenised
+differently) starts a new sequence: a split, counted (``sequence_splits``) and shown per
+call in the trajectory view (``extends_previous``). The rule is ``core/tokens.py:
+Continuity``, the same for both. Only sampled tokens are trained on (mask 1); prompt
+tokens, tool results and user turns are context (mask 0).
 
 A call with several choices (n > 1) gives one sequence per choice: each is its own
-sample of the same prompt, and is not merged with other calls.
+sample of the same prompt, and is not merged with other calls (nor counted as a split).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from burnish_server.core.policies import TrainSettings
 from burnish_server.core.records import CallRecord
-from burnish_server.core.transcript import UnreadableCall, exchange
+from burnish_server.core.tokens import Continuity
 from burnish_server.store.training import TrainingCall
 from burnish_server.trainer.grpo import group_advantages
 
@@ -37,7 +43,6 @@ class SampledCall:
     prompt: list[int]
     completions: list[list[int]]  # one per choice
     logprobs: list[list[float]] | None  # the behaviour policy's, aligned with completions
-    from_template: bool = False  # no recorded ids: rebuilt with the tokenizer's chat template
 
 
 @dataclass
@@ -47,7 +52,6 @@ class Sequence:
     behaviour_logprobs: list[float] = field(default_factory=list)  # 0.0 where mask is 0
     has_behaviour_logprobs: bool = True
     calls: int = 0
-    from_template: bool = False
 
     def add(self, context: list[int], sampled: list[int], logprobs: list[float] | None) -> None:
         self.tokens += context + sampled
@@ -61,55 +65,48 @@ class Sequence:
         return sum(self.mask)
 
 
-def build_sequences(calls: Iterable[SampledCall]) -> list[Sequence]:
+@dataclass
+class Merged:
+    """One trajectory's sequences, and how many times it split."""
+
+    sequences: list[Sequence]  # those with at least one sampled token
+    splits: int  # single-choice calls whose prompt did not extend the trajectory so far
+
+
+def build_sequences(calls: Iterable[SampledCall]) -> Merged:
     """One trajectory's calls, in order, into training sequences."""
     done: list[Sequence] = []
     current: Sequence | None = None
+    continuity = Continuity()
     for call in calls:
-        if len(call.completions) != 1:
+        extends = continuity.extends(call.prompt, call.completions)
+        if extends is None:  # several choices (or none): each its own sequence
             for i, completion in enumerate(call.completions):
-                seq = Sequence(from_template=call.from_template)
+                seq = Sequence()
                 seq.add(call.prompt, completion, call.logprobs[i] if call.logprobs else None)
                 done.append(seq)
             continue
         completion = call.completions[0]
         logprobs = call.logprobs[0] if call.logprobs else None
-        if current is not None and call.prompt[: len(current.tokens)] == current.tokens:
+        if extends and current is not None:  # current.tokens is the history the prompt extends
             current.add(call.prompt[len(current.tokens) :], completion, logprobs)
-            current.from_template |= call.from_template
             continue
         if current is not None:
             done.append(current)
-        current = Sequence(from_template=call.from_template)
+        current = Sequence()
         current.add(call.prompt, completion, logprobs)
     if current is not None:
         done.append(current)
-    return [s for s in done if s.sampled > 0]
+    return Merged([s for s in done if s.sampled > 0], continuity.splits)
 
 
-def sampled_call(call: CallRecord, tokenizer: Any) -> SampledCall | None:
-    """A recorded call's tokens: the ids vLLM returned, else its conversation rendered with the
-    chat template (a non-vLLM upstream, an endpoint without ids). None if neither can be had."""
+def sampled_call(call: CallRecord) -> SampledCall | None:
+    """A recorded call's tokens as vLLM returned them; None if its prompt or completion ids
+    were not recorded (``CallTokens.trainable``): such a call is not trained."""
     tokens = call.tokens()
-    if tokens is not None and tokens.prompt is not None and tokens.completions is not None:
-        return SampledCall(tokens.prompt, tokens.completions, tokens.logprobs)
-    try:
-        turn = exchange(call)
-    except UnreadableCall:
+    if tokens is None or tokens.prompt is None or tokens.completions is None:
         return None
-    if not turn.answers:
-        return None
-    messages = [m.chat() for m in turn.prompt]
-    prompt = tokenizer.apply_chat_template(messages, tools=turn.tools, add_generation_prompt=True, tokenize=False)
-    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-    completions = []
-    for answer in turn.answers:
-        # The answer as the template writes it after the prompt (tool calls included); its
-        # own text if the template does not extend the prompt.
-        whole = tokenizer.apply_chat_template([*messages, answer.chat()], tools=turn.tools, tokenize=False)
-        text = whole[len(prompt) :] if whole.startswith(prompt) else answer.content
-        completions.append(tokenizer.encode(text, add_special_tokens=False))
-    return SampledCall(prompt_ids, completions, None, from_template=True)
+    return SampledCall(tokens.prompt, tokens.completions, tokens.logprobs)
 
 
 @dataclass
@@ -118,28 +115,29 @@ class Batch:
 
     items: list[tuple[Sequence, float]]
     rewards: list[float]  # one per trajectory
-    template_fallbacks: int  # calls rebuilt with the chat template
-    unreadable: int  # calls skipped: neither token ids nor a readable conversation
+    untokenized: int  # calls skipped: recorded without prompt or completion ids
+    splits: int  # calls that started a new sequence of their trajectory (Merged.splits, summed)
 
 
-def training_batch(rows: list[TrainingCall], tokenizer: Any, settings: TrainSettings) -> Batch:
+def training_batch(rows: list[TrainingCall], settings: TrainSettings) -> Batch:
     """The claimed groups' calls -> (sequence, advantage) pairs, advantages relative within each group."""
     trajectories: dict[str, dict[str, list[SampledCall]]] = {}
     rewards: dict[str, float] = {}
-    fallbacks = unreadable = 0
+    untokenized = splits = 0
     for row in rows:
-        call = sampled_call(row.call, tokenizer)
+        call = sampled_call(row.call)
         members = trajectories.setdefault(row.group_id, {}).setdefault(row.trajectory_id, [])
         rewards[row.trajectory_id] = row.reward
         if call is None:
-            unreadable += 1
+            untokenized += 1
             continue
-        fallbacks += call.from_template
         members.append(call)
     items: list[tuple[Sequence, float]] = []
     for group in trajectories.values():
         names = list(group)
         advantages = group_advantages(torch.tensor([rewards[t] for t in names]), scale=settings.scale_advantages, eps=settings.advantage_eps)
         for name, advantage in zip(names, advantages.tolist()):
-            items += [(seq, advantage) for seq in build_sequences(group[name])]
-    return Batch(items, [rewards[t] for m in trajectories.values() for t in m], fallbacks, unreadable)
+            merged = build_sequences(group[name])
+            splits += merged.splits
+            items += [(seq, advantage) for seq in merged.sequences]
+    return Batch(items, [rewards[t] for m in trajectories.values() for t in m], untokenized, splits)

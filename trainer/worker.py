@@ -4,7 +4,7 @@ One iteration, for each policy in the store that is not paused:
 
     claim groups_per_step ready groups        (store/training.py; all or nothing,
                                                or what is ready when training was asked for)
-    calls -> (sequence, advantage) pairs      (trainer/sequences.py; recorded ids, else the chat template)
+    calls -> (sequence, advantage) pairs      (trainer/sequences.py; the recorded ids; a call without them is skipped)
     one GRPO step on the LoRA                  (trainer/policy_model.py, trainer/grpo.py)
     save checkpoint <step>                     (trainer/checkpoints.py; whole or absent)
     record the step: groups trained, metrics, new head             (store/policies.py; now it counts)
@@ -180,7 +180,7 @@ class TrainerWorker:
         t0 = time.perf_counter()
         model = self.model(policy)
         t1 = time.perf_counter()
-        batch = training_batch(rows, model.tokenizer, policy.train)
+        batch = training_batch(rows, policy.train)
         t2 = time.perf_counter()
         metrics = model.step(batch.items)
         t3 = time.perf_counter()
@@ -188,7 +188,7 @@ class TrainerWorker:
         n = len(batch.rewards)
         mean = sum(batch.rewards) / n
         std = (sum((r - mean) ** 2 for r in batch.rewards) / (n - 1)) ** 0.5 if n > 1 else 0.0
-        metrics.update(reward_mean=mean, reward_std=std, template_fallbacks=batch.template_fallbacks, unreadable_calls=batch.unreadable)
+        metrics.update(reward_mean=mean, reward_std=std, untokenized_calls=batch.untokenized, sequence_splits=batch.splits)
 
         def fill(directory: Path) -> None:
             model.save(directory)
@@ -198,8 +198,9 @@ class TrainerWorker:
 
         self.checkpoints.write(policy.name, step, fill)
         log.info(
-            "%s step %d: reward %.3f±%.3f loss %.4f kl %.4f tokens %d; load %.2fs batch %.2fs step %.2fs save %.2fs",
+            "%s step %d: reward %.3f±%.3f loss %.4f kl %.4f tokens %d splits %d untokenized %d; load %.2fs batch %.2fs step %.2fs save %.2fs",
             policy.name, step, metrics["reward_mean"], metrics["reward_std"], metrics["loss"], metrics["kl"], metrics["tokens"],
+            metrics["sequence_splits"], metrics["untokenized_calls"],
             metrics["seconds_load"], metrics["seconds_batch"], metrics["seconds_step"], metrics["seconds_save"],
         )  # fmt: skip
         return metrics
