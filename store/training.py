@@ -113,11 +113,14 @@ class TrainingCall(NamedTuple):
 
 
 def group_calls(conn: Connection, ids: list[str]) -> list[TrainingCall]:
-    """Every ok call of the groups' trajectories, with the trajectory's reward, in order."""
+    """Every ok call the group's policy answered in the groups' trajectories, with the
+    trajectory's reward, in order. Calls to other models (a judge, a tool's own model, another
+    policy) stay in the trajectory but are not this policy's samples: they are not trained."""
     rows = conn.execute(
         select(Trajectory.group_id, Trajectory.reward, Call)
         .join(Call, Call.trajectory_id == Trajectory.id)
-        .where(Trajectory.group_id.in_(ids), Call.status == OK)
+        .join(Group, Group.id == Trajectory.group_id)
+        .where(Trajectory.group_id.in_(ids), Call.status == OK, Call.policy == Group.policy)
         .order_by(Trajectory.group_id, Trajectory.pk, Call.started_at, Call.pk)
     )
     return [TrainingCall(row.group_id, row.trajectory_id, row.reward, to_record(row, row.group_id)) for row in rows]
