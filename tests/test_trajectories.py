@@ -186,8 +186,12 @@ def test_bad_rewards_are_refused_and_change_nothing(gateway: Gateway) -> None:
     assert _snapshot(gateway) == before
 
 
-@pytest.mark.parametrize("path", ["/v1/trajectories/x/reward", "/g/g/t/x/v1/messages"])
+@pytest.mark.parametrize("path", ["/v1/trajectories/x/reward", "/g/g/t/x/v1/chat/completions", "/g/g/t/x/v1/messages"])
 def test_oversized_admin_body_is_413(make_gateway, upstream, path: str) -> None:
     gw = make_gateway(max_body_bytes=1024)
     with gw.client() as c:
-        assert_openai_error(c.post(path, content=b"{" + b" " * 2048 + b"}"), 413)
+        r = c.post(path, content=b"{" + b" " * 2048 + b"}")
+    if path.endswith("/messages"):  # Anthropic's error format on its surface
+        assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large" and r.json()["type"] == "error"
+    else:
+        assert_openai_error(r, 413)

@@ -26,7 +26,7 @@ class Batch:
     attention_mask: torch.Tensor  # [B, T]
     sampled: torch.Tensor  # [B, T], 1 on tokens to train on
     behaviour_logprobs: torch.Tensor  # [B, T]
-    has_behaviour: torch.Tensor  # [B], False: on-policy (ratio 1), e.g. rebuilt from the chat template
+    has_behaviour: torch.Tensor  # [B], False: no recorded logprobs, taken as on-policy (ratio 1)
     advantages: torch.Tensor  # [B]
 
 
