@@ -310,3 +310,68 @@ def test_non_policy_models_still_pass_through(gw: Gateway, upstream: Upstream) -
     assert upstream.requests[-1]["path"] == "/v1/messages"
     openai_client(gw, "pass").responses.create(model="tiny", input="hi")
     assert upstream.requests[-1]["path"] == "/v1/responses"
+
+
+# ---- hostile input --------------------------------------------------------------------------
+
+VALID = {
+    "responses": {"model": "agent", "input": [{"type": "message", "role": "user", "content": "hi"}], "tools": [TOOL], "max_output_tokens": 5},
+    "messages": {
+        "model": "agent",
+        "max_tokens": 5,
+        "system": "s",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+        "tools": [ANTHROPIC_TOOL],
+    },
+}
+
+
+def _junk(rng: Any, depth: int = 0) -> Any:
+    kinds = ["null", "int", "float", "str", "bool"] + (["list", "dict"] if depth < 3 else [])
+    match rng.choice(kinds):
+        case "null":
+            return None
+        case "int":
+            return rng.choice([0, -1, 2**63, -(2**70), 7])
+        case "float":
+            return rng.choice([0.5, -1e308, 1e308])
+        case "str":
+            return rng.choice(["", "x" * 300, "\u0000", "message", "function_call", "tool_use", "user", "\ud7ff"])
+        case "bool":
+            return rng.choice([True, False])
+        case "list":
+            return [_junk(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return {rng.choice(["type", "role", "content", "name", "input", "text", "call_id", "id"]): _junk(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+
+
+def _mutate(rng: Any, value: Any, depth: int = 0) -> Any:
+    """The value with one randomly chosen place inside it replaced by junk."""
+    if depth > 0 and rng.random() < 0.3 or not isinstance(value, dict | list) or not value:
+        return _junk(rng)
+    if isinstance(value, dict):
+        key = rng.choice(list(value))
+        return {**value, key: _mutate(rng, value[key], depth + 1)}
+    i = rng.randrange(len(value))
+    return [*value[:i], _mutate(rng, value[i], depth + 1), *value[i + 1 :]]
+
+
+@pytest.mark.parametrize("surface", ["responses", "messages"])
+def test_hostile_bodies_get_the_surfaces_errors_never_a_500(gw: Gateway, surface: str) -> None:
+    import random
+
+    rng = random.Random(14)
+    with gw.client() as c:
+        for _ in range(150):
+            body = _mutate(rng, VALID[surface])
+            if isinstance(body, dict):
+                body["model"] = "agent"  # keep it a policy call: the translated path is what is fuzzed
+            r = c.post(f"/t/fuzz-{surface}/v1/{surface}", json=body)
+            assert r.status_code in (200, 400), (body, r.status_code, r.text)
+            if r.status_code == 400:
+                error = r.json()
+                if surface == "messages":
+                    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error", error
+                else:
+                    assert error["error"]["type"] == "invalid_request_error", error
+    # What was accepted was answered and recorded; what was refused left no trace.
+    assert all(call["status"] == "ok" for call in gw.trajectory(f"fuzz-{surface}")["calls"])

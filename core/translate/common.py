@@ -70,3 +70,11 @@ def completion_as_chunk(completion: dict[str, Any]) -> dict[str, Any]:
 
 def unsupported(what: str, param: str) -> Invalid:
     return Invalid(f"{what} is not supported for a policy: burnish serves policies through chat completions", "unsupported", param)
+
+
+def check_tool(name: Any, schema: Any, param: str) -> None:
+    """A function tool needs a name and, if it has one, a JSON schema object for its input."""
+    if not isinstance(name, str) or not name:
+        raise Invalid("a function tool needs a name", "invalid_request", f"{param}.name")
+    if schema is not None and not isinstance(schema, dict):
+        raise Invalid("a tool's parameters must be a JSON schema object", "invalid_request", param)

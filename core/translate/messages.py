@@ -29,7 +29,7 @@ import msgspec
 
 from burnish_server.core import wire
 from burnish_server.core.errors import Invalid
-from burnish_server.core.translate.common import ToolCallDelta, completion_as_chunk, delta_of, sse, unsupported
+from burnish_server.core.translate.common import ToolCallDelta, check_tool, completion_as_chunk, delta_of, sse, unsupported
 
 # ---- the answer's shapes ------------------------------------------------------------------
 
@@ -134,6 +134,7 @@ def _turn(role: str, content: str | list[wire.Block], param: str) -> list[dict[s
 def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
     if tool.get("type") not in (None, "custom") or "input_schema" not in tool:
         raise unsupported(f"the server tool {tool.get('type') or tool.get('name')!r}", f"tools[{i}]")
+    check_tool(tool.get("name"), tool["input_schema"], f"tools[{i}]")
     spec = {"name": tool.get("name", ""), "parameters": tool["input_schema"]}
     if tool.get("description"):
         spec["description"] = tool["description"]

@@ -32,7 +32,7 @@ import msgspec
 
 from burnish_server.core import wire
 from burnish_server.core.errors import Invalid
-from burnish_server.core.translate.common import ToolCallDelta, completion_as_chunk, delta_of, sse, unsupported
+from burnish_server.core.translate.common import ToolCallDelta, check_tool, completion_as_chunk, delta_of, sse, unsupported
 
 # ---- the answer's shapes ------------------------------------------------------------------
 
@@ -179,6 +179,7 @@ def chat_messages(items: list[wire.ResponsesItem]) -> list[dict[str, Any]]:
 def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
     if tool.get("type") != "function":
         raise unsupported(f"the hosted tool {tool.get('type')!r}", f"tools[{i}]")
+    check_tool(tool.get("name"), tool.get("parameters"), f"tools[{i}]")
     spec = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
     return {"type": "function", "function": spec}
 
