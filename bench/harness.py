@@ -288,23 +288,23 @@ class Load:
         self.lua.write_text(WRK_LUA)
         self.runs = 0
 
-    def run(self, url: str, body: str, conns: int, duration: float, warmup: float = 0.0, server: Proc | None = None) -> dict:
+    def run(self, url: str, body: str, conns: int, duration: float, warmup: float = 0.0, server: Proc | None = None, path: str = PATH) -> dict:
         """Warm up, then load for ``duration`` s; returns rps, p50/p99 ms, errors (and ``server``'s CPU ms per request)."""
         if warmup > 0:
-            self._once(url, body, conns, warmup)
+            self._once(url + path, body, conns, warmup)
         cpu0 = server.cpu_seconds() if server else 0.0
-        result = self._once(url, body, conns, duration)
+        result = self._once(url + path, body, conns, duration)
         if server and result["requests"]:
             result["server_cpu_ms_per_req"] = (server.cpu_seconds() - cpu0) * 1000 / result["requests"]
         return result
 
-    def _once(self, url: str, body: str, conns: int, duration: float) -> dict:
+    def _once(self, target: str, body: str, conns: int, duration: float) -> dict:
         self.runs += 1
         tag = f"bench{os.getpid()}-{int(time.time())}-{self.runs}"
         if self.wrk:
-            cmd = [self.wrk, "-t1", f"-c{conns}", f"-d{max(1, round(duration))}s", "--timeout", "10s", "-s", str(self.lua), url + PATH, "--", tag, body]
+            cmd = [self.wrk, "-t1", f"-c{conns}", f"-d{max(1, round(duration))}s", "--timeout", "10s", "-s", str(self.lua), target, "--", tag, body]
         else:
-            cmd = [PYTHON, str(Path(__file__).resolve().parent / "pyload.py"), url + PATH, str(conns), str(duration), tag, body]
+            cmd = [PYTHON, str(Path(__file__).resolve().parent / "pyload.py"), target, str(conns), str(duration), tag, body]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 60)
         line = next((text for text in out.stdout.splitlines() if text.startswith("WRKJSON ")), None)
         if line is None:
