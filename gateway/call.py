@@ -15,7 +15,7 @@ import msgspec
 from litestar.response.base import ASGIResponse
 
 from burnish_server.core.policies import Route
-from burnish_server.core.records import CallRecord
+from burnish_server.core.records import OK, CallRecord
 from burnish_server.gateway import keys
 from burnish_server.gateway.capture import Endpoint, Injected, Tokens, extract_tokens, inject
 from burnish_server.gateway.errors import APIError
@@ -131,7 +131,7 @@ class Call:
             policy=self.route.policy if self.route else None,
             policy_step=self.route.step if self.route else None,
             upstream_model=self.route.upstream_model if self.route else self.head.model,
-            response_id=self.response_id,
+            response_id=self.response_id if status == OK else None,  # only an answer the client got continues
         )
 
     async def commit(self, record: CallRecord) -> None:

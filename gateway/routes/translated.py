@@ -63,26 +63,26 @@ async def _prepare(call: Call) -> tuple[dict[str, Any], Translator]:
     """The chat request for vLLM and the translator for the answer; ``APIError`` 400 if refused."""
     try:
         if call.endpoint.name == RESPONSES:
-            request = _decode_responses(call.body)
-            history = await _history(call, request)
-            chat = responses.chat_request(request, msgspec.convert(history, list[wire.ResponsesItem]))
-            if history:  # recorded with the whole conversation the model saw
-                body = _decode(call.body)
-                body["input"] = history + _input_json(body.get("input"))
-                call.body = _encode(body)
-            translator: Translator = responses.Translator(
-                request, response_id=f"resp_{uuid.uuid4().hex}", created_at=int(time.time()), model=request.model or ""
-            )
-            if request.store is not False:
-                call.response_id = translator.id
-        else:
-            request_m = _decode_messages(call.body)
-            chat = messages.chat_request(request_m)
-            translator = messages.Translator(request_m, message_id=f"msg_{uuid.uuid4().hex}", model=request_m.model or "")
+            return await _prepare_responses(call)
+        request = _decode_messages(call.body)
+        return messages.chat_request(request), messages.Translator(request, message_id=f"msg_{uuid.uuid4().hex}", model=request.model or "")
     except msgspec.ValidationError as exc:
         raise _refuse(call, 400, f"invalid request body: {exc}", "invalid_request") from None
     except Invalid as exc:
         raise _refuse(call, 400, exc.message, exc.code, exc.param) from None
+
+
+async def _prepare_responses(call: Call) -> tuple[dict[str, Any], Translator]:
+    request = _decode_responses(call.body)
+    history = await _history(call, request)
+    chat = responses.chat_request(request, msgspec.convert(history, list[wire.ResponsesItem]))
+    if history:  # recorded with the whole conversation the model saw
+        body = _decode(call.body)
+        body["input"] = history + _input_json(body.get("input"))
+        call.body = _encode(body)
+    translator = responses.Translator(request, response_id=f"resp_{uuid.uuid4().hex}", created_at=int(time.time()), model=request.model or "")
+    if request.store is not False:
+        call.response_id = translator.id
     return chat, translator
 
 
@@ -104,8 +104,7 @@ async def _history(call: Call, request: wire.ResponsesCreate) -> list[Any]:
         raise _refuse(call, 400, message, "previous_response_not_found", "previous_response_id")
     before = earlier.request_json() or {}
     answer = json_or_none(earlier.response or b"") or {}
-    items = _input_json(before.get("input")) + [i for i in answer.get("output") or () if isinstance(i, dict) and i.get("type") in _CARRIED]
-    return items
+    return _input_json(before.get("input")) + [i for i in answer.get("output") or () if isinstance(i, dict) and i.get("type") in _CARRIED]
 
 
 async def serve(request: Request, call: Call) -> ASGIResponse:
