@@ -414,15 +414,13 @@ def test_anthropic_messages(gw: Gateway, direct: openai.OpenAI, tokenizer: Any) 
     assert_trainable(gw, ["anthropic"])
 
 
-@pytest.mark.xfail(raises=ValueError, strict=True, reason="gateway: a streamed tool_use whose arguments are not a JSON object")
 def test_anthropic_stream_of_a_tool_use_whose_arguments_are_not_an_object(gw: Gateway) -> None:
-    """Known gateway failure, kept visible. Not strict, the tool's arguments are any JSON
-    value; here the random model writes a number (``121E67996799555511167``). Plain, the
-    gateway answers ``input: {"_raw": <the text>}`` (an object, as Anthropic's input is).
-    Streamed, it relays the text as ``input_json_delta`` pieces (``"121"``, ``"E"``, ...),
-    which do not build an object, and the SDK's stream raises ``ValueError: Unable to parse
-    tool parameter JSON from model`` at ``121E``; the recorded answer, with ``{"_raw": ...}``,
-    is not what the client was streamed. (Outside the group: its trajectory is not trained.)"""
+    """Not strict, the tool's arguments are any JSON value; here the random model writes a
+    number (``121E67996799555511167``). Anthropic's ``input`` is an object, so the gateway
+    answers ``{"_raw": <the text>}``, and streams it the same way: as one ``input_json_delta``
+    when the block closes (relaying the pieces made the SDK's stream raise ``Unable to
+    parse tool parameter JSON`` at ``121E``). The client gets what was recorded.
+    (Outside the group: its trajectory is not trained.)"""
     import anthropic
 
     client = anthropic.Anthropic(base_url=f"{gw.url}/t/anthropic-streamed-tool", api_key="x", max_retries=0, timeout=120)
@@ -438,6 +436,8 @@ def test_anthropic_stream_of_a_tool_use_whose_arguments_are_not_an_object(gw: Ga
         used = stream.get_final_message()
     (use,) = [b for b in used.content if b.type == "tool_use"]
     assert isinstance(use.input, dict)
+    (call,) = gw.trajectory("anthropic-streamed-tool")["calls"]
+    assert [b["input"] for b in call["response"]["content"] if b["type"] == "tool_use"] == [use.input]
 
 
 # ---- LangChain, litellm -----------------------------------------------------------------------

@@ -193,8 +193,8 @@ def test_messages_events_field_by_field() -> None:
         ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "lo"}}),
         ("content_block_stop", {"type": "content_block_stop", "index": 0}),
         ("content_block_start", {"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "call_1", "name": "f", "input": {}}}),
-        ("content_block_delta", {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": '{"a":'}}),
-        ("content_block_delta", {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": " 1}"}}),
+        # The arguments whole, as the object the answer holds, when the block closes.
+        ("content_block_delta", {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": '{"a":1}'}}),
         ("content_block_stop", {"type": "content_block_stop", "index": 1}),
         (
             "message_delta",
@@ -202,6 +202,19 @@ def test_messages_events_field_by_field() -> None:
         ),
         ("message_stop", {"type": "message_stop"}),
     ]
+
+
+def test_messages_tool_arguments_that_are_no_object_stream_as_the_answer_holds_them() -> None:
+    translator = messages_translator()
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": "121E"}}]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "67"}}]}, "finish_reason": "tool_calls"}]},
+    ]
+    raw = [e for chunk in chunks for e in translator.feed(chunk)]
+    closing, _ = translator.finish()
+    deltas = [data["delta"] for kind, data in parse(raw + closing) if kind == "content_block_delta"]
+    assert deltas == [{"type": "input_json_delta", "partial_json": '{"_raw":"121E67"}'}]
+    assert msgspec.to_builtins(translator.result())["content"][0]["input"] == {"_raw": "121E67"}
 
 
 def test_messages_plain_answer_is_the_stream_added_up() -> None:

@@ -14,7 +14,9 @@ Request::
     metadata.user_id                   -> user
 
 Answer: reasoning -> a ``thinking`` block, text -> a ``text`` block, each tool call -> a
-``tool_use`` block (its arguments parsed into ``input``). ``finish_reason`` stop -> ``end_turn``
+``tool_use`` block (its arguments parsed into ``input``; streamed as one
+``input_json_delta`` when the block closes, since a model's arguments may not be a JSON
+object and SDKs parse each piece as part of one). ``finish_reason`` stop -> ``end_turn``
 (``stop_sequence`` when one of the request's stop sequences ended it), length ->
 ``max_tokens``, a tool call -> ``tool_use``. Streamed, the events are Anthropic's:
 ``message_start``, per block ``content_block_start``/``_delta``/``_stop``, ``message_delta``
@@ -136,8 +138,9 @@ def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
         raise unsupported(f"the server tool {tool.get('type') or tool.get('name')!r}", f"tools[{i}]")
     check_tool(tool.get("name"), tool["input_schema"], f"tools[{i}]")
     spec = {"name": tool.get("name", ""), "parameters": tool["input_schema"]}
-    if tool.get("description"):
-        spec["description"] = tool["description"]
+    for key in ("description", "strict"):  # strict: vLLM constrains the arguments to the schema
+        if tool.get(key) is not None:
+            spec[key] = tool[key]
     return {"type": "function", "function": spec}
 
 
@@ -251,10 +254,18 @@ class Translator:
         if self.open is None:
             return []
         index = self.blocks.index(self.open)
+        out = []
         if isinstance(self.open, ToolUseBlock):
+            # The arguments go out whole, as the object the answer holds: a model's arguments
+            # may be no JSON object at all (a number, text cut by max_tokens), and the SDKs
+            # parse every partial_json piece as the start of one.
             self.open.input = _input(self.arguments.get(index, ""))
+            if self.open.input:
+                partial = msgspec.json.encode(self.open.input).decode()
+                delta = {"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": partial}}
+                out.append(sse("content_block_delta", delta))
         self.open = None
-        return [sse("content_block_stop", {"type": "content_block_stop", "index": index})]
+        return [*out, sse("content_block_stop", {"type": "content_block_stop", "index": index})]
 
     def _write(self, kind: type[TextBlock] | type[ThinkingBlock], delta_type: str, field: str, piece: str) -> list[bytes]:
         out = [] if isinstance(self.open, kind) else self._start(kind(""))
@@ -269,10 +280,7 @@ class Translator:
             out += self._start(ToolUseBlock(piece.id or f"toolu_{self.id}_{len(self.blocks)}", piece.name or "", {}))
             self.calls[piece.index] = len(self.blocks) - 1
         index = self.calls[piece.index]
-        if piece.arguments:
-            self.arguments[index] = self.arguments.get(index, "") + piece.arguments
-            delta = {"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": piece.arguments}}
-            out.append(sse("content_block_delta", delta))
+        self.arguments[index] = self.arguments.get(index, "") + piece.arguments  # sent when the block closes
         return out
 
     def _reason(self) -> tuple[str, str | None]:
