@@ -73,16 +73,10 @@ class ChatChoice(Wire):
     index: int = 0
     message: ChatMessage = msgspec.field(default_factory=lambda: ChatMessage(role="assistant"))
     finish_reason: str | None = None
-    # vLLM: the stop string (or token id) that ended the choice, if one did.
-    stop_reason: str | int | None = None
 
 
 class ChatResponse(Wire):
     choices: list[ChatChoice] = []
-    id: str | None = None
-    model: str | None = None
-    usage: dict[str, Any] | None = None
-    prompt_token_ids: list[int] | None = None  # vLLM's return_token_ids
 
 
 # ---- completions --------------------------------------------------------------------------

@@ -11,15 +11,17 @@ import logging
 from time import perf_counter
 from typing import Any
 
+import httpx
 import msgspec
 from litestar.response.base import ASGIResponse
 
 from burnish_server.core.policies import Route
-from burnish_server.core.records import OK, CallRecord
+from burnish_server.core.records import OK, UPSTREAM_ERROR, CallRecord
 from burnish_server.gateway import keys
 from burnish_server.gateway.capture import Endpoint, Injected, Tokens, extract_tokens, inject
 from burnish_server.gateway.errors import APIError
 from burnish_server.gateway.services import Services
+from burnish_server.gateway.upstream import UpstreamFailure
 from burnish_server.store.models import utcnow
 
 log = logging.getLogger("burnish.gateway")
@@ -53,6 +55,15 @@ def json_or_none(raw: bytes) -> Any:
         return _decode(raw)
     except msgspec.DecodeError:
         return None
+
+
+def upstream_message(status: int, parsed: Any, raw: bytes) -> str:
+    """What an upstream's error answer says: its error's message, else the start of its body."""
+    if isinstance(parsed, dict) and "error" in parsed:
+        err = parsed["error"]
+        return str(err.get("message", f"upstream answered {status}") if isinstance(err, dict) else err)
+    text = raw[:500].decode("utf-8", "replace")
+    return f"upstream answered {status}: {text}" if text else f"upstream answered {status}"
 
 
 def ms(since: float) -> float:
@@ -148,6 +159,31 @@ class Call:
         self.observe(record)
         if self.svc.settings.log_bodies:
             log.debug("call %s/%s: request %s response %s", self.key.trajectory_id, self.endpoint.name, record.request[:4000], (record.response or b"")[:4000])
+
+    async def send(self, request_headers: Any, path: str) -> httpx.Response | ASGIResponse:
+        """Send the upstream body; the upstream's (streaming) response, or, if it could not be
+        reached, the recorded failure as the client's answer."""
+        upstream = self.svc.upstream
+        try:
+            response, self.attempts = await upstream.send("POST", path, content=self.upstream_body, headers=upstream.request_headers(request_headers))
+        except UpstreamFailure as failure:
+            self.attempts = failure.attempts
+            return await self.fail(failure)
+        self.first_byte_ms = ms(self.sent_at)
+        return response
+
+    async def read(self, response: httpx.Response) -> bytes | ASGIResponse:
+        """A plain response's body; or, if the upstream broke off, the recorded failure."""
+        try:
+            return await response.aread()
+        except httpx.HTTPError as exc:
+            return await self.fail(UpstreamFailure.from_error(exc, "the upstream broke off its answer", self.attempts))
+        finally:
+            await response.aclose()
+
+    async def fail(self, failure: UpstreamFailure) -> ASGIResponse:
+        await self.commit(self.record(UPSTREAM_ERROR, failure.status, error=failure.message))
+        return self.error(failure.status, failure.message)
 
     def error(self, status: int, message: str) -> ASGIResponse:
         """The upstream could not be reached or broke off: an error in the surface's format."""

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
@@ -66,6 +67,32 @@ def completion_as_chunk(completion: dict[str, Any]) -> dict[str, Any]:
             {"index": choice.get("index", 0), "delta": {**delta, "tool_calls": calls}, **{k: choice.get(k) for k in ("finish_reason", "stop_reason")}}
         )
     return {"choices": choices, "usage": completion.get("usage"), "prompt_token_ids": completion.get("prompt_token_ids")}
+
+
+Answer = TypeVar("Answer")
+
+
+class Translator(ABC, Generic[Answer]):
+    """Chat completion chunks in, a surface's events out; ``result()`` is what they add up to."""
+
+    @abstractmethod
+    def feed(self, chunk: dict[str, Any]) -> list[bytes]:
+        """The events one chat completion chunk makes (the first call also opens the answer)."""
+
+    @abstractmethod
+    def finish(self) -> tuple[list[bytes], bytes]:
+        """The events that close the answer, then its terminal event (which the gateway holds
+        until the call is recorded)."""
+
+    @abstractmethod
+    def result(self) -> Answer:
+        """What the stream added up to so far (all of it once ``finish`` ran)."""
+
+    def answer(self, completion: dict[str, Any]) -> Answer:
+        """A plain (non-streamed) chat completion, through the stream's code path as one chunk."""
+        self.feed(completion_as_chunk(completion))
+        self.finish()
+        return self.result()
 
 
 def unsupported(what: str, param: str) -> Invalid:

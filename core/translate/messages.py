@@ -31,7 +31,8 @@ import msgspec
 
 from burnish_server.core import wire
 from burnish_server.core.errors import Invalid
-from burnish_server.core.translate.common import ToolCallDelta, check_tool, completion_as_chunk, delta_of, sse, unsupported
+from burnish_server.core.translate.common import ToolCallDelta, check_tool, delta_of, sse, unsupported
+from burnish_server.core.translate.common import Translator as Base
 
 # ---- the answer's shapes ------------------------------------------------------------------
 
@@ -193,8 +194,8 @@ def chat_request(request: wire.MessagesCreate) -> dict[str, Any]:
 # ---- chat -> answer and events ------------------------------------------------------------
 
 
-class Translator:
-    """Chat completion chunks in, Messages events out; ``message()`` is what they add up to."""
+class Translator(Base[Message]):
+    """Chat completion chunks in, Messages events out."""
 
     def __init__(self, request: wire.MessagesCreate, *, message_id: str, model: str) -> None:
         self.request = request
@@ -221,7 +222,7 @@ class Translator:
             self.output_tokens = int(chunk["usage"].get("completion_tokens") or 0)
         if not self.started:
             self.started = True
-            start = self.message(stop_reason=None, content=[])
+            start = Message(self.id, self.model, [], None, None, Usage(self.input_tokens, self.output_tokens))
             out.append(sse("message_start", {"type": "message_start", "message": msgspec.to_builtins(start)}))
         delta = delta_of(chunk)
         if delta.reasoning:
@@ -293,7 +294,6 @@ class Translator:
         return "end_turn", None
 
     def finish(self) -> tuple[list[bytes], bytes]:
-        """Close the open block, say why the message ended; then the terminal ``message_stop``."""
         if not self.started:
             self.feed({})
         out = self._stop()
@@ -306,26 +306,11 @@ class Translator:
         out.append(sse("message_delta", delta))
         return out, sse("message_stop", {"type": "message_stop"})
 
-    # -- the answer
-
-    def message(self, stop_reason: str | None = "", content: list[Block] | None = None) -> Message:
-        """The message as it stands; ``stop_reason=""`` (the default) works it out."""
-        for index, block in enumerate(self.blocks):  # a stream cut inside a tool_use block
-            if isinstance(block, ToolUseBlock) and block is self.open:
-                block.input = _input(self.arguments.get(index, ""))
-        reason, sequence = self._reason() if stop_reason == "" else (stop_reason, None)
-        blocks = list(self.blocks) if content is None else content
-        return Message(self.id, self.model, blocks, reason, sequence, Usage(self.input_tokens, self.output_tokens))
-
     def result(self) -> Message:
-        """What the stream added up to so far (all of it once ``finish`` ran)."""
-        return self.message()
-
-    def answer(self, completion: dict[str, Any]) -> Message:
-        """A plain (non-streamed) chat completion as the message object."""
-        self.feed(completion_as_chunk(completion))
-        self.finish()
-        return self.message()
+        if isinstance(self.open, ToolUseBlock):  # a stream cut inside a tool_use block
+            self.open.input = _input(self.arguments.get(self.blocks.index(self.open), ""))
+        reason, sequence = self._reason()
+        return Message(self.id, self.model, list(self.blocks), reason, sequence, Usage(self.input_tokens, self.output_tokens))
 
 
 def _input(arguments: str) -> Any:

@@ -32,7 +32,8 @@ import msgspec
 
 from burnish_server.core import wire
 from burnish_server.core.errors import Invalid
-from burnish_server.core.translate.common import ToolCallDelta, check_tool, completion_as_chunk, delta_of, sse, unsupported
+from burnish_server.core.translate.common import ToolCallDelta, check_tool, delta_of, sse, unsupported
+from burnish_server.core.translate.common import Translator as Base
 
 # ---- the answer's shapes ------------------------------------------------------------------
 
@@ -243,8 +244,8 @@ def chat_request(request: wire.ResponsesCreate, history: list[wire.ResponsesItem
 # ---- chat -> answer and events ------------------------------------------------------------
 
 
-class Translator:
-    """Chat completion chunks in, Responses events out; ``response()`` is what they add up to.
+class Translator(Base[Response]):
+    """Chat completion chunks in, Responses events out.
 
     Item ids derive from the response id and the item's place in ``output``, so the streamed
     events and the final response agree by construction.
@@ -279,11 +280,10 @@ class Translator:
     # -- the stream
 
     def feed(self, chunk: dict[str, Any]) -> list[bytes]:
-        """Events for one chat completion chunk (the first call also opens the response)."""
         out: list[bytes] = []
         if not self.started:
             self.started = True
-            skeleton = self.response(status="in_progress")
+            skeleton = self._response(status="in_progress")
             out += [self._event("response.created", response=skeleton), self._event("response.in_progress", response=skeleton)]
         if isinstance(chunk.get("usage"), dict):
             self.usage = _usage(chunk["usage"])
@@ -359,8 +359,6 @@ class Translator:
         return "incomplete" if self.finish_reason == "length" else "completed"
 
     def finish(self) -> tuple[list[bytes], bytes]:
-        """The events that close every open item, then the terminal event (which the gateway
-        holds until the call is recorded)."""
         if not self.started:
             self.feed({})
         out = self._close_reasoning() + self._close_text()
@@ -370,12 +368,15 @@ class Translator:
             out.append(self._event("response.function_call_arguments.done", item_id=item.id, output_index=index, arguments=item.arguments, name=item.name))
             out.append(self._event("response.output_item.done", output_index=index, item=item))
         self.calls = {}
-        final = self.response()
+        final = self._response()
         return out, self._event(f"response.{final.status}", response=final)
 
     # -- the answer
 
-    def response(self, status: str | None = None) -> Response:
+    def result(self) -> Response:
+        return self._response()
+
+    def _response(self, status: str | None = None) -> Response:
         """The response object as it stands (``status`` given: a snapshot while streaming)."""
         r = self.request
         incomplete = status is None and self.finish_reason == "length"
@@ -401,16 +402,6 @@ class Translator:
             metadata=r.metadata or {},
         )
 
-    def result(self) -> Response:
-        """What the stream added up to so far (all of it once ``finish`` ran)."""
-        return self.response()
-
-    def answer(self, completion: dict[str, Any]) -> Response:
-        """A plain (non-streamed) chat completion as the response object."""
-        self.feed(completion_as_chunk(completion))
-        self.finish()
-        return self.response()
-
 
 def _usage(usage: dict[str, Any]) -> Usage:
     prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
@@ -418,6 +409,20 @@ def _usage(usage: dict[str, Any]) -> Usage:
     return Usage(prompt, completion, prompt + completion, InputDetails(int(cached)))
 
 
-def output_items(response: wire.ResponsesResponse) -> list[wire.ResponsesItem]:
-    """A recorded answer's items as they go back in as input (``previous_response_id``)."""
-    return [item for item in response.output if item.type in ("message", "function_call", "reasoning")]
+def input_json(value: Any) -> list[Any]:
+    """A request's ``input`` JSON as a list of items (a string is one user message)."""
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    return list(value or [])
+
+
+# Items of an answer that go back in as input when a later request continues it.
+_CARRIED = frozenset({"message", "function_call", "reasoning"})
+
+
+def continued(earlier_request: Any, earlier_answer: Any) -> list[Any]:
+    """The conversation ``previous_response_id`` continues, as JSON items: the earlier
+    request's input, then its answer's output (its ``instructions`` are not carried over)."""
+    before = earlier_request.get("input") if isinstance(earlier_request, dict) else None
+    output = earlier_answer.get("output") if isinstance(earlier_answer, dict) else None
+    return input_json(before) + [i for i in output or () if isinstance(i, dict) and i.get("type") in _CARRIED]

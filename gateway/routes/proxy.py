@@ -24,7 +24,7 @@ from litestar.response.base import ASGIResponse
 
 from burnish_server.core.records import CLIENT_DISCONNECTED, OK, UPSTREAM_CUT, UPSTREAM_ERROR, CallRecord
 from burnish_server.gateway import keys
-from burnish_server.gateway.call import Call, json_or_none, ms, parse_head
+from burnish_server.gateway.call import Call, json_or_none, parse_head, upstream_message
 from burnish_server.gateway.capture import ENDPOINTS, Endpoint, StreamCapture
 from burnish_server.gateway.errors import APIError, error_body
 from burnish_server.gateway.routes import translated
@@ -57,15 +57,9 @@ async def forward(request: Request, endpoint: Endpoint) -> ASGIResponse:
     if query := request.scope.get("query_string"):
         path += "?" + query.decode("latin-1")
 
-    try:
-        response, call.attempts = await svc.upstream.send(
-            "POST", path, content=call.upstream_body, headers=svc.upstream.request_headers(request.scope["headers"])
-        )
-    except UpstreamFailure as failure:
-        call.attempts = failure.attempts
-        await call.commit(call.record(UPSTREAM_ERROR, failure.status, error=failure.message))
-        return call.error(failure.status, failure.message)
-    call.first_byte_ms = ms(call.sent_at)
+    response = await call.send(request.scope["headers"], path)
+    if isinstance(response, ASGIResponse):
+        return response
 
     headers = response_headers(response)
     headers["x-trajectory-id"] = key.trajectory_id
@@ -74,14 +68,9 @@ async def forward(request: Request, endpoint: Endpoint) -> ASGIResponse:
         relay = StreamRelay(call, response)
         return RelayResponse(iterator=relay.events(), status_code=response.status_code, headers=headers)
 
-    try:
-        raw = await response.aread()
-    except httpx.HTTPError as exc:
-        broke = UpstreamFailure.from_error(exc, "the upstream broke off its answer", call.attempts)
-        await call.commit(call.record(UPSTREAM_ERROR, broke.status, error=broke.message))
-        return call.error(broke.status, broke.message)
-    finally:
-        await response.aclose()
+    raw = await call.read(response)
+    if isinstance(raw, ASGIResponse):
+        return raw
 
     parsed = json_or_none(raw)
     if response.status_code < 400:
@@ -91,14 +80,9 @@ async def forward(request: Request, endpoint: Endpoint) -> ASGIResponse:
         await call.commit(call.record(OK, response.status_code, response=raw if parsed is not None else None, parsed=parsed, tokens=tokens))
         return ASGIResponse(body=raw, status_code=response.status_code, headers=headers)
 
-    # An upstream error: relayed with its status, in the OpenAI error format.
-    message = f"upstream answered {response.status_code}"
-    if isinstance(parsed, dict) and "error" in parsed:
-        err = parsed["error"]
-        message = str(err.get("message", message) if isinstance(err, dict) else err)
-    else:
-        raw_text = raw[:500].decode("utf-8", "replace")
-        message = f"upstream answered {response.status_code}: {raw_text}" if raw_text else message
+    # An upstream error: relayed with its status; a body that is no error JSON becomes one.
+    message = upstream_message(response.status_code, parsed, raw)
+    if not (isinstance(parsed, dict) and "error" in parsed):
         raw = endpoint.error_body(response.status_code, message, "upstream_error")
         headers["content-type"] = "application/json"
     await call.commit(call.record(UPSTREAM_ERROR, response.status_code, response=raw, error=message))

@@ -31,24 +31,22 @@ from litestar.response.base import ASGIResponse
 from burnish_server.core import wire
 from burnish_server.core.errors import Invalid
 from burnish_server.core.records import CLIENT_DISCONNECTED, MESSAGES, OK, RESPONSES, UPSTREAM_CUT, UPSTREAM_ERROR, CallRecord
+from burnish_server.core.translate import common as translate
 from burnish_server.core.translate import messages, responses
-from burnish_server.gateway.call import Call, json_or_none, ms
+from burnish_server.gateway.call import Call, json_or_none, upstream_message
 from burnish_server.gateway.capture import CHAT, StreamCapture, extract_tokens
 from burnish_server.gateway.errors import APIError
 from burnish_server.gateway.streaming import RelayResponse
-from burnish_server.gateway.upstream import UpstreamFailure
 from burnish_server.store.responses import stored_response
 
 SURFACES = frozenset({RESPONSES, MESSAGES})
-# Items of an earlier answer that go back in as input (previous_response_id).
-_CARRIED = frozenset({"message", "function_call", "reasoning"})
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 _decode_responses = msgspec.json.Decoder(wire.ResponsesCreate).decode
 _decode_messages = msgspec.json.Decoder(wire.MessagesCreate).decode
 
-Translator = responses.Translator | messages.Translator
+Translator = translate.Translator[Any]
 
 
 def _refuse(call: Call, status: int, message: str, code: str, param: str | None = None) -> APIError:
@@ -78,7 +76,7 @@ async def _prepare_responses(call: Call) -> tuple[dict[str, Any], Translator]:
     chat = responses.chat_request(request, msgspec.convert(history, list[wire.ResponsesItem]))
     if history:  # recorded with the whole conversation the model saw
         body = _decode(call.body)
-        body["input"] = history + _input_json(body.get("input"))
+        body["input"] = history + responses.input_json(body.get("input"))
         call.body = _encode(body)
     translator = responses.Translator(request, response_id=f"resp_{uuid.uuid4().hex}", created_at=int(time.time()), model=request.model or "")
     if request.store is not False:
@@ -86,54 +84,34 @@ async def _prepare_responses(call: Call) -> tuple[dict[str, Any], Translator]:
     return chat, translator
 
 
-def _input_json(value: Any) -> list[Any]:
-    """A Responses ``input`` as a list of items (a string is one user message)."""
-    if isinstance(value, str):
-        return [{"type": "message", "role": "user", "content": value}]
-    return list(value or [])
-
-
 async def _history(call: Call, request: wire.ResponsesCreate) -> list[Any]:
-    """The conversation ``previous_response_id`` continues, as JSON items: the earlier call's
-    (resolved) input, then its output. Only a response of the same policy continues."""
+    """The conversation ``previous_response_id`` continues, as JSON items (the earlier call's
+    input was recorded resolved, so one lookup has it all). Only a response of the same
+    policy continues."""
     if not request.previous_response_id:
         return []
     earlier = await call.svc.db.read(stored_response, request.previous_response_id)
     if earlier is None or earlier.policy != (call.route.policy if call.route else None):
         message = f"Previous response with id '{request.previous_response_id}' not found."
         raise _refuse(call, 400, message, "previous_response_not_found", "previous_response_id")
-    before = earlier.request_json() or {}
-    answer = json_or_none(earlier.response or b"") or {}
-    return _input_json(before.get("input")) + [i for i in answer.get("output") or () if isinstance(i, dict) and i.get("type") in _CARRIED]
+    return responses.continued(earlier.request_json(), json_or_none(earlier.response or b""))
 
 
 async def serve(request: Request, call: Call) -> ASGIResponse:
-    svc = call.svc
     chat, translator = await _prepare(call)
     call.to_policy(CHAT, chat)
-    try:
-        response, call.attempts = await svc.upstream.send(
-            "POST", "/v1/chat/completions", content=call.upstream_body, headers=svc.upstream.request_headers(request.scope["headers"])
-        )
-    except UpstreamFailure as failure:
-        call.attempts = failure.attempts
-        await call.commit(call.record(UPSTREAM_ERROR, failure.status, error=failure.message))
-        return call.error(failure.status, failure.message)
-    call.first_byte_ms = ms(call.sent_at)
+    response = await call.send(request.scope["headers"], "/v1/chat/completions")
+    if isinstance(response, ASGIResponse):
+        return response
     headers = {"x-trajectory-id": call.key.trajectory_id, "x-policy-version": call.version}
 
     if response.status_code < 400 and response.headers.get("content-type", "").startswith("text/event-stream"):
         relay = TranslatedStream(call, response, translator)
         return RelayResponse(iterator=relay.events(), status_code=200, headers={**headers, "content-type": "text/event-stream; charset=utf-8"})
 
-    try:
-        raw = await response.aread()
-    except httpx.HTTPError as exc:
-        broke = UpstreamFailure.from_error(exc, "the upstream broke off its answer", call.attempts)
-        await call.commit(call.record(UPSTREAM_ERROR, broke.status, error=broke.message))
-        return call.error(broke.status, broke.message)
-    finally:
-        await response.aclose()
+    raw = await call.read(response)
+    if isinstance(raw, ASGIResponse):
+        return raw
 
     completion = json_or_none(raw)
     headers["content-type"] = "application/json"
@@ -145,11 +123,7 @@ async def serve(request: Request, call: Call) -> ASGIResponse:
 
     # An upstream error (or a 2xx that is not a completion): in the surface's error format.
     status = response.status_code if response.status_code >= 400 else 502
-    message = f"upstream answered {response.status_code}"
-    if isinstance(completion, dict) and isinstance(completion.get("error"), dict):
-        message = str(completion["error"].get("message", message))
-    elif raw:
-        message += ": " + raw[:500].decode("utf-8", "replace")
+    message = upstream_message(response.status_code, completion, raw)
     out = call.endpoint.error_body(status, message, "upstream_error")
     await call.commit(call.record(UPSTREAM_ERROR, status, response=out, error=message))
     return ASGIResponse(body=out, status_code=status, headers=headers)
