@@ -52,6 +52,16 @@ class TrainSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # lets rare tokens gain probability faster than they can lose it.
     clip_eps_low: Annotated[float, Meta(ge=0, lt=1)] = 0.2
     clip_eps_high: Annotated[float, Meta(ge=0)] = 0.28
+    # Truncated importance sampling (TIS): None keeps the clipped ratio to vLLM's recorded
+    # logprobs (PPO/GRPO). A number turns the ratio into a weight, min(p_trainer / p_vLLM,
+    # tis_cap), on a plain policy gradient (grpo.py): it corrects for the two engines
+    # disagreeing and for stale samples without dropping their tokens' gradient. 2 is the
+    # value its authors used.
+    tis_cap: Annotated[float, Meta(ge=1)] | None = None
+    # Calls sampled by a version more than this many steps before the one being trained are
+    # skipped and counted (stale_calls in the step's metrics); None: any age is trained.
+    # A batch is stale when groups wait while the trainer is busy, or after a rollback.
+    max_staleness: Annotated[int, Meta(ge=0)] | None = None
     # Weight of the k3 KL estimate against the base model (adapter off). 0: no KL term and
     # no reference forward pass, which is what recent GRPO practice (DAPO, Dr. GRPO) uses.
     kl_coef: Annotated[float, Meta(ge=0)] = 0.0

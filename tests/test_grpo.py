@@ -77,3 +77,29 @@ def test_micro_batches_normalised_by_the_step_total_add_up_to_the_whole() -> Non
     total = int(mask.sum())
     halves = sum(grpo_loss(logp[i : i + 2], behaviour[i : i + 2], adv[i : i + 2], mask[i : i + 2], TrainSettings(), normaliser=total).loss for i in (0, 2))
     assert halves.item() == pytest.approx(whole.item(), rel=1e-6)
+
+
+def test_the_step_reports_how_far_the_trainer_is_from_what_vllm_recorded() -> None:
+    settings = TrainSettings(clip_eps_low=0.2, clip_eps_high=0.28)
+    behaviour = torch.log(torch.tensor([[0.5, 0.5, 0.5, 0.5]]))
+    logp = behaviour + torch.log(torch.tensor([[2.0, 0.5, 1.1, 0.9]]))  # ratios to vLLM
+    mask = torch.tensor([[1, 1, 1, 0]])
+    parts = grpo_loss(logp, behaviour, torch.tensor([1.0]), mask, settings)
+    # sums over the three sampled tokens: |log 2| + |log 0.5| + |log 1.1|; 2.0 and 0.5 lie outside [0.8, 1.28]
+    assert parts.logprob_diff.item() == pytest.approx(2 * math.log(2) + math.log(1.1), rel=1e-5)
+    assert parts.outside_clip.item() == 2 and parts.tis_capped.item() == 0
+
+
+def test_truncated_importance_sampling_weighs_each_token_by_its_capped_ratio() -> None:
+    settings = TrainSettings(tis_cap=1.5)
+    behaviour = torch.log(torch.tensor([[0.5, 0.5, 0.5]]))
+    logp = (behaviour + torch.log(torch.tensor([[2.0, 0.5, 1.1]]))).requires_grad_()
+    mask = torch.ones(1, 3)
+    parts = grpo_loss(logp, behaviour, torch.tensor([1.0]), mask, settings)
+    # ratio to itself is 1: loss = -mean(w * A) with w = min(r, 1.5) = 1.5, 0.5, 1.1; nothing clipped
+    assert parts.loss.item() == pytest.approx(-(1.5 + 0.5 + 1.1) / 3, rel=1e-5)
+    assert parts.clip_fraction.item() == 0 and parts.tis_capped.item() == 1
+    parts.loss.backward()
+    # d loss / d logp_t = -w_t * A / tokens: the gradient flows through every token, weighted
+    assert logp.grad is not None
+    assert logp.grad.tolist()[0] == pytest.approx([-1.5 / 3, -0.5 / 3, -1.1 / 3], rel=1e-5)

@@ -3,8 +3,11 @@ one rule for both (core/tokens.py: Continuity)."""
 
 from __future__ import annotations
 
-from burnish_server.core.tokens import Continuity
-from burnish_server.trainer.sequences import SampledCall, build_sequences
+from burnish_server.core.policies import TrainSettings
+from burnish_server.core.tokens import Continuity, pack_floats, pack_ids
+from burnish_server.store.training import TrainingCall
+from burnish_server.trainer.sequences import SampledCall, build_sequences, training_batch
+from tests.records import chat_call
 
 
 def test_multi_turn_calls_that_extend_merge_into_one_sequence() -> None:
@@ -68,3 +71,31 @@ def test_continuity_says_per_call_whether_it_extends() -> None:
     ]
     assert verdicts == [True, None, True, None, True, False, None, False]
     assert walk.splits == 2
+
+
+def _sampled(trajectory: str, reward: float, step: int) -> TrainingCall:
+    record = chat_call(
+        {"model": "agent", "messages": []},
+        None,
+        trajectory_id=trajectory,
+        group_id="g",
+        policy="agent",
+        policy_step=step,
+        prompt_token_ids=pack_ids([1, 2]),
+        completion_token_ids=pack_ids([3]),
+        completion_logprobs=pack_floats([-0.5]),
+        completion_lengths=pack_ids([1]),
+    )
+    return TrainingCall("g", trajectory, reward, record)
+
+
+def test_staleness_is_measured_from_the_step_trained_and_bounded_by_max_staleness() -> None:
+    # sampled by agent@1, @3 and @4; the step trains from head 4
+    rows = [_sampled("a", 0.0, 1), _sampled("b", 1.0, 3), _sampled("c", 0.5, 4)]
+    batch = training_batch(rows, TrainSettings(), head=4)
+    assert sorted(batch.staleness) == [0, 1, 3] and batch.stale == 0 and len(batch.items) == 3
+
+    bounded = training_batch(rows, TrainSettings(max_staleness=2), head=4)
+    assert sorted(bounded.staleness) == [0, 1] and bounded.stale == 1 and len(bounded.items) == 2
+    # the stale call's reward still counts in its group's baseline: the others' advantages are unchanged
+    assert [a for _, a in bounded.items] == [a for _, a in batch.items][1:]

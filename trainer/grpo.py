@@ -8,6 +8,20 @@ Everything here is a pure function of tensors, so it can be checked by hand
     loss_t        = -min(ratio_t * A, clip(ratio_t, 1 - eps_low, 1 + eps_high) * A)
                     + kl_coef * k3_t,   k3_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1
     loss          = sum over every sampled token in the batch / number of those tokens
+
+With ``tis_cap`` set (truncated importance sampling), the trainer's own logprobs, detached,
+take the behaviour's place in the ratio, and the gap to what vLLM sampled with becomes a
+per-token weight, cut at the cap so that one token the trainer finds far likelier than
+vLLM did cannot dominate the step:
+
+    ratio_t       = exp(logp_t - stopgrad(logp_t))                   1, with the policy gradient
+    w_t           = min(exp(stopgrad(logp_t) - logp_behaviour_t), tis_cap)
+    loss_t        = -w_t * ratio_t * A  (+ the KL term)
+
+Whatever the mode, the step reports how far the trainer is from vLLM on the sampled tokens
+(``logprob_diff``: mean |logp_t - logp_behaviour_t|; ``outside_clip``: the share whose ratio
+to vLLM is outside the clip range). Both grow with staleness (the policy moved since it
+sampled) and with any mismatch between the two engines' numerics.
 """
 
 from __future__ import annotations
@@ -39,6 +53,11 @@ class LossParts:
     kl: torch.Tensor  # mean k3 over sampled tokens (0 if no reference)
     clip_fraction: torch.Tensor  # share of sampled tokens whose ratio was clipped
     tokens: int
+    # Sums over sampled tokens (divide by ``tokens``): |logp - behaviour|, ratio to the
+    # behaviour outside the clip range, TIS weight at its cap.
+    logprob_diff: torch.Tensor
+    outside_clip: torch.Tensor
+    tis_capped: torch.Tensor
 
 
 def grpo_loss(
@@ -61,9 +80,22 @@ def grpo_loss(
     mask = mask.to(logprobs.dtype)
     if advantages.dim() == 1:
         advantages = advantages[:, None]
-    ratio = torch.exp(logprobs - behaviour_logprobs)
-    clipped = ratio.clamp(1 - settings.clip_eps_low, 1 + settings.clip_eps_high)
-    per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+    low, high = 1 - settings.clip_eps_low, 1 + settings.clip_eps_high
+    with torch.no_grad():
+        gap = logprobs.detach() - behaviour_logprobs
+        to_behaviour = torch.exp(gap)
+        logprob_diff = (gap.abs() * mask).sum()
+        outside_clip = (((to_behaviour < low) | (to_behaviour > high)).to(mask.dtype) * mask).sum()
+        tis_capped = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    if settings.tis_cap is None:
+        ratio = torch.exp(logprobs - behaviour_logprobs)
+        clipped = ratio.clamp(low, high)
+        per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+    else:
+        ratio = torch.exp(logprobs - logprobs.detach())
+        weight = to_behaviour.clamp(max=settings.tis_cap)
+        tis_capped = ((to_behaviour > settings.tis_cap).to(mask.dtype) * mask).sum()
+        per_token = -weight * ratio * advantages
     n = normaliser if normaliser is not None else int(mask.sum().item())
     n = max(n, 1)
     policy_loss = (per_token * mask).sum() / n
@@ -72,7 +104,11 @@ def grpo_loss(
         delta = reference_logprobs - logprobs
         k3 = torch.exp(delta) - delta - 1
         kl = (k3 * mask).sum() / n
+    tokens = int(mask.sum().item())
     with torch.no_grad():
-        was_clipped = ((ratio < 1 - settings.clip_eps_low) | (ratio > 1 + settings.clip_eps_high)).to(mask.dtype)
-        clip_fraction = (was_clipped * mask).sum() / max(int(mask.sum().item()), 1)
-    return LossParts(policy_loss + settings.kl_coef * kl, policy_loss.detach(), kl.detach(), clip_fraction, int(mask.sum().item()))
+        # Under TIS the ratio is 1 and nothing is clipped: the weight does the correcting.
+        was_clipped = ((ratio < low) | (ratio > high)).to(mask.dtype)
+        clip_fraction = (was_clipped * mask).sum() / max(tokens, 1)
+    return LossParts(
+        policy_loss + settings.kl_coef * kl, policy_loss.detach(), kl.detach(), clip_fraction, tokens, logprob_diff, outside_clip, tis_capped
+    )

@@ -104,11 +104,16 @@ class PolicyModel:
         return out.index_copy(1, predicts + 1, picked)
 
     def step(self, items: list[tuple[Sequence, float]]) -> dict[str, float]:
-        """One optimizer step over (sequence, advantage) pairs: the loss is token-level over all of them."""
+        """One optimizer step over (sequence, advantage) pairs: the loss is token-level over all of them.
+
+        Besides the loss it reports how far the trainer's logprobs of the sampled tokens are
+        from those vLLM recorded (``logprob_diff``, ``outside_clip``: over the tokens that have
+        recorded logprobs), which says whether the samples are still on-policy enough to learn from."""
         self.model.train()
         settings = self.train
         total = sum(min(s.sampled, self.train.max_seq_len) for s, _ in items)
         sums = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
+        compared = {"logprob_diff": 0.0, "outside_clip": 0.0, "tis_capped": 0.0, "tokens": 0.0}
         for chunk in micro_batches(items, self.train.micro_batch_tokens, self.train.max_seq_len):
             batch = make_batch(chunk, self.pad_id, self.train.max_seq_len, self.device)
             logprobs = self.token_logprobs(batch)
@@ -124,11 +129,24 @@ class PolicyModel:
             sums["loss"] += parts.loss.item()
             sums["kl"] += parts.kl.item()
             sums["clip_fraction"] += parts.clip_fraction.item() * parts.tokens / max(total, 1)
+            # Rows without recorded logprobs compare with themselves (a gap of 0): left out.
+            compared["tokens"] += float((batch.sampled * batch.has_behaviour[:, None]).sum().item())
+            for name in ("logprob_diff", "outside_clip", "tis_capped"):
+                compared[name] += getattr(parts, name).item()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.grad_clip).item()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step_count += 1
-        return {**sums, "grad_norm": grad_norm, "tokens": float(total), "sequences": float(len(items))}
+        n = max(compared["tokens"], 1.0)
+        return {
+            **sums,
+            "grad_norm": grad_norm,
+            "tokens": float(total),
+            "sequences": float(len(items)),
+            "logprob_diff_mean": compared["logprob_diff"] / n,
+            "outside_clip_fraction": compared["outside_clip"] / n,
+            "tis_capped_fraction": compared["tis_capped"] / n,
+        }
 
     def save(self, directory: Path) -> None:
         """Adapter (what vLLM loads), optimizer and trainer state: enough to resume exactly."""

@@ -18,6 +18,11 @@ call in the trajectory view (``extends_previous``). The rule is ``core/tokens.py
 Continuity``, the same for both. Only sampled tokens are trained on (mask 1); prompt
 tokens, tool results and user turns are context (mask 0).
 
+A call's staleness is how many steps the policy took between the version that sampled it
+(the call's recorded ``policy_step``) and the one being trained; the step reports its mean
+and maximum, and with ``max_staleness`` set, older calls are skipped and counted
+(``stale_calls``), like untokenized ones.
+
 A call with several choices (n > 1) gives one sequence per choice: each is its own
 sample of the same prompt, and is not merged with other calls (nor counted as a split).
 """
@@ -117,13 +122,17 @@ class Batch:
     rewards: list[float]  # one per trajectory
     untokenized: int  # calls skipped: recorded without prompt or completion ids
     splits: int  # calls that started a new sequence of their trajectory (Merged.splits, summed)
+    stale: int = 0  # calls skipped: sampled more than max_staleness steps before the trained one
+    staleness: list[int] = field(default_factory=list)  # of each call trained: head - its sampling step
 
 
-def training_batch(rows: list[TrainingCall], settings: TrainSettings) -> Batch:
-    """The claimed groups' calls -> (sequence, advantage) pairs, advantages relative within each group."""
+def training_batch(rows: list[TrainingCall], settings: TrainSettings, head: int = 0) -> Batch:
+    """The claimed groups' calls -> (sequence, advantage) pairs, advantages relative within each
+    group. ``head``: the step the batch trains from (staleness is measured against it)."""
     trajectories: dict[str, dict[str, list[SampledCall]]] = {}
     rewards: dict[str, float] = {}
-    untokenized = splits = 0
+    untokenized = splits = stale = 0
+    staleness: list[int] = []
     for row in rows:
         call = sampled_call(row.call)
         members = trajectories.setdefault(row.group_id, {}).setdefault(row.trajectory_id, [])
@@ -131,6 +140,11 @@ def training_batch(rows: list[TrainingCall], settings: TrainSettings) -> Batch:
         if call is None:
             untokenized += 1
             continue
+        age = max(head - (row.call.policy_step or 0), 0)  # a rollback can leave samples "from the future"
+        if settings.max_staleness is not None and age > settings.max_staleness:
+            stale += 1
+            continue
+        staleness.append(age)
         members.append(call)
     items: list[tuple[Sequence, float]] = []
     for group in trajectories.values():
@@ -140,4 +154,4 @@ def training_batch(rows: list[TrainingCall], settings: TrainSettings) -> Batch:
             merged = build_sequences(group[name])
             splits += merged.splits
             items += [(seq, advantage) for seq in merged.sequences]
-    return Batch(items, [rewards[t] for m in trajectories.values() for t in m], untokenized, splits)
+    return Batch(items, [rewards[t] for m in trajectories.values() for t in m], untokenized, splits, stale, staleness)

@@ -180,7 +180,7 @@ class TrainerWorker:
         t0 = time.perf_counter()
         model = self.model(policy)
         t1 = time.perf_counter()
-        batch = training_batch(rows, policy.train)
+        batch = training_batch(rows, policy.train, head=policy.head)
         t2 = time.perf_counter()
         metrics = model.step(batch.items)
         t3 = time.perf_counter()
@@ -188,7 +188,9 @@ class TrainerWorker:
         n = len(batch.rewards)
         mean = sum(batch.rewards) / n
         std = (sum((r - mean) ** 2 for r in batch.rewards) / (n - 1)) ** 0.5 if n > 1 else 0.0
-        metrics.update(reward_mean=mean, reward_std=std, untokenized_calls=batch.untokenized, sequence_splits=batch.splits)
+        metrics.update(reward_mean=mean, reward_std=std, untokenized_calls=batch.untokenized, sequence_splits=batch.splits, stale_calls=batch.stale)
+        ages = batch.staleness or [0]
+        metrics.update(staleness_mean=sum(ages) / len(ages), staleness_max=max(ages))
 
         def fill(directory: Path) -> None:
             model.save(directory)
@@ -198,9 +200,11 @@ class TrainerWorker:
 
         self.checkpoints.write(policy.name, step, fill)
         log.info(
-            "%s step %d: reward %.3f±%.3f loss %.4f kl %.4f tokens %d splits %d untokenized %d; load %.2fs batch %.2fs step %.2fs save %.2fs",
+            "%s step %d: reward %.3f±%.3f loss %.4f kl %.4f tokens %d |logp-vllm| %.4f outside-clip %.3f staleness %.1f/%d "
+            "splits %d untokenized %d stale %d; load %.2fs batch %.2fs step %.2fs save %.2fs",
             policy.name, step, metrics["reward_mean"], metrics["reward_std"], metrics["loss"], metrics["kl"], metrics["tokens"],
-            metrics["sequence_splits"], metrics["untokenized_calls"],
+            metrics["logprob_diff_mean"], metrics["outside_clip_fraction"], metrics["staleness_mean"], metrics["staleness_max"],
+            metrics["sequence_splits"], metrics["untokenized_calls"], metrics["stale_calls"],
             metrics["seconds_load"], metrics["seconds_batch"], metrics["seconds_step"], metrics["seconds_save"],
         )  # fmt: skip
         return metrics
