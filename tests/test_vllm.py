@@ -162,7 +162,7 @@ def test_burnish_up_starts_serves_and_stops_cleanly(tiny_model: Path, tmp_path: 
     port, vllm_port = free_port(), free_port()
     env = {**os.environ, "BURNISH_DATA_DIR": str(data)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "burnish_server.cli", "up", "--port", str(port), "--vllm-port", str(vllm_port)],
+        [sys.executable, "-m", "burnish_server.cli", "up", "--model", "tiny", "--port", str(port), "--vllm-port", str(vllm_port)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
