@@ -79,6 +79,10 @@ class CallRecord(msgspec.Struct, kw_only=True):
     upstream_model: str | None = None
     # A Responses API answer the gateway served (and may continue, `previous_response_id`).
     response_id: str | None = None
+    # Held out for evaluation (X-Eval, /eval/...): marks the trajectory and its group, which
+    # are then never trained on. Like group_id and group_size, it is the call's key, kept on
+    # the trajectory and group rows, not on the call's own (a call read back has False).
+    eval: bool = False
 
     @property
     def version(self) -> str | None:

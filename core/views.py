@@ -73,6 +73,8 @@ class TrajectoryView(View, kw_only=True):
     reward: float | None
     reward_components: dict[str, float] | None
     rewarded_at: str | None
+    # Held out for evaluation (X-Eval, /eval/...): rewarded like any other, never trained on.
+    eval: bool
     call_count: int | UnsetType = UNSET
     # Read alone (GET /v1/trajectories/{id}): its calls in order and every reward posted.
     calls: list[CallView] | UnsetType = UNSET
@@ -89,6 +91,8 @@ class GroupView(View, kw_only=True):
     expected_size: int | None
     created_at: str | None
     state: str  # open, closed, training, trained (core/groups.py)
+    # Held out for evaluation: a member was marked, so the group is never trained on.
+    eval: bool
     closed_at: str | None
     close_reason: str | None
     ruler_at: str | None
@@ -122,6 +126,22 @@ class StepView(View, kw_only=True):
     metrics: dict[str, Any] | UnsetType = UNSET
 
 
+class EvalScore(View, kw_only=True):
+    """A policy version's held-out score (store/evals.py)."""
+
+    object: Literal["policy.eval"] = "policy.eval"
+    step: int  # 0: the base model
+    version: str  # <policy>@<step>
+    serving: bool  # the version the policy serves now
+    trajectories: int  # rewarded eval trajectories this version answered
+    score: float | None  # their mean reward; null where there are none
+
+
+class EvalList(View, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[EvalScore]
+
+
 class PolicyView(View, kw_only=True):
     object: Literal["policy"] = "policy"
     name: str
@@ -135,10 +155,14 @@ class PolicyView(View, kw_only=True):
     head: int  # the version to serve and to train from next
     served_version: str
     pending_version: str | None  # a trained or rolled-back version not switched to yet
+    # Groups the policy trains on (held-out groups are not among them: they never wait for training).
     groups_ready: int
     groups_open: int
     groups_trained: int
+    groups_eval: int  # groups held out for evaluation, whatever their state
     last_step: StepView | None
+    # Held-out scores of the versions that have one, oldest first (GET .../evals lists every version).
+    eval: list[EvalScore]
     train_requested_at: str | None
     load_error: str | None
     load_error_at: str | None
@@ -158,7 +182,8 @@ class StepList(View, kw_only=True):
 
 class MetricsList(View, kw_only=True):
     object: Literal["list"] = "list"
-    # One object per step, oldest first: step, created_at, published_at and the step's metrics.
+    # One object per step, oldest first: step, created_at, published_at, the step's metrics,
+    # and eval_score / eval_trajectories, the held-out score of that version (null where none).
     data: list[dict[str, Any]]
 
 

@@ -121,6 +121,7 @@ class Call:
             trajectory_id=self.key.trajectory_id,
             group_id=self.key.group_id,
             group_size=self.key.group_size,
+            eval=self.key.eval,
             endpoint=self.endpoint.name,
             model=self.head.model,
             stream=bool(self.head.stream),

@@ -4,6 +4,11 @@ Precedence: the URL prefix ``/g/{group}/t/{trajectory}/v1`` or ``/t/{trajectory}
 (for clients that can set only a base URL), then the headers ``X-Trajectory-Id``,
 ``X-Group-Id`` and ``X-Group-Size``. A call with no trajectory key becomes a one-call
 trajectory with a generated id. Ids follow ``core/ids.py``.
+
+A call is marked for evaluation (held out: recorded and rewarded, never trained on) by the
+``/eval`` URL prefix in front of any of those (``/eval/v1``, ``/eval/t/{trajectory}/v1``,
+``/eval/g/{group}/t/{trajectory}/v1``) or by ``X-Eval: true``. Marking only ever adds:
+``X-Eval: false`` is the same as no header, and the store never clears a mark.
 """
 
 from __future__ import annotations
@@ -19,7 +24,11 @@ MAX_GROUP_SIZE = 100_000
 TRAJECTORY_HEADER = "x-trajectory-id"
 GROUP_HEADER = "x-group-id"
 GROUP_SIZE_HEADER = "x-group-size"
-KEY_HEADERS = frozenset({TRAJECTORY_HEADER, GROUP_HEADER, GROUP_SIZE_HEADER})
+EVAL_HEADER = "x-eval"
+KEY_HEADERS = frozenset({TRAJECTORY_HEADER, GROUP_HEADER, GROUP_SIZE_HEADER, EVAL_HEADER})
+# The path prefix that marks a call for evaluation, in front of the other prefixes.
+EVAL_PREFIX = "/eval"
+_EVAL_VALUES = {"true": True, "1": True, "false": False, "0": False}
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +36,8 @@ class CallKey:
     trajectory_id: str
     group_id: str | None = None
     group_size: int | None = None
+    # Held out for evaluation: recorded and rewarded, never trained on.
+    eval: bool = False
 
 
 _KEY_HEADER_NAMES = frozenset(h.encode() for h in KEY_HEADERS)
@@ -37,7 +48,12 @@ def key_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
     return {k.decode(): v.decode("latin-1") for k, v in raw if k in _KEY_HEADER_NAMES}
 
 
-def resolve(path_params: Mapping[str, str], headers: Mapping[str, str]) -> CallKey:
+def is_eval_path(path: str) -> bool:
+    """Whether a request's path carries the evaluation prefix (``/eval/...``)."""
+    return path.startswith(EVAL_PREFIX + "/")
+
+
+def resolve(path_params: Mapping[str, str], headers: Mapping[str, str], *, eval_path: bool = False) -> CallKey:
     trajectory = path_params.get("trajectory_id")
     group = path_params.get("group_id")
     if trajectory is None:
@@ -55,6 +71,12 @@ def resolve(path_params: Mapping[str, str], headers: Mapping[str, str]) -> CallK
         if not size_text.isdigit() or not 1 <= int(size_text) <= MAX_GROUP_SIZE:
             raise Invalid(f"X-Group-Size must be an integer from 1 to {MAX_GROUP_SIZE}", "invalid_group_size", "X-Group-Size")
         size = int(size_text)
+    held_out = eval_path
+    if (eval_text := headers.get(EVAL_HEADER)) is not None:
+        marked = _EVAL_VALUES.get(eval_text.strip().lower())
+        if marked is None:  # a typo must not silently train on what was meant to be held out
+            raise Invalid("X-Eval must be true, false, 1 or 0", "invalid_eval", "X-Eval")
+        held_out = held_out or marked
     if trajectory is None:
-        return CallKey(new_trajectory_id(), group, size)
-    return CallKey(check_id(trajectory, "trajectory_id"), group, size)
+        return CallKey(new_trajectory_id(), group, size, held_out)
+    return CallKey(check_id(trajectory, "trajectory_id"), group, size, held_out)

@@ -37,6 +37,13 @@ class Metrics:
         self.steps = Gauge("burnish_trainer_steps", "Training steps recorded, by policy", ["policy"], registry=r)
         self.step_seconds = Gauge("burnish_trainer_step_seconds", "Seconds the policy's last step took (claim to checkpoint)", ["policy"], registry=r)
         self.reward = Gauge("burnish_policy_reward_mean", "Mean reward of the groups of the policy's last step", ["policy"], registry=r)
+        # Held-out scores (store/evals.py), per policy for the base, the served and the newest few versions only.
+        self.eval_score = Gauge(
+            "burnish_eval_score", "Mean reward of the rewarded eval (held-out) trajectories a policy version answered", ["policy", "step"], registry=r
+        )
+        self.eval_trajectories = Gauge(
+            "burnish_eval_trajectories", "Rewarded eval (held-out) trajectories a policy version answered", ["policy", "step"], registry=r
+        )
 
     def observe_call(self, endpoint: str, status: int, total_s: float, upstream_s: float | None) -> None:
         self.requests.labels(endpoint, str(status)).inc()
@@ -45,7 +52,7 @@ class Metrics:
             self.added.labels(endpoint).observe(max(total_s - upstream_s, 0.0))
 
     def set_store_state(self, state: dict[str, Any]) -> None:
-        for gauge in (self.trajectories, self.groups, self.steps, self.step_seconds, self.reward):
+        for gauge in (self.trajectories, self.groups, self.steps, self.step_seconds, self.reward, self.eval_score, self.eval_trajectories):
             gauge.clear()  # a policy or state that vanished must not linger
         for name, count in state["trajectories"].items():
             self.trajectories.labels(name).set(count)
@@ -57,6 +64,9 @@ class Metrics:
                 self.step_seconds.labels(policy).set(seconds)
             if reward is not None:
                 self.reward.labels(policy).set(reward)
+        for (policy, step), (count, score) in state["evals"].items():
+            self.eval_trajectories.labels(policy, str(step)).set(count)
+            self.eval_score.labels(policy, str(step)).set(score)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

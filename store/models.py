@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, MetaData, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a BIGINT identity.
@@ -65,12 +65,17 @@ class Group(Base):
     ruler_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     ruler_key: Mapped[str | None] = mapped_column(String(64))
     ruler_error: Mapped[str | None] = mapped_column(Text)
+    # Held out for evaluation: a member's call was marked (X-Eval, /eval/...). Never trained
+    # on; once set, never cleared.
+    eval: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
 
 
 class Trajectory(Base):
     """One episode of an agent: its calls in order, and the reward it earned."""
 
     __tablename__ = "trajectories"
+    # Only the held-out trajectories (a few among many): where their scores are read from.
+    __table_args__ = (Index("ix_trajectories_eval", "eval", sqlite_where=text("eval = 1"), postgresql_where=text("eval")),)
 
     pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
     id: Mapped[str] = mapped_column(String(128), unique=True)
@@ -81,6 +86,9 @@ class Trajectory(Base):
     reward: Mapped[float | None] = mapped_column(Float)
     reward_components: Mapped[dict[str, float] | None] = mapped_column(JSON)
     rewarded_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Held out for evaluation: one of its calls was marked. Never trained on; once set, never
+    # cleared.
+    eval: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
 
 
 class Call(Base):

@@ -22,6 +22,7 @@ from burnish_server.core.errors import Conflict, NotFound
 from burnish_server.core.policies import LoraSettings, Policy, RulerSettings, TrainSettings, adapter_name
 from burnish_server.core.views import PolicyView, StepView
 from burnish_server.store import groups
+from burnish_server.store.evals import eval_scores
 from burnish_server.store.models import Group, PolicyRow, StepRow, iso, utcnow
 from burnish_server.store.training import complete_groups, count_ready
 
@@ -194,7 +195,11 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
     row = _row(conn, name)
     policy = to_policy(row)
     last = list_steps(conn, name, limit=1)
-    by_state: dict[str, int] = dict(conn.execute(select(groups.STATE, func.count()).where(Group.policy == name).group_by(groups.STATE)).all())
+    # Held-out groups apart: they never wait for training, whatever their state.
+    by_state: dict[tuple[bool, str], int] = {
+        (held_out, state): n
+        for held_out, state, n in conn.execute(select(Group.eval, groups.STATE, func.count()).where(Group.policy == name).group_by(Group.eval, groups.STATE))
+    }
     return PolicyView(
         name=policy.name,
         base_model=policy.base_model,
@@ -208,9 +213,11 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
         served_version=adapter_name(name, policy.step),
         pending_version=adapter_name(name, policy.head) if policy.head != policy.step else None,
         groups_ready=count_ready(conn, name),
-        groups_open=by_state.get("open", 0),
-        groups_trained=by_state.get("trained", 0),
+        groups_open=by_state.get((False, "open"), 0),
+        groups_trained=by_state.get((False, "trained"), 0),
+        groups_eval=sum(n for (held_out, _), n in by_state.items() if held_out),
         last_step=last[0] if last else None,
+        eval=eval_scores(conn, name, policy.step, every_version=False),
         train_requested_at=iso(policy.train_requested_at),
         load_error=policy.load_error,
         load_error_at=iso(row.load_error_at),

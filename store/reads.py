@@ -37,6 +37,7 @@ def trajectory_view(row: Any, call_count: int | UnsetType = UNSET) -> Trajectory
         reward=row.reward,
         reward_components=row.reward_components,
         rewarded_at=iso(row.rewarded_at),
+        eval=row.eval,
         call_count=call_count,
     )
 
@@ -127,6 +128,8 @@ async def get_group(conn: AsyncConnection, group_id: str) -> GroupView | None:
         expected_size=row.expected_size,
         created_at=iso(row.created_at),
         state=group_state(row.closed_at, row.claimed_by, row.trained_at).value,
+        # A member marked before it joined holds the group out too (store/training.py).
+        eval=row.eval or any(m.eval for m in members),
         closed_at=iso(row.closed_at),
         close_reason=row.close_reason,
         ruler_at=iso(row.ruler_at),
@@ -143,12 +146,15 @@ class Filters:
     rewarded: bool | None = None
     created_after: datetime | None = None
     created_before: datetime | None = None
+    eval: bool | None = None
 
     def apply(self, stmt: Select) -> Select:
         if self.group_id is not None:
             stmt = stmt.where(Trajectory.group_id == self.group_id)
         if self.rewarded is not None:
             stmt = stmt.where(Trajectory.reward.is_not(None) if self.rewarded else Trajectory.reward.is_(None))
+        if self.eval is not None:
+            stmt = stmt.where(Trajectory.eval == self.eval)
         if self.created_after is not None:
             stmt = stmt.where(Trajectory.created_at > self.created_after)
         if self.created_before is not None:

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import case, func, select
 from sqlalchemy.engine import Connection
 
-from burnish_server.store import groups
+from burnish_server.store import evals, groups
 from burnish_server.store.models import Group, StepRow, Trajectory
 
 
@@ -15,8 +15,12 @@ def store_state(conn: Connection) -> dict[str, Any]:
     """Counts for the gauges, in a handful of aggregate queries."""
     rewarded = case((Trajectory.reward.is_(None), "unrewarded"), else_="rewarded")
     trajectories = {"rewarded": 0, "unrewarded": 0} | dict(conn.execute(select(rewarded, func.count()).group_by(rewarded)).all())
-    by_state = {(p, s): n for p, s, n in conn.execute(select(Group.policy, groups.STATE, func.count()).group_by(Group.policy, groups.STATE))}
+    # Groups for training only: a held-out group never trains, and would sit in "closed" for good.
+    by_state = {
+        (p, s): n
+        for p, s, n in conn.execute(select(Group.policy, groups.STATE, func.count()).where(Group.eval.is_(False)).group_by(Group.policy, groups.STATE))
+    }
     last = select(StepRow.policy, func.max(StepRow.step).label("step"), func.count().label("steps")).group_by(StepRow.policy).subquery()
     rows = conn.execute(select(last.c.policy, last.c.steps, StepRow.metrics).join(StepRow, (StepRow.policy == last.c.policy) & (StepRow.step == last.c.step)))
     steps = {p: (n, (m or {}).get("seconds"), (m or {}).get("reward_mean")) for p, n, m in rows}
-    return {"trajectories": trajectories, "groups": by_state, "steps": steps}
+    return {"trajectories": trajectories, "groups": by_state, "steps": steps, "evals": evals.for_metrics(conn)}

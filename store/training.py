@@ -2,7 +2,10 @@
 
 A group is ready for its policy when it is closed, every member has a reward, and the
 rewards are not all equal (equal rewards give zero advantages: nothing to learn); see
-``core/groups.py`` for the states.
+``core/groups.py`` for the states. A group held out for evaluation is never ready: neither
+one marked itself (``groups.eval``) nor one with any marked member (a trajectory marked
+before it joined the group), so a held-out trajectory is never trained on, however the
+marks arrived.
 
 A trainer *claims* ready groups in one transaction (``FOR UPDATE SKIP LOCKED`` on
 PostgreSQL; SQLite's writer lock serialises the rest), so two trainers never take the
@@ -18,7 +21,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from sqlalchemy import Select, and_, func, or_, select, update
+from sqlalchemy import Select, and_, case, func, or_, select, update
 from sqlalchemy.engine import Connection
 
 from burnish_server.core.records import OK, CallRecord
@@ -38,6 +41,7 @@ def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S
             func.count(Trajectory.reward).label("rewarded"),
             func.min(Trajectory.reward).label("low"),
             func.max(Trajectory.reward).label("high"),
+            func.sum(case((Trajectory.eval, 1), else_=0)).label("held_out"),
         )
         .where(Trajectory.group_id.is_not(None))
         .group_by(Trajectory.group_id)
@@ -48,10 +52,12 @@ def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S
         .join(members, members.c.group_id == Group.id)
         .where(
             Group.policy == policy,
+            Group.eval.is_(False),
             # Closed, or being trained by a trainer whose lease ran out (it died mid-step).
             or_(groups.is_closed(), and_(groups.is_training(), Group.claimed_at < now - timedelta(seconds=lease_s))),
             members.c.size == members.c.rewarded,
             members.c.high > members.c.low,
+            members.c.held_out == 0,
         )
         .order_by(Group.closed_at, Group.pk)
     )
@@ -115,12 +121,14 @@ class TrainingCall(NamedTuple):
 def group_calls(conn: Connection, ids: list[str]) -> list[TrainingCall]:
     """Every ok call the group's policy answered in the groups' trajectories, with the
     trajectory's reward, in order. Calls to other models (a judge, a tool's own model, another
-    policy) stay in the trajectory but are not this policy's samples: they are not trained."""
+    policy) stay in the trajectory but are not this policy's samples: they are not trained.
+    Nor is anything held out: a mark that arrived after the claim still keeps its trajectory
+    (or group) out of the step."""
     rows = conn.execute(
         select(Trajectory.group_id, Trajectory.reward, Call)
         .join(Call, Call.trajectory_id == Trajectory.id)
         .join(Group, Group.id == Trajectory.group_id)
-        .where(Trajectory.group_id.in_(ids), Call.status == OK, Call.policy == Group.policy)
+        .where(Trajectory.group_id.in_(ids), Call.status == OK, Call.policy == Group.policy, Group.eval.is_(False), Trajectory.eval.is_(False))
         .order_by(Trajectory.group_id, Trajectory.pk, Call.started_at, Call.pk)
     )
     return [TrainingCall(row.group_id, row.trajectory_id, row.reward, to_record(row, row.group_id)) for row in rows]

@@ -14,7 +14,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -32,18 +32,21 @@ def _upserts(dialect: str) -> tuple[Any, Any]:
     groups = groups.on_conflict_do_update(
         index_elements=["id"],
         # The first size (and policy) given wins; a later call may fill it in if none was given.
+        # A call marked for evaluation makes the group held out, and nothing makes it trainable again.
         set_={
             "expected_size": func.coalesce(Group.expected_size, groups.excluded.expected_size),
             "policy": func.coalesce(Group.policy, groups.excluded.policy),
+            "eval": or_(Group.eval, groups.excluded.eval),
         },
     )
     trajectories = upsert(Trajectory)
     trajectories = trajectories.on_conflict_do_update(
         index_elements=["id"],
-        # A trajectory joins a group once; the first group it was seen with stays.
+        # A trajectory joins a group once; the first group it was seen with stays. Held out once, always.
         set_={
             "group_id": func.coalesce(Trajectory.group_id, trajectories.excluded.group_id),
             "updated_at": trajectories.excluded.updated_at,
+            "eval": or_(Trajectory.eval, trajectories.excluded.eval),
         },
     )
     return groups, trajectories
@@ -78,8 +81,8 @@ class _Prepared:
 def _prepared_sqlite(dialect: Any) -> tuple[_Prepared, _Prepared, _Prepared]:
     groups, trajectories = _upserts("sqlite")
     return (
-        _Prepared(groups, dialect, ("id", "expected_size", "policy", "created_at")),
-        _Prepared(trajectories, dialect, ("id", "group_id", "created_at", "updated_at")),
+        _Prepared(groups, dialect, ("id", "expected_size", "policy", "eval", "created_at")),
+        _Prepared(trajectories, dialect, ("id", "group_id", "eval", "created_at", "updated_at")),
         _Prepared(_INSERT_CALLS, dialect, CALL_COLUMNS),
     )
 
@@ -89,19 +92,22 @@ def insert_calls(conn: Connection, records: list[CallRecord]) -> None:
     trajectories: dict[str, dict[str, Any]] = {}
     for rec in records:
         if rec.group_id is not None:
-            group = groups.setdefault(rec.group_id, {"id": rec.group_id, "expected_size": None, "policy": None})
+            group = groups.setdefault(rec.group_id, {"id": rec.group_id, "expected_size": None, "policy": None, "eval": False})
             group["expected_size"] = group["expected_size"] or rec.group_size
             group["policy"] = group["policy"] or rec.policy
+            group["eval"] = group["eval"] or rec.eval
         row = trajectories.get(rec.trajectory_id)
         if row is None:
             trajectories[rec.trajectory_id] = {
                 "id": rec.trajectory_id,
                 "group_id": rec.group_id,
+                "eval": rec.eval,
                 "created_at": rec.started_at,
                 "updated_at": rec.finished_at,
             }
         else:
             row["group_id"] = row["group_id"] or rec.group_id
+            row["eval"] = row["eval"] or rec.eval
             row["created_at"] = min(row["created_at"], rec.started_at)
             row["updated_at"] = max(row["updated_at"], rec.finished_at)
 

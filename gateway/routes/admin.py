@@ -24,10 +24,11 @@ from litestar.params import JSONBody
 from burnish_server.core.errors import Conflict, Invalid
 from burnish_server.core.ids import ID_REGEX
 from burnish_server.core.policies import LoraSettings, Policy, RulerSettings, TrainSettings
-from burnish_server.core.views import MetricsList, PolicyList, PolicyView, StepList
+from burnish_server.core.views import EvalList, MetricsList, PolicyList, PolicyView, StepList
 from burnish_server.gateway.errors import APIError, responses
 from burnish_server.gateway.routes.common import PolicyName
 from burnish_server.gateway.services import Services
+from burnish_server.store import evals
 from burnish_server.store import policies as store
 
 
@@ -169,16 +170,37 @@ async def rollback(name: PolicyName, data: JSONBody[RollbackIn], svc: NamedDepen
     return await _status(svc, name)
 
 
+def _history(conn: Any, name: str) -> tuple[list[Any], dict[int, evals.Score]]:
+    return store.list_steps(conn, name), evals.scores_by_step(conn, name)
+
+
 @get("/policies/{name:str}/metrics", responses=responses(400, 401, 404))
 async def metrics(name: PolicyName, svc: NamedDependency[Services]) -> MetricsList:
-    """One entry per step, oldest first."""
-    steps = await svc.db.read(store.list_steps, name)
-    return MetricsList(data=[{"step": s.step, "created_at": s.created_at, "published_at": s.published_at, **(s.metrics or {})} for s in steps])
+    """One entry per step, oldest first, with the held-out score of that version (null where none)."""
+    steps, scores = await svc.db.read(_history, name)
+    data = []
+    for s in steps:
+        score = scores.get(s.step)
+        held_out = {"eval_score": score.score if score else None, "eval_trajectories": score.trajectories if score else None}
+        data.append({"step": s.step, "created_at": s.created_at, "published_at": s.published_at, **(s.metrics or {}), **held_out})
+    return MetricsList(data=data)
+
+
+def _evals(conn: Any, name: str) -> EvalList:
+    served = store.get_policy(conn, name).step
+    return EvalList(data=evals.eval_scores(conn, name, served, every_version=True))
+
+
+@get("/policies/{name:str}/evals", responses=responses(400, 401, 404))
+async def eval_scores(name: PolicyName, svc: NamedDependency[Services]) -> EvalList:
+    """Every version, oldest first (the base, step 0, included), with its held-out score: the mean
+    reward of the rewarded eval trajectories it answered (null where none)."""
+    return await svc.db.read(_evals, name)
 
 
 router = Router(
     path="/admin",
     guards=[require_admin],
-    route_handlers=[create_policy, list_policies, get_policy, change_policy, pause, resume, train_now, checkpoints, rollback, metrics],
+    route_handlers=[create_policy, list_policies, get_policy, change_policy, pause, resume, train_now, checkpoints, rollback, metrics, eval_scores],
     tags=["admin"],
 )

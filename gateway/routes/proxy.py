@@ -35,13 +35,15 @@ from burnish_server.gateway.upstream import UpstreamFailure, response_headers
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
-# /v1/..., /t/{trajectory}/v1/... and /g/{group}/t/{trajectory}/v1/...
-PREFIXES = ("", "/t/{trajectory_id:str}", "/g/{group_id:str}/t/{trajectory_id:str}")
+# /v1/..., /t/{trajectory}/v1/... and /g/{group}/t/{trajectory}/v1/...; each also under
+# /eval, which marks the call held out for evaluation (keys.py).
+KEY_PREFIXES = ("", "/t/{trajectory_id:str}", "/g/{group_id:str}/t/{trajectory_id:str}")
+PREFIXES = KEY_PREFIXES + tuple(keys.EVAL_PREFIX + prefix for prefix in KEY_PREFIXES)
 
 
 async def forward(request: Request, endpoint: Endpoint) -> ASGIResponse:
     svc = services(request)
-    key = keys.resolve(request.path_params, keys.key_headers(request.scope["headers"]))
+    key = keys.resolve(request.path_params, keys.key_headers(request.scope["headers"]), eval_path=keys.is_eval_path(request.scope["path"]))
     try:
         body = await request.body()
         head = parse_head(body)

@@ -92,11 +92,11 @@ OptionalId = Annotated[str | None, QueryParameter(pattern=ID_REGEX)]
 UnixTime = Annotated[float | None, QueryParameter(ge=0, lt=1e11, description="Unix time in seconds")]
 
 
-def _filters(group_id: str | None, rewarded: bool | None, created_after: float | None, created_before: float | None) -> reads.Filters:
+def _filters(group_id: str | None, rewarded: bool | None, created_after: float | None, created_before: float | None, held_out: bool | None) -> reads.Filters:
     def when(value: float | None) -> datetime | None:
         return None if value is None else datetime.fromtimestamp(value, UTC)
 
-    return reads.Filters(group_id, rewarded, when(created_after), when(created_before))
+    return reads.Filters(group_id, rewarded, when(created_after), when(created_before), held_out)
 
 
 @get("/v1/trajectories", responses=responses(400, 404))
@@ -106,12 +106,14 @@ async def list_trajectories(
     rewarded: FromQuery[bool | None] = None,
     created_after: UnixTime = None,
     created_before: UnixTime = None,
+    eval: FromQuery[bool | None] = None,
     limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 100,
     after: OptionalId = None,
     order: Annotated[str, QueryParameter(pattern="^(asc|desc)$")] = "desc",
 ) -> TrajectoryPage:
-    """A page of trajectories, newest first by default; pass ``after=<last_id>`` for the next."""
-    filters = _filters(group_id, rewarded, created_after, created_before)
+    """A page of trajectories, newest first by default; pass ``after=<last_id>`` for the next.
+    ``eval=true`` lists only the held-out trajectories, ``eval=false`` only the others."""
+    filters = _filters(group_id, rewarded, created_after, created_before, eval)
     async with svc.db.reader.connect() as conn:
         out = await reads.list_trajectories(conn, filters, limit=limit, after=after, order=order)
     if out is None:
@@ -126,9 +128,10 @@ async def export_trajectories(
     rewarded: FromQuery[bool | None] = None,
     created_after: UnixTime = None,
     created_before: UnixTime = None,
+    eval: FromQuery[bool | None] = None,
 ) -> Stream:
     """Every matching trajectory with its calls, one JSON line each, streamed."""
-    filters = _filters(group_id, rewarded, created_after, created_before)
+    filters = _filters(group_id, rewarded, created_after, created_before, eval)
     return Stream(
         reads.export_jsonl(svc.db.reader, filters),
         media_type="application/x-ndjson",
