@@ -8,7 +8,8 @@ What goes where:
   trajectory, group, policy and version are metadata, and the observation's version is
   ``policy@step``. Its start and end are the call's own. (No time to first token: the
   gateway records when the upstream's headers arrived, which for a stream precede the first
-  token.)
+  token.) A call held out for evaluation tags its trace ``eval`` and says ``"eval": true``
+  in the trace's and the observation's metadata, so held-out runs can be filtered.
 - a reward or a RULER verdict -> a score on that trace (every reward, as burnish keeps
   every reward; the latest is the trajectory's).
 - a training step -> an event in a trace of its own, in one session per policy.
@@ -302,7 +303,7 @@ class LangfuseExport:
         parent = otel.NonRecordingSpan(
             otel.SpanContext(int(trace, 16), int.from_bytes(os.urandom(8)), is_remote=True, trace_flags=otel.TraceFlags(otel.TraceFlags.SAMPLED))
         )
-        values = {k: v if isinstance(v, (str, bool, int, float)) else _encode(v).decode() for k, v in attributes.items() if v is not None}
+        values = {k: v if _primitive(v) else _encode(v).decode() for k, v in attributes.items() if v is not None}
         span = self._tracer.start_span(
             name, context=otel.set_span_in_context(parent), start_time=_ns(start), attributes=values | {"langfuse.internal.as_root": True}
         )
@@ -310,6 +311,14 @@ class LangfuseExport:
             span.set_status(otel.Status(otel.StatusCode.ERROR, attributes.get("langfuse.observation.status_message")))
         span.end(end_time=_ns(end))
         return span
+
+
+def _primitive(value: Any) -> bool:
+    """An OpenTelemetry attribute value as it is: a scalar, or a list of strings (Langfuse's trace
+    tags are one); anything else goes as JSON text, which Langfuse decodes."""
+    if isinstance(value, list):
+        return all(isinstance(v, str) for v in value)
+    return isinstance(value, (str, bool, int, float))
 
 
 def _kind(item: Item) -> str:
@@ -338,10 +347,11 @@ def _generation(call: CallRecord) -> tuple[str, str, datetime, datetime, dict[st
         "status": call.status,
         "http_status": call.http_status,
         "attempts": call.attempts,
+        "eval": call.eval or None,  # said only when held out, like the trace's metadata
     }
     shown, answer = _conversation(call)
     attributes = {
-        **_trace_attributes(call.trajectory_id, call.group_id, call.policy, version),
+        **_trace_attributes(call.trajectory_id, call.group_id, call.policy, version, held_out=call.eval),
         "langfuse.observation.type": "generation",
         "langfuse.observation.input": shown,
         "langfuse.observation.output": answer,
@@ -372,12 +382,14 @@ def _step_event(step: Step) -> tuple[str, str, datetime, datetime, dict[str, Any
     return trace_id(f"{session}@{step.step}"), "training step", step.recorded_at, step.recorded_at, attributes
 
 
-def _trace_attributes(trajectory_id: str, group_id: str | None, policy: str | None, version: str | None) -> dict[str, Any]:
-    metadata = {"trajectory_id": trajectory_id, "group_id": group_id, "policy": policy, "version": version}
+def _trace_attributes(trajectory_id: str, group_id: str | None, policy: str | None, version: str | None, *, held_out: bool = False) -> dict[str, Any]:
+    metadata = {"trajectory_id": trajectory_id, "group_id": group_id, "policy": policy, "version": version, "eval": held_out or None}
     return {
         "langfuse.trace.name": policy or "trajectory",
         "session.id": group_id,
         "langfuse.trace.metadata": {k: v for k, v in metadata.items() if v is not None},
+        # Langfuse filters traces by tag: the held-out runs apart from the training ones.
+        "langfuse.trace.tags": ["eval"] if held_out else None,
     }
 
 

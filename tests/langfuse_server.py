@@ -91,5 +91,7 @@ def _value(value: Any) -> Any:
             return json.loads(value.string_value)
         except ValueError:
             return value.string_value
+    if kind == "array_value":  # a list of plain values (Langfuse's trace tags)
+        return [_value(v) for v in value.array_value.values]
     assert kind in ("int_value", "double_value", "bool_value"), kind
     return getattr(value, kind)
