@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-GROUP_HEADER, TRAJECTORY_HEADER, GROUP_SIZE_HEADER = "X-Group-Id", "X-Trajectory-Id", "X-Group-Size"
+GROUP_HEADER, TRAJECTORY_HEADER, GROUP_SIZE_HEADER, EVAL_HEADER = "X-Group-Id", "X-Trajectory-Id", "X-Group-Size", "X-Eval"
 
 
 class BurnishError(Exception):
@@ -127,8 +127,30 @@ class Routes:
         return self._send(Call("GET", f"/admin/policies/{policy}/checkpoints", admin=True))
 
     def metrics(self, policy: str) -> Any:
-        """One entry per step: reward mean and std, loss, KL, tokens, seconds per phase."""
+        """One entry per step: reward mean and std, loss, KL, tokens, seconds per phase, and
+        eval_score / eval_trajectories, that version's held-out score (None where none)."""
         return self._send(Call("GET", f"/admin/policies/{policy}/metrics", admin=True))
+
+    def eval_scores(self, policy: str) -> Any:
+        """Every version (the base, step 0, first) with its held-out score: ``data`` is a list of
+        {step, version, serving, trajectories, score}; score is None where nothing was rewarded."""
+        return self._send(Call("GET", f"/admin/policies/{policy}/evals", admin=True))
+
+
+def comparison(evals: Any, policy: str, base: int, step: int | None) -> dict[str, Any]:
+    """``compare``'s answer from an ``eval_scores`` answer: the held-out score at ``base`` and at
+    ``step`` (default: the version served now), and how much the second gained over the first."""
+    versions = {v["step"]: v for v in evals["data"]}
+    if step is None:
+        step = next((v["step"] for v in evals["data"] if v["serving"]), 0)
+
+    def at(n: int) -> dict[str, Any]:
+        # A version nobody trained or evaluated has no entry: it has no score either.
+        return versions.get(n) or {"object": "policy.eval", "step": n, "version": f"{policy}@{n}", "serving": False, "trajectories": 0, "score": None}
+
+    before, now = at(base), at(step)
+    delta = None if before["score"] is None or now["score"] is None else now["score"] - before["score"]
+    return {"policy": policy, "base": before, "current": now, "delta": delta}
 
 
 def served_step(models: Any, policy: str) -> int | None:
@@ -182,15 +204,18 @@ class OpenAIClients:
 class TrajectoryKeys:
     """A trajectory's identity on the gateway, and the ways to attach calls to it."""
 
-    def __init__(self, gateway: str, clients: OpenAIClients, trajectory_id: str, group_id: str | None, group_size: int | None) -> None:
+    def __init__(self, gateway: str, clients: OpenAIClients, trajectory_id: str, group_id: str | None, group_size: int | None, eval: bool = False) -> None:
         self._gateway, self._clients = gateway, clients
         self.id, self.group_id, self.group_size = trajectory_id, group_id, group_size
+        # Held out for evaluation: recorded and rewarded, never trained on.
+        self.eval = eval
 
     @property
     def base_url(self) -> str:
-        """The OpenAI base URL with the keys in its path, for frameworks that take only a URL."""
+        """The OpenAI base URL with the keys in its path, for frameworks that take only a URL
+        (under ``/eval`` for a held-out trajectory)."""
         prefix = f"/g/{self.group_id}/t/{self.id}" if self.group_id else f"/t/{self.id}"
-        return f"{self._gateway}{prefix}/v1"
+        return f"{self._gateway}{'/eval' if self.eval else ''}{prefix}/v1"
 
     @property
     def headers(self) -> dict[str, str]:
@@ -200,6 +225,8 @@ class TrajectoryKeys:
             out[GROUP_HEADER] = self.group_id
             if self.group_size:
                 out[GROUP_SIZE_HEADER] = str(self.group_size)
+        if self.eval:
+            out[EVAL_HEADER] = "true"
         return out
 
     def _with_keys(self, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,9 @@
         t.openai().chat.completions.create(model="agent", messages=...)
         t.reward(0.8, format=1.0)
     client.wait_for_step("agent", 1)
+    with client.group(size=4, eval=True) as held_out:  # recorded and rewarded, never trained on
+        ...
+    client.compare("agent")                      # held-out score: base (step 0) against the served step
 
 The async forms are the same with ``async with`` and ``await``.
 """
@@ -18,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from burnish._api import BurnishError, Call, OpenAIClients, Routes, StepTimeout, TrajectoryKeys, answer, keep_waiting, new_id, served_step
+from burnish._api import BurnishError, Call, OpenAIClients, Routes, StepTimeout, TrajectoryKeys, answer, comparison, keep_waiting, new_id, served_step
 
 DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
 
@@ -52,13 +55,20 @@ class Client(Routes):
         r = self._http.request(call.method, call.path, json=call.json, params=call.params, headers=self._settings.headers(call))
         return answer(r.status_code, r.content, r.json)
 
-    def group(self, size: int | None = None, id: str | None = None) -> Group:
-        """A new group (an id is made unless given); ``size``: the members expected, after which it closes itself."""
-        return Group(self, id or new_id("g"), size)
+    def group(self, size: int | None = None, id: str | None = None, eval: bool = False) -> Group:
+        """A new group (an id is made unless given); ``size``: the members expected, after which it closes itself.
+        ``eval``: held out for evaluation, its trajectories too: recorded and rewarded, never trained on."""
+        return Group(self, id or new_id("g"), size, eval)
 
-    def trajectory(self, id: str | None = None) -> Trajectory:
-        """A trajectory in no group."""
-        return Trajectory(self, id or new_id("t"), None, None)
+    def trajectory(self, id: str | None = None, eval: bool = False) -> Trajectory:
+        """A trajectory in no group; ``eval``: held out for evaluation (never trained on)."""
+        return Trajectory(self, id or new_id("t"), None, None, eval)
+
+    def compare(self, policy: str, base: int = 0, step: int | None = None) -> dict[str, Any]:
+        """Held-out scores side by side: {"policy", "base", "current", "delta"}; base and current are
+        ``eval_scores`` entries for step ``base`` (the base model by default) and ``step`` (the served
+        version by default); delta is current's score less base's, None unless both have one."""
+        return comparison(self.eval_scores(policy), policy, base, step)
 
     def wait_for_step(self, policy: str, step: int, timeout: float = 600.0, poll: float = 0.5) -> int:
         """Wait until the gateway routes ``policy`` to ``step`` or later (as its /v1/models says,
@@ -90,11 +100,11 @@ class Client(Routes):
 
 
 class Group:
-    def __init__(self, client: Client, id: str, size: int | None) -> None:
-        self.client, self.id, self.size = client, id, size
+    def __init__(self, client: Client, id: str, size: int | None, eval: bool = False) -> None:
+        self.client, self.id, self.size, self.eval = client, id, size, eval
 
     def trajectory(self, id: str | None = None) -> Trajectory:
-        return Trajectory(self.client, id or new_id("t"), self.id, self.size)
+        return Trajectory(self.client, id or new_id("t"), self.id, self.size, self.eval)
 
     def ruler(self, rubric: str | None = None, **judge: Any) -> Any:
         return self.client.ruler(self.id, rubric, **judge)
@@ -112,8 +122,8 @@ class Group:
 
 
 class Trajectory(TrajectoryKeys):
-    def __init__(self, client: Client, id: str, group_id: str | None, group_size: int | None) -> None:
-        super().__init__(client._settings.base_url, client._openai, id, group_id, group_size)
+    def __init__(self, client: Client, id: str, group_id: str | None, group_size: int | None, eval: bool = False) -> None:
+        super().__init__(client._settings.base_url, client._openai, id, group_id, group_size, eval)
         self.client = client
 
     def reward(self, value: float, **components: float) -> Any:
@@ -136,11 +146,14 @@ class AsyncClient(Routes):
         r = await self._http.request(call.method, call.path, json=call.json, params=call.params, headers=self._settings.headers(call))
         return answer(r.status_code, r.content, r.json)
 
-    def group(self, size: int | None = None, id: str | None = None) -> AsyncGroup:
-        return AsyncGroup(self, id or new_id("g"), size)
+    def group(self, size: int | None = None, id: str | None = None, eval: bool = False) -> AsyncGroup:
+        return AsyncGroup(self, id or new_id("g"), size, eval)
 
-    def trajectory(self, id: str | None = None) -> AsyncTrajectory:
-        return AsyncTrajectory(self, id or new_id("t"), None, None)
+    def trajectory(self, id: str | None = None, eval: bool = False) -> AsyncTrajectory:
+        return AsyncTrajectory(self, id or new_id("t"), None, None, eval)
+
+    async def compare(self, policy: str, base: int = 0, step: int | None = None) -> dict[str, Any]:
+        return comparison(await self.eval_scores(policy), policy, base, step)
 
     async def wait_for_step(self, policy: str, step: int, timeout: float = 600.0, poll: float = 0.5) -> int:
         deadline = time.monotonic() + timeout
@@ -170,11 +183,11 @@ class AsyncClient(Routes):
 
 
 class AsyncGroup:
-    def __init__(self, client: AsyncClient, id: str, size: int | None) -> None:
-        self.client, self.id, self.size = client, id, size
+    def __init__(self, client: AsyncClient, id: str, size: int | None, eval: bool = False) -> None:
+        self.client, self.id, self.size, self.eval = client, id, size, eval
 
     def trajectory(self, id: str | None = None) -> AsyncTrajectory:
-        return AsyncTrajectory(self.client, id or new_id("t"), self.id, self.size)
+        return AsyncTrajectory(self.client, id or new_id("t"), self.id, self.size, self.eval)
 
     async def ruler(self, rubric: str | None = None, **judge: Any) -> Any:
         return await self.client.ruler(self.id, rubric, **judge)
@@ -191,8 +204,8 @@ class AsyncGroup:
 
 
 class AsyncTrajectory(TrajectoryKeys):
-    def __init__(self, client: AsyncClient, id: str, group_id: str | None, group_size: int | None) -> None:
-        super().__init__(client._settings.base_url, client._openai, id, group_id, group_size)
+    def __init__(self, client: AsyncClient, id: str, group_id: str | None, group_size: int | None, eval: bool = False) -> None:
+        super().__init__(client._settings.base_url, client._openai, id, group_id, group_size, eval)
         self.client = client
 
     async def reward(self, value: float, **components: float) -> Any:
