@@ -32,6 +32,10 @@ def last_lines(path: Path, n: int = 40) -> str:
         return "(no log)"
 
 
+# At most this many cores: vLLM reserves none for its scheduler (VLLMServer.environment).
+SMALL_MACHINE_CPUS = 4
+
+
 @dataclass
 class VLLMServer:
     model: str
@@ -68,6 +72,11 @@ class VLLMServer:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.cpu_kv_cache_gib))
         env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+        # vLLM's CPU build keeps a core for its scheduler and runs the model on the rest: on a
+        # laptop-sized machine that halves the model's cores (two: 7.7 s against 13.8 s for 64
+        # sampled answers of SmolLM2). The scheduler then shares the cores it mostly waits on.
+        if (os.cpu_count() or 1) <= SMALL_MACHINE_CPUS:
+            env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         return env
 
     def start(self) -> VLLMServer:

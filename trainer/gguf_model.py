@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+
 def convert_gguf(gguf_file: str | Path, out_dir: str | Path) -> Path:
     """Write ``gguf_file`` as a float32 safetensors model with its tokenizer into ``out_dir``.
 

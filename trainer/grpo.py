@@ -109,6 +109,4 @@ def grpo_loss(
         # Under TIS the ratio is 1 and nothing is clipped: the weight does the correcting.
         was_clipped = ((ratio < low) | (ratio > high)).to(mask.dtype)
         clip_fraction = (was_clipped * mask).sum() / max(tokens, 1)
-    return LossParts(
-        policy_loss + settings.kl_coef * kl, policy_loss.detach(), kl.detach(), clip_fraction, tokens, logprob_diff, outside_clip, tis_capped
-    )
+    return LossParts(policy_loss + settings.kl_coef * kl, policy_loss.detach(), kl.detach(), clip_fraction, tokens, logprob_diff, outside_clip, tis_capped)

@@ -185,8 +185,8 @@ class TrainerWorker:
         metrics = model.step(batch.items)
         t3 = time.perf_counter()
         model.step_count = step
-        n = len(batch.rewards)
-        mean = sum(batch.rewards) / n
+        n = len(batch.rewards)  # 0 if every claimed group turned out held out (marked after the claim)
+        mean = sum(batch.rewards) / n if n else 0.0
         std = (sum((r - mean) ** 2 for r in batch.rewards) / (n - 1)) ** 0.5 if n > 1 else 0.0
         metrics.update(reward_mean=mean, reward_std=std, untokenized_calls=batch.untokenized, sequence_splits=batch.splits, stale_calls=batch.stale)
         ages = batch.staleness or [0]
@@ -200,7 +200,7 @@ class TrainerWorker:
 
         self.checkpoints.write(policy.name, step, fill)
         log.info(
-            "%s step %d: reward %.3f±%.3f loss %.4f kl %.4f tokens %d |logp-vllm| %.4f outside-clip %.3f staleness %.1f/%d "
+            "%s step %d: reward %.3f±%.3f loss %.4f kl %.4f tokens %d |logp-vllm| %.1e outside-clip %.3f staleness %.1f/%d "
             "splits %d untokenized %d stale %d; load %.2fs batch %.2fs step %.2fs save %.2fs",
             policy.name, step, metrics["reward_mean"], metrics["reward_std"], metrics["loss"], metrics["kl"], metrics["tokens"],
             metrics["logprob_diff_mean"], metrics["outside_clip_fraction"], metrics["staleness_mean"], metrics["staleness_max"],
