@@ -47,9 +47,10 @@ lint: $(VENV)/.lint .tools/typing/burnish_server
 	$(VENV)/bin/mypy $(foreach layer,$(LAYERS),-p burnish_server.$(layer))
 	$(VENV)/bin/lint-imports
 
-# burnish up on the embedded default, the digits agent training against it, a plot (reward.png).
+# burnish up on the embedded default (SmolLM2-135M-Instruct), an agent learning to answer sums
+# as asked, scored on held-out sums by version; a plot (arithmetic.png).
 demo: $(VENV)/.installed
-	$(PY) examples/digits.py $(DEMO_ARGS)
+	$(PY) examples/arithmetic.py $(DEMO_ARGS)
 
 up: $(VENV)/.installed
 	$(VENV)/bin/burnish up

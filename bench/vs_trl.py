@@ -5,6 +5,7 @@ TRL's venv, a minute or two more)::
 
     .venv/bin/python bench/vs_trl.py [--groups 2 --group-size 8 --prompt-len 40 --completion-len 128]
     .venv/bin/python bench/vs_trl.py --model /path/to/local/hf/model   # any local HF causal LM
+    .venv/bin/python bench/vs_trl.py --model smollm2 --steps 5 --warmup 1 --rounds 2   # the demo's model
 
 One step, each side: forward, GRPO loss, backward, grad clip, AdamW step, zero_grad.
 
@@ -22,6 +23,11 @@ rewards), old logprobs (the base model's plus seeded noise, so that some ratios 
 LoRA weights, clip range (0.2, 0.28), no KL, AdamW settings, dtype (fp32 on the CPU, bf16 on a
 GPU), torch threads. TRL's loss_type "dapo" (default) or "bnpo" is token-level over the step's
 sampled tokens like burnish's, so every step's two losses should agree: they are compared.
+
+How close to the machine's limit: each side counts its step's floating-point operations
+once (torch's ``FlopCounterMode``: every matmul and attention kernel the step runs, forward
+and backward), and the burnish worker times a plain square matmul in the same dtype with
+the same threads. Reported: the step's achieved FLOP/s and its share of the matmul's.
 
 Sides alternate in fresh processes (``--rounds``): burnish in .venv, TRL in
 bench/results/.trl-venv (git-ignored, made when missing: TRL pinned; torch, transformers, peft,
@@ -97,7 +103,15 @@ def prepare(args: argparse.Namespace, work: Path) -> dict:
     from burnish_server.trainer.grpo import group_advantages
     from burnish_server.trainer.tiny_model import make_tiny_model
 
-    model = Path(args.model) if args.model else make_tiny_model(work / "tiny", seed=0)
+    if args.model == "smollm2":  # the embedded demo model, converted once from its GGUF file
+        model = ROOT / "bench" / "results" / ".smollm2"
+        if not (model / "config.json").exists():
+            from burnish_server.serving.models import embedded_gguf
+            from burnish_server.trainer.gguf_model import convert_gguf
+
+            convert_gguf(embedded_gguf(), model)
+    else:
+        model = Path(args.model) if args.model else make_tiny_model(work / "tiny", seed=0)
     n, seq_len = args.groups * args.group_size, args.prompt_len + args.completion_len
     lora = LoraSettings(rank=args.rank, alpha=2 * args.rank)
     train = TrainSettings(learning_rate=args.lr, micro_batch_tokens=max(8192, n * seq_len), max_seq_len=max(4096, seq_len))
@@ -229,8 +243,49 @@ def worker(side: str, spec_path: Path, out_path: Path) -> None:
         loss, tokens = step()  # ends with .item(): the step has finished
         times.append(time.perf_counter() - t0)
         losses.append(loss)
+    flops = step_flops(step)
+    peak = matmul_flops_per_s() if side == "ours" else None
     versions = {name: metadata.version(name) for name in ("torch", "transformers", "peft")}
-    out_path.write_text(json.dumps({**info, "versions": versions, "threads": torch.get_num_threads(), "tokens": tokens, "losses": losses, "times": times}))
+    out_path.write_text(
+        json.dumps(
+            {
+                **info,
+                "versions": versions,
+                "threads": torch.get_num_threads(),
+                "tokens": tokens,
+                "losses": losses,
+                "times": times,
+                "flops": flops,
+                "matmul_flops_per_s": peak,
+            }
+        )
+    )
+
+
+def step_flops(step) -> int:
+    """The floating-point operations of one more step, as torch counts them (untimed)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return counter.get_total_flops()
+
+
+def matmul_flops_per_s(n: int = 2048, repeats: int = 10) -> float:
+    """The best FLOP/s of an n x n matmul in the step's dtype (bf16 on a GPU, fp32 on the CPU)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        (a @ b).sum().item()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
 
 
 # ---- other processes: the machine may be shared ------------------------------------------------
@@ -262,7 +317,7 @@ def run_worker(python: str, side: str, spec_path: Path, quiet_wait: float) -> di
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", help="a local HF causal LM (default: the tiny model, seed 0)")
+    ap.add_argument("--model", help="a local HF causal LM, or smollm2 (the demo's model) (default: the tiny model, seed 0)")
     ap.add_argument("--loss-type", default="dapo", choices=("dapo", "bnpo"), help="TRL's; both token-level, as burnish's")
     for flag, default, text in OPTIONS:
         ap.add_argument(flag, type=type(default), default=default, help=f"{text} (default {default})")
@@ -294,6 +349,7 @@ def main() -> int:
             "min_s": min(timed),
             "max_s": max(timed),
             "tokens_per_s": rs[0]["tokens"] / med,
+            "flops_per_s": rs[0]["flops"] / med,
             "others": max(r["others"] for r in rs),
         }
     ours, theirs = res["burnish"], res["TRL"]
@@ -309,6 +365,12 @@ def main() -> int:
         print(f"  {name:<8}{r['tokens']:>12}{r['median_s']:>17.4f}{r['min_s']:>9.4f}{r['max_s']:>9.4f}{r['tokens_per_s']:>11.0f}{r['others']:>8.0%}")
     ratio = ours["tokens_per_s"] / theirs["tokens_per_s"]
     print(f"\n  burnish / TRL (tokens/s): {ratio:.2f}")
+    peak = max(r["matmul_flops_per_s"] for r in runs["burnish"])
+    for name, r in res.items():
+        print(
+            f"  {name}: {r['flops'] / 1e9:.1f} GFLOP per step (torch's count), {r['flops_per_s'] / 1e9:.1f} GFLOP/s = "
+            f"{r['flops_per_s'] / peak:.0%} of a plain {'bf16' if 'cuda' in r['device'] else 'fp32'} 2048x2048 matmul ({peak / 1e9:.1f} GFLOP/s)"
+        )
     if max(ours["others"], theirs["others"]) > OTHERS_MAX:
         print(f"  WARNING: other processes used over {OTHERS_MAX:.0%} of the CPU in a run ('others', the most of any round): figures skewed")
     diffs = [abs(a - b) for a, b in zip(ours["losses"], theirs["losses"])]

@@ -54,7 +54,7 @@ TINY_MODEL_TRAIN = TrainSettings(learning_rate=5e-3)
 # SmolLM2-135M with LoRA on every projection: what examples/arithmetic.py learns with on two
 # cores (docs/trainer.md, "The learning runs").
 DEMO_MODEL_LORA = LoraSettings(rank=16, alpha=32, target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
-DEMO_MODEL_TRAIN = TrainSettings(learning_rate=2e-4, groups_per_step=4)
+DEMO_MODEL_TRAIN = TrainSettings(learning_rate=5e-4, groups_per_step=4)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""examples/ against a real gateway and vLLM: the tool-using agent plays a round, and the
-demo's plot is written. (The digits example's learning is tests/test_learning.py.)"""
+"""examples/ against a real gateway and vLLM: the tool-using agent plays a round, the demo's
+task is split and scored as its docs say, and its plots are written. (The digits example's
+learning is tests/test_learning.py; the demo's real model through the product, tests/test_gguf.py.)"""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from burnish_server.serving.process import VLLMServer
 from tests.conftest import ADMIN_TOKEN
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import arithmetic  # noqa: E402
 import calculator  # noqa: E402
 import digits  # noqa: E402
 
@@ -52,3 +54,19 @@ def test_calculator_never_evaluates_anything_but_arithmetic() -> None:
 def test_the_demo_writes_its_plot(tmp_path: Path) -> None:
     digits.write_plot([0.1, 0.2, 0.5], tmp_path / "reward.png")
     assert (tmp_path / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_demo_plots_both_curves(tmp_path: Path) -> None:
+    arithmetic.write_plot({"round_reward": [0.1, 0.3, 0.6], "eval": [(0, 0, 0.0), (3, 3, 0.5)]}, tmp_path / "arithmetic.png")
+    assert (tmp_path / "arithmetic.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_demo_holds_out_sums_it_never_trains_on_and_scores_them_exactly() -> None:
+    train, held_out = arithmetic.sums()
+    assert len(held_out) == arithmetic.HELD_OUT and len(train) + len(held_out) == 400
+    assert not set(train) & set(held_out) and arithmetic.sums() == (train, held_out)  # fixed by the seed
+    assert arithmetic.exact(" 27.", 13, 14) == 1.0 and arithmetic.exact("13 + 14 = 27", 13, 14) == 0.0
+    assert arithmetic.right("13 + 14 = 27", 13, 14) == 1.0 and arithmetic.right("13 + 14 = 27, as 2 + 5 = 7", 13, 14) == 0.0
+    # train reward: right and short > right and long > wrong and short > wrong and long
+    scores = [arithmetic.shaped(t, 13, 14) for t in ("27", "13 + 14 = 27", "26", "13 + 14 = 26, a classic")]
+    assert scores == sorted(scores, reverse=True) and scores[0] == 1.0

@@ -1,0 +1,202 @@
+"""The demo: a real model (SmolLM2-135M-Instruct) gets better at sums it never trained on.
+
+    python examples/arithmetic.py                  # starts `burnish up` (SmolLM2, CPU), trains, stops it
+    python examples/arithmetic.py --gateway http://127.0.0.1:8080 --admin-token ...   # against one already up
+
+The task: "What is 13 + 14? Reply with only the number." The base model gets about half of
+such sums right, and never answers with only the number: it writes "13 + 14 = 25", often
+followed by a paragraph. The sums a + b with a, b in 1..20 are split once, by a fixed seed,
+into a train set and a held-out set that the policy never trains on.
+
+Each round plays ``groups`` groups of ``size`` answers to train sums through the gateway
+(the SDK files each group's calls together), rewards them, and waits for the trainer's
+next version. Every ``eval_every`` rounds, and before the first, the held-out sums are
+answered greedily by the version just served, pinned as ``agent@<step>`` and marked for
+evaluation: recorded and rewarded, never trained on. The gateway keeps the held-out score
+per version (``client.eval_scores``, ``client.compare``); this script prints it and plots
+it beside the train reward (arithmetic.png).
+
+Rewards:
+- held-out: ``right``, 1 if the reply's last number is the sum (so a reply that rambles on
+  past the answer is wrong), else 0; the components also say whether it was ``exact`` (the
+  sum and nothing else) and its ``shaped`` train reward.
+- train (``shaped``): 0.7 for right, plus up to 0.3 for brevity (each character beyond the
+  answer costs a little), as the prompt asks for only the number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import time
+from pathlib import Path
+
+from digits import start_burnish  # noqa: I001  (examples/ is run as a folder of scripts)
+
+from burnish import AsyncClient
+
+PROMPT = "What is {a} + {b}? Reply with only the number."
+NUMBER = re.compile(r"-?\d+")
+SPLIT_SEED = 0
+HELD_OUT = 64
+# Sampling temperature of the train answers: at 1.0 a 135M model's answers are mostly noise.
+TEMPERATURE = 0.7
+
+
+def sums() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Every a + b with a, b in 1..20, split once into (train, held out) by a fixed seed."""
+    pairs = [(a, b) for a in range(1, 21) for b in range(1, 21)]
+    random.Random(SPLIT_SEED).shuffle(pairs)
+    return pairs[HELD_OUT:], pairs[:HELD_OUT]
+
+
+def right(text: str, a: int, b: int) -> float:
+    """1 if the reply's last number is the sum (a reply that rambles on past it is wrong)."""
+    numbers = NUMBER.findall(text)
+    return float(bool(numbers) and int(numbers[-1]) == a + b)
+
+
+def exact(text: str, a: int, b: int) -> float:
+    """1 if the reply is the sum and nothing else (a trailing period allowed)."""
+    return float(text.strip().removesuffix(".") == str(a + b))
+
+
+def shaped(text: str, a: int, b: int) -> float:
+    """The train reward: mostly being right, and some for brevity, as the prompt asks."""
+    extra = max(len(text.strip()) - len(str(a + b)), 0)
+    return 0.7 * right(text, a, b) + 0.3 / (1 + extra / 4)
+
+
+def ask(a: int, b: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": PROMPT.format(a=a, b=b)}]
+
+
+async def play_round(client: AsyncClient, round_no: int, tasks: list[tuple[int, int]], *, groups: int, size: int, policy: str) -> list[tuple[float, str]]:
+    """``groups`` train sums, ``size`` sampled answers each: their rewards and the version that wrote each."""
+
+    async def member(group, a: int, b: int, i: int) -> tuple[float, str]:
+        t = group.trajectory(f"{group.id}-{i}")
+        raw = await t.async_openai(max_retries=0).chat.completions.with_raw_response.create(
+            model=policy, messages=ask(a, b), temperature=TEMPERATURE, max_tokens=16, seed=round_no * 1000 + i,
+        )  # fmt: skip
+        reward = shaped(raw.parse().choices[0].message.content or "", a, b)
+        await t.reward(reward)  # the last member's reward closes the group: it is ready to train
+        return reward, raw.headers["x-policy-version"]
+
+    picked = [tasks[(round_no * groups + g) % len(tasks)] for g in range(groups)]
+    sets = [(client.group(size=size, id=f"r{round_no}-g{g}-{os.getpid()}"), a, b) for g, (a, b) in enumerate(picked)]
+    return list(await asyncio.gather(*(member(group, a, b, i) for group, a, b in sets for i in range(size))))
+
+
+async def evaluate(client: AsyncClient, step: int, held_out: list[tuple[int, int]], *, policy: str) -> float:
+    """The held-out sums, greedy, answered by ``policy@step`` (pinned), in one eval group: the
+    version's held-out score as the gateway keeps it, and the share of exact answers."""
+    group = client.group(id=f"eval-{policy}-{step}-{os.getpid()}", eval=True)
+    model = f"{policy}@{step}"
+
+    async def member(i: int, a: int, b: int) -> float:
+        t = group.trajectory(f"{group.id}-{i}")
+        reply = await t.async_openai(max_retries=0).chat.completions.create(model=model, messages=ask(a, b), temperature=0.0, max_tokens=16)
+        text = reply.choices[0].message.content or ""
+        await t.reward(right(text, a, b), exact=exact(text, a, b), shaped=shaped(text, a, b))
+        return exact(text, a, b)
+
+    exacts = await asyncio.gather(*(member(i, a, b) for i, (a, b) in enumerate(held_out)))
+    scores = {entry["step"]: entry for entry in (await client.eval_scores(policy))["data"]}
+    return scores[step]["score"], sum(exacts) / len(exacts)
+
+
+async def train(client: AsyncClient, rounds: int, groups: int, size: int, eval_every: int, policy: str, plot: Path | None) -> dict[str, list]:
+    train_set, held_out = sums()
+    status = await client.status(policy)
+    step, per_step = status["step"], status["train"]["groups_per_step"]
+    curve: dict[str, list] = {"round_reward": [], "eval": []}
+    t0 = time.monotonic()
+    base, base_exact = await evaluate(client, step, held_out, policy=policy)
+    curve["eval"].append((0, step, base))
+    print(f"{policy}@{step} (before training) on {len(held_out)} held-out sums: right {base:.3f}, exact {base_exact:.3f}", flush=True)
+    trainable = 0
+    for round_no in range(rounds):
+        results = await play_round(client, round_no, train_set, groups=groups, size=size, policy=policy)
+        rewards = [r for r, _ in results]
+        curve["round_reward"].append(sum(rewards) / len(rewards))
+        # Only groups whose rewards differ are trained (a tie teaches nothing).
+        trainable += sum(max(rewards[g * size : (g + 1) * size]) > min(rewards[g * size : (g + 1) * size]) for g in range(groups))
+        step = await client.wait_for_step(policy, status["step"] + trainable // per_step)
+        line = f"round {round_no + 1:3d}  train reward {curve['round_reward'][-1]:.3f}  now serving {policy}@{step}  {time.monotonic() - t0:5.0f}s"
+        if (round_no + 1) % eval_every == 0 or round_no + 1 == rounds:
+            score, exact_share = await evaluate(client, step, held_out, policy=policy)
+            curve["eval"].append((round_no + 1, step, score))
+            line += f"  held-out: right {score:.3f}, exact {exact_share:.3f}"
+        print(line, flush=True)
+        if plot is not None:
+            write_plot(curve, plot)
+    return curve
+
+
+def write_plot(curve: dict[str, list], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    rounds = range(1, len(curve["round_reward"]) + 1)
+    ax.plot(rounds, curve["round_reward"], marker="o", markersize=2, label="train reward (right + brevity)")
+    evals = curve["eval"]
+    ax.plot([r for r, _, _ in evals], [s for _, _, s in evals], marker="s", label="held-out score (right)")
+    for r, step, s in evals:
+        ax.annotate(f"@{step}", (r, s), textcoords="offset points", xytext=(0, 5), fontsize=7, ha="center")
+    ax.set(xlabel="round", ylabel="score", title="SmolLM2-135M learning sums: 'What is a + b?'", ylim=(0, 1))
+    ax.legend(loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gateway", help="a running gateway; default: start `burnish up` here")
+    parser.add_argument("--admin-token", default=os.environ.get("BURNISH_ADMIN_TOKEN"))
+    parser.add_argument("--data-dir", type=Path, default=Path("burnish-data"), help="for the `burnish up` this starts")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--policy", default="agent")
+    parser.add_argument("--rounds", type=int, default=24)
+    parser.add_argument("--groups", type=int, default=4)
+    parser.add_argument("--size", type=int, default=8)
+    parser.add_argument("--eval-every", type=int, default=4)
+    parser.add_argument("--plot", type=Path, default=Path("arithmetic.png"))
+    args = parser.parse_args()
+
+    proc = None
+    if args.gateway is None:
+        proc = start_burnish(args.data_dir, args.port, model="smollm2")
+        args.gateway = f"http://127.0.0.1:{args.port}"
+        args.admin_token = args.admin_token or (args.data_dir / "admin-token").read_text().strip()
+
+    async def run() -> dict[str, list]:
+        async with AsyncClient(args.gateway, admin_token=args.admin_token) as client:
+            curve = await train(client, args.rounds, args.groups, args.size, args.eval_every, args.policy, args.plot)
+            print("base against now:", await client.compare(args.policy))
+            return curve
+
+    started = time.monotonic()
+    try:
+        curve = asyncio.run(run())
+        (_, first_step, first), (_, last_step, last) = curve["eval"][0], curve["eval"][-1]
+        print(
+            f"held-out score: {args.policy}@{first_step} {first:.3f} -> {args.policy}@{last_step} {last:.3f} "
+            f"in {time.monotonic() - started:.0f}s; plot in {args.plot}"
+        )
+    finally:
+        if proc is not None:
+            proc.send_signal(2)  # SIGINT: burnish up stops its children cleanly
+            proc.wait(timeout=120)
+
+
+if __name__ == "__main__":
+    main()
