@@ -25,7 +25,7 @@ import httpx
 from burnish_server.core.policies import LoraSettings, Policy, TrainSettings
 from burnish_server.core.settings import Settings
 from burnish_server.serving.models import embedded_gguf
-from burnish_server.serving.process import VLLMFailed, VLLMServer, last_lines
+from burnish_server.serving.process import VLLMFailed, VLLMServer, cpu_build, last_lines
 from burnish_server.store.database import Database
 from burnish_server.store.policies import ensure_policy
 
@@ -79,27 +79,33 @@ def prepare_model(settings: Settings, model: str | None, vllm_port: int, vllm_ar
     """``model``: None (the embedded SmolLM2), ``tiny`` (the tiny random model), a ``.gguf``
     file (converted once), or a local folder or hub id, served as it is."""
     logs = settings.data_path / "logs"
-    cpu = dict(log_path=logs / "vllm.log", port=vllm_port, dtype="float32", max_model_len=2048)
+    # The trainer's dtype: float32 on the CPU, where vLLM's "auto" would serve bf16 and the
+    # two engines' logprobs of a sample would differ (logprob_diff_mean, docs/trainer.md).
+    dtype = "float32" if cpu_build() else "auto"
+
+    def server(model: str, name: str | None, extra_args: list[str], max_model_len: int | None = None) -> VLLMServer:
+        return VLLMServer(
+            model=model, served_model_name=name, log_path=logs / "vllm.log", port=vllm_port, dtype=dtype, max_model_len=max_model_len, extra_args=extra_args
+        )
+
     if model is None or model == DEMO_MODEL_NAME:
         try:
             gguf = embedded_gguf()
         except LookupError as exc:
             raise click.ClickException(f"{exc}; or pass --model (tiny, a .gguf file, a folder or a hub id)") from None
         path = _converted(settings, gguf, DEMO_MODEL_NAME)
-        vllm = VLLMServer(model=str(path), served_model_name=DEMO_MODEL_NAME, extra_args=vllm_args, **cpu)  # type: ignore[arg-type]
-        return Served(vllm, DEMO_MODEL_LORA, DEMO_MODEL_TRAIN)
+        return Served(server(str(path), DEMO_MODEL_NAME, vllm_args, 2048), DEMO_MODEL_LORA, DEMO_MODEL_TRAIN)
     if model == TINY_MODEL_NAME:
         path = settings.data_path / "models" / TINY_MODEL_NAME
         if not (path / "config.json").exists():
             click.echo(f"making the tiny model in {path}")
             subprocess.run(_burnish("tiny-model", str(path)), check=True)
-        vllm = VLLMServer(model=str(path), served_model_name=TINY_MODEL_NAME, extra_args=TINY_MODEL_ARGS + vllm_args, **cpu)  # type: ignore[arg-type]
-        return Served(vllm, TINY_MODEL_LORA, TINY_MODEL_TRAIN)
+        return Served(server(str(path), TINY_MODEL_NAME, TINY_MODEL_ARGS + vllm_args, 2048), TINY_MODEL_LORA, TINY_MODEL_TRAIN)
     if model.endswith(".gguf") and Path(model).is_file():
         name = Path(model).name.removesuffix(".gguf")
         path = _converted(settings, Path(model), name)
-        return Served(VLLMServer(model=str(path), served_model_name=name, log_path=logs / "vllm.log", port=vllm_port, extra_args=vllm_args))
-    return Served(VLLMServer(model=model, log_path=logs / "vllm.log", port=vllm_port, extra_args=vllm_args))
+        return Served(server(str(path), name, vllm_args))
+    return Served(server(model, None, vllm_args))
 
 
 def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int, vllm_args: Sequence[str] = ()) -> int:

