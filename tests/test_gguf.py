@@ -88,8 +88,7 @@ def test_a_gguf_file_is_converted_served_trained_and_its_adapter_served(gguf_fil
         while (status := httpx.get(f"{gateway}/admin/policies/agent", headers=admin).json())["step"] < 1:
             assert time.monotonic() < deadline, status
             time.sleep(1)
-        (step,) = httpx.get(f"{gateway}/admin/policies/agent/metrics", headers=admin).json()["data"]
-        metrics = step["metrics"]
+        (metrics,) = httpx.get(f"{gateway}/admin/policies/agent/metrics", headers=admin).json()["data"]
         assert metrics["sequences"] == 4 and metrics["untokenized_calls"] == 0 and metrics["staleness_max"] == 0
         # Same weights in both engines (fp32): the trainer's logprobs of vLLM's samples match vLLM's.
         assert metrics["logprob_diff_mean"] < 0.02, metrics
