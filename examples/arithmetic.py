@@ -34,7 +34,7 @@ import re
 import time
 from pathlib import Path
 
-from digits import start_burnish  # noqa: I001  (examples/ is run as a folder of scripts)
+from digits import burnish_running, gateway_arguments  # noqa: I001  (examples/ is run as a folder of scripts)
 
 from burnish import AsyncClient
 
@@ -160,23 +160,13 @@ def write_plot(curve: dict[str, list], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gateway", help="a running gateway; default: start `burnish up` here")
-    parser.add_argument("--admin-token", default=os.environ.get("BURNISH_ADMIN_TOKEN"))
-    parser.add_argument("--data-dir", type=Path, default=Path("burnish-data"), help="for the `burnish up` this starts")
-    parser.add_argument("--port", type=int, default=8080)
+    gateway_arguments(parser, plot="arithmetic.png")
     parser.add_argument("--policy", default="agent")
     parser.add_argument("--rounds", type=int, default=24)
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--size", type=int, default=8)
     parser.add_argument("--eval-every", type=int, default=4)
-    parser.add_argument("--plot", type=Path, default=Path("arithmetic.png"))
     args = parser.parse_args()
-
-    proc = None
-    if args.gateway is None:
-        proc = start_burnish(args.data_dir, args.port, model="smollm2")
-        args.gateway = f"http://127.0.0.1:{args.port}"
-        args.admin_token = args.admin_token or (args.data_dir / "admin-token").read_text().strip()
 
     async def run() -> dict[str, list]:
         async with AsyncClient(args.gateway, admin_token=args.admin_token) as client:
@@ -185,17 +175,13 @@ def main() -> None:
             return curve
 
     started = time.monotonic()
-    try:
+    with burnish_running(args, model="smollm2"):
         curve = asyncio.run(run())
         (_, first_step, first), (_, last_step, last) = curve["eval"][0], curve["eval"][-1]
         print(
             f"held-out score: {args.policy}@{first_step} {first:.3f} -> {args.policy}@{last_step} {last:.3f} "
             f"in {time.monotonic() - started:.0f}s; plot in {args.plot}"
         )
-    finally:
-        if proc is not None:
-            proc.send_signal(2)  # SIGINT: burnish up stops its children cleanly
-            proc.wait(timeout=120)
 
 
 if __name__ == "__main__":

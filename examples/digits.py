@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from burnish import AsyncClient
@@ -101,36 +103,48 @@ def start_burnish(data_dir: Path, port: int, model: str = "tiny") -> subprocess.
     raise SystemExit("burnish up did not start")
 
 
-def main(play=None, doc: str = __doc__) -> None:
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+def gateway_arguments(parser: argparse.ArgumentParser, plot: str) -> None:
+    """The options every example shares: which gateway, or where to start one, and the plot."""
     parser.add_argument("--gateway", help="a running gateway; default: start `burnish up` here")
     parser.add_argument("--admin-token", default=os.environ.get("BURNISH_ADMIN_TOKEN"))
     parser.add_argument("--data-dir", type=Path, default=Path("burnish-data"), help="for the `burnish up` this starts")
     parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--plot", type=Path, default=Path(plot))
+
+
+@contextlib.contextmanager
+def burnish_running(args: argparse.Namespace, model: str = "tiny") -> Iterator[None]:
+    """`burnish up` on ``model`` for the example, unless ``--gateway`` names a running one;
+    sets ``args.gateway`` and ``args.admin_token``, and stops what it started."""
+    proc = None
+    if args.gateway is None:
+        proc = start_burnish(args.data_dir, args.port, model)
+        args.gateway = f"http://127.0.0.1:{args.port}"
+        args.admin_token = args.admin_token or (args.data_dir / "admin-token").read_text().strip()
+    try:
+        yield
+    finally:
+        if proc is not None:
+            proc.send_signal(2)  # SIGINT: burnish up stops its children cleanly
+            proc.wait(timeout=120)
+
+
+def main(play=None, doc: str = __doc__) -> None:
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    gateway_arguments(parser, plot="reward.png")
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--groups", type=int, default=2)
     parser.add_argument("--size", type=int, default=4)
-    parser.add_argument("--plot", type=Path, default=Path("reward.png"))
     args = parser.parse_args()
-
-    proc = None
-    if args.gateway is None:
-        proc = start_burnish(args.data_dir, args.port)
-        args.gateway = f"http://127.0.0.1:{args.port}"
-        args.admin_token = args.admin_token or (args.data_dir / "admin-token").read_text().strip()
 
     async def run() -> list[float]:
         async with AsyncClient(args.gateway, admin_token=args.admin_token) as client:  # closes its connections
             return await train(client, args.rounds, args.groups, args.size, play=play, plot=args.plot)
 
-    try:
+    with burnish_running(args):
         means = asyncio.run(run())
         first, last = sum(means[:5]) / 5, sum(means[-5:]) / 5
         print(f"mean reward: first 5 rounds {first:.3f}, last 5 rounds {last:.3f}; plot in {args.plot}")
-    finally:
-        if proc is not None:
-            proc.send_signal(2)  # SIGINT: burnish up stops its children cleanly
-            proc.wait(timeout=120)
 
 
 if __name__ == "__main__":

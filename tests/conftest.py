@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,8 @@ from burnish_server.cli.up import TINY_MODEL_ARGS
 from burnish_server.core.settings import Settings
 from burnish_server.gateway.app import create_app
 from burnish_server.serving.process import VLLMServer
+from burnish_server.store.database import Database
+from burnish_server.store.writer import Writer
 from tests.judge import Judge
 from tests.langfuse_server import PUBLIC_KEY as LANGFUSE_PUBLIC_KEY
 from tests.langfuse_server import SECRET_KEY as LANGFUSE_SECRET_KEY
@@ -63,6 +65,18 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         pytest.skip(f"PostgreSQL not reachable at {PG_URL}")
     asyncio.run(_reset_pg())
     return PG_URL
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[tuple[Database, Writer]]:
+    """A migrated database of each kind and its running group-commit writer."""
+    db = Database(database_url)
+    await db.migrate()
+    writer = Writer(db)
+    writer.start()
+    yield db, writer
+    await writer.close()
+    await db.dispose()
 
 
 @pytest.fixture

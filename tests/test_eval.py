@@ -10,7 +10,6 @@ import json
 from typing import Any
 
 import httpx
-import pytest
 from langfuse import Langfuse
 from sqlalchemy import select
 
@@ -119,17 +118,6 @@ def test_bad_x_eval_values_are_refused_in_the_surfaces_format(gateway: Gateway, 
 
 
 # ---- never trained on, in the store ----------------------------------------------------------
-
-
-@pytest.fixture
-async def store(database_url: str):
-    db = Database(database_url)
-    await db.migrate()
-    writer = Writer(db)
-    writer.start()
-    yield db, writer
-    await writer.close()
-    await db.dispose()
 
 
 async def _group(writer: Writer, name: str, rewards: list[float], held_out: list[bool], *, close: bool = True) -> None:

@@ -27,17 +27,6 @@ async def make_group(writer: Writer, name: str, rewards: list[float | None], *, 
         await writer.write(CloseGroup(name))
 
 
-@pytest.fixture
-async def store(database_url: str):
-    db = Database(database_url)
-    await db.migrate()
-    writer = Writer(db)
-    writer.start()
-    yield db, writer
-    await writer.close()
-    await db.dispose()
-
-
 async def test_only_closed_fully_rewarded_groups_with_spread_are_ready(store) -> None:
     db, writer = store
     await make_group(writer, "ready", [0.0, 1.0, 0.5])

@@ -12,6 +12,7 @@ The embedded demo model's file is found by ``serving/models.py:embedded_gguf``.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 
@@ -20,8 +21,6 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path) -> Path:
 
     Whole or absent: the folder is written beside ``out_dir`` and renamed into place, so a
     conversion cut short is never mistaken for a model. Returns ``out_dir``."""
-    import shutil
-
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -34,9 +33,8 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path) -> Path:
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     # A fresh model from the same config takes the dequantized weights and saves normally.
-    for attr in ("quantization_config",):
-        if hasattr(config, attr):
-            delattr(config, attr)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
     # Tied embeddings may be absent from the file's tensors; anything else is a broken file.
