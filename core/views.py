@@ -208,3 +208,33 @@ class RulerView(View, kw_only=True):
     judge_calls: int
     distinct_trajectories: int
     scores: list[ScoreView]
+
+
+class KeyView(View, kw_only=True):
+    """An API key as listed: never its secret (shown once, when made) nor the secret's hash."""
+
+    object: Literal["api_key"] = "api_key"
+    id: str
+    name: str
+    project: str
+    scopes: list[str]
+    # The secret's first characters, to tell keys apart.
+    prefix: str
+    rpm_limit: int | None
+    max_parallel_requests: int | None
+    created_at: str | None
+    expires_at: str | None
+    revoked_at: str | None
+    # "active", "revoked" or "expired".
+    status: str
+
+
+class NewKeyView(KeyView, kw_only=True):
+    """A key just made: the only answer that carries its secret."""
+
+    secret: str
+
+
+class KeyList(View, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[KeyView]

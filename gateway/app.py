@@ -11,14 +11,17 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-from litestar import Litestar, Response, get
+from litestar import Litestar, Response, Router, get
 from litestar.di import NamedDependency
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
+from litestar.openapi.spec import Components
 
 from burnish_server.core.errors import BurnishError
 from burnish_server.core.settings import Settings
 from burnish_server.gateway import errors, request_ids
+from burnish_server.gateway.access import BEARER, PUBLIC, SECURITY_SCHEMES, Access, KeyRing, access_middleware, follow_keys
+from burnish_server.gateway.errors import responses
 from burnish_server.gateway.metrics import CONTENT_TYPE, Metrics
 from burnish_server.gateway.routes import admin, proxy, ruler, trajectories
 from burnish_server.gateway.routes.common import DEPENDENCIES
@@ -26,6 +29,7 @@ from burnish_server.gateway.routing import Registry, follow
 from burnish_server.gateway.services import Services
 from burnish_server.gateway.upstream import Upstream
 from burnish_server.store.database import Database
+from burnish_server.store.keys import load_keys
 from burnish_server.store.policies import load_policies
 from burnish_server.store.stats import store_state
 from burnish_server.store.writer import Writer
@@ -34,12 +38,12 @@ from burnish_server.telemetry.langfuse_export import LangfuseExport
 log = logging.getLogger("burnish.gateway")
 
 
-@get("/health", include_in_schema=False)
+@get("/health", include_in_schema=False, opt={"scope": PUBLIC})
 async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@get("/metrics", media_type=CONTENT_TYPE)
+@get("/metrics", media_type=CONTENT_TYPE, opt={"scope": "metrics"}, responses=responses(401, 403, 429), security=BEARER)
 async def metrics(svc: NamedDependency[Services]) -> Response[bytes]:
     """Prometheus text format: calls, latencies, the writer, and the store's state (gateway/metrics.py)."""
     svc.metrics.set_store_state(await svc.db.read(store_state))
@@ -67,6 +71,13 @@ def create_app(settings: Settings | None = None) -> Litestar:
             await db.migrate()
         writer = Writer(db, batch_max=settings.commit_batch_max)
         writer.start()
+        access = Access(settings, db, KeyRing(await db.read(load_keys)))
+        if not access.may_be_open and not access.ring.configured:
+            # Anyone who can reach this address could read every trajectory and spend the upstream.
+            raise RuntimeError(
+                f"refusing to serve on {settings.host} without API keys: make one first "
+                "(burnish keys create --project NAME --scope call), or pass --insecure (BURNISH_INSECURE=true) to run open"
+            )
         upstream = Upstream(settings)
         policies = Registry(await db.read(load_policies))
         judge_http = httpx.AsyncClient(timeout=httpx.Timeout(settings.upstream_timeout, connect=settings.connect_timeout))
@@ -74,17 +85,29 @@ def create_app(settings: Settings | None = None) -> Litestar:
         metrics.record_queue.set_function(lambda: writer.pending)
         langfuse = LangfuseExport.from_settings(settings, metrics.registry)
         writer.on_commit = committed(metrics, langfuse)
-        svc = Services(settings=settings, db=db, writer=writer, upstream=upstream, policies=policies, judge_http=judge_http, metrics=metrics, langfuse=langfuse)
+        svc = Services(
+            settings=settings,
+            db=db,
+            writer=writer,
+            upstream=upstream,
+            policies=policies,
+            judge_http=judge_http,
+            metrics=metrics,
+            access=access,
+            langfuse=langfuse,
+        )
         app.state.services = svc
         background = [
             asyncio.create_task(follow(db, policies), name="burnish-policies"),
+            asyncio.create_task(follow_keys(db, access), name="burnish-keys"),
             asyncio.create_task(ruler.auto_ruler(svc), name="burnish-auto-ruler"),
         ]
         # Everything allocated so far lives as long as the app: move it out of the
         # collector's sight, so full collections stop walking it (a p99 latency cost).
         gc.collect()
         gc.freeze()
-        log.info("gateway up: upstream %s, store %s", settings.upstream, db.url.render_as_string(hide_password=True))
+        mode = "open (no API keys yet)" if access.open else "API keys required"
+        log.info("gateway up: upstream %s, store %s, %s", settings.upstream, db.url.render_as_string(hide_password=True), mode)
         try:
             yield
         finally:
@@ -109,8 +132,14 @@ def create_app(settings: Settings | None = None) -> Litestar:
             Exception: errors.handle_unexpected,
         },
         request_max_body_size=settings.max_body_bytes,
-        middleware=[request_ids.request_id_middleware],
-        openapi_config=OpenAPIConfig(title="burnish gateway", version="0.1.0", path="/docs"),
+        middleware=[request_ids.request_id_middleware, access_middleware],
+        openapi_config=OpenAPIConfig(
+            title="burnish gateway",
+            version="0.1.0",
+            # The schema and its pages are public: they describe the API, not anyone's data.
+            openapi_router=Router(path="/docs", route_handlers=[], opt={"scope": PUBLIC}),
+            components=Components(security_schemes=SECURITY_SCHEMES),
+        ),
         # Logging is configured by whoever runs the app (the CLI); Litestar's default
         # would set the root logger to INFO behind --log-level's back.
         logging_config=None,

@@ -11,6 +11,7 @@ import httpx
 from litestar.connection import ASGIConnection
 
 from burnish_server.core.settings import Settings
+from burnish_server.gateway.access import Access
 from burnish_server.gateway.metrics import Metrics
 from burnish_server.gateway.routing import Registry
 from burnish_server.gateway.upstream import Upstream
@@ -29,6 +30,7 @@ class Services:
     # For RULER's judge, which may be another server than the upstream.
     judge_http: httpx.AsyncClient
     metrics: Metrics
+    access: Access
     # None unless the Langfuse keys are set.
     langfuse: LangfuseExport | None = None
 

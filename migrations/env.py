@@ -12,6 +12,7 @@ from alembic import context
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from burnish_server.core.settings import Settings
+from burnish_server.store.database import compare_type
 from burnish_server.store.models import Base
 
 config = context.config
@@ -24,7 +25,7 @@ def do_run_migrations(connection) -> None:
         target_metadata=target_metadata,
         # SQLite cannot ALTER most things; batch mode rebuilds the table instead.
         render_as_batch=True,
-        compare_type=True,
+        compare_type=compare_type,
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -15,6 +15,8 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, MetaData, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from burnish_server.core.access import DEFAULT_PROJECT, STORED_ID_MAX
+
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a BIGINT identity.
 PK = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -47,7 +49,9 @@ class Group(Base):
     __tablename__ = "groups"
 
     pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
-    id: Mapped[str] = mapped_column(String(128), unique=True)
+    # Namespaced by project: "<project>/<id>", or the bare id in the default project (core/access.py).
+    id: Mapped[str] = mapped_column(String(STORED_ID_MAX), unique=True)
+    project: Mapped[str] = mapped_column(String(64), default=DEFAULT_PROJECT, server_default=DEFAULT_PROJECT)
     # Members expected (X-Group-Size); the group closes itself when that many are rewarded.
     expected_size: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -75,10 +79,16 @@ class Trajectory(Base):
 
     __tablename__ = "trajectories"
     # Only the held-out trajectories (a few among many): where their scores are read from.
-    __table_args__ = (Index("ix_trajectories_eval", "eval", sqlite_where=text("eval = 1"), postgresql_where=text("eval")),)
+    __table_args__ = (
+        Index("ix_trajectories_eval", "eval", sqlite_where=text("eval = 1"), postgresql_where=text("eval")),
+        # A project's page of trajectories, newest first.
+        Index("ix_trajectories_project_pk", "project", "pk"),
+    )
 
     pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
-    id: Mapped[str] = mapped_column(String(128), unique=True)
+    # Namespaced by project, like Group.id.
+    id: Mapped[str] = mapped_column(String(STORED_ID_MAX), unique=True)
+    project: Mapped[str] = mapped_column(String(64), default=DEFAULT_PROJECT, server_default=DEFAULT_PROJECT)
     group_id: Mapped[str | None] = mapped_column(ForeignKey("groups.id"), index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -212,3 +222,35 @@ class RulerVerdict(Base):
     # {trajectory_id: {"score", "explanation"}} for the trajectories shown to the judge.
     scores: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ApiKeyRow(Base):
+    """An API key (``core.access.ApiKey`` is its typed view). Never deleted: revoking keeps the row,
+    so that a gateway which has had keys never falls back to being open."""
+
+    __tablename__ = "api_keys"
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(32), unique=True)
+    name: Mapped[str] = mapped_column(String(128))
+    project: Mapped[str] = mapped_column(String(64), index=True)
+    scopes: Mapped[list[str]] = mapped_column(JSON)
+    # SHA-256 of the secret, hex; the secret itself is never stored.
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    # The secret's first characters, to tell keys apart in a listing.
+    prefix: Mapped[str] = mapped_column(String(16))
+    rpm_limit: Mapped[int | None] = mapped_column(Integer)
+    max_parallel_requests: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class GatewayRow(Base):
+    """A gateway process that is up, by its heartbeat: per-key limits are shared among them."""
+
+    __tablename__ = "gateways"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

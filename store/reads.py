@@ -18,6 +18,7 @@ from msgspec import UNSET, UnsetType
 from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from burnish_server.core.access import DEFAULT_PROJECT, local, local_optional
 from burnish_server.core.groups import group_state
 from burnish_server.core.records import OK, CallTokens, unpack_tokens
 from burnish_server.core.tokens import Continuity
@@ -30,8 +31,8 @@ _encode = msgspec.json.Encoder().encode
 
 def trajectory_view(row: Any, call_count: int | UnsetType = UNSET) -> TrajectoryView:
     return TrajectoryView(
-        id=row.id,
-        group_id=row.group_id,
+        id=local(row.id),
+        group_id=local_optional(row.group_id),
         created_at=iso(row.created_at),
         updated_at=iso(row.updated_at),
         reward=row.reward,
@@ -124,7 +125,7 @@ async def get_group(conn: AsyncConnection, group_id: str) -> GroupView | None:
         )
     ).all()
     return GroupView(
-        id=row.id,
+        id=local(row.id),
         expected_size=row.expected_size,
         created_at=iso(row.created_at),
         state=group_state(row.closed_at, row.claimed_by, row.trained_at).value,
@@ -142,6 +143,8 @@ async def get_group(conn: AsyncConnection, group_id: str) -> GroupView | None:
 
 @dataclass(frozen=True, slots=True)
 class Filters:
+    # Whose trajectories: always one project's (core/access.py); group_id is stored (qualified).
+    project: str = DEFAULT_PROJECT
     group_id: str | None = None
     rewarded: bool | None = None
     created_after: datetime | None = None
@@ -149,6 +152,7 @@ class Filters:
     eval: bool | None = None
 
     def apply(self, stmt: Select) -> Select:
+        stmt = stmt.where(Trajectory.project == self.project)
         if self.group_id is not None:
             stmt = stmt.where(Trajectory.group_id == self.group_id)
         if self.rewarded is not None:

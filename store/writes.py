@@ -18,6 +18,7 @@ from sqlalchemy import func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
+from burnish_server.core.access import local, project_of
 from burnish_server.core.errors import Conflict, NotFound
 from burnish_server.core.records import CallRecord
 from burnish_server.store.calls import CALL_COLUMNS, to_row
@@ -81,8 +82,8 @@ class _Prepared:
 def _prepared_sqlite(dialect: Any) -> tuple[_Prepared, _Prepared, _Prepared]:
     groups, trajectories = _upserts("sqlite")
     return (
-        _Prepared(groups, dialect, ("id", "expected_size", "policy", "eval", "created_at")),
-        _Prepared(trajectories, dialect, ("id", "group_id", "eval", "created_at", "updated_at")),
+        _Prepared(groups, dialect, ("id", "project", "expected_size", "policy", "eval", "created_at")),
+        _Prepared(trajectories, dialect, ("id", "project", "group_id", "eval", "created_at", "updated_at")),
         _Prepared(_INSERT_CALLS, dialect, CALL_COLUMNS),
     )
 
@@ -92,7 +93,9 @@ def insert_calls(conn: Connection, records: list[CallRecord]) -> None:
     trajectories: dict[str, dict[str, Any]] = {}
     for rec in records:
         if rec.group_id is not None:
-            group = groups.setdefault(rec.group_id, {"id": rec.group_id, "expected_size": None, "policy": None, "eval": False})
+            group = groups.setdefault(
+                rec.group_id, {"id": rec.group_id, "project": project_of(rec.group_id), "expected_size": None, "policy": None, "eval": False}
+            )
             group["expected_size"] = group["expected_size"] or rec.group_size
             group["policy"] = group["policy"] or rec.policy
             group["eval"] = group["eval"] or rec.eval
@@ -100,6 +103,7 @@ def insert_calls(conn: Connection, records: list[CallRecord]) -> None:
         if row is None:
             trajectories[rec.trajectory_id] = {
                 "id": rec.trajectory_id,
+                "project": project_of(rec.trajectory_id),
                 "group_id": rec.group_id,
                 "eval": rec.eval,
                 "created_at": rec.started_at,
@@ -140,7 +144,7 @@ class PostReward:
     def apply(self, conn: Connection) -> dict[str, Any]:
         found = conn.execute(select(Trajectory.group_id).where(Trajectory.id == self.trajectory_id)).first()
         if found is None:
-            raise NotFound(f"no trajectory {self.trajectory_id!r}", "trajectory_not_found", "trajectory_id")
+            raise NotFound(f"no trajectory {local(self.trajectory_id)!r}", "trajectory_not_found", "trajectory_id")
         group_id = found[0]
         group = None
         if group_id is not None:
@@ -148,7 +152,7 @@ class PostReward:
             # the last of them sees all the others and closes the group.
             group = conn.execute(select(Group.expected_size, Group.closed_at).where(Group.id == group_id).with_for_update()).one()
             if group.closed_at is not None:
-                raise Conflict(f"group {group_id!r} is closed; its rewards can no longer change", "group_closed", "trajectory_id")
+                raise Conflict(f"group {local(group_id)!r} is closed; its rewards can no longer change", "group_closed", "trajectory_id")
         now = utcnow()
         conn.execute(
             update(Trajectory).where(Trajectory.id == self.trajectory_id).values(reward=self.reward, reward_components=self.components, rewarded_at=now)
@@ -174,7 +178,7 @@ class CloseGroup:
     def apply(self, conn: Connection) -> dict[str, Any]:
         row = conn.execute(select(Group.closed_at).where(Group.id == self.group_id).with_for_update()).first()
         if row is None:
-            raise NotFound(f"no group {self.group_id!r}", "group_not_found", "group_id")
+            raise NotFound(f"no group {local(self.group_id)!r}", "group_not_found", "group_id")
         if row.closed_at is None:  # closing twice is not an error: the first close stands
             conn.execute(update(Group).where(Group.id == self.group_id).values(closed_at=utcnow(), close_reason="closed"))
         return {"group_id": self.group_id}

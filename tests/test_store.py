@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 
 from burnish_server.core.errors import NotFound
 from burnish_server.core.records import CallRecord
-from burnish_server.store.database import Database, alembic_config
+from burnish_server.store.database import Database, alembic_config, compare_type
 from burnish_server.store.models import Base, Call, Group, Reward, Trajectory, utcnow
 from burnish_server.store.writer import Writer
 from burnish_server.store.writes import CloseGroup, PostReward
@@ -73,7 +73,7 @@ async def test_migrations_match_the_models(db: Database) -> None:
     """What Alembic would autogenerate against the migrated schema: nothing."""
 
     def diff(conn) -> list:
-        return compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        return compare_metadata(MigrationContext.configure(conn, opts={"compare_type": compare_type}), Base.metadata)
 
     assert await db.read(diff) == []
 

@@ -1,8 +1,8 @@
-"""The admin API: create and change policies, control their training, roll back.
+"""The admin API: create and change policies, control their training, roll back; API keys.
 
 Every route needs ``Authorization: Bearer <BURNISH_ADMIN_TOKEN>`` (compared in constant
-time); with no token configured the admin API is closed. Errors use the same
-OpenAI-style body as ``/v1``.
+time) or a key with the ``admin`` scope (``gateway/access.py``); with neither configured the
+admin API is closed. Errors use the same OpenAI-style body as ``/v1``.
 
 The API states intent in the store; the trainer acts on it. Pause, resume and settings
 take effect at the trainer's next step; train-now and rollback answer 202 and the
@@ -11,37 +11,26 @@ policy's status shows them through (``pending_version``, ``train_requested_at``)
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated, Any
 
 import msgspec
-from litestar import Router, get, patch, post
-from litestar.connection import ASGIConnection
+from litestar import Router, delete, get, patch, post
 from litestar.di import NamedDependency
-from litestar.handlers import BaseRouteHandler
-from litestar.params import JSONBody
+from litestar.params import JSONBody, Parameter
 
+from burnish_server.core.access import SCOPES, KeyName, Limits, ProjectName, Scope
 from burnish_server.core.errors import Conflict, Invalid
 from burnish_server.core.ids import ID_REGEX
 from burnish_server.core.policies import LoraSettings, Policy, RulerSettings, TrainSettings
-from burnish_server.core.views import EvalList, MetricsList, PolicyList, PolicyView, StepList
-from burnish_server.gateway.errors import APIError, responses
+from burnish_server.core.views import EvalList, KeyList, KeyView, MetricsList, NewKeyView, PolicyList, PolicyView, StepList
+from burnish_server.gateway.access import ACCESS_ERRORS as ACCESS
+from burnish_server.gateway.access import BEARER
+from burnish_server.gateway.errors import responses
 from burnish_server.gateway.routes.common import PolicyName
 from burnish_server.gateway.services import Services
 from burnish_server.store import evals
+from burnish_server.store import keys as key_store
 from burnish_server.store import policies as store
-
-
-def require_admin(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
-    expected = connection.app.state.services.settings.admin_token
-    if not expected:
-        raise APIError(401, "the admin API is closed: set BURNISH_ADMIN_TOKEN on the gateway", "admin_disabled")
-    scheme, _, token = connection.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
-        error = APIError(401, "missing or wrong admin token (Authorization: Bearer <BURNISH_ADMIN_TOKEN>)", "invalid_admin_token")
-        error.headers = {"www-authenticate": "Bearer"}
-        raise error
-
 
 Name = Annotated[str, msgspec.Meta(pattern=ID_REGEX, description="1 to 128 characters from A-Z a-z 0-9 _ - . :")]
 BaseModel = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
@@ -85,7 +74,7 @@ async def _status(svc: Services, name: str) -> PolicyView:
     return await svc.db.read(store.policy_status, name)
 
 
-@post("/policies", status_code=201, opt={"invalid": "invalid_policy"}, responses=responses(400, 401, 409))
+@post("/policies", status_code=201, opt={"invalid": "invalid_policy"}, responses=responses(400, *ACCESS, 409))
 async def create_policy(data: JSONBody[PolicyIn], svc: NamedDependency[Services]) -> PolicyView:
     """Create a policy: a trainable model over a base model, with LoRA, training and RULER settings."""
     policy = Policy(
@@ -95,19 +84,19 @@ async def create_policy(data: JSONBody[PolicyIn], svc: NamedDependency[Services]
     return await _status(svc, data.name)
 
 
-@get("/policies", responses=responses(401))
+@get("/policies", responses=responses(*ACCESS))
 async def list_policies(svc: NamedDependency[Services]) -> PolicyList:
     names = [p.name for p in await svc.db.read(store.load_policies)]
     return PolicyList(data=[await svc.db.read(store.policy_status, name) for name in names])
 
 
-@get("/policies/{name:str}", responses=responses(400, 401, 404))
+@get("/policies/{name:str}", responses=responses(400, *ACCESS, 404))
 async def get_policy(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
     """A policy's settings and where it stands: served and pending version, groups by state, last step."""
     return await _status(svc, name)
 
 
-@patch("/policies/{name:str}", opt={"invalid": "invalid_policy"}, responses=responses(400, 401, 404, 409))
+@patch("/policies/{name:str}", opt={"invalid": "invalid_policy"}, responses=responses(400, *ACCESS, 404, 409))
 async def change_policy(name: PolicyName, data: JSONBody[PolicyPatch], svc: NamedDependency[Services]) -> PolicyView:
     await _write(svc, _patch, name, data)
     return await _status(svc, name)
@@ -135,20 +124,20 @@ def _update(conn: Any, name: str, values: dict[str, Any]) -> Any:
     return store.update_policy(conn, name, **values)
 
 
-@post("/policies/{name:str}/pause", status_code=200, responses=responses(400, 401, 404))
+@post("/policies/{name:str}/pause", status_code=200, responses=responses(400, *ACCESS, 404))
 async def pause(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
     """Stop training (the served version stays); a step already running finishes."""
     await _write(svc, _update, name, {"paused": True})
     return await _status(svc, name)
 
 
-@post("/policies/{name:str}/resume", status_code=200, responses=responses(400, 401, 404))
+@post("/policies/{name:str}/resume", status_code=200, responses=responses(400, *ACCESS, 404))
 async def resume(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
     await _write(svc, _update, name, {"paused": False})
     return await _status(svc, name)
 
 
-@post("/policies/{name:str}/train", status_code=202, responses=responses(400, 401, 404, 409))
+@post("/policies/{name:str}/train", status_code=202, responses=responses(400, *ACCESS, 404, 409))
 async def train_now(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
     """Train on the groups ready now, even fewer than groups_per_step (409 if none; paused policies too)."""
     if (await svc.db.read(store.get_policy, name)).paused:
@@ -157,13 +146,13 @@ async def train_now(name: PolicyName, svc: NamedDependency[Services]) -> PolicyV
     return await _status(svc, name)
 
 
-@get("/policies/{name:str}/checkpoints", responses=responses(400, 401, 404))
+@get("/policies/{name:str}/checkpoints", responses=responses(400, *ACCESS, 404))
 async def checkpoints(name: PolicyName, svc: NamedDependency[Services]) -> StepList:
     steps = await svc.db.read(store.list_steps, name)
     return StepList(data=[msgspec.structs.replace(s, metrics=msgspec.UNSET) for s in steps])
 
 
-@post("/policies/{name:str}/rollback", status_code=202, opt={"invalid": "invalid_rollback"}, responses=responses(400, 401, 404))
+@post("/policies/{name:str}/rollback", status_code=202, opt={"invalid": "invalid_rollback"}, responses=responses(400, *ACCESS, 404))
 async def rollback(name: PolicyName, data: JSONBody[RollbackIn], svc: NamedDependency[Services]) -> PolicyView:
     """Serve (and train on from) an earlier step; 0 is the base model. The trainer loads and switches."""
     await _write(svc, store.request_rollback, name, data.step)
@@ -174,7 +163,7 @@ def _history(conn: Any, name: str) -> tuple[list[Any], dict[int, evals.Score]]:
     return store.list_steps(conn, name), evals.scores_by_step(conn, name)
 
 
-@get("/policies/{name:str}/metrics", responses=responses(400, 401, 404))
+@get("/policies/{name:str}/metrics", responses=responses(400, *ACCESS, 404))
 async def metrics(name: PolicyName, svc: NamedDependency[Services]) -> MetricsList:
     """One entry per step, oldest first, with the held-out score of that version (null where none)."""
     steps, scores = await svc.db.read(_history, name)
@@ -191,16 +180,78 @@ def _evals(conn: Any, name: str) -> EvalList:
     return EvalList(data=evals.eval_scores(conn, name, served, every_version=True))
 
 
-@get("/policies/{name:str}/evals", responses=responses(400, 401, 404))
+@get("/policies/{name:str}/evals", responses=responses(400, *ACCESS, 404))
 async def eval_scores(name: PolicyName, svc: NamedDependency[Services]) -> EvalList:
     """Every version, oldest first (the base, step 0, included), with its held-out score: the mean
     reward of the rewarded eval trajectories it answered (null where none)."""
     return await svc.db.read(_evals, name)
 
 
+class KeyIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A new API key: its project, its scopes, and optionally an expiry and limits."""
+
+    name: KeyName
+    project: ProjectName = "default"
+    scopes: Annotated[list[Scope], msgspec.Meta(min_length=1, max_length=len(SCOPES))] = msgspec.field(default_factory=lambda: ["call"])
+    # Seconds from now until the key stops working; none: never.
+    expires_in: Annotated[float, msgspec.Meta(gt=0, le=100 * 365 * 86400)] | None = None
+    rpm_limit: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] | None = None
+    max_parallel_requests: Annotated[int, msgspec.Meta(ge=1, le=100_000)] | None = None
+
+
+KeyId = Annotated[str, Parameter(pattern=r"^key_[0-9a-f]{16}$(?!\n)", description="an API key's id: key_ and 16 hex digits")]
+
+
+@post("/keys", status_code=201, opt={"invalid": "invalid_key"}, responses=responses(400, *ACCESS))
+async def create_key(data: JSONBody[KeyIn], svc: NamedDependency[Services]) -> NewKeyView:
+    """Make an API key. Its secret is in this answer and nowhere else, ever: the store keeps its hash."""
+    limits = Limits(rpm_limit=data.rpm_limit, max_parallel_requests=data.max_parallel_requests)
+    made = await svc.db.transaction(
+        key_store.create_key, name=data.name, project=data.project, scopes=list(data.scopes), limits=limits, expires_in_s=data.expires_in
+    )
+    svc.access.ring.replace(await svc.db.read(key_store.load_keys))  # this gateway closes at once; others within a second
+    return made
+
+
+@get("/keys", responses=responses(*ACCESS))
+async def list_keys(svc: NamedDependency[Services]) -> KeyList:
+    """Every key, revoked and expired ones included, oldest first (never a secret nor its hash)."""
+    return KeyList(data=[key_store.key_view(k) for k in await svc.db.read(key_store.load_keys)])
+
+
+@get("/keys/{key_id:str}", responses=responses(400, *ACCESS, 404))
+async def get_key(key_id: KeyId, svc: NamedDependency[Services]) -> KeyView:
+    return key_store.key_view(await svc.db.read(key_store.get_key, key_id))
+
+
+@delete("/keys/{key_id:str}", status_code=200, responses=responses(400, *ACCESS, 404))
+async def revoke_key(key_id: KeyId, svc: NamedDependency[Services]) -> KeyView:
+    """Revoke a key: refused by this gateway at once, by every other within a second. The row stays."""
+    key = await svc.db.transaction(key_store.revoke_key, key_id)
+    svc.access.ring.replace(await svc.db.read(key_store.load_keys))
+    return key_store.key_view(key)
+
+
 router = Router(
     path="/admin",
-    guards=[require_admin],
-    route_handlers=[create_policy, list_policies, get_policy, change_policy, pause, resume, train_now, checkpoints, rollback, metrics, eval_scores],
+    opt={"scope": "admin"},
+    security=BEARER,
+    route_handlers=[
+        create_policy,
+        list_policies,
+        get_policy,
+        change_policy,
+        pause,
+        resume,
+        train_now,
+        checkpoints,
+        rollback,
+        metrics,
+        eval_scores,
+        create_key,
+        list_keys,
+        get_key,
+        revoke_key,
+    ],
     tags=["admin"],
 )

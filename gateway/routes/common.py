@@ -2,7 +2,8 @@
 
 Ids in paths are checked by Litestar against ``core.ids.ID_REGEX`` (so the OpenAPI schema
 shows the pattern, and a wrong one is a 400 ``invalid_id`` from ``gateway/errors.py``).
-Handlers get ``Services`` by dependency injection (``svc``), never from a global, and
+Handlers get ``Services`` by dependency injection (``svc``), never from a global, the
+caller (``caller``: its project namespaces every id it names, ``core/access.py``), and
 return the typed answers of ``core/views.py``, which Litestar encodes and documents.
 """
 
@@ -10,11 +11,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
+from litestar import Request
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.params import Parameter
 
+from burnish_server.core.access import Principal
 from burnish_server.core.ids import ID_REGEX, ID_RULE
+from burnish_server.gateway.access import principal
 from burnish_server.gateway.services import Services
 
 TrajectoryId = Annotated[str, Parameter(pattern=ID_REGEX, description=f"a trajectory id: {ID_RULE}")]
@@ -27,5 +31,10 @@ def _services(state: State) -> Services:
     return services
 
 
-# Registered on the app: every handler that names a ``svc: Services`` parameter gets it.
-DEPENDENCIES = {"svc": Provide(_services, sync_to_thread=False)}
+def _caller(request: Request) -> Principal:
+    return principal(request.scope)
+
+
+# Registered on the app: every handler that names a ``svc: Services`` parameter gets it, and
+# ``caller: Principal`` the key (its project and scopes) that ``gateway/access.py`` let in.
+DEPENDENCIES = {"svc": Provide(_services, sync_to_thread=False), "caller": Provide(_caller, sync_to_thread=False)}

@@ -12,6 +12,7 @@ untouched: the gateway only adds ``X-Trajectory-Id``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 
 import anyio
@@ -22,8 +23,10 @@ from litestar.exceptions import HTTPException
 from litestar.handlers import HTTPRouteHandler
 from litestar.response.base import ASGIResponse
 
+from burnish_server.core.access import ANONYMOUS, DEFAULT_PROJECT, qualify_optional
 from burnish_server.core.records import CLIENT_DISCONNECTED, OK, UPSTREAM_CUT, UPSTREAM_ERROR, CallRecord
 from burnish_server.gateway import keys
+from burnish_server.gateway.access import BEARER, principal
 from burnish_server.gateway.call import Call, json_or_none, parse_head, upstream_message
 from burnish_server.gateway.capture import ENDPOINTS, Endpoint, StreamCapture
 from burnish_server.gateway.errors import APIError, error_body
@@ -43,14 +46,18 @@ PREFIXES = KEY_PREFIXES + tuple(keys.EVAL_PREFIX + prefix for prefix in KEY_PREF
 
 async def forward(request: Request, endpoint: Endpoint) -> ASGIResponse:
     svc = services(request)
+    caller = principal(request.scope)
     key = keys.resolve(request.path_params, keys.key_headers(request.scope["headers"]), eval_path=keys.is_eval_path(request.scope["path"]))
+    shown = key.trajectory_id
+    if caller.project != DEFAULT_PROJECT:  # stored under the caller's project (core/access.py)
+        key = dataclasses.replace(key, trajectory_id=caller.stored(key.trajectory_id), group_id=qualify_optional(caller.project, key.group_id))
     try:
         body = await request.body()
         head = parse_head(body)
     except HTTPException as exc:  # refused, but still told which trajectory it would have joined
-        exc.headers = {**(exc.headers or {}), "x-trajectory-id": key.trajectory_id}
+        exc.headers = {**(exc.headers or {}), "x-trajectory-id": shown}
         raise
-    call = Call(svc, endpoint, key, head, body)
+    call = Call(svc, endpoint, key, head, body, caller)
     if call.route is not None:
         if endpoint.name in translated.SURFACES:  # Responses, Messages: served through chat completions
             return await translated.serve(request, call)
@@ -64,7 +71,7 @@ async def forward(request: Request, endpoint: Endpoint) -> ASGIResponse:
         return response
 
     headers = response_headers(response)
-    headers["x-trajectory-id"] = key.trajectory_id
+    headers["x-trajectory-id"] = shown
     headers["x-policy-version"] = call.version
     if response.status_code < 400 and response.headers.get("content-type", "").startswith("text/event-stream"):
         relay = StreamRelay(call, response)
@@ -139,15 +146,19 @@ def _proxy_handler(endpoint: Endpoint) -> HTTPRouteHandler:
         return await forward(request, endpoint)
 
     handler.__name__ = f"proxy_{endpoint.name.replace('.', '_')}"
-    return post([f"{prefix}/v1/{endpoint.path}" for prefix in PREFIXES], name=handler.__name__, status_code=200)(handler)
+    return post([f"{prefix}/v1/{endpoint.path}" for prefix in PREFIXES], name=handler.__name__, status_code=200, opt={"scope": "call"}, security=BEARER)(
+        handler
+    )
 
 
-@get([f"{prefix}/v1/models" for prefix in PREFIXES], name="models")
+@get([f"{prefix}/v1/models" for prefix in PREFIXES], name="models", opt={"scope": "call"}, security=BEARER)
 async def models(request: Request) -> ASGIResponse:
     """The policies, then the upstream's models."""
     svc = services(request)
     try:
-        response, _ = await svc.upstream.send("GET", "/v1/models", content=None, headers=svc.upstream.request_headers(request.scope["headers"]))
+        response, _ = await svc.upstream.send(
+            "GET", "/v1/models", content=None, headers=svc.upstream.request_headers(request.scope["headers"], ours=principal(request.scope) is not ANONYMOUS)
+        )
     except UpstreamFailure as failure:
         return ASGIResponse(body=error_body(failure.status, failure.message, "upstream_unavailable"), status_code=failure.status)
     try:

@@ -20,9 +20,11 @@ from litestar.params import FromQuery, JSONBody, QueryParameter
 from litestar.response import Stream
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from burnish_server.core.access import Principal, local, qualify_optional
 from burnish_server.core.errors import NotFound
 from burnish_server.core.ids import ID_REGEX
 from burnish_server.core.views import GroupView, TrajectoryPage, TrajectoryView
+from burnish_server.gateway.access import ACCESS_ERRORS, BEARER
 from burnish_server.gateway.errors import responses
 from burnish_server.gateway.routes.common import GroupId, TrajectoryId
 from burnish_server.gateway.services import Services
@@ -51,57 +53,70 @@ class RewardIn(msgspec.Struct, forbid_unknown_fields=True):
 
 
 async def _read(svc: Services, read: Callable[[AsyncConnection, str], Awaitable[V | None]], key: str, kind: str) -> V:
-    """One trajectory or group from the reader pool, or NotFound."""
+    """One trajectory or group (by its stored id) from the reader pool, or NotFound."""
     async with svc.db.reader.connect() as conn:
         out = await read(conn, key)
-    if out is None:
-        raise NotFound(f"no {kind} {key!r}", f"{kind}_not_found", f"{kind}_id")
+    if out is None:  # another project's is not found either: its ids are stored apart
+        raise NotFound(f"no {kind} {local(key)!r}", f"{kind}_not_found", f"{kind}_id")
     return out
 
 
-@post("/v1/trajectories/{trajectory_id:str}/reward", status_code=200, opt={"invalid": "invalid_reward"}, responses=responses(400, 404, 409))
-async def post_reward(trajectory_id: TrajectoryId, data: JSONBody[RewardIn], svc: NamedDependency[Services]) -> TrajectoryView:
+@post(
+    "/v1/trajectories/{trajectory_id:str}/reward",
+    status_code=200,
+    opt={"invalid": "invalid_reward", "scope": "call"},
+    responses=responses(400, *ACCESS_ERRORS, 404, 409),
+    security=BEARER,
+)
+async def post_reward(
+    trajectory_id: TrajectoryId, data: JSONBody[RewardIn], svc: NamedDependency[Services], caller: NamedDependency[Principal]
+) -> TrajectoryView:
     """Set a trajectory's reward. Every reward is kept; the latest is the trajectory's."""
-    result = await svc.writer.write(PostReward(trajectory_id, data.reward, dict(data.components)))
+    stored = caller.stored(trajectory_id)
+    result = await svc.writer.write(PostReward(stored, data.reward, dict(data.components)))
     if svc.langfuse is not None:
-        svc.langfuse.put(Score(trajectory_id, "reward", data.reward, metadata={"source": "user", "components": dict(data.components)}))
-    out = await _read(svc, reads.get_trajectory, trajectory_id, "trajectory")
+        svc.langfuse.put(Score(stored, "reward", data.reward, metadata={"source": "user", "components": dict(data.components)}))
+    out = await _read(svc, reads.get_trajectory, stored, "trajectory")
     return msgspec.structs.replace(out, calls=msgspec.UNSET, group_closed=result["group_closed"])
 
 
-@post("/v1/groups/{group_id:str}/close", status_code=200, responses=responses(400, 404))
-async def close_group(group_id: GroupId, svc: NamedDependency[Services]) -> GroupView:
+@post("/v1/groups/{group_id:str}/close", status_code=200, opt={"scope": "call"}, responses=responses(400, *ACCESS_ERRORS, 404), security=BEARER)
+async def close_group(group_id: GroupId, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> GroupView:
     """Close a group: it takes no more rewards and is ready for training."""
-    await svc.writer.write(CloseGroup(group_id))
-    return await _read(svc, reads.get_group, group_id, "group")
+    await svc.writer.write(CloseGroup(caller.stored(group_id)))
+    return await _read(svc, reads.get_group, caller.stored(group_id), "group")
 
 
-@get("/v1/trajectories/{trajectory_id:str}", responses=responses(400, 404))
-async def get_trajectory(trajectory_id: TrajectoryId, svc: NamedDependency[Services]) -> TrajectoryView:
+@get("/v1/trajectories/{trajectory_id:str}", opt={"scope": "call|read"}, responses=responses(400, *ACCESS_ERRORS, 404), security=BEARER)
+async def get_trajectory(trajectory_id: TrajectoryId, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> TrajectoryView:
     """A trajectory: its calls in order (request, response, tokens), its rewards."""
-    return await _read(svc, reads.get_trajectory, trajectory_id, "trajectory")
+    return await _read(svc, reads.get_trajectory, caller.stored(trajectory_id), "trajectory")
 
 
-@get("/v1/groups/{group_id:str}", responses=responses(400, 404))
-async def get_group(group_id: GroupId, svc: NamedDependency[Services]) -> GroupView:
+@get("/v1/groups/{group_id:str}", opt={"scope": "call|read"}, responses=responses(400, *ACCESS_ERRORS, 404), security=BEARER)
+async def get_group(group_id: GroupId, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> GroupView:
     """A group: its state and its members."""
-    return await _read(svc, reads.get_group, group_id, "group")
+    return await _read(svc, reads.get_group, caller.stored(group_id), "group")
 
 
 OptionalId = Annotated[str | None, QueryParameter(pattern=ID_REGEX)]
 UnixTime = Annotated[float | None, QueryParameter(ge=0, lt=1e11, description="Unix time in seconds")]
 
 
-def _filters(group_id: str | None, rewarded: bool | None, created_after: float | None, created_before: float | None, held_out: bool | None) -> reads.Filters:
+def _filters(
+    caller: Principal, group_id: str | None, rewarded: bool | None, created_after: float | None, created_before: float | None, held_out: bool | None
+) -> reads.Filters:
     def when(value: float | None) -> datetime | None:
         return None if value is None else datetime.fromtimestamp(value, UTC)
 
-    return reads.Filters(group_id, rewarded, when(created_after), when(created_before), held_out)
+    group = qualify_optional(caller.project, group_id)
+    return reads.Filters(caller.project, group, rewarded, when(created_after), when(created_before), held_out)
 
 
-@get("/v1/trajectories", responses=responses(400, 404))
+@get("/v1/trajectories", opt={"scope": "read"}, responses=responses(400, *ACCESS_ERRORS, 404), security=BEARER)
 async def list_trajectories(
     svc: NamedDependency[Services],
+    caller: NamedDependency[Principal],
     group_id: OptionalId = None,
     rewarded: FromQuery[bool | None] = None,
     created_after: UnixTime = None,
@@ -113,17 +128,24 @@ async def list_trajectories(
 ) -> TrajectoryPage:
     """A page of trajectories, newest first by default; pass ``after=<last_id>`` for the next.
     ``eval=true`` lists only the held-out trajectories, ``eval=false`` only the others."""
-    filters = _filters(group_id, rewarded, created_after, created_before, eval)
+    filters = _filters(caller, group_id, rewarded, created_after, created_before, eval)
     async with svc.db.reader.connect() as conn:
-        out = await reads.list_trajectories(conn, filters, limit=limit, after=after, order=order)
+        out = await reads.list_trajectories(conn, filters, limit=limit, after=qualify_optional(caller.project, after), order=order)
     if out is None:
         raise NotFound(f"no trajectory {after!r} to page after", "trajectory_not_found", "after")
     return out
 
 
-@get("/v1/trajectories/export", responses=responses(400))
+@get(
+    "/v1/trajectories/export",
+    opt={"scope": "read"},
+    media_type="application/x-ndjson",
+    responses=responses(400, *ACCESS_ERRORS),
+    security=BEARER,
+)
 async def export_trajectories(
     svc: NamedDependency[Services],
+    caller: NamedDependency[Principal],
     group_id: OptionalId = None,
     rewarded: FromQuery[bool | None] = None,
     created_after: UnixTime = None,
@@ -131,7 +153,7 @@ async def export_trajectories(
     eval: FromQuery[bool | None] = None,
 ) -> Stream:
     """Every matching trajectory with its calls, one JSON line each, streamed."""
-    filters = _filters(group_id, rewarded, created_after, created_before, eval)
+    filters = _filters(caller, group_id, rewarded, created_after, created_before, eval)
     return Stream(
         reads.export_jsonl(svc.db.reader, filters),
         media_type="application/x-ndjson",

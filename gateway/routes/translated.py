@@ -29,6 +29,7 @@ from litestar import Request
 from litestar.response.base import ASGIResponse
 
 from burnish_server.core import wire
+from burnish_server.core.access import local
 from burnish_server.core.errors import Invalid
 from burnish_server.core.records import CLIENT_DISCONNECTED, MESSAGES, OK, RESPONSES, UPSTREAM_CUT, UPSTREAM_ERROR, CallRecord
 from burnish_server.core.translate import common as translate
@@ -53,7 +54,7 @@ def _refuse(call: Call, status: int, message: str, code: str, param: str | None 
     if param and call.endpoint.name == MESSAGES:  # Anthropic's errors have no param field: it leads the message
         message = f"{param}: {message}"
     error = APIError(status, message, code, param)
-    error.headers = {"x-trajectory-id": call.key.trajectory_id}
+    error.headers = {"x-trajectory-id": local(call.key.trajectory_id)}
     return error
 
 
@@ -87,11 +88,11 @@ async def _prepare_responses(call: Call) -> tuple[dict[str, Any], Translator]:
 async def _history(call: Call, request: wire.ResponsesCreate) -> list[Any]:
     """The conversation ``previous_response_id`` continues, as JSON items (the earlier call's
     input was recorded resolved, so one lookup has it all). Only a response of the same
-    policy continues."""
+    policy, and of the caller's project, continues."""
     if not request.previous_response_id:
         return []
     earlier = await call.svc.db.read(stored_response, request.previous_response_id)
-    if earlier is None or earlier.policy != (call.route.policy if call.route else None):
+    if earlier is None or earlier.policy != (call.route.policy if call.route else None) or not call.caller.owns(earlier.trajectory_id):
         message = f"Previous response with id '{request.previous_response_id}' not found."
         raise _refuse(call, 400, message, "previous_response_not_found", "previous_response_id")
     return responses.continued(earlier.request_json(), json_or_none(earlier.response or b""))
@@ -103,7 +104,7 @@ async def serve(request: Request, call: Call) -> ASGIResponse:
     response = await call.send(request.scope["headers"], "/v1/chat/completions")
     if isinstance(response, ASGIResponse):
         return response
-    headers = {"x-trajectory-id": call.key.trajectory_id, "x-policy-version": call.version}
+    headers = {"x-trajectory-id": local(call.key.trajectory_id), "x-policy-version": call.version}
 
     if response.status_code < 400 and response.headers.get("content-type", "").startswith("text/event-stream"):
         relay = TranslatedStream(call, response, translator)
