@@ -1,4 +1,4 @@
-"""The ``burnish`` command: gateway, trainer, up, db upgrade, tiny-model, convert-gguf.
+"""The ``burnish`` command: gateway, trainer, up, db upgrade, keys, tiny-model, convert-gguf.
 
 The top layer. It imports the gateway and the trainer only inside the commands that run
 them, so `burnish gateway` never loads torch and `burnish trainer` never loads Litestar."""
@@ -7,13 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import signal
 import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 import click
 
 from burnish_server.core import logs
+from burnish_server.core.access import SCOPES
 from burnish_server.core.settings import Settings
+
+T = TypeVar("T")
+SCOPE_NAMES: list[str] = list(SCOPES)
 
 
 def _settings(**overrides: object) -> Settings:
@@ -36,6 +43,7 @@ def main() -> None:
 @click.option("--data-dir", help="where the SQLite store lives [BURNISH_DATA_DIR]")
 @click.option("--database-url", help="SQLAlchemy URL; PostgreSQL to scale out [BURNISH_DATABASE_URL]")
 @click.option("--record/--no-record", default=None, help="record calls (default on) [BURNISH_RECORD]")
+@click.option("--insecure", is_flag=True, default=None, help="serve open (no API key needed) on a non-loopback address while no key exists [BURNISH_INSECURE]")
 @click.option("--log-level", help="debug, info, warning, error [BURNISH_LOG_LEVEL]")
 @click.option("--log-format", type=click.Choice(["text", "json"]), help="[BURNISH_LOG_FORMAT]")
 def gateway(**options: object) -> None:
@@ -89,6 +97,83 @@ def _display_url(settings: Settings) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(settings.resolved_database_url).render_as_string(hide_password=True)
+
+
+@main.group()
+def keys() -> None:
+    """API keys, straight in the store (for the first key of a gateway that is not on loopback)."""
+
+
+def _in_store(settings: Settings, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+    from burnish_server.store.database import Database
+
+    async def run() -> T:
+        database = Database(settings.resolved_database_url)
+        try:
+            if settings.auto_migrate:
+                await database.migrate()
+            return await database.transaction(functools.partial(fn, **kwargs), *args)
+        finally:
+            await database.dispose()
+
+    return asyncio.run(run())
+
+
+@keys.command("create")
+@click.option("--name", required=True, help="what the key is for, e.g. the agent's name")
+@click.option("--project", default="default", show_default=True, help="the project whose trajectories the key sees and scores")
+@click.option("--scope", "scopes", multiple=True, type=click.Choice(SCOPE_NAMES), help="repeat for more [default: call]")
+@click.option("--expires-in", type=float, help="seconds until the key stops working (default: never)")
+@click.option("--rpm-limit", type=int, help="requests a minute")
+@click.option("--max-parallel-requests", type=int, help="requests in flight at once")
+@click.option("--database-url", help="[BURNISH_DATABASE_URL]")
+@click.option("--data-dir", help="[BURNISH_DATA_DIR]")
+def create_key(
+    name: str, project: str, scopes: tuple[str, ...], expires_in: float | None, rpm_limit: int | None, max_parallel_requests: int | None, **options: object
+) -> None:
+    """Make a key and print its secret: the only time it is shown."""
+    import msgspec
+
+    from burnish_server.core.access import Limits, is_project
+    from burnish_server.store.keys import create_key as create
+
+    if not is_project(project):
+        raise click.UsageError(f"invalid --project {project!r}")
+    try:
+        limits = msgspec.convert({"rpm_limit": rpm_limit, "max_parallel_requests": max_parallel_requests}, Limits)
+    except msgspec.ValidationError as exc:
+        raise click.UsageError(str(exc)) from None
+    made = _in_store(_settings(**options), create, name=name[:128], project=project, scopes=list(scopes or ["call"]), limits=limits, expires_in_s=expires_in)
+    click.echo(f"{made.id} ({made.project}: {', '.join(made.scopes)})", err=True)
+    click.echo(made.secret)
+
+
+@keys.command("list")
+@click.option("--database-url", help="[BURNISH_DATABASE_URL]")
+@click.option("--data-dir", help="[BURNISH_DATA_DIR]")
+def list_keys(**options: object) -> None:
+    """Every key: id, status, project, scopes, name (never a secret)."""
+    from burnish_server.store.keys import key_view, load_keys
+
+    for key in _in_store(_settings(**options), load_keys):
+        view = key_view(key)
+        click.echo(f"{view.id}\t{view.status}\t{view.project}\t{','.join(view.scopes)}\t{view.prefix}...\t{view.name}")
+
+
+@keys.command("revoke")
+@click.argument("key_id")
+@click.option("--database-url", help="[BURNISH_DATABASE_URL]")
+@click.option("--data-dir", help="[BURNISH_DATA_DIR]")
+def revoke_key(key_id: str, **options: object) -> None:
+    """Revoke a key: every gateway refuses it within a second."""
+    from burnish_server.core.errors import NotFound
+    from burnish_server.store.keys import revoke_key as revoke
+
+    try:
+        _in_store(_settings(**options), revoke, key_id)
+    except NotFound as exc:
+        raise click.ClickException(exc.message) from None
+    click.echo(f"{key_id} revoked")
 
 
 @main.command()
@@ -164,6 +249,7 @@ def convert_gguf(gguf_file: str, path: str) -> None:
 @click.option("--policy", default="agent", show_default=True, help="policy created over the model if it does not exist")
 @click.option("--host", help="gateway address [BURNISH_HOST]")
 @click.option("--port", type=int, help="gateway port [BURNISH_PORT]")
+@click.option("--insecure", is_flag=True, default=None, help="let the gateway serve open on a non-loopback --host while no API key exists [BURNISH_INSECURE]")
 @click.option("--vllm-port", type=int, default=8000, show_default=True)
 @click.option("--data-dir", help="[BURNISH_DATA_DIR]")
 @click.option("--database-url", help="[BURNISH_DATABASE_URL]")

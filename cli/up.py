@@ -137,7 +137,7 @@ def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int
     logs = settings.data_path / "logs"
     children: list[tuple[str, subprocess.Popen, Path]] = []
 
-    env = {**os.environ, "BURNISH_ADMIN_TOKEN": token}
+    env = {**os.environ, "BURNISH_ADMIN_TOKEN": token, **({"BURNISH_INSECURE": "true"} if settings.insecure else {})}
 
     def spawn(name: str, *args: str) -> subprocess.Popen:
         with (logs / f"{name}.log").open("ab") as log:

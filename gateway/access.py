@@ -222,7 +222,8 @@ def access_middleware(app: ASGIApp) -> ASGIApp:
     """Raw ASGI (a Litestar middleware factory), run after routing: authenticate, authorize, limit."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        need = required_scope(scope["route_handler"]) if scope["type"] == "http" else PUBLIC
+        # OPTIONS is Litestar's own answer of the allowed methods (and CORS preflights carry no key).
+        need = required_scope(scope["route_handler"]) if scope["type"] == "http" and scope["method"] != "OPTIONS" else PUBLIC
         if need == PUBLIC:
             await app(scope, receive, send)
             return

@@ -69,15 +69,18 @@ def create_app(settings: Settings | None = None) -> Litestar:
         db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
         if settings.auto_migrate:
             await db.migrate()
-        writer = Writer(db, batch_max=settings.commit_batch_max)
-        writer.start()
         access = Access(settings, db, KeyRing(await db.read(load_keys)))
-        if not access.may_be_open and not access.ring.configured:
-            # Anyone who can reach this address could read every trajectory and spend the upstream.
+        if not access.may_be_open and not access.ring.configured and access.admin_token is None:
+            await db.dispose()
+            # Open, anyone who can reach this address could read every trajectory and spend the
+            # upstream; closed with neither keys nor an admin token, no one could ever get in.
             raise RuntimeError(
                 f"refusing to serve on {settings.host} without API keys: make one first "
-                "(burnish keys create --project NAME --scope call), or pass --insecure (BURNISH_INSECURE=true) to run open"
+                "(burnish keys create --name NAME --project PROJECT), or set BURNISH_ADMIN_TOKEN to make them over /admin/keys, "
+                "or pass --insecure (BURNISH_INSECURE=true) to run open"
             )
+        writer = Writer(db, batch_max=settings.commit_batch_max)
+        writer.start()
         upstream = Upstream(settings)
         policies = Registry(await db.read(load_policies))
         judge_http = httpx.AsyncClient(timeout=httpx.Timeout(settings.upstream_timeout, connect=settings.connect_timeout))

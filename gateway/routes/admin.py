@@ -11,6 +11,7 @@ policy's status shows them through (``pending_version``, ``train_requested_at``)
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 
 import msgspec
@@ -206,9 +207,8 @@ KeyId = Annotated[str, Parameter(pattern=r"^key_[0-9a-f]{16}$(?!\n)", descriptio
 async def create_key(data: JSONBody[KeyIn], svc: NamedDependency[Services]) -> NewKeyView:
     """Make an API key. Its secret is in this answer and nowhere else, ever: the store keeps its hash."""
     limits = Limits(rpm_limit=data.rpm_limit, max_parallel_requests=data.max_parallel_requests)
-    made = await svc.db.transaction(
-        key_store.create_key, name=data.name, project=data.project, scopes=list(data.scopes), limits=limits, expires_in_s=data.expires_in
-    )
+    make = functools.partial(key_store.create_key, name=data.name, project=data.project, scopes=list(data.scopes), limits=limits, expires_in_s=data.expires_in)
+    made = await svc.db.transaction(make)
     svc.access.ring.replace(await svc.db.read(key_store.load_keys))  # this gateway closes at once; others within a second
     return made
 

@@ -1,6 +1,6 @@
 """The clients: ``Client`` (sync) and ``AsyncClient``, with their groups and trajectories.
 
-    client = Client("http://127.0.0.1:8080", admin_token=...)
+    client = Client("http://127.0.0.1:8080", api_key=..., admin_token=...)
     with client.group(size=4) as group:          # closed on a clean exit
         t = group.trajectory()
         t.openai().chat.completions.create(model="agent", messages=...)
@@ -30,16 +30,19 @@ class _Settings:
     def __init__(self, base_url: str, api_key: str | None, admin_token: str | None) -> None:
         # The gateway's root: "http://host:8080" (a trailing /v1 is accepted and dropped).
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
-        # What agents' OpenAI clients send as their key (the gateway passes it upstream).
+        # The gateway's API key: sent by the agents' OpenAI clients and by this client's own calls
+        # (rewards, groups, reads). A gateway without keys ignores it; OpenAI's clients need one.
+        self.key_given = api_key is not None
         self.api_key = api_key or "burnish"
         self.admin_token = admin_token
 
     def headers(self, call: Call) -> dict[str, str]:
-        if not call.admin:
-            return {}
-        if not self.admin_token:
-            raise ValueError("this call needs the admin token: Client(..., admin_token=...)")
-        return {"authorization": f"Bearer {self.admin_token}"}
+        if call.admin:  # the admin token, else a key with the admin scope
+            token = self.admin_token or (self.api_key if self.key_given else None)
+            if not token:
+                raise ValueError("this call needs the admin token: Client(..., admin_token=...), or an api_key with the admin scope")
+            return {"authorization": f"Bearer {token}"}
+        return {"authorization": f"Bearer {self.api_key}"} if self.key_given else {}
 
 
 # ---- sync ---------------------------------------------------------------------------
