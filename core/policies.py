@@ -72,8 +72,14 @@ class TrainSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     seed: int = 0
 
 
+# A judge's base URL: http or https, a host, an optional path; no query, fragment or space
+# (the gateway appends /chat/completions to it).
+JUDGE_URL_PATTERN = r"^https?://[^/?#\s]+(/[^?#\s]*)?$"
+
+
 class RulerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """RULER for the policy's groups (gateway/ruler.py); a request's own values come first."""
+    """RULER for the policy's groups (gateway/ruler.py). A request's own rubric, judge_model
+    and combine come first; the judge's endpoint never comes from a request."""
 
     # Judge every group of the policy when it closes (a group whose members all carry a
     # user reward is left alone under combine "set").
@@ -82,8 +88,9 @@ class RulerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     rubric: Annotated[str, Meta(max_length=20_000)] | None = None
     # None: BURNISH_JUDGE_MODEL, else the policy's base model.
     judge_model: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
-    # None: BURNISH_JUDGE_BASE_URL, else the gateway's upstream.
-    judge_base_url: Annotated[str, Meta(min_length=1, max_length=700)] | None = None
+    # None: BURNISH_JUDGE_BASE_URL, else the gateway's upstream. An http(s) base URL with no
+    # query or fragment; BURNISH_JUDGE_ALLOWED_URLS, where set, lists the ones allowed.
+    judge_base_url: Annotated[str, Meta(min_length=1, max_length=700, pattern=JUDGE_URL_PATTERN)] | None = None
     # "set": the score becomes the reward; "add": it is added to the user's reward.
     combine: Literal["set", "add"] = "set"
 

@@ -8,14 +8,21 @@
 
 Nothing here touches the store: ``store/ruler.py`` keeps verdicts and rewards,
 ``gateway/routes/ruler.py`` puts the two together. The judge is any OpenAI-compatible
-endpoint; by default the gateway's own upstream.
+endpoint the server is configured with; by default the gateway's own upstream.
+
+A failure is described in our own words (``RulerFailed``): the judge's answer never reaches
+a caller or the store, only the gateway's log, cut to ``LOG_EXCERPT_CHARS``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import logging
 import math
+import os
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,14 +60,20 @@ TRAJECTORY_CHAR_BUDGET = 24_000
 # The shared prefix, likewise (system prompt, task, tool definitions the agents share).
 CONTEXT_CHAR_BUDGET = 16_000
 EXPLANATION_MAX_CHARS = 500
+# A verdict is a short JSON object; a larger answer is not read further (and is retried).
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+# Characters of a failed answer written to the gateway's log (never to a caller or the store).
+LOG_EXCERPT_CHARS = 300
+
+log = logging.getLogger("burnish.ruler")
 
 
 class JudgeOutputError(ValueError):
-    """The judge answered, but not with a valid verdict."""
+    """The judge answered, but not with a valid verdict. The message is ours, never the judge's words."""
 
 
 class RulerFailed(Exception):
-    """No valid verdict after every attempt: a message for the caller and the store."""
+    """No valid verdict after every attempt: a message for the caller and the store, in our words."""
 
 
 @dataclass(frozen=True)
@@ -69,12 +82,24 @@ class Judge:
     model: str
     api_key: str = ""
     attempts: int = 3
-    timeout_s: float = 120.0
+    timeout_s: float = 120.0  # one call, whole (connecting, sending, every byte of the answer)
+    connect_timeout_s: float = 5.0
     max_tokens: int = 2048
+    # Whether a failed verdict's text (a completion) may go to the log (BURNISH_LOG_BODIES).
+    log_answers: bool = False
 
     @property
     def name(self) -> str:
-        return f"{self.model} at {self.base_url}"
+        return f"{self.model} at {public_url(self.base_url)}"
+
+
+def public_url(url: str) -> str:
+    """A URL as shown to callers and stored: without a user name or password in it."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        return "(an invalid URL)"
+    return str(parsed.copy_with(userinfo=b"")) if parsed.userinfo else url
 
 
 def _cut_middle(text: str, budget: int) -> str:
@@ -156,36 +181,131 @@ class _Entry(msgspec.Struct):
 
 def parse_verdict(content: str | None, ids: Sequence[str]) -> dict[str, Score]:
     """The judge's answer -> a score per shown id, or JudgeOutputError saying what is wrong."""
-    if not content:
-        raise JudgeOutputError("the judge returned no content")
+    if not content or not isinstance(content, str):
+        raise JudgeOutputError("the judge's answer was empty")
     try:
         # strict=False: raw control characters inside strings are let through by some
         # grammar engines (xgrammar did, for the tiny model); they do not change a score.
         verdict = msgspec.convert(json.loads(content, strict=False), dict[str, _Entry])
-    except json.JSONDecodeError as exc:
-        raise JudgeOutputError(f"the judge's answer is not JSON: {exc}") from None
-    except msgspec.ValidationError as exc:
-        raise JudgeOutputError(f"the judge's answer is not a verdict: {exc}") from None
+    except (json.JSONDecodeError, RecursionError):
+        raise JudgeOutputError("the judge's answer was not valid JSON") from None
+    except msgspec.ValidationError:  # its message would quote the judge's keys
+        raise JudgeOutputError("the judge's answer was not JSON matching the schema ({explanation, score} per trajectory id)") from None
     if set(verdict) != set(ids):
-        missing, extra = sorted(set(ids) - set(verdict)), sorted(set(verdict) - set(ids))
+        # The missing ids are ours; the unknown ones are the judge's words, only counted.
+        missing, extra = sorted(set(ids) - set(verdict)), set(verdict) - set(ids)
         raise JudgeOutputError(
             f"the judge scored {len(verdict)} trajectories for {len(ids)}"
             + (f"; missing {missing}" if missing else "")
-            + (f"; unknown {extra}" if extra else "")
+            + (f"; {len(extra)} unknown id{'s' if len(extra) > 1 else ''}" if extra else "")
         )
     for t, e in verdict.items():
         if not math.isfinite(e.score) or not 0 <= e.score <= 1:
-            raise JudgeOutputError(f"score {e.score} for {t!r} is outside 0..1")
-    return {t: Score(float(e.score), e.explanation) for t, e in verdict.items()}
+            raise JudgeOutputError(f"the judge's score for {t!r} is outside 0..1")
+    # The schema bounds an explanation; a judge that ignores it is cut, not trusted.
+    return {t: Score(float(e.score), e.explanation[:EXPLANATION_MAX_CHARS]) for t, e in verdict.items()}
 
 
-class _RetryableStatus(Exception):
-    pass
+class _Retry(Exception):
+    """One attempt failed in a way worth another; the message is ours."""
+
+
+def _excerpt(text: str | bytes) -> str:
+    """The start of a remote answer, for the log: cut, and quoted so it cannot forge lines."""
+    if isinstance(text, bytes):
+        text = text[: LOG_EXCERPT_CHARS * 4].decode("utf-8", "replace")
+    return repr(text[:LOG_EXCERPT_CHARS])
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The first OSError with an errno behind an exception (anyio wraps them in others)."""
+    todo: list[BaseException | None] = [exc]
+    seen: set[int] = set()
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and (e.errno or isinstance(e, socket.gaierror)):
+            return e
+        todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
+    return None
+
+
+def _unreachable(exc: httpx.TransportError) -> str:
+    """Why a judge could not be reached, in our words: an exception's text can quote the
+    remote's bytes (h11 does, for a malformed status line), so only its kind is used."""
+    if isinstance(exc, httpx.ConnectTimeout):
+        return "could not reach the judge: the connection timed out"
+    if isinstance(exc, httpx.TimeoutException):
+        return "the judge timed out"
+    if isinstance(exc, httpx.ConnectError):
+        cause = _os_error(exc)
+        if isinstance(cause, ConnectionRefusedError):
+            return "could not reach the judge: connection refused"
+        if isinstance(cause, socket.gaierror):
+            return "could not reach the judge: its host name did not resolve"
+        if isinstance(cause, OSError) and isinstance(cause.errno, int) and cause.errno > 0:
+            return f"could not reach the judge: {os.strerror(cause.errno).lower()}"
+        return "could not reach the judge: the connection failed"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return "the judge broke off the HTTP exchange or answered malformed HTTP"
+    if isinstance(exc, httpx.NetworkError):
+        return "the connection to the judge broke"
+    return f"could not reach the judge ({type(exc).__name__})"
+
+
+async def _post(client: httpx.AsyncClient, judge: Judge, url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, bytes]:
+    """One call, its answer read up to MAX_ANSWER_BYTES (+1, to tell that there was more)."""
+    timeout = httpx.Timeout(judge.timeout_s, connect=min(judge.connect_timeout_s, judge.timeout_s))
+    async with client.stream("POST", url, json=body, headers=headers, timeout=timeout, follow_redirects=False) as r:
+        data = bytearray()
+        async for chunk in r.aiter_bytes():
+            data += chunk
+            if len(data) > MAX_ANSWER_BYTES:
+                break
+        return r.status_code, bytes(data)
+
+
+async def _attempt(client: httpx.AsyncClient, judge: Judge, url: str, body: dict[str, Any], headers: dict[str, str], ids: list[str]) -> dict[str, Score]:
+    try:
+        async with asyncio.timeout(judge.timeout_s):
+            status, data = await _post(client, judge, url, body, headers)
+    except TimeoutError:
+        raise _Retry(f"the judge timed out (no whole answer in {judge.timeout_s:g} s)") from None
+    except httpx.TransportError as exc:
+        log.warning("RULER: the judge %s could not be reached: %s: %s", judge.name, type(exc).__name__, _excerpt(str(exc)))
+        raise _Retry(_unreachable(exc)) from None
+    except httpx.HTTPError as exc:  # not worth retrying (an invalid URL, say)
+        log.warning("RULER: the judge %s could not be asked: %s: %s", judge.name, type(exc).__name__, _excerpt(str(exc)))
+        raise RulerFailed(f"the judge ({judge.name}) could not be asked ({type(exc).__name__})") from None
+    if status in (408, 429) or status >= 500:
+        log.warning("RULER: the judge %s answered HTTP %d: %s", judge.name, status, _excerpt(data))
+        raise _Retry(f"the judge answered HTTP {status}")
+    if status != 200:
+        log.warning("RULER: the judge %s refused the request with HTTP %d: %s", judge.name, status, _excerpt(data))
+        raise RulerFailed(f"the judge ({judge.name}) refused the request: it answered HTTP {status}")
+    if len(data) > MAX_ANSWER_BYTES:
+        log.warning("RULER: the judge %s answered more than %d bytes", judge.name, MAX_ANSWER_BYTES)
+        raise _Retry(f"the judge's answer was larger than {MAX_ANSWER_BYTES} bytes")
+    try:
+        content = json.loads(data)["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
+        log.warning("RULER: the judge %s answered HTTP 200 with no chat completion: %s", judge.name, _excerpt(data))
+        raise _Retry("the judge's answer was not a chat completion") from None
+    try:
+        return parse_verdict(content, ids)
+    except JudgeOutputError as exc:
+        # The verdict's text is a completion: its excerpt is logged only where bodies may be.
+        shown = _excerpt(content if isinstance(content, str) else repr(content)) if judge.log_answers else "(BURNISH_LOG_BODIES shows an excerpt)"
+        log.warning("RULER: the judge %s gave no valid verdict: %s: %s", judge.name, exc, shown)
+        raise _Retry(str(exc)) from None
 
 
 async def judge_group(client: httpx.AsyncClient, judge: Judge, prompt: Prompt) -> tuple[dict[str, Score], int]:
     """Ask the judge, retrying invalid answers and transient failures. Returns the scores of
-    every member (identical trajectories share one) and the number of judge calls made."""
+    every member (identical trajectories share one) and the number of judge calls made.
+    ``RulerFailed`` says what went wrong in our words; the judge's own are only logged."""
     body = {
         "model": judge.model,
         "messages": prompt.messages,
@@ -195,31 +315,19 @@ async def judge_group(client: httpx.AsyncClient, judge: Judge, prompt: Prompt) -
     }
     headers = {"authorization": f"Bearer {judge.api_key}"} if judge.api_key else {}
     url = judge.base_url.rstrip("/") + "/chat/completions"
-    calls, last_error = 0, ""
+    calls = 0
     retrying = AsyncRetrying(
         stop=stop_after_attempt(judge.attempts),
         wait=wait_exponential(multiplier=0.2, max=5),
-        retry=retry_if_exception_type((JudgeOutputError, _RetryableStatus, httpx.TransportError)),
+        retry=retry_if_exception_type(_Retry),
         reraise=True,
     )
     try:
         async for attempt in retrying:
             with attempt:
                 calls += 1
-                r = await client.post(url, json=body, headers=headers, timeout=judge.timeout_s)
-                if r.status_code in (408, 429) or r.status_code >= 500:
-                    last_error = f"the judge answered {r.status_code}: {r.text[:300]}"
-                    raise _RetryableStatus(last_error)
-                if r.status_code != 200:
-                    raise RulerFailed(f"the judge ({judge.name}) refused the request: {r.status_code} {r.text[:500]}")
-                try:
-                    content = r.json()["choices"][0]["message"]["content"]
-                except (ValueError, KeyError, IndexError, TypeError):
-                    raise JudgeOutputError(f"the judge's response is not a chat completion: {r.text[:300]}") from None
-                shown = parse_verdict(content, prompt.shown_ids)
-    except (JudgeOutputError, _RetryableStatus, httpx.TransportError) as exc:
-        raise RulerFailed(f"no valid verdict from the judge ({judge.name}) in {calls} attempts: {exc or last_error}") from None
-    except httpx.HTTPError as exc:  # not worth retrying (an invalid URL, a redirect loop)
-        raise RulerFailed(f"the judge ({judge.name}) could not be asked: {type(exc).__name__}: {exc}") from None
+                shown = await _attempt(client, judge, url, body, headers, prompt.shown_ids)
+    except _Retry as exc:
+        raise RulerFailed(f"no valid verdict from the judge ({judge.name}) in {calls} attempts: {exc}") from None
     scores = {t: shown[members[0]] for members in prompt.classes for t in members}
     return scores, calls

@@ -2,18 +2,36 @@
 
 ``Judge.script`` is a list of answers, used in turn (the last one repeats): each is a
 callable of the trajectory ids the request's schema names, returning the message content
-(a string), or an int for an HTTP status with an error body. Every request is kept.
+(a string), an int for an HTTP status with an error body, or a ``Reply``: any status and
+body, sent late or slowly. Every request is kept.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tests.servers import http_body
 
-Answer = Callable[[list[str]], "str | int"]
+
+@dataclass
+class Reply:
+    """A raw answer: ``body`` as it is, after ``delay_s``, one byte every ``drip_s`` if set."""
+
+    status: int = 200
+    body: str = ""
+    delay_s: float = 0.0
+    drip_s: float = 0.0
+
+
+Answer = Callable[[list[str]], "str | int | Reply"]
+
+
+def raw(status: int, body: str = "", *, delay_s: float = 0.0, drip_s: float = 0.0) -> Answer:
+    return lambda ids: Reply(status, body, delay_s, drip_s)
 
 
 def scores(values: dict[str, float] | Callable[[str], float]) -> Answer:
@@ -42,6 +60,17 @@ class Judge:
         self.requests.append(request)
         step = self.script[min(len(self.requests) - 1, len(self.script) - 1)]
         out = step(self.ids(request))
+        if isinstance(out, Reply):
+            await asyncio.sleep(out.delay_s)
+            await send({"type": "http.response.start", "status": out.status, "headers": [(b"content-type", b"application/json")]})
+            if out.drip_s:
+                for byte in out.body.encode():
+                    await send({"type": "http.response.body", "body": bytes([byte]), "more_body": True})
+                    await asyncio.sleep(out.drip_s)
+                await send({"type": "http.response.body", "body": b""})
+            else:
+                await send({"type": "http.response.body", "body": out.body.encode()})
+            return
         if isinstance(out, int):
             status, payload = out, {"error": {"message": "judge says no", "type": "server_error", "code": None, "param": None}}
         else:

@@ -1,5 +1,6 @@
 """RULER against a deterministic judge on a loopback socket: scores stored exactly, retries,
-failures that store nothing, the verdict cache, deduplication, combining, automatic runs.
+failures that store nothing, the verdict cache, deduplication, combining, automatic runs;
+and the judge's endpoint taken only from the server's configuration, its answers never echoed.
 
 The real-judge test (vLLM's guided decoding on the tiny model) is in tests/test_vllm.py.
 """
@@ -7,7 +8,9 @@ The real-judge test (vLLM's guided decoding on the tiny model) is in tests/test_
 from __future__ import annotations
 
 import json
+import logging
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -15,14 +18,19 @@ import pytest
 from burnish_server.core.transcript import Message, conversation
 from burnish_server.gateway.ruler import DEFAULT_RUBRIC, build_prompt
 from tests.conftest import Gateway, wait_for
-from tests.judge import Judge, scores
+from tests.judge import Judge, raw, scores
 from tests.records import chat_call
+from tests.servers import ServerThread, free_port
 from tests.upstream import Upstream
+
+# Written by the judge into its failed answers: never to reach a caller or the store.
+MARKER = "SECRET-MARKER-7f3a"
 
 
 @pytest.fixture
-def gw(make_gateway, upstream: Upstream, judge_server: tuple[Judge, str]) -> Gateway:
-    return make_gateway(judge_base_url=judge_server[1], judge_model="judge-1", judge_api_key="judge-key")
+def gw(make_gateway, upstream: Upstream, judge_server: tuple[Judge, str], database_url: str) -> Gateway:
+    """A gateway whose configured judge is the loopback one, on SQLite and on PostgreSQL."""
+    return make_gateway(database_url, judge_base_url=judge_server[1], judge_model="judge-1", judge_api_key="judge-key")
 
 
 def play(gw: Gateway, group: str, answers: list[str], *, size: int | None = None, rewards: list[float] | None = None) -> list[str]:
@@ -221,14 +229,168 @@ def test_long_trajectories_are_cut_from_the_middle() -> None:
     assert len(user) < 2 * TRAJECTORY_CHAR_BUDGET
 
 
-def test_the_configured_judge_key_goes_only_to_the_configured_judge(gw: Gateway, judge: Judge, judge_server) -> None:
-    """A request naming another judge URL must not receive BURNISH_JUDGE_API_KEY (the route is open to agents)."""
+@pytest.fixture
+def target() -> Iterator[tuple[Judge, str]]:
+    """A second loopback server: where a request naming a judge URL would have sent the gateway."""
+    app = Judge()
+    app.script = [scores(lambda t: 0.5)]
+    with ServerThread(app, log_level="critical") as server:
+        yield app, server.url + "/v1"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "code", "setting"),
+    [
+        ("judge_base_url", "{target}", "judge_url_not_allowed", "BURNISH_JUDGE_BASE_URL"),
+        ("judge_base_url", "{target}/internal/admin?", "judge_url_not_allowed", "BURNISH_JUDGE_BASE_URL"),
+        ("judge_base_url", None, "judge_url_not_allowed", "BURNISH_JUDGE_BASE_URL"),
+        ("judge_api_key", "sk-mine", "judge_key_not_allowed", "BURNISH_JUDGE_API_KEY"),
+    ],
+    ids=["url", "url-with-query-trick", "url-null", "key"],
+)
+def test_a_judge_endpoint_in_the_body_is_refused(gw: Gateway, judge: Judge, target, field, value, code, setting) -> None:
+    """The route is open to agents: a URL in the body would let anyone aim the gateway at any
+    host (and read the answer back). It is refused before anything is read, asked or stored."""
+    ids = play(gw, "s1", ["a", "b"])
+    r = ruler(gw, "s1", **{field: value.format(target=target[1]) if value else value, "judge_model": "judge-1"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["code"], error["param"], error["type"]) == (code, field, "invalid_request_error")
+    assert setting in error["message"] and "not accepted" in error["message"]
+    assert target[0].requests == [] and judge.requests == []  # nothing was asked, of either server
+    with gw.client() as c:
+        group = c.get("/v1/groups/s1").json()
+    assert (group["ruler_error"], group["ruler_at"], group["closed_at"]) == (None, None, None)
+    assert all(gw.trajectory(t)["reward"] is None for t in ids)
+
+
+def test_the_configured_judge_key_goes_only_to_the_configured_judge(gw: Gateway, judge: Judge, judge_server, upstream: Upstream) -> None:
+    """BURNISH_JUDGE_API_KEY goes to BURNISH_JUDGE_BASE_URL and nowhere else, even to a
+    judge URL an admin set on a policy; the URL an admin sets must be an http(s) base URL."""
     ids = play(gw, "k1", ["a", "b"])
     judge.script = [scores({ids[0]: 0.5, ids[1]: 0.5})]
+    assert ruler(gw, "k1").status_code == 200
+    assert judge.requests[-1]["_headers"]["authorization"] == "Bearer judge-key"
+
     other = judge_server[1].replace("127.0.0.1", "localhost")  # the same server under another name
-    assert ruler(gw, "k1", judge_base_url=other).status_code == 200
-    assert "authorization" not in judge.requests[-1]["_headers"]
-    assert ruler(gw, "k1", judge_base_url="ftp://example/v1").json()["error"]["code"] == "invalid_request"
+    gw.create_policy("agent", "tiny", ruler={"judge_base_url": other, "judge_model": "judge-p"})
+    with gw.client() as c:
+        for i in range(2):
+            c.post(f"/g/k2/t/k2-{i}/v1/chat/completions", json={"model": "agent", "messages": [{"role": "user", "content": str(i)}]})
+    judge.script = [scores(lambda t: 0.5)]
+    r = ruler(gw, "k2")
+    assert r.status_code == 200, r.text
+    assert r.json()["judge"] == {"model": "judge-p", "base_url": other}
+    assert judge.requests[-1]["model"] == "judge-p" and "authorization" not in judge.requests[-1]["_headers"]
+
+    with gw.admin() as c:
+        for bad in ("ftp://example/v1", "http://example/v1?", "http://example/v1#x", "example/v1"):
+            r = c.patch("/admin/policies/agent", json={"ruler": {"judge_base_url": bad}})
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_ruler", (bad, r.text)
+            r = c.post("/admin/policies", json={"name": "other", "base_model": "tiny", "ruler": {"judge_base_url": bad}})
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_policy", (bad, r.text)
+
+
+def test_the_allow_list_bounds_what_a_policy_may_name(make_gateway, upstream: Upstream, judge: Judge, judge_server, target) -> None:
+    """BURNISH_JUDGE_ALLOWED_URLS, where set: a policy's judge_base_url must be in it (or be the
+    configured judge or the upstream)."""
+    other = judge_server[1].replace("127.0.0.1", "localhost")
+    gw = make_gateway(judge_base_url=judge_server[1], judge_model="judge-1", judge_allowed_urls=f" {other}/ ,http://127.0.0.1:9/v1")
+    gw.create_policy("allowed", "tiny", ruler={"judge_base_url": other})
+    gw.create_policy("elsewhere", "tiny", ruler={"judge_base_url": target[1]})
+    gw.create_policy("configured", "tiny", ruler={"judge_base_url": judge_server[1] + "/"})
+    with gw.client() as c:
+        for policy in ("allowed", "elsewhere", "configured"):
+            for i in range(2):
+                r = c.post(f"/g/{policy}/t/{policy}-{i}/v1/chat/completions", json={"model": policy, "messages": [{"role": "user", "content": str(i)}]})
+                assert r.status_code == 200, r.text
+    judge.script = [scores(lambda t: 0.5)]
+    assert ruler(gw, "allowed").status_code == 200 and len(judge.requests) == 1
+    assert ruler(gw, "configured").status_code == 200 and len(judge.requests) == 2
+    r = ruler(gw, "elsewhere")
+    assert r.status_code == 409 and r.json()["error"]["code"] == "judge_url_not_allowed", r.text
+    assert "BURNISH_JUDGE_ALLOWED_URLS" in r.json()["error"]["message"] and target[1] not in r.json()["error"]["message"]
+    assert target[0].requests == [] and len(judge.requests) == 2
+
+
+@pytest.mark.parametrize(
+    ("answer", "said", "attempts", "in_log"),
+    [
+        (raw(500, json.dumps({"error": {"message": f"internal details {MARKER}"}})), "the judge answered HTTP 500", 3, True),
+        (raw(401, f"bad key {MARKER}"), "refused the request: it answered HTTP 401", 1, True),
+        (raw(200, f"<html>{MARKER}</html>"), "the judge's answer was not a chat completion", 3, True),
+        # A completion's text reaches the log only with BURNISH_LOG_BODIES.
+        (lambda ids: f"here you go: {MARKER}", "the judge's answer was not valid JSON", 3, False),
+        (lambda ids: json.dumps({MARKER: {"explanation": 1, "score": 0.5}}), "not JSON matching the schema", 3, False),
+        (
+            lambda ids: json.dumps({**{t: {"explanation": "x", "score": 0.5} for t in ids}, MARKER: {"explanation": "x", "score": 0.1}}),
+            "1 unknown id",
+            3,
+            False,
+        ),
+    ],
+    ids=["http-500", "http-401", "not-a-completion", "not-json", "off-schema", "unknown-id"],
+)
+def test_a_failing_judge_is_described_never_echoed(gw: Gateway, judge: Judge, caplog, answer, said, attempts, in_log) -> None:
+    """What the judge said stays in the gateway's log (cut short): the caller's 502 and the
+    group's ruler_error say what failed in our words."""
+    ids = play(gw, "e1", ["a", "b"])
+    judge.script = [answer]
+    with caplog.at_level(logging.WARNING, logger="burnish.ruler"):
+        r = ruler(gw, "e1")
+    assert r.status_code == 502, r.text
+    assert MARKER not in r.text and said in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["code"] == "ruler_failed" and len(judge.requests) == attempts
+    with gw.client() as c:
+        group = c.get("/v1/groups/e1").json()
+        export = c.get("/v1/trajectories/export", params={"group_id": "e1"}).text
+    assert said in group["ruler_error"] and MARKER not in json.dumps(group) and MARKER not in export
+    assert all(gw.trajectory(t)["reward"] is None for t in ids)
+    logged = [rec.getMessage() for rec in caplog.records if rec.name == "burnish.ruler"]
+    assert len(logged) == attempts and all(len(m) < 1000 for m in logged)
+    assert all((MARKER in m) == in_log for m in logged)
+
+
+def test_a_long_failed_answer_is_logged_cut_short(gw: Gateway, judge: Judge, caplog) -> None:
+    play(gw, "e2", ["a", "b"])
+    judge.script = [raw(503, MARKER + "x" * 100_000)]
+    with caplog.at_level(logging.WARNING, logger="burnish.ruler"):
+        assert ruler(gw, "e2").status_code == 502
+    logged = [rec.getMessage() for rec in caplog.records if rec.name == "burnish.ruler" and "HTTP 503" in rec.getMessage()]
+    assert len(logged) == 3 and all(MARKER in m and len(m) < 1000 for m in logged)
+
+
+def test_a_failed_automatic_run_stores_our_words(gw: Gateway, judge: Judge) -> None:
+    gw.create_policy("agent", "tiny", ruler={"auto": True, "judge_model": "judge-2"})
+    judge.script = [raw(500, MARKER)]
+    with gw.client() as c:
+        for i in range(2):
+            c.post(f"/g/auto-e/t/auto-e-{i}/v1/chat/completions", json={"model": "agent", "messages": [{"role": "user", "content": str(i)}]})
+        c.post("/v1/groups/auto-e/close")
+        wait_for(lambda: c.get("/v1/groups/auto-e").json()["ruler_error"] is not None, 20, "the automatic run stored no error")
+        error = c.get("/v1/groups/auto-e").json()["ruler_error"]
+    assert "the judge answered HTTP 500" in error and MARKER not in error
+
+
+def test_an_unreachable_judge_is_described(make_gateway, upstream: Upstream) -> None:
+    gw = make_gateway(judge_base_url=f"http://127.0.0.1:{free_port()}/v1", judge_model="judge-1", judge_attempts=2)
+    play(gw, "u1", ["a", "b"])
+    r = ruler(gw, "u1")
+    assert r.status_code == 502 and "could not reach the judge: connection refused" in r.json()["error"]["message"], r.text
+    assert "2 attempts" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("slow", [raw(200, "{}", delay_s=3), raw(200, '{"choices": []}' + " " * 40, drip_s=0.1)], ids=["silent", "dripping"])
+def test_the_judge_has_its_own_timeout_for_a_whole_call(make_gateway, upstream: Upstream, judge: Judge, judge_server, slow) -> None:
+    """BURNISH_JUDGE_TIMEOUT bounds each call whole, not the upstream's 600 s between bytes:
+    a judge that drips its answer a byte at a time is cut off too."""
+    gw = make_gateway(judge_base_url=judge_server[1], judge_model="judge-1", judge_timeout=1, judge_attempts=2)
+    play(gw, "t1", ["a", "b"])
+    judge.script = [slow]
+    started = time.monotonic()
+    r = ruler(gw, "t1")
+    assert r.status_code == 502 and "timed out" in r.json()["error"]["message"], r.text
+    assert len(judge.requests) == 2 and time.monotonic() - started < 10
 
 
 def test_groups_that_need_no_judge_do_not_hold_up_those_that_do(gw: Gateway, judge: Judge) -> None:

@@ -1,8 +1,12 @@
 """POST /v1/groups/{id}/ruler, and the background task that runs RULER for policies that ask.
 
-Which judge: the request's ``judge_model`` / ``judge_base_url`` / ``judge_api_key``, else
-the group's policy's RULER settings, else the gateway's (``BURNISH_JUDGE_*``), else the
-gateway's own upstream and, for the model, the policy's base model.
+Which judge: the model is the request's ``judge_model``, else the group's policy's
+``ruler.judge_model``, else ``BURNISH_JUDGE_MODEL``, else the policy's base model. The
+endpoint is never the request's (the route is open to agents: a URL in a body would let
+anyone aim the gateway at any host and read the answer): it is the policy's
+``ruler.judge_base_url`` (set by an admin; within ``BURNISH_JUDGE_ALLOWED_URLS`` where
+that is set), else ``BURNISH_JUDGE_BASE_URL``, else the gateway's own upstream. A key goes
+only to the server it was configured for.
 """
 
 from __future__ import annotations
@@ -10,21 +14,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Annotated, Literal
+import re
+from typing import Annotated, Any, Literal
 
-import httpx
 import msgspec
 from litestar import post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from burnish_server.core.errors import BurnishError, Invalid, Unavailable
-from burnish_server.core.policies import RulerSettings
+from burnish_server.core.errors import BurnishError, Conflict, Invalid, Unavailable
+from burnish_server.core.policies import JUDGE_URL_PATTERN, RulerSettings
 from burnish_server.core.transcript import conversation
 from burnish_server.core.views import JudgeView, RulerView, ScoreView
 from burnish_server.gateway.errors import responses
 from burnish_server.gateway.routes.common import GroupId
-from burnish_server.gateway.ruler import Judge, RulerFailed, build_prompt, cache_key, judge_group
+from burnish_server.gateway.ruler import Judge, RulerFailed, build_prompt, cache_key, judge_group, public_url
 from burnish_server.gateway.services import Services
 from burnish_server.gateway.upstream import base_url
 from burnish_server.store import ruler as store
@@ -34,42 +38,90 @@ log = logging.getLogger("burnish.ruler")
 AUTO_EVERY_S = 1.0
 
 
+# Fields a request once could set and no longer may: the setting to use instead, and the code.
+_REFUSED = {
+    "judge_base_url": (
+        "the judge's endpoint comes from the gateway's configuration (BURNISH_JUDGE_BASE_URL, else its upstream) "
+        "or from the policy's ruler.judge_base_url, set over the admin API",
+        "judge_url_not_allowed",
+    ),
+    "judge_api_key": ("the judge's key comes from the gateway's configuration (BURNISH_JUDGE_API_KEY)", "judge_key_not_allowed"),
+}
+_REFUSED_DOC = "Not accepted (400 {code}): {why}."
+
+
 class RulerIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Every field is optional: the policy's RULER settings, then the gateway's, fill the rest."""
+    """Every field is optional: the policy's RULER settings, then the gateway's, fill the rest.
+    The judge's endpoint and key are the server's to choose, never a request's."""
 
     rubric: Annotated[str, msgspec.Meta(max_length=20_000)] | None = None
     judge_model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
-    judge_base_url: Annotated[str, msgspec.Meta(min_length=1, max_length=700)] | None = None
-    judge_api_key: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
     combine: Literal["set", "add"] | None = None
+    # Refused whatever their value: fields rather than unknown keys, to answer with the setting to use.
+    judge_base_url: Annotated[Any, msgspec.Meta(description=_REFUSED_DOC.format(why=_REFUSED["judge_base_url"][0], code=_REFUSED["judge_base_url"][1]))] = (
+        msgspec.UNSET
+    )
+    judge_api_key: Annotated[Any, msgspec.Meta(description=_REFUSED_DOC.format(why=_REFUSED["judge_api_key"][0], code=_REFUSED["judge_api_key"][1]))] = (
+        msgspec.UNSET
+    )
 
 
-def _judge(svc: Services, policy: RulerSettings, request: RulerIn, base_model: str | None) -> Judge:
+def refuse_endpoint_fields(request: RulerIn) -> None:
+    """400 for a request that names a judge's endpoint or key, before anything is read or asked."""
+    for name, (why, code) in _REFUSED.items():
+        if getattr(request, name) is not msgspec.UNSET:
+            raise Invalid(
+                f"{name} is not accepted in a request: {why}. Leave it out; rubric, judge_model and combine are still the request's to choose.",
+                code,
+                name,
+            )
+
+
+_JUDGE_URL = re.compile(JUDGE_URL_PATTERN)
+
+
+def _norm(url: str) -> str:
+    return url.strip().rstrip("/")
+
+
+def _judge(svc: Services, policy: RulerSettings, request: RulerIn, base_model: str | None, policy_name: str | None = None) -> Judge:
     s = svc.settings
     model = request.judge_model or policy.judge_model or s.judge_model or base_model
     if not model:
         raise Invalid("no judge model: pass judge_model, or set the policy's ruler.judge_model or BURNISH_JUDGE_MODEL", "no_judge_model", "judge_model")
     upstream = base_url(s.upstream) + "/v1"
-    url = (request.judge_base_url or policy.judge_base_url or s.judge_base_url or upstream).rstrip("/")
-    # A configured key goes only to the server it was configured for: a request naming
-    # another judge URL must not receive it (the ruler route is open to agents).
-    if request.judge_api_key:
-        api_key = request.judge_api_key
-    elif s.judge_api_key and url == s.judge_base_url.rstrip("/"):
+    configured = _norm(s.judge_base_url)
+    if policy.judge_base_url:
+        url, source = _norm(policy.judge_base_url), f"policy {policy_name!r}'s ruler.judge_base_url"
+        allowed = {_norm(u) for u in s.judge_allowed_urls.split(",") if u.strip()}
+        if allowed and url not in allowed | {configured, upstream}:
+            raise Conflict(
+                f"{source} is not among BURNISH_JUDGE_ALLOWED_URLS: an admin must change one or the other", "judge_url_not_allowed", "judge_base_url"
+            )
+    elif configured:
+        url, source = configured, "BURNISH_JUDGE_BASE_URL"
+    else:
+        url, source = upstream, "BURNISH_UPSTREAM"
+    if not _JUDGE_URL.match(url) or len(url) > 700:
+        # The server's configuration is wrong, not the request: say which setting, not its value.
+        raise Unavailable(f"the judge's base URL ({source}) is not an http(s) base URL without query or fragment", "judge_misconfigured", "judge_base_url")
+    # A configured key goes only to the server it was configured for.
+    if s.judge_api_key and configured and url == configured:
         api_key = s.judge_api_key
     elif url == upstream:
         api_key = s.upstream_api_key
     else:
         api_key = ""
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL:
-        parsed = None
-    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
-        raise Invalid(f"judge_base_url {url[:200]!r} is not an http(s) URL", "invalid_request", "judge_base_url")
-    if len(model) > 256 or len(url) > 700:
-        raise Invalid("judge_model is at most 256 characters and judge_base_url at most 700", "invalid_request", "judge_model")
-    return Judge(base_url=url, model=model, api_key=api_key, attempts=s.judge_attempts, timeout_s=s.upstream_timeout, max_tokens=s.judge_max_tokens)
+    return Judge(
+        base_url=url,
+        model=model,
+        api_key=api_key,
+        attempts=s.judge_attempts,
+        timeout_s=s.judge_timeout,
+        connect_timeout_s=s.connect_timeout,
+        max_tokens=s.judge_max_tokens,
+        log_answers=s.log_bodies,
+    )
 
 
 async def run_ruler(svc: Services, group_id: str, request: RulerIn) -> RulerView:
@@ -77,7 +129,7 @@ async def run_ruler(svc: Services, group_id: str, request: RulerIn) -> RulerView
     group = await svc.db.read(store.group_for_judge, group_id)
     policy = svc.policies.policies.get(group.policy) if group.policy else None
     settings = policy.ruler if policy is not None else RulerSettings()
-    judge = _judge(svc, settings, request, policy.base_model if policy is not None else None)
+    judge = _judge(svc, settings, request, policy.base_model if policy is not None else None, group.policy)
     rubric = request.rubric or settings.rubric
     combine = request.combine or settings.combine
     prompt = build_prompt({m.trajectory_id: conversation(m.calls) for m in group.members}, rubric)
@@ -99,7 +151,7 @@ async def run_ruler(svc: Services, group_id: str, request: RulerIn) -> RulerView
             svc.langfuse.put(Score(t, "reward", reward, metadata={"source": "ruler", "combine": combine}))
     return RulerView(
         group_id=group_id,
-        judge=JudgeView(model=judge.model, base_url=judge.base_url),
+        judge=JudgeView(model=judge.model, base_url=public_url(judge.base_url)),
         combine=combine,
         cached=calls == 0,
         judge_calls=calls,
@@ -110,8 +162,11 @@ async def run_ruler(svc: Services, group_id: str, request: RulerIn) -> RulerView
 
 @post("/v1/groups/{group_id:str}/ruler", status_code=200, opt={"invalid": "invalid_request"}, responses=responses(400, 404, 409, 502))
 async def ruler(group_id: GroupId, svc: NamedDependency[Services], data: JSONBody[RulerIn | None] = None) -> RulerView:
-    """Score a group's trajectories relative to each other with an LLM judge; the scores become rewards."""
-    return await run_ruler(svc, group_id, data or RulerIn())
+    """Score a group's trajectories relative to each other with an LLM judge; the scores become rewards.
+    The judge's endpoint is the server's configuration (a policy's, or BURNISH_JUDGE_BASE_URL), never the request's."""
+    request = data or RulerIn()
+    refuse_endpoint_fields(request)
+    return await run_ruler(svc, group_id, request)
 
 
 async def auto_ruler(svc: Services, every_s: float = AUTO_EVERY_S) -> None:
@@ -130,8 +185,12 @@ async def auto_ruler(svc: Services, every_s: float = AUTO_EVERY_S) -> None:
                 out = await run_ruler(svc, group_id, RulerIn())
                 log.info("RULER scored group %s of %s: %s", group_id, policy, [round(s.score, 3) for s in out.scores])
             except Exception as exc:  # one group's failure must not stop the task for every policy
-                message = exc.message if isinstance(exc, BurnishError) else f"{type(exc).__name__}: {exc}"
-                log.warning("RULER on group %s of %s failed: %s", group_id, policy, message)
+                if isinstance(exc, BurnishError):  # our own words, fit for the group's ruler_error
+                    message = exc.message
+                    log.warning("RULER on group %s of %s failed: %s", group_id, policy, message)
+                else:  # an unexpected error's text is for the log only
+                    message = "RULER failed inside the gateway (its log says why); POST .../ruler tries again"
+                    log.exception("RULER on group %s of %s failed", group_id, policy)
                 if not (isinstance(exc, BurnishError) and exc.code == "ruler_failed"):  # that one is stored already
                     with contextlib.suppress(Exception):
                         await svc.db.transaction(store.store_error, group_id, message)
