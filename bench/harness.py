@@ -248,11 +248,13 @@ def start_upstream(app: str = "upstream_app", env: dict[str, str] | None = None)
 
 # ---- load ------------------------------------------------------------------------------------
 WRK_LUA = r"""
-local counter, tag, body = 0, "b", ""
-function init(args) tag = args[1]; body = args[2] end
+local counter, tag, body, key = 0, "b", "", nil
+function init(args) tag = args[1]; body = args[2]; key = args[3] end
 function request()
   counter = counter + 1
-  return wrk.format("POST", nil, {["Content-Type"] = "application/json", ["X-Trajectory-Id"] = tag .. "-" .. counter}, body)
+  local headers = {["Content-Type"] = "application/json", ["X-Trajectory-Id"] = tag .. "-" .. counter}
+  if key then headers["Authorization"] = "Bearer " .. key end
+  return wrk.format("POST", nil, headers, body)
 end
 function done(s, lat, req)
   local e = s.errors
@@ -281,7 +283,9 @@ def find_wrk() -> str | None:
 
 
 class Load:
-    def __init__(self) -> None:
+    def __init__(self, api_key: str | None = None) -> None:
+        # Sent as ``Authorization: Bearer`` on every request, when given.
+        self.api_key = api_key
         self.wrk = find_wrk()
         self.tool = "wrk" if self.wrk else "python-asyncio"
         self.lua = Path(tempfile.mkdtemp(prefix="bench-wrk-")) / "bench.lua"
@@ -305,6 +309,8 @@ class Load:
             cmd = [self.wrk, "-t1", f"-c{conns}", f"-d{max(1, round(duration))}s", "--timeout", "10s", "-s", str(self.lua), target, "--", tag, body]
         else:
             cmd = [PYTHON, str(Path(__file__).resolve().parent / "pyload.py"), target, str(conns), str(duration), tag, body]
+        if self.api_key:
+            cmd.append(self.api_key)
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 60)
         line = next((text for text in out.stdout.splitlines() if text.startswith("WRKJSON ")), None)
         if line is None:

@@ -1,6 +1,6 @@
 """The load generator used where wrk cannot be had (see harness.Load), in its own process.
 
-    python bench/pyload.py URL CONNECTIONS SECONDS TAG BODY
+    python bench/pyload.py URL CONNECTIONS SECONDS TAG BODY [API_KEY]
 
 Prints one line, ``WRKJSON {...}``, in the shape the wrk script's ``done()`` prints.
 """
@@ -13,7 +13,7 @@ import sys
 import time
 
 
-async def _python_load(url: str, conns: int, duration: float, tag: str, body: str) -> None:
+async def _python_load(url: str, conns: int, duration: float, tag: str, body: str, api_key: str | None = None) -> None:
     """``conns`` workers, each with its own keep-alive connection, as wrk has.
 
     aiohttp where it is installed (it keeps up with the gateway at c=64; httpx does not);
@@ -57,7 +57,10 @@ async def _python_load(url: str, conns: int, duration: float, tag: str, body: st
                 counter += 1
                 t0 = time.perf_counter()
                 try:
-                    status = await post(c, {"content-type": "application/json", "x-trajectory-id": f"{tag}-{counter}"})
+                    headers = {"content-type": "application/json", "x-trajectory-id": f"{tag}-{counter}"}
+                    if api_key:
+                        headers["authorization"] = f"Bearer {api_key}"
+                    status = await post(c, headers)
                     lat.append(time.perf_counter() - t0)
                     non2xx += status >= 400
                 except failures:
@@ -82,8 +85,9 @@ async def _python_load(url: str, conns: int, duration: float, tag: str, body: st
 
 if __name__ == "__main__":
     _url, _conns, _duration, _tag, _body = sys.argv[1:6]
+    _key = sys.argv[6] if len(sys.argv) > 6 else None
     try:
         from uvloop import run as _run
     except ImportError:
         _run = asyncio.run
-    _run(_python_load(_url, int(_conns), float(_duration), _tag, _body))
+    _run(_python_load(_url, int(_conns), float(_duration), _tag, _body, _key))
