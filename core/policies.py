@@ -151,6 +151,7 @@ def resolve(policies: dict[str, Policy], model: str | None) -> Route | None:
     if (policy := policies.get(model)) is not None:
         return route(policy)
     name, at, step = model.rpartition("@")
-    if at and step.isdigit() and (policy := policies.get(name)) is not None:
+    # ASCII digits, and few enough for the store's integer ("agent@١" is no pin, nor is a 20-digit step).
+    if at and step.isascii() and step.isdigit() and len(step) <= 9 and (policy := policies.get(name)) is not None:
         return route(policy, int(step))
     return None

@@ -38,12 +38,22 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
 
     host: str = "127.0.0.1"
     port: int = 8080
+    # Run open (no API key needed) on an address other than loopback, while no key exists.
+    # Without it such a gateway refuses to start until a key is made (docs/security.md).
+    insecure: bool = False
 
     # Requests with a larger body get 413 before anything is forwarded.
     max_body_bytes: int = 32 * 1024 * 1024
-    # Seconds the upstream may stay silent (between bytes) before the call fails with 504.
-    upstream_timeout: float = 600.0
-    connect_timeout: float = 5.0
+    # How long the upstream may keep a call waiting before it fails with 504 (a stalled upstream
+    # must not pin calls for long). Seconds to open a connection (502 when it cannot, retried):
+    upstream_connect_timeout: float = 5.0
+    # Seconds from sending the request until the answer's first data: the status line and
+    # headers, and for a stream its first event (prompt processing happens here). A plain,
+    # non-streamed answer begins only once it is complete, so this also bounds its generation.
+    upstream_timeout: float = 300.0
+    # Once the answer has begun: seconds the upstream may stay silent between two reads of
+    # the body (stream events, or the parts of a plain body).
+    upstream_read_timeout: float = 60.0
     # Attempts per call, the first included, for connection errors and 429/502/503/504,
     # made only while nothing has been sent to the client.
     upstream_attempts: int = 3
@@ -62,11 +72,17 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     # makes concurrent starters take turns.
     auto_migrate: bool = True
 
-    # RULER's judge by default (a request or a policy may name another). Empty base URL:
-    # the upstream; empty model: the group's policy's base model.
+    # RULER's judge. Its endpoint comes from here or from a policy's ruler.judge_base_url (the
+    # admin API), never from a request body (docs/ruler.md). Empty base URL: the upstream;
+    # empty model: the group's policy's base model. The key goes only to this base URL.
     judge_base_url: str = ""
     judge_model: str = ""
     judge_api_key: str = ""
+    # Comma-separated base URLs a policy's ruler.judge_base_url may name (this judge and the
+    # upstream always may). Empty: any http(s) URL an admin sets.
+    judge_allowed_urls: str = ""
+    # Seconds one call to the judge may take, whole; each of judge_attempts gets its own.
+    judge_timeout: float = 120.0
     # Calls to the judge per verdict, the first included, before the group gets an error.
     judge_attempts: int = 3
     judge_max_tokens: int = 2048
@@ -102,6 +118,11 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
             return msgspec.convert(raw, cls, strict=False)
         except msgspec.ValidationError as exc:
             raise ValueError(f"invalid setting: {exc}") from None
+
+    @property
+    def connect_timeout(self) -> float:
+        """The older name of ``upstream_connect_timeout`` (the judge's client connects with it too)."""
+        return self.upstream_connect_timeout
 
     @property
     def data_path(self) -> Path:

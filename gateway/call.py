@@ -8,23 +8,28 @@ and commits it (``commit`` returns only once the record is durable).
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Callable
 from time import perf_counter
-from typing import Any
+from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 import msgspec
 from litestar.response.base import ASGIResponse
 
+from burnish_server.core.access import ANONYMOUS, Principal, local
 from burnish_server.core.policies import Route
 from burnish_server.core.records import OK, UPSTREAM_ERROR, CallRecord
 from burnish_server.gateway import keys
-from burnish_server.gateway.capture import Endpoint, Injected, Tokens, extract_tokens, inject
+from burnish_server.gateway.capture import MALFORMED, Endpoint, Injected, Tokens, extract_tokens, inject
 from burnish_server.gateway.errors import APIError
 from burnish_server.gateway.services import Services
 from burnish_server.gateway.upstream import UpstreamFailure
 from burnish_server.store.models import utcnow
 
 log = logging.getLogger("burnish.gateway")
+T = TypeVar("T")
 
 
 class RequestHead(msgspec.Struct):
@@ -34,26 +39,59 @@ class RequestHead(msgspec.Struct):
     stream: bool | None = None
 
 
+MAX_MODEL_CHARS = 256  # the store's column
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 _decode_head = msgspec.json.Decoder(RequestHead).decode
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
 
 def parse_head(body: bytes) -> RequestHead:
+    """``model`` and ``stream``; ``APIError`` 400 for a body that is not a JSON object.
+
+    The rest is not decoded, but it is checked as far as the store and the upstream need:
+    JSON is UTF-8 (msgspec skips the fields it does not decode without checking their
+    text), and nested no deeper than the interpreter can decode again (``RecursionError``).
+    ``model`` is recorded and named in a response header: at most 256 characters, none a
+    control character.
+    """
     if not body.strip():
         raise APIError(400, "the request body is empty; expected a JSON object", "invalid_json")
     try:
-        return _decode_head(body)
+        if not body.isascii():
+            body.decode()
+        head = _decode_head(body)
     except msgspec.ValidationError as exc:
         raise APIError(400, f"invalid request body: {exc}", "invalid_request") from None
     except msgspec.DecodeError as exc:
         raise APIError(400, f"the request body is not valid JSON: {exc}", "invalid_json") from None
+    except UnicodeDecodeError as exc:
+        raise APIError(400, f"the request body is not valid JSON: it is not UTF-8 (byte {exc.start})", "invalid_json") from None
+    except RecursionError:
+        raise APIError(400, "the request body is not valid JSON: nested too deeply", "invalid_json") from None
+    if head.model is not None and (len(head.model) > MAX_MODEL_CHARS or _CONTROL.search(head.model)):
+        message = f"invalid request body: model must be at most {MAX_MODEL_CHARS} characters, none of them a control character"
+        raise APIError(400, message, "invalid_request", "model")
+    return head
 
 
 def json_or_none(raw: bytes) -> Any:
+    """A JSON document, or None for anything else (not JSON, not UTF-8, nested too deeply)."""
     try:
         return _decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return None
+
+
+def read_answer(read: Callable[[dict[str, Any]], T], answer: Any) -> T | None:
+    """``read(answer)`` for a JSON object; None for anything else, or an object of the wrong
+    shape (the upstream's fault: the caller answers 502)."""
+    if not isinstance(answer, dict):
+        return None
+    try:
+        return read(answer)
+    except MALFORMED as exc:
+        log.warning("an answer of the wrong shape from the upstream: %r", exc)
         return None
 
 
@@ -73,8 +111,9 @@ def ms(since: float) -> float:
 class Call:
     """One call in flight: what it needs to be recorded, whatever happens to it."""
 
-    def __init__(self, svc: Services, endpoint: Endpoint, key: keys.CallKey, head: RequestHead, body: bytes) -> None:
+    def __init__(self, svc: Services, endpoint: Endpoint, key: keys.CallKey, head: RequestHead, body: bytes, caller: Principal = ANONYMOUS) -> None:
         self.svc = svc
+        self.caller = caller
         self.endpoint = endpoint
         self.key = key
         self.head = head
@@ -97,7 +136,12 @@ class Call:
 
     @property
     def version(self) -> str:
-        return self.route.version if self.route is not None else (self.head.model or "")
+        """For ``X-Policy-Version``: the policy's version, else the model as asked for (a name
+        beyond ASCII percent-encoded, as a header value cannot carry it)."""
+        if self.route is not None:
+            return self.route.version
+        model = self.head.model or ""
+        return model if model.isascii() else quote(model, safe="")
 
     def answer(self, parsed: Any) -> tuple[Tokens | None, Any]:
         """The tokens in the full answer, then the answer as the client should see it."""
@@ -129,7 +173,7 @@ class Call:
             http_status=http_status,
             request=self.body,
             response=response,
-            error=error,
+            error=error.replace("\x00", "\ufffd") if error else error,  # an upstream's words; PostgreSQL's text holds no NUL
             usage=usage,
             prompt_token_ids=tokens.prompt_token_ids if tokens else None,
             completion_token_ids=tokens.completion_token_ids if tokens else None,
@@ -166,7 +210,7 @@ class Call:
         reached, the recorded failure as the client's answer."""
         upstream = self.svc.upstream
         try:
-            response, self.attempts = await upstream.send("POST", path, content=self.upstream_body, headers=upstream.request_headers(request_headers))
+            response, self.attempts = await upstream.send("POST", path, content=self.upstream_body, headers=upstream.request_headers(request_headers, ours=self.caller is not ANONYMOUS))
         except UpstreamFailure as failure:
             self.attempts = failure.attempts
             return await self.fail(failure)
@@ -189,7 +233,7 @@ class Call:
     def error(self, status: int, message: str) -> ASGIResponse:
         """The upstream could not be reached or broke off: an error in the surface's format."""
         code = "upstream_timeout" if status == 504 else "upstream_unavailable"
-        headers = {"x-trajectory-id": self.key.trajectory_id, "x-policy-version": self.version}
+        headers = {"x-trajectory-id": local(self.key.trajectory_id), "x-policy-version": self.version}
         return ASGIResponse(body=self.endpoint.error_body(status, message, code), status_code=status, headers=headers)
 
     def observe(self, record: CallRecord, status: int | None = None) -> None:

@@ -10,6 +10,7 @@ plain one.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,12 +22,30 @@ from burnish_server.core.records import OK, UPSTREAM_CUT, UPSTREAM_ERROR
 from burnish_server.gateway.errors import anthropic_error_body, error_body
 
 _decode = msgspec.json.Decoder().decode
+# What msgspec raises for bytes that are no JSON: malformed, not UTF-8, nested too deeply.
+UNDECODABLE = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
+# What reading a JSON value of the wrong shape raises (a number where a list was due, ...):
+# an upstream's fault, reported as such, never the gateway's 500.
+MALFORMED = (TypeError, AttributeError, KeyError, IndexError, ValueError, ArithmeticError)
 _encode = msgspec.json.Encoder().encode
+log = logging.getLogger("burnish.gateway")
 
 
 def _append(target: dict, key: str, piece: Any) -> None:
     if isinstance(piece, str):
         target[key] = (target.get(key) or "") + piece
+
+
+# Choices, tool calls and content blocks per answer: an index beyond is the upstream's error.
+_MAX_INDEX = 10_000
+
+
+def _index(value: Any, default: int = 0) -> int:
+    """The index of a choice, tool call or content block: a small non-negative integer."""
+    index = default if value is None else value
+    if type(index) is not int or not 0 <= index < _MAX_INDEX:
+        raise ValueError(f"index {value!r} is not an integer from 0 to {_MAX_INDEX - 1}")
+    return index
 
 
 class ChatAssembler:
@@ -46,9 +65,10 @@ class ChatAssembler:
         if chunk.get("prompt_token_ids") is not None:  # vLLM's return_token_ids
             self.extra["prompt_token_ids"] = chunk["prompt_token_ids"]
         for c in chunk.get("choices") or ():
+            index = _index(c.get("index"))
             choice = self.choices.setdefault(
-                c.get("index", 0),
-                {"index": c.get("index", 0), "message": {"role": "assistant", "content": None}, "finish_reason": None, "logprobs": None},
+                index,
+                {"index": index, "message": {"role": "assistant", "content": None}, "finish_reason": None, "logprobs": None},
             )
             message = choice["message"]
             delta = c.get("delta") or {}
@@ -58,7 +78,7 @@ class ChatAssembler:
                 _append(message, key, delta.get(key))
             for call in delta.get("tool_calls") or ():
                 calls = message.setdefault("tool_calls", [])
-                index = call.get("index", len(calls))
+                index = _index(call.get("index"), len(calls))
                 while len(calls) <= index:
                     calls.append({"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
                 slot = calls[index]
@@ -101,7 +121,8 @@ class CompletionAssembler:
         if chunk.get("usage"):
             self.extra["usage"] = chunk["usage"]
         for c in chunk.get("choices") or ():
-            choice = self.choices.setdefault(c.get("index", 0), {"index": c.get("index", 0), "text": "", "finish_reason": None, "logprobs": None})
+            index = _index(c.get("index"))
+            choice = self.choices.setdefault(index, {"index": index, "text": "", "finish_reason": None, "logprobs": None})
             _append(choice, "text", c.get("text"))
             if c.get("finish_reason") is not None:
                 choice["finish_reason"] = c["finish_reason"]
@@ -160,9 +181,9 @@ class MessagesAssembler:
         if kind == "message_start":
             self.message = {**event.get("message", {}), "content": []}
         elif kind == "content_block_start":
-            self.blocks[event.get("index", 0)] = dict(event.get("content_block") or {})
+            self.blocks[_index(event.get("index"))] = dict(event.get("content_block") or {})
         elif kind == "content_block_delta":
-            index = event.get("index", 0)
+            index = _index(event.get("index"))
             block = self.blocks.setdefault(index, {})
             delta = event.get("delta") or {}
             match delta.get("type"):
@@ -177,12 +198,12 @@ class MessagesAssembler:
                 case "citations_delta":
                     block.setdefault("citations", []).append(delta.get("citation"))
         elif kind == "content_block_stop":
-            index = event.get("index", 0)
+            index = _index(event.get("index"))
             if index in self.partial_json:
                 text = self.partial_json.pop(index)
                 try:
                     self.blocks.setdefault(index, {})["input"] = _decode(text) if text else {}
-                except msgspec.DecodeError:
+                except UNDECODABLE:
                     self.blocks.setdefault(index, {})["input"] = text
         elif kind == "message_delta":
             self.message.update(event.get("delta") or {})
@@ -251,7 +272,8 @@ class Injected:
             return obj
         if self.token_ids and obj.get("prompt_token_ids") is not None:
             obj["prompt_token_ids"] = None
-        for choice in obj.get("choices") or ():
+        choices = obj.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
             if not isinstance(choice, dict):
                 continue
             if self.token_ids:
@@ -346,7 +368,7 @@ class StreamCapture:
         if data != b"[DONE]":
             try:
                 obj = _decode(data)
-            except msgspec.DecodeError:
+            except UNDECODABLE:  # passed on as it came, not folded in
                 return False, None
             if isinstance(obj, dict):
                 self.events += 1
@@ -356,9 +378,13 @@ class StreamCapture:
                 elif name == "error" or obj.get("type") == "error":
                     self.error = str(obj.get("message") or obj)
                 else:
-                    self.assembler.add(obj)  # sees the token ids before they are scrubbed
-                    if self.listener is not None:
-                        self.listener(obj)
+                    try:
+                        self.assembler.add(obj)  # sees the token ids before they are scrubbed
+                        if self.listener is not None:
+                            self.listener(obj)
+                    except MALFORMED as exc:  # relayed as it came; the call is recorded as the upstream's error
+                        log.warning("unreadable %s stream event from the upstream: %r", self.endpoint.name, exc)
+                        self.error = self.error or f"the upstream sent a stream event of the wrong shape ({type(exc).__name__}: {exc})"
                     if self.injected is not None:
                         rewritten = b"data: " + _encode(self.injected.scrub(obj)) + b"\n\n"
         return self.endpoint.is_terminal(name, data, obj), rewritten
@@ -395,7 +421,16 @@ def _choice_logprobs(choice: dict[str, Any]) -> list[float] | None:
 
 
 def extract_tokens(endpoint: Endpoint, body: Any) -> Tokens | None:
-    """Token ids and sampled-token logprobs, where the upstream returned them (vLLM's fields)."""
+    """Token ids and sampled-token logprobs, where the upstream returned them (vLLM's fields);
+    None where it did not, or returned them in the wrong shape (the call is then not trained on)."""
+    try:
+        return _extract_tokens(endpoint, body)
+    except MALFORMED as exc:
+        log.warning("token ids of the wrong shape from the upstream (%s): %r", endpoint.name, exc)
+        return None
+
+
+def _extract_tokens(endpoint: Endpoint, body: Any) -> Tokens | None:
     if not endpoint.has_choices or not isinstance(body, dict) or not isinstance(body.get("choices"), list):
         return None
     choices = sorted((c for c in body["choices"] if isinstance(c, dict)), key=lambda c: c.get("index", 0))

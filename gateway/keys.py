@@ -13,6 +13,7 @@ A call is marked for evaluation (held out: recorded and rewarded, never trained 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ KEY_HEADERS = frozenset({TRAJECTORY_HEADER, GROUP_HEADER, GROUP_SIZE_HEADER, EVA
 # The path prefix that marks a call for evaluation, in front of the other prefixes.
 EVAL_PREFIX = "/eval"
 _EVAL_VALUES = {"true": True, "1": True, "false": False, "0": False}
+_SIZE = re.compile(r"[0-9]{1,9}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +70,8 @@ def resolve(path_params: Mapping[str, str], headers: Mapping[str, str], *, eval_
     if size_text is not None:
         if group is None:
             raise Invalid("X-Group-Size needs a group (X-Group-Id or the /g/{group}/t/{trajectory} prefix)", "invalid_group_size", "X-Group-Size")
-        if not size_text.isdigit() or not 1 <= int(size_text) <= MAX_GROUP_SIZE:
+        # ASCII digits only: str.isdigit() also takes "²" and "٣", which int() refuses or reads.
+        if not _SIZE.fullmatch(size_text) or not 1 <= int(size_text) <= MAX_GROUP_SIZE:
             raise Invalid(f"X-Group-Size must be an integer from 1 to {MAX_GROUP_SIZE}", "invalid_group_size", "X-Group-Size")
         size = int(size_text)
     held_out = eval_path

@@ -9,14 +9,29 @@ A request is retried (tenacity, exponential backoff with jitter) on connection
 errors and on 429/502/503/504, and only here, before the gateway has sent the
 client anything. Once the first byte is on its way to the client, a failure is
 reported, never retried.
+
+Time-outs (``core/settings.py``): connecting (``upstream_connect_timeout``), the wait for
+the answer to begin (``upstream_timeout``: its headers, and a stream's first event), and
+silence between reads once it has begun (``upstream_read_timeout``). aiohttp measures the
+last two on the socket (its ``sock_read``); ``_Transport`` switches from one to the other
+when the headers are in, and bounds the whole wait for them too, for an upstream that
+stops reading the request. Every failure of the transport is an ``httpx`` error: an
+answer that is not HTTP (garbage for a status line, broken headers or chunked framing)
+is ``RemoteProtocolError``, a connection error like any other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any
 
+import aiohttp
 import httpx
+from aiohttp.http_exceptions import HttpProcessingError
 from httpx_aiohttp import AiohttpTransport
+from httpx_aiohttp.transport import map_aiohttp_exceptions
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -36,6 +51,7 @@ CONNECTION_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProto
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade"})
 # Not forwarded upstream: the gateway's own headers, and what httpx sets itself.
 _DROP_REQUEST = _HOP_BY_HOP | {b"host", b"content-length", b"accept-encoding", b"expect"} | {h.encode() for h in KEY_HEADERS}
+_CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
 # Not relayed to the client: the ASGI server sets framing and its own date and server.
 _DROP_RESPONSE = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "date", "server", "te", "trailer", "upgrade"}
@@ -62,15 +78,18 @@ class Upstream:
         limits = httpx.Limits(max_connections=settings.max_connections, max_keepalive_connections=settings.max_connections)
         self.client = httpx.AsyncClient(
             base_url=base_url(settings.upstream),
-            timeout=httpx.Timeout(settings.upstream_timeout, connect=settings.connect_timeout),
-            transport=AiohttpTransport(limits=limits, trust_env=False),
+            timeout=httpx.Timeout(settings.upstream_timeout, connect=settings.upstream_connect_timeout),
+            transport=_Transport(settings, limits=limits, trust_env=False),
         )
 
     async def aclose(self) -> None:
         await self.client.aclose()
 
-    def request_headers(self, raw: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-        headers = [(k, v) for k, v in raw if k.lower() not in _DROP_REQUEST]
+    def request_headers(self, raw: Iterable[tuple[bytes, bytes]], *, ours: bool = False) -> list[tuple[bytes, bytes]]:
+        """The client's headers as sent upstream. ``ours``: the client's credential is a burnish
+        key (or the admin token), which must never reach the upstream."""
+        drop = _DROP_REQUEST | _CREDENTIALS if ours else _DROP_REQUEST
+        headers = [(k, v) for k, v in raw if k.lower() not in drop]
         # Identity: the gateway reads what it forwards, and loopback bandwidth is free.
         headers.append((b"accept-encoding", b"identity"))
         if self.api_key is not None:
@@ -109,6 +128,112 @@ class UpstreamFailure(Exception):
         if isinstance(exc, httpx.ReadTimeout):
             return cls(504, "the upstream did not answer in time", attempts)
         return cls(502, f"{what}: {exc or type(exc).__name__}", attempts)
+
+
+@contextlib.contextmanager
+def _httpx_errors() -> Iterator[None]:
+    """aiohttp's errors as httpx's: httpx-aiohttp's own mapping, then what it lets through."""
+    try:
+        with map_aiohttp_exceptions():
+            yield
+    except (aiohttp.ClientError, HttpProcessingError) as exc:  # e.g. ClientResponseError: garbage for a status line
+        raise httpx.RemoteProtocolError(f"the upstream's answer is not valid HTTP: {_words(exc)}") from exc
+
+
+def _words(exc: BaseException) -> str:
+    """An aiohttp error on one line, without the URL (the upstream's address is not the client's business)."""
+    text = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    return " ".join(str(text).split())
+
+
+class _Body(httpx.AsyncByteStream):
+    """An aiohttp response's body: its errors as httpx's, each read bounded in time (the first
+    by the time-out for the answer to begin, the others by the read time-out)."""
+
+    CHUNK_SIZE = 16 * 1024
+
+    def __init__(self, response: aiohttp.ClientResponse, first: float | None, between: float | None) -> None:
+        self.response = response
+        self.first = first
+        self.between = between
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        content = self.response.content
+        wait = self.first
+        with _httpx_errors():
+            try:
+                async with asyncio.timeout(None) as deadline:
+                    while True:
+                        deadline.reschedule(loop.time() + wait if wait else None)
+                        chunk = await content.read(self.CHUNK_SIZE)
+                        deadline.reschedule(None)  # the time the caller holds a chunk is not the upstream's
+                        if not chunk:
+                            return
+                        yield chunk
+                        wait = self.between
+            except TimeoutError as exc:
+                if isinstance(exc, aiohttp.ClientError):  # aiohttp's own (sock_read): mapped as it is
+                    raise
+                raise self._silent(wait) from exc
+
+    def _silent(self, waited: float | None) -> httpx.HTTPError:
+        # aiohttp's C parser, on broken chunked framing, fails the connection but leaves the
+        # body's reader waiting: the error is on the connection's protocol.
+        protocol = self.response.connection.protocol if self.response.connection is not None else None
+        if protocol is not None and (error := protocol.exception()) is not None and not isinstance(error, TimeoutError):
+            return httpx.RemoteProtocolError(f"the upstream's answer is not valid HTTP: {_words(error)}")
+        return httpx.ReadTimeout(f"the upstream sent nothing for {waited:g} s")
+
+    async def aclose(self) -> None:
+        with _httpx_errors():
+            self.response.release()
+            await self.response.wait_for_close()
+
+
+class _Transport(AiohttpTransport):
+    """httpx-aiohttp's transport, with the upstream's time-outs and every error as httpx's."""
+
+    def __init__(self, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.first = settings.upstream_timeout or None
+        self.between = settings.upstream_read_timeout or None
+        # The whole wait for the answer's headers (a connection from the pool, connecting, sending
+        # the request): aiohttp's own clock (sock_read) starts only once the request is sent.
+        self.head_timeout = settings.upstream_connect_timeout + settings.upstream_timeout if settings.upstream_timeout else None
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if not isinstance(self.client, aiohttp.ClientSession):
+            self.client = self.get_client()
+        timeout = request.extensions.get("timeout", {})
+        with _httpx_errors():
+            try:
+                async with asyncio.timeout(self.head_timeout):
+                    response = await self.client.request(
+                        request.method,
+                        str(request.url),
+                        headers=request.headers,
+                        data=request.content or None,
+                        allow_redirects=False,
+                        auto_decompress=False,
+                        compress=False,
+                        timeout=aiohttp.ClientTimeout(sock_connect=timeout.get("connect"), sock_read=timeout.get("read")),
+                        server_hostname=request.extensions.get("sni_hostname"),
+                    )
+            except TimeoutError as exc:
+                if isinstance(exc, aiohttp.ClientError):  # aiohttp's own time-outs: mapped as they are
+                    raise
+                raise httpx.ReadTimeout(f"no answer from the upstream within {self.head_timeout:g} s") from exc
+        if response.connection is not None and response.connection.protocol is not None:
+            # The body's reads keep their own time (_Body): aiohttp stops re-arming its clock on each read.
+            response.connection.protocol.read_timeout = None
+        return httpx.Response(
+            status_code=response.status,
+            headers=response.raw_headers,
+            stream=_Body(response, self.first, self.between),
+            request=request,
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": (response.reason or "").encode()},
+        )
 
 
 def _last_outcome(state: RetryCallState) -> httpx.Response:

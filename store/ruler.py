@@ -20,6 +20,7 @@ from sqlalchemy import exists, insert, or_, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
+from burnish_server.core.access import local
 from burnish_server.core.errors import Conflict, NotFound
 from burnish_server.core.groups import group_state, rewards_final
 from burnish_server.core.records import OK, CallRecord
@@ -50,9 +51,9 @@ class GroupForJudge:
 
 def _check_judgeable(group: Any, group_id: str) -> None:
     if group is None:
-        raise NotFound(f"no group {group_id!r}", "group_not_found", "group_id")
+        raise NotFound(f"no group {local(group_id)!r}", "group_not_found", "group_id")
     if rewards_final(group_state(group.closed_at, group.claimed_by, group.trained_at)):
-        raise Conflict(f"group {group_id!r} is being trained or was trained; its rewards can no longer change", "group_trained", "group_id")
+        raise Conflict(f"group {local(group_id)!r} is being trained or was trained; its rewards can no longer change", "group_trained", "group_id")
 
 
 def group_for_judge(conn: Connection, group_id: str) -> GroupForJudge:
@@ -63,7 +64,7 @@ def group_for_judge(conn: Connection, group_id: str) -> GroupForJudge:
     for t in conn.execute(select(Trajectory).where(Trajectory.group_id == group_id).order_by(Trajectory.pk)):
         members[t.id] = Member(t.id, t.reward, dict(t.reward_components or {}), [])
     if not members:
-        raise Conflict(f"group {group_id!r} has no trajectories to judge", "group_empty", "group_id")
+        raise Conflict(f"group {local(group_id)!r} has no trajectories to judge", "group_empty", "group_id")
     rows = conn.execute(select(Call).where(Call.trajectory_id.in_(list(members)), Call.status == OK).order_by(Call.started_at, Call.pk))
     for row in rows:
         members[row.trajectory_id].calls.append(to_record(row, group_id))
@@ -91,7 +92,7 @@ def store_verdict(conn: Connection, group_id: str, key: str, judge: str, scores:
     now, rewards = utcnow(), {}
     members = {t.id: t for t in conn.execute(select(Trajectory).where(Trajectory.group_id == group_id))}
     if set(members) != set(scores):  # a member joined while the judge was thinking
-        raise Conflict(f"group {group_id!r} changed while it was judged; ask again", "group_changed", "group_id")
+        raise Conflict(f"group {local(group_id)!r} changed while it was judged; ask again", "group_changed", "group_id")
     for trajectory_id, s in scores.items():
         member = members[trajectory_id]
         user = conn.execute(

@@ -22,10 +22,12 @@ from litestar import post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
+from burnish_server.core.access import Principal, local
 from burnish_server.core.errors import BurnishError, Conflict, Invalid, Unavailable
 from burnish_server.core.policies import JUDGE_URL_PATTERN, RulerSettings
 from burnish_server.core.transcript import conversation
 from burnish_server.core.views import JudgeView, RulerView, ScoreView
+from burnish_server.gateway.access import ACCESS_ERRORS, BEARER
 from burnish_server.gateway.errors import responses
 from burnish_server.gateway.routes.common import GroupId
 from burnish_server.gateway.ruler import Judge, RulerFailed, build_prompt, cache_key, judge_group, public_url
@@ -125,7 +127,7 @@ def _judge(svc: Services, policy: RulerSettings, request: RulerIn, base_model: s
 
 
 async def run_ruler(svc: Services, group_id: str, request: RulerIn) -> RulerView:
-    """Judge a group (or reuse a cached verdict) and store its rewards."""
+    """Judge a group (by its stored id: ``core/access.py``) or reuse a cached verdict, and store its rewards."""
     group = await svc.db.read(store.group_for_judge, group_id)
     policy = svc.policies.policies.get(group.policy) if group.policy else None
     settings = policy.ruler if policy is not None else RulerSettings()
@@ -150,23 +152,29 @@ async def run_ruler(svc: Services, group_id: str, request: RulerIn) -> RulerView
             svc.langfuse.put(Score(t, "ruler", verdict[t].score, comment=verdict[t].explanation, metadata={"judge": judge.name, "group_id": group_id}))
             svc.langfuse.put(Score(t, "reward", reward, metadata={"source": "ruler", "combine": combine}))
     return RulerView(
-        group_id=group_id,
+        group_id=local(group_id),
         judge=JudgeView(model=judge.model, base_url=public_url(judge.base_url)),
         combine=combine,
         cached=calls == 0,
         judge_calls=calls,
         distinct_trajectories=len(prompt.classes),
-        scores=[ScoreView(trajectory_id=t, score=verdict[t].score, explanation=verdict[t].explanation, reward=rewards[t]) for t in rewards],
+        scores=[ScoreView(trajectory_id=local(t), score=verdict[t].score, explanation=verdict[t].explanation, reward=rewards[t]) for t in rewards],
     )
 
 
-@post("/v1/groups/{group_id:str}/ruler", status_code=200, opt={"invalid": "invalid_request"}, responses=responses(400, 404, 409, 502))
-async def ruler(group_id: GroupId, svc: NamedDependency[Services], data: JSONBody[RulerIn | None] = None) -> RulerView:
+@post(
+    "/v1/groups/{group_id:str}/ruler",
+    status_code=200,
+    opt={"invalid": "invalid_request", "scope": "call"},
+    responses=responses(400, *ACCESS_ERRORS, 404, 409, 502),
+    security=BEARER,
+)
+async def ruler(group_id: GroupId, svc: NamedDependency[Services], caller: NamedDependency[Principal], data: JSONBody[RulerIn | None] = None) -> RulerView:
     """Score a group's trajectories relative to each other with an LLM judge; the scores become rewards.
     The judge's endpoint is the server's configuration (a policy's, or BURNISH_JUDGE_BASE_URL), never the request's."""
     request = data or RulerIn()
     refuse_endpoint_fields(request)
-    return await run_ruler(svc, group_id, request)
+    return await run_ruler(svc, caller.stored(group_id), request)
 
 
 async def auto_ruler(svc: Services, every_s: float = AUTO_EVERY_S) -> None:

@@ -34,7 +34,7 @@ from burnish_server.core.errors import Invalid
 from burnish_server.core.records import CLIENT_DISCONNECTED, MESSAGES, OK, RESPONSES, UPSTREAM_CUT, UPSTREAM_ERROR, CallRecord
 from burnish_server.core.translate import common as translate
 from burnish_server.core.translate import messages, responses
-from burnish_server.gateway.call import Call, json_or_none, upstream_message
+from burnish_server.gateway.call import Call, json_or_none, read_answer, upstream_message
 from burnish_server.gateway.capture import CHAT, StreamCapture, extract_tokens
 from burnish_server.gateway.errors import APIError
 from burnish_server.gateway.streaming import RelayResponse
@@ -116,8 +116,8 @@ async def serve(request: Request, call: Call) -> ASGIResponse:
 
     completion = json_or_none(raw)
     headers["content-type"] = "application/json"
-    if response.status_code < 400 and isinstance(completion, dict):
-        out = _encode(translator.answer(completion))
+    if response.status_code < 400 and (answer := read_answer(translator.answer, completion)) is not None:
+        out = _encode(answer)
         tokens = extract_tokens(CHAT, completion)
         await call.commit(call.record(OK, response.status_code, response=out, parsed=completion, tokens=tokens))
         return ASGIResponse(body=out, status_code=response.status_code, headers=headers)
