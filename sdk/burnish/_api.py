@@ -84,7 +84,7 @@ class Routes:
         return self._send(Call("POST", f"/v1/groups/{group_id}/close"))
 
     def ruler(self, group_id: str, rubric: str | None = None, **judge: Any) -> Any:
-        """Score the group's trajectories with an LLM judge (judge_model, judge_base_url, judge_api_key, combine)."""
+        """Score the group's trajectories with an LLM judge (judge_model, combine); the judge's endpoint is the gateway's setting."""
         body = {k: v for k, v in {"rubric": rubric, **judge}.items() if v is not None}
         return self._send(Call("POST", f"/v1/groups/{group_id}/ruler", body))
 
