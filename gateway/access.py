@@ -223,15 +223,15 @@ def access_middleware(app: ASGIApp) -> ASGIApp:
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
         # OPTIONS is Litestar's own answer of the allowed methods (and CORS preflights carry no key).
-        need = required_scope(scope["route_handler"]) if scope["type"] == "http" and scope["method"] != "OPTIONS" else PUBLIC
-        if need == PUBLIC:
+        need = required_scope(scope["route_handler"]) if scope["type"] == "http" else PUBLIC
+        if need == PUBLIC or scope.get("method") == "OPTIONS":
             await app(scope, receive, send)
             return
         access: Access = scope["app"].state.services.access
         caller = await access.principal(scope["headers"])
         if not any(caller.can(s) for s in need.split("|")):
             raise access.refusal(caller, need)
-        scope.setdefault("state", {})["principal"] = caller  # type: ignore[typeddict-item]
+        scope.setdefault("state", {})["principal"] = caller
         if caller.key_id is None or caller.limits is None:
             await app(scope, receive, send)
             return

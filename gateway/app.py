@@ -19,7 +19,7 @@ from litestar.openapi.spec import Components
 
 from burnish_server.core.errors import BurnishError
 from burnish_server.core.settings import Settings
-from burnish_server.gateway import errors, request_ids
+from burnish_server.gateway import errors, openapi, request_ids
 from burnish_server.gateway.access import BEARER, PUBLIC, SECURITY_SCHEMES, Access, KeyRing, access_middleware, follow_keys
 from burnish_server.gateway.errors import responses
 from burnish_server.gateway.metrics import CONTENT_TYPE, Metrics
@@ -29,7 +29,7 @@ from burnish_server.gateway.routing import Registry, follow
 from burnish_server.gateway.services import Services
 from burnish_server.gateway.upstream import Upstream
 from burnish_server.store.database import Database
-from burnish_server.store.keys import load_keys
+from burnish_server.store.keys import leave, load_keys
 from burnish_server.store.policies import load_policies
 from burnish_server.store.stats import store_state
 from burnish_server.store.writer import Writer
@@ -121,11 +121,14 @@ def create_app(settings: Settings | None = None) -> Litestar:
             await judge_http.aclose()
             await upstream.aclose()
             await writer.close()
+            if access.ring.limited:  # the others take back its share of the limits at once
+                with contextlib.suppress(Exception):
+                    await db.transaction(leave, access.gateway_id)
             if langfuse is not None:  # after the writer: its last commits are exported too
                 await asyncio.to_thread(langfuse.close)
             await db.dispose()
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[health, metrics, *proxy.route_handlers, *trajectories.route_handlers, *ruler.route_handlers, admin.router],
         lifespan=[lifespan],
         dependencies=DEPENDENCIES,
@@ -135,19 +138,22 @@ def create_app(settings: Settings | None = None) -> Litestar:
             Exception: errors.handle_unexpected,
         },
         request_max_body_size=settings.max_body_bytes,
+        plugins=[openapi.StrictStructSchemaPlugin()],
         middleware=[request_ids.request_id_middleware, access_middleware],
         openapi_config=OpenAPIConfig(
             title="burnish gateway",
             version="0.1.0",
             # The schema and its pages are public: they describe the API, not anyone's data.
-            openapi_router=Router(path="/docs", route_handlers=[], opt={"scope": PUBLIC}),
-            components=Components(security_schemes=SECURITY_SCHEMES),
+            openapi_router=Router(path="/docs", route_handlers=[], opt={"scope": PUBLIC}, include_in_schema=False),
+            components=[Components(security_schemes=SECURITY_SCHEMES), openapi.COMPONENTS],
         ),
         # Logging is configured by whoever runs the app (the CLI); Litestar's default
         # would set the root logger to INFO behind --log-level's back.
         logging_config=None,
         debug=False,
     )
+    openapi.fix_options_handlers(app)
+    return app
 
 
 def app_from_env() -> Litestar:

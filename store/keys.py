@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from burnish_server.core.access import SHOWN_PREFIX, ApiKey, Limits, hash_secret, new_key_id, new_secret
@@ -116,9 +116,9 @@ def heartbeat(conn: Connection, gateway_id: str, alive_s: float) -> int:
     if not updated:
         conn.execute(insert(GatewayRow).values(id=gateway_id, started_at=now, seen_at=now))
     # Long gone gateways are forgotten, so the table stays as small as the fleet.
-    conn.execute(GatewayRow.__table__.delete().where(GatewayRow.seen_at < now - timedelta(seconds=alive_s * 100)))
+    conn.execute(delete(GatewayRow).where(GatewayRow.seen_at < now - timedelta(seconds=alive_s * 100)))
     return int(conn.execute(select(func.count()).select_from(GatewayRow).where(GatewayRow.seen_at >= now - timedelta(seconds=alive_s))).scalar() or 1)
 
 
 def leave(conn: Connection, gateway_id: str) -> None:
-    conn.execute(GatewayRow.__table__.delete().where(GatewayRow.id == gateway_id))
+    conn.execute(delete(GatewayRow).where(GatewayRow.id == gateway_id))
