@@ -139,13 +139,14 @@ def create_app(settings: Settings | None = None) -> Litestar:
         },
         request_max_body_size=settings.max_body_bytes,
         plugins=[openapi.StrictStructSchemaPlugin()],
+        before_request=openapi.strict_body,
         middleware=[request_ids.request_id_middleware, access_middleware],
         openapi_config=OpenAPIConfig(
             title="burnish gateway",
             version="0.1.0",
             # The schema and its pages are public: they describe the API, not anyone's data.
             openapi_router=Router(path="/docs", route_handlers=[], opt={"scope": PUBLIC}, include_in_schema=False),
-            components=[Components(security_schemes=SECURITY_SCHEMES), openapi.COMPONENTS],
+            components=Components(security_schemes=SECURITY_SCHEMES),
         ),
         # Logging is configured by whoever runs the app (the CLI); Litestar's default
         # would set the root logger to INFO behind --log-level's back.

@@ -276,7 +276,7 @@ async def _attempt(client: httpx.AsyncClient, judge: Judge, url: str, body: dict
     except httpx.TransportError as exc:
         log.warning("RULER: the judge %s could not be reached: %s: %s", judge.name, type(exc).__name__, _excerpt(str(exc)))
         raise _Retry(_unreachable(exc)) from None
-    except httpx.HTTPError as exc:  # not worth retrying (an invalid URL, say)
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:  # not worth retrying (an invalid URL, say: InvalidURL is no HTTPError)
         log.warning("RULER: the judge %s could not be asked: %s: %s", judge.name, type(exc).__name__, _excerpt(str(exc)))
         raise RulerFailed(f"the judge ({judge.name}) could not be asked ({type(exc).__name__})") from None
     if status in (408, 429) or status >= 500:

@@ -24,6 +24,7 @@ from burnish_server.core.errors import Conflict, Invalid
 from burnish_server.core.ids import ID_REGEX
 from burnish_server.core.policies import LoraSettings, Policy, RulerSettings, TrainSettings
 from burnish_server.core.views import EvalList, KeyList, KeyView, MetricsList, NewKeyView, PolicyList, PolicyView, StepList
+from burnish_server.gateway import openapi
 from burnish_server.gateway.access import ACCESS_ERRORS as ACCESS
 from burnish_server.gateway.access import BEARER
 from burnish_server.gateway.errors import responses
@@ -53,9 +54,9 @@ class PolicyPatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     base_model: BaseModel | msgspec.UnsetType = msgspec.UNSET
     model_path: ModelPath | None | msgspec.UnsetType = msgspec.UNSET
-    lora: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
-    train: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
-    ruler: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    lora: Annotated[dict[str, Any], openapi.documented_as(LoraSettings)] | msgspec.UnsetType = msgspec.UNSET
+    train: Annotated[dict[str, Any], openapi.documented_as(TrainSettings)] | msgspec.UnsetType = msgspec.UNSET
+    ruler: Annotated[dict[str, Any], openapi.documented_as(RulerSettings)] | msgspec.UnsetType = msgspec.UNSET
     paused: bool | msgspec.UnsetType = msgspec.UNSET
 
 
@@ -75,7 +76,7 @@ async def _status(svc: Services, name: str) -> PolicyView:
     return await svc.db.read(store.policy_status, name)
 
 
-@post("/policies", status_code=201, opt={"invalid": "invalid_policy"}, responses=responses(400, *ACCESS, 409))
+@post("/policies", status_code=201, opt={"invalid": "invalid_policy"}, responses=responses(400, *ACCESS, 409, 413))
 async def create_policy(data: JSONBody[PolicyIn], svc: NamedDependency[Services]) -> PolicyView:
     """Create a policy: a trainable model over a base model, with LoRA, training and RULER settings."""
     policy = Policy(
@@ -97,7 +98,7 @@ async def get_policy(name: PolicyName, svc: NamedDependency[Services]) -> Policy
     return await _status(svc, name)
 
 
-@patch("/policies/{name:str}", opt={"invalid": "invalid_policy"}, responses=responses(400, *ACCESS, 404, 409))
+@patch("/policies/{name:str}", opt={"invalid": "invalid_policy"}, responses=responses(400, *ACCESS, 404, 409, 413))
 async def change_policy(name: PolicyName, data: JSONBody[PolicyPatch], svc: NamedDependency[Services]) -> PolicyView:
     await _write(svc, _patch, name, data)
     return await _status(svc, name)
@@ -153,7 +154,7 @@ async def checkpoints(name: PolicyName, svc: NamedDependency[Services]) -> StepL
     return StepList(data=[msgspec.structs.replace(s, metrics=msgspec.UNSET) for s in steps])
 
 
-@post("/policies/{name:str}/rollback", status_code=202, opt={"invalid": "invalid_rollback"}, responses=responses(400, *ACCESS, 404))
+@post("/policies/{name:str}/rollback", status_code=202, opt={"invalid": "invalid_rollback"}, responses=responses(400, *ACCESS, 404, 413))
 async def rollback(name: PolicyName, data: JSONBody[RollbackIn], svc: NamedDependency[Services]) -> PolicyView:
     """Serve (and train on from) an earlier step; 0 is the base model. The trainer loads and switches."""
     await _write(svc, store.request_rollback, name, data.step)
@@ -203,7 +204,7 @@ class KeyIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 KeyId = Annotated[str, Parameter(pattern=r"^key_[0-9a-f]{16}$(?!\n)", description="an API key's id: key_ and 16 hex digits")]
 
 
-@post("/keys", status_code=201, opt={"invalid": "invalid_key"}, responses=responses(400, *ACCESS))
+@post("/keys", status_code=201, opt={"invalid": "invalid_key"}, responses=responses(400, *ACCESS, 413))
 async def create_key(data: JSONBody[KeyIn], svc: NamedDependency[Services]) -> NewKeyView:
     """Make an API key. Its secret is in this answer and nowhere else, ever: the store keeps its hash."""
     limits = Limits(rpm_limit=data.rpm_limit, max_parallel_requests=data.max_parallel_requests)

@@ -25,7 +25,7 @@ from litestar.response.base import ASGIResponse
 
 from burnish_server.core.access import ANONYMOUS, DEFAULT_PROJECT, qualify_optional
 from burnish_server.core.records import CLIENT_DISCONNECTED, OK, UPSTREAM_CUT, UPSTREAM_ERROR, CallRecord
-from burnish_server.gateway import keys
+from burnish_server.gateway import keys, openapi
 from burnish_server.gateway.access import BEARER, principal
 from burnish_server.gateway.call import Call, json_or_none, parse_head, upstream_message
 from burnish_server.gateway.capture import ENDPOINTS, Endpoint, StreamCapture
@@ -146,12 +146,17 @@ def _proxy_handler(endpoint: Endpoint) -> HTTPRouteHandler:
         return await forward(request, endpoint)
 
     handler.__name__ = f"proxy_{endpoint.name.replace('.', '_')}"
-    return post([f"{prefix}/v1/{endpoint.path}" for prefix in PREFIXES], name=handler.__name__, status_code=200, opt={"scope": "call"}, security=BEARER)(
-        handler
-    )
+    return post(
+        [f"{prefix}/v1/{endpoint.path}" for prefix in PREFIXES],
+        name=handler.__name__,
+        status_code=200,
+        opt={"scope": "call"},
+        security=BEARER,
+        operation_class=openapi.proxy_operation(endpoint.name),
+    )(handler)
 
 
-@get([f"{prefix}/v1/models" for prefix in PREFIXES], name="models", opt={"scope": "call"}, security=BEARER)
+@get([f"{prefix}/v1/models" for prefix in PREFIXES], name="models", opt={"scope": "call"}, security=BEARER, operation_class=openapi.models_operation)
 async def models(request: Request) -> ASGIResponse:
     """The policies, then the upstream's models."""
     svc = services(request)

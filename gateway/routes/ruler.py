@@ -27,6 +27,7 @@ from burnish_server.core.errors import BurnishError, Conflict, Invalid, Unavaila
 from burnish_server.core.policies import JUDGE_URL_PATTERN, RulerSettings
 from burnish_server.core.transcript import conversation
 from burnish_server.core.views import JudgeView, RulerView, ScoreView
+from burnish_server.gateway import openapi
 from burnish_server.gateway.access import ACCESS_ERRORS, BEARER
 from burnish_server.gateway.errors import responses
 from burnish_server.gateway.routes.common import GroupId
@@ -166,8 +167,9 @@ async def run_ruler(svc: Services, group_id: str, request: RulerIn) -> RulerView
     "/v1/groups/{group_id:str}/ruler",
     status_code=200,
     opt={"invalid": "invalid_request", "scope": "call"},
-    responses=responses(400, *ACCESS_ERRORS, 404, 409, 502),
+    responses=responses(400, *ACCESS_ERRORS, 404, 409, 413, 502),
     security=BEARER,
+    operation_class=openapi.body_operation(optional=True, refused=tuple(_REFUSED)),
 )
 async def ruler(group_id: GroupId, svc: NamedDependency[Services], caller: NamedDependency[Principal], data: JSONBody[RulerIn | None] = None) -> RulerView:
     """Score a group's trajectories relative to each other with an LLM judge; the scores become rewards.

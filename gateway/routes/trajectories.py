@@ -65,7 +65,7 @@ async def _read(svc: Services, read: Callable[[AsyncConnection, str], Awaitable[
     "/v1/trajectories/{trajectory_id:str}/reward",
     status_code=200,
     opt={"invalid": "invalid_reward", "scope": "call"},
-    responses=responses(400, *ACCESS_ERRORS, 404, 409),
+    responses=responses(400, *ACCESS_ERRORS, 404, 409, 413),
     security=BEARER,
 )
 async def post_reward(
@@ -100,7 +100,8 @@ async def get_group(group_id: GroupId, svc: NamedDependency[Services], caller: N
 
 
 OptionalId = Annotated[str | None, QueryParameter(pattern=ID_REGEX)]
-UnixTime = Annotated[float | None, QueryParameter(ge=0, lt=1e11, description="Unix time in seconds")]
+# schema_extra: Litestar leaves a bound of 0 out of an optional parameter's schema.
+UnixTime = Annotated[float | None, QueryParameter(ge=0, lt=1e11, description="Unix time in seconds", schema_extra={"minimum": 0.0})]
 
 
 def _filters(
@@ -140,6 +141,7 @@ async def list_trajectories(
     "/v1/trajectories/export",
     opt={"scope": "read"},
     media_type="application/x-ndjson",
+    response_description="Newline-delimited JSON: one TrajectoryView (with its calls) per line",
     responses=responses(400, *ACCESS_ERRORS),
     security=BEARER,
 )

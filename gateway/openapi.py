@@ -1,0 +1,350 @@
+"""What the OpenAPI schema at ``/docs/openapi.json`` says beyond what Litestar derives itself.
+
+Litestar documents the JSON APIs from their typed handlers; three things it gets wrong or
+cannot see are put right here:
+
+- ``StrictStructSchemaPlugin``: a body struct with ``forbid_unknown_fields`` says
+  ``additionalProperties: false`` (the gateway answers 400 to an unknown field), and a bound
+  of 0 (``ge=0``, ``gt=0``) on an optional field is kept (Litestar drops falsy bounds there).
+- ``proxy_operation``: the proxy routes read their bodies by hand (``routes/proxy.py``), so
+  Litestar sees neither their body, their headers, their answers nor their id patterns. Each
+  gets them here: the two fields the gateway decodes (``model``, ``stream``; the rest is the
+  upstream's to validate), the key headers (``gateway/keys.py``) that apply on its path, the
+  answer (JSON, or ``text/event-stream`` when streamed), and every error status; an upstream's
+  own error status and body are relayed as they came (``4XX``/``5XX``).
+- ``strict_body``: bodies are decoded as strictly as the schema says (Litestar's lax mode
+  would take ``"1.5"`` for a number).
+- ``fix_options_handlers``: Litestar 2's automatic ``OPTIONS`` answer lists only the methods
+  of the first handler registered at a path (litestar-org/litestar#4169, fixed in v3 only).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from litestar import Request
+from litestar._openapi.schema_generation.plugins.struct import StructSchemaPlugin
+from litestar.exceptions import ValidationException
+from litestar.openapi.spec import (
+    OpenAPIHeader,
+    OpenAPIMediaType,
+    OpenAPIResponse,
+    OpenAPIType,
+    Operation,
+    Parameter,
+    Reference,
+    RequestBody,
+    Schema,
+)
+from litestar.plugins.core._msgspec import kwarg_definition_from_field
+from litestar.routes import HTTPRoute
+from litestar.utils.scope.state import ScopeState
+
+from burnish_server.core.ids import ID_REGEX, ID_RULE
+from burnish_server.core.records import MESSAGES
+from burnish_server.gateway.call import MAX_MODEL_CHARS
+from burnish_server.gateway.errors import _MEANING
+from burnish_server.gateway.keys import MAX_GROUP_SIZE
+
+if TYPE_CHECKING:
+    from litestar import Litestar
+    from litestar._openapi.schema_generation import SchemaCreator
+    from litestar.typing import FieldDefinition
+
+__all__ = ["body_operation", "StrictStructSchemaPlugin", "fix_options_handlers", "models_operation", "proxy_operation", "strict_body"]
+
+_BOUNDS = {"ge": "minimum", "gt": "exclusive_minimum", "le": "maximum", "lt": "exclusive_maximum"}
+
+
+class StrictStructSchemaPlugin(StructSchemaPlugin):
+    """Litestar's msgspec struct schemas, plus ``additionalProperties: false`` where the struct
+    forbids unknown fields, and the zero bounds Litestar drops on optional fields."""
+
+    def to_openapi_schema(self, field_definition: FieldDefinition, schema_creator: SchemaCreator) -> Schema:
+        schema = super().to_openapi_schema(field_definition, schema_creator)
+        info = msgspec.inspect.type_info(field_definition.type_)
+        if not isinstance(info, msgspec.inspect.StructType):
+            return schema
+        if info.forbid_unknown_fields:
+            schema.additional_properties = False
+        for field in info.fields:
+            prop = (schema.properties or {}).get(field.encode_name)
+            if not isinstance(prop, Schema):
+                continue
+            kwargs = kwarg_definition_from_field(field)[0]
+            for bound, key in _BOUNDS.items():
+                if kwargs is not None and getattr(kwargs, bound, None) == 0 and getattr(prop, key) is None:
+                    setattr(prop, key, 0.0)
+            if isinstance(kind := _unwrap(field.type), msgspec.inspect.DictType):
+                _dict_bounds(prop, kind)
+        for prop in (schema.properties or {}).values():
+            if isinstance(prop, Schema) and prop.prefix_items and prop.items is None:  # a fixed-length tuple
+                prop.min_items = prop.max_items = len(prop.prefix_items)
+        return schema
+
+
+def documented_as(kind: type[msgspec.Struct]) -> msgspec.Meta:
+    """For a ``dict`` field that holds some of a struct's fields (merged into the current ones):
+    documented as that struct, whose fields all have defaults."""
+    return msgspec.Meta(extra_json_schema={"extra": {"one_of": [{"$ref": f"#/components/schemas/{kind.__name__}"}]}})
+
+
+def _unwrap(kind: msgspec.inspect.Type) -> msgspec.inspect.Type:
+    """A field's type without its metadata and without ``None``."""
+    if isinstance(kind, msgspec.inspect.UnionType):
+        arms = [t for t in kind.types if not isinstance(t, msgspec.inspect.NoneType)]
+        kind = arms[0] if len(arms) == 1 else kind
+    return kind.type if isinstance(kind, msgspec.inspect.Metadata) else kind
+
+
+def _dict_bounds(prop: Schema, kind: msgspec.inspect.DictType) -> None:
+    """A dict's size and its keys' constraints, which Litestar leaves out."""
+    if kind.min_length is not None and prop.min_properties is None:
+        prop.min_properties = kind.min_length
+    if kind.max_length is not None and prop.max_properties is None:
+        prop.max_properties = kind.max_length
+    key = _unwrap(kind.key_type)
+    if isinstance(key, msgspec.inspect.StrType) and (key.min_length is not None or key.max_length is not None or key.pattern is not None):
+        prop.property_names = Schema(type=OpenAPIType.STRING, min_length=key.min_length, max_length=key.max_length, pattern=key.pattern)
+
+
+_ANY = Schema()
+_NO_CONTROL = r"^[^\u0000-\u001f\u007f-\u009f]*$"  # call.py: parse_head
+# The body of each proxied surface as far as the gateway reads it: ``model`` and ``stream``
+# (routes/proxy.py, call.py: parse_head). Every other field goes to the upstream untouched.
+_SURFACES = {
+    "chat.completions": ("ChatCompletionRequest", "OpenAI's chat completion request (model, messages, tools, n, ...)"),
+    "completions": ("CompletionRequest", "OpenAI's (legacy) completion request (model, prompt, ...)"),
+    "responses": ("ResponsesRequest", "OpenAI's Responses API request (model, input, previous_response_id, ...)"),
+    "messages": ("MessagesRequest", "Anthropic's Messages API request (model, max_tokens, messages, ...)"),
+}
+
+
+def _request_schema(name: str, what: str) -> Schema:
+    return Schema(
+        type=OpenAPIType.OBJECT,
+        title=name,
+        description=(
+            f"{what}. The gateway reads only `model` and `stream` (400 if the body is not a JSON object or they have another type) "
+            "and forwards the body as it came; the upstream validates the rest (its 4xx is relayed). For a policy's model, "
+            "/v1/responses and /v1/messages are translated to chat completions and their fields are checked by the gateway (400)."
+        ),
+        properties={
+            "model": Schema(
+                one_of=[Schema(type=OpenAPIType.STRING, max_length=MAX_MODEL_CHARS, pattern=_NO_CONTROL), Schema(type=OpenAPIType.NULL)],
+                description="A policy (`<policy>` or `<policy>@<step>`), or any model of the upstream's, passed through (no control characters)",
+            ),
+            "stream": Schema(one_of=[Schema(type=OpenAPIType.BOOLEAN), Schema(type=OpenAPIType.NULL)], description="true: answered as server-sent events"),
+        },
+        additional_properties=True,
+    )
+
+
+# One server-sent event (what a streamed answer is a sequence of).
+_EVENT = Schema(
+    type=OpenAPIType.OBJECT,
+    required=["data"],
+    properties={"event": Schema(type=OpenAPIType.STRING), "data": Schema(type=OpenAPIType.STRING)},
+    description="Each event of the stream: its data is a JSON object (chat and completions streams end with `data: [DONE]`)",
+)
+# Inline, not components: Litestar replaces the configured component schemas with its own.
+_PROXY_ERROR = Schema(
+    type=OpenAPIType.OBJECT,
+    title="ProxyError",
+    required=["error"],
+    properties={"error": _ANY},
+    description=(
+        "An error on a proxied route. The gateway's own are ErrorBody ({error: {message, type, param, code}}), "
+        "on /v1/messages Anthropic's ({type: error, error: {type, message}}); an upstream's error is relayed with its "
+        "status and its body as it came (a body that is no JSON error object becomes one)."
+    ),
+)
+_REQUESTS = {surface: _request_schema(name, what) for surface, (name, what) in _SURFACES.items()}
+
+_ID = Schema(type=OpenAPIType.STRING, pattern=ID_REGEX)
+_TRAJECTORY_HEADER = Parameter(
+    name="X-Trajectory-Id",
+    param_in="header",
+    schema=_ID,
+    description=f"The trajectory this call joins ({ID_RULE}); none: a one-call trajectory with a generated id",
+)
+_GROUP_HEADER = Parameter(name="X-Group-Id", param_in="header", schema=_ID, description=f"The group the trajectory belongs to ({ID_RULE})")
+_GROUP_SIZE_HEADER = Parameter(
+    name="X-Group-Size",
+    param_in="header",
+    schema=Schema(type=OpenAPIType.INTEGER, minimum=1, maximum=MAX_GROUP_SIZE),
+    description="The group's expected members (needs a group: X-Group-Id, or the /g/{group_id} prefix)",
+)
+_EVAL_HEADER = Parameter(
+    name="X-Eval",
+    param_in="header",
+    # keys.py: stripped and compared without case.
+    schema=Schema(type=OpenAPIType.STRING, pattern=r"^\s*([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee]|1|0)\s*$"),
+    description="true or 1: the call is held out for evaluation (recorded and rewarded, never trained on); false or 0: no mark",
+)
+_RESPONSE_HEADERS: dict[str, OpenAPIHeader | Reference] = {
+    "X-Trajectory-Id": OpenAPIHeader(schema=_ID, description="The trajectory the call was recorded into", required=True),
+    "X-Policy-Version": OpenAPIHeader(
+        schema=Schema(type=OpenAPIType.STRING), description="The version that answered (`<policy>@<step>`), or the model as asked for when it is no policy"
+    ),
+}
+# Statuses the gateway itself answers on a proxied route (an upstream's own are relayed: 4XX/5XX).
+_PROXY_STATUSES = {
+    400: "Invalid request: not a JSON object, an id, header or (for a policy) a field that does not fit; or the upstream's 400, relayed",
+    401: _MEANING[401],
+    403: _MEANING[403],
+    404: "The upstream's 404 (an unknown model), relayed; or a previous_response_id not found",
+    413: _MEANING[413],
+    429: _MEANING[429] + "; or the upstream's 429, relayed",
+    502: "The upstream could not be reached or broke off its answer",
+    503: _MEANING[503] + "; or the upstream's 503, relayed",
+    504: "The upstream did not answer in time",
+}
+
+
+def _error(description: str, schema: Reference | Schema) -> OpenAPIResponse:
+    return OpenAPIResponse(description=description, content={"application/json": OpenAPIMediaType(schema=schema)})
+
+
+def _errors(statuses: dict[int, str]) -> dict[str, OpenAPIResponse]:
+    out = {str(s): _error(d, _PROXY_ERROR) for s, d in statuses.items()}
+    out["4XX"] = _error("The upstream's own error status, relayed with its body", _PROXY_ERROR)
+    out["5XX"] = _error("The upstream's own error status, relayed with its body", _PROXY_ERROR)
+    return out
+
+
+def _with_id_patterns(parameters: list[Parameter | Reference] | None) -> list[Parameter | Reference]:
+    out: list[Parameter | Reference] = []
+    for p in parameters or []:
+        if isinstance(p, Parameter) and p.param_in == "path" and p.name in {"trajectory_id", "group_id"}:
+            what = p.name.removesuffix("_id")
+            p.schema = _ID
+            p.description = f"The {what} of every call made with this base URL ({ID_RULE})"
+        out.append(p)
+    return out
+
+
+def proxy_operation(surface: str) -> type[Operation]:
+    """The OpenAPI operation of a proxied surface (``Endpoint.name``), for the route decorator's ``operation_class``."""
+    body = _REQUESTS[surface]
+
+    @dataclass
+    class ProxyOperation(Operation):
+        def __post_init__(self) -> None:
+            path_params = {p.name for p in self.parameters or [] if isinstance(p, Parameter) and p.param_in == "path"}
+            headers = []
+            if "trajectory_id" not in path_params:  # keys.py: the path's ids come first, and then the headers are not read
+                headers += [_TRAJECTORY_HEADER, _GROUP_HEADER, _GROUP_SIZE_HEADER]
+            elif "group_id" in path_params:
+                headers.append(_GROUP_SIZE_HEADER)
+            headers.append(_EVAL_HEADER)
+            self.parameters = [*_with_id_patterns(self.parameters), *headers]
+            self.request_body = RequestBody(content={"application/json": OpenAPIMediaType(schema=body)}, required=True)
+            answer = OpenAPIResponse(
+                description="The upstream's answer (for a policy, what the client would have seen without the gateway): JSON, or server-sent events when streamed",
+                headers=_RESPONSE_HEADERS,
+                content={
+                    "application/json": OpenAPIMediaType(schema=Schema(type=OpenAPIType.OBJECT)),
+                    "text/event-stream": OpenAPIMediaType(schema=_EVENT),
+                },
+            )
+            self.responses = {"200": answer, **_errors(_PROXY_STATUSES)}
+            if surface == MESSAGES:
+                self.description = "The gateway's own errors are in Anthropic's format on this surface."
+
+    ProxyOperation.__name__ = ProxyOperation.__qualname__ = f"ProxyOperation_{surface.replace('.', '_')}"
+    return ProxyOperation
+
+
+@dataclass
+class ModelsOperation(Operation):
+    """``GET .../v1/models``: the policies, then the upstream's listing. The path's ids are not read."""
+
+    def __post_init__(self) -> None:
+        for p in self.parameters or []:
+            if isinstance(p, Parameter) and p.param_in == "path":
+                p.description = "Not read here: the listing is the same under every prefix"
+        listing = OpenAPIResponse(
+            description="The policies (owned_by burnish), then the upstream's models",
+            content={"application/json": OpenAPIMediaType(schema=Schema(type=OpenAPIType.OBJECT))},
+        )
+        statuses = {s: _PROXY_STATUSES[s] for s in (401, 403, 429, 502, 504)}
+        self.responses = {"200": listing, **_errors(statuses)}
+
+
+models_operation = ModelsOperation
+
+
+def fix_options_handlers(app: Litestar) -> None:
+    """Point each path's automatic OPTIONS answer at the route that holds every handler of the
+    path, so its ``Allow`` lists all their methods (litestar-org/litestar#4169, Litestar 2)."""
+    for route in app.routes:
+        if not isinstance(route, HTTPRoute) or "OPTIONS" not in route.route_handler_map:
+            continue
+        fn: Any = route.route_handler_map["OPTIONS"][0].fn
+        if getattr(fn, "__qualname__", "") != "HTTPRoute.create_options_handler.<locals>.options_handler":
+            continue  # an OPTIONS handler of the app's own
+        for cell in fn.__closure__ or ():
+            if isinstance(cell.cell_contents, HTTPRoute):
+                cell.cell_contents = route
+
+
+def _number(text: str) -> int | float:
+    """A JSON number with a fraction part or exponent: an int where it is one (JSON Schema's
+    ``integer`` takes ``2.0``), else a float."""
+    value = float(text)
+    return int(value) if value.is_integer() else value
+
+
+_decode_json = msgspec.json.Decoder(float_hook=_number).decode
+
+
+async def strict_body(request: Request[Any, Any, Any]) -> None:
+    """Decode a JSON API route's body as its schema says (the app's ``before_request`` hook).
+
+    Litestar converts bodies in msgspec's lax mode, which takes ``"1.5"`` for a number and ``0``
+    for ``false``; the schema, and so every client generated from it, says otherwise. So the
+    body is decoded here once, whole numbers written ``2.0`` taken for integers as JSON Schema
+    does, and checked strictly against the route's ``data`` type; Litestar then works on that
+    value. A body that does not fit raises the ``ValidationException`` Litestar itself raises
+    (``errors.py`` maps it to the route's 400)."""
+    field = request.route_handler.parsed_fn_signature.parameters.get("data")
+    if field is None:  # the proxy routes read their bodies by hand; the rest take none
+        return
+    body = await request.body()
+    if not body.strip():
+        return  # Litestar's own answer for a missing body
+    try:
+        value = _decode_json(body)
+    except msgspec.DecodeError:
+        return  # not JSON: Litestar's own answer (invalid_json)
+    try:
+        msgspec.convert(value, type=field.annotation, strict=True)
+    except msgspec.ValidationError as exc:
+        message, _, where = str(exc).partition(" - at `$")
+        key = re.sub(r"\[(\d+)\]", r".\1", where.rstrip("`")).lstrip(".") or "data"
+        raise ValidationException(detail="Validation failed", extra=[{"message": message, "key": key, "source": "body"}]) from None
+    ScopeState.from_scope(request.scope).json = value
+
+
+def body_operation(*, optional: bool = False, refused: tuple[str, ...] = ()) -> type[Operation]:
+    """For a JSON API route's ``operation_class``: a body that may be left out (Litestar marks
+    every body required), and fields its struct declares only to refuse them with a 400 that
+    names the setting to use (documented as never valid, so no client sends them)."""
+
+    @dataclass
+    class BodyOperation(Operation):
+        def __post_init__(self) -> None:
+            if not isinstance(self.request_body, RequestBody):
+                return
+            self.request_body.required = not optional
+            if refused and (media := self.request_body.content.get("application/json")) is not None and media.schema is not None:
+                media.schema = Schema(
+                    all_of=[media.schema],
+                    properties={name: Schema(schema_not=_ANY, description="Not accepted: 400") for name in refused},
+                )
+
+    return BodyOperation

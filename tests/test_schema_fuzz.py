@@ -1,0 +1,177 @@
+"""Schemathesis against the schema the gateway serves: no 5xx, no answer the schema does not describe.
+
+A real gateway on a loopback socket, closed (an API key with every scope), in front of the
+deterministic upstream and the RULER judge; schemathesis's CLI (all four phases: examples,
+coverage, fuzzing, stateful) reads ``/docs/openapi.json`` and sends both schema-valid and
+schema-violating requests to every route, with every check. The run is bounded: a fixed
+number of examples per operation and a fixed seed (``BURNISH_FUZZ_EXAMPLES`` and
+``BURNISH_FUZZ_SEED`` change them), in a subprocess with a time limit.
+
+What the configuration says, and why:
+
+- ``allow-extra-parameters = false``: an unknown header or query parameter is ignored, as
+  HTTP expects; schemathesis would otherwise send one and expect a 4xx.
+- ``use_after_free`` off: ``DELETE /admin/keys/{key_id}`` revokes a key, which stays readable
+  with ``status: revoked`` (docs/api.md), where the check expects a 404.
+- On the proxy routes a schema-valid request may still be refused 400: the gateway reads only
+  ``model`` and ``stream`` and the upstream validates the rest (vLLM answers 400), and
+  ``X-Group-Size`` needs ``X-Group-Id``, which no schema can say. So 400 is an accepted answer
+  to valid data there (``positive_data_acceptance``); everything else is checked as elsewhere.
+- ``ensure_resource_availability`` off for rollback: its 404 says that the policy has no
+  checkpoint at the step asked for (``checkpoint_not_found``), not that the policy is gone.
+- RULER may answer 502: its judge is the one a policy names (``ruler.judge_base_url``, which
+  the run sets through the admin API to whatever it likes), and 502 is the documented answer
+  when that judge cannot be asked. Every other route must answer below 500.
+
+Also this module is schemathesis's hooks module for the run (``SCHEMATHESIS_HOOKS``): it
+teaches it to read the export's NDJSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import schemathesis
+
+from tests.servers import ServerThread
+from tests.upstream import Upstream
+
+if TYPE_CHECKING:
+    from tests.conftest import Gateway
+    from tests.judge import Judge
+
+ADMIN_TOKEN = "test-admin-token"  # conftest's
+EXAMPLES = int(os.environ.get("BURNISH_FUZZ_EXAMPLES", "40"))
+SEED = int(os.environ.get("BURNISH_FUZZ_SEED", "20261125"))
+TIME_LIMIT_S = 420
+PROXY_PATHS = r"/v1/(chat/completions|completions|responses|messages)$"
+
+CONFIG = f"""
+[generation]
+allow-extra-parameters = false
+max-examples = {EXAMPLES}
+database = "none"
+
+[[operations]]
+include-path-regex = "{PROXY_PATHS}"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409", "429"]
+
+[[operations]]
+include-path-regex = "/rollback$"
+checks.ensure_resource_availability.enabled = false
+
+[[operations]]
+include-path-regex = "/ruler$"
+checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "502"]
+"""
+
+
+@schemathesis.deserializer("application/x-ndjson")
+def _ndjson(ctx: Any, response: Any) -> list[Any]:
+    """The export: one JSON document a line (a line that is not JSON fails the run)."""
+    return [json.loads(line) for line in response.content.splitlines() if line.strip()]
+
+
+class LenientUpstream:
+    """tests/upstream.py's upstream, answering 400 to a body it cannot read, as vLLM does
+    (the deterministic upstream assumes well-formed requests and would fail with a 500)."""
+
+    def __init__(self) -> None:
+        self.inner = Upstream()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.inner(scope, receive, send)
+            return
+        sent: list[dict[str, Any]] = []
+
+        async def keep(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        try:
+            await self.inner(scope, receive, keep)
+        except Exception as exc:
+            body = json.dumps({"error": {"message": f"invalid request: {exc!r}", "type": "BadRequestError", "param": None, "code": 400}})
+            sent = [
+                {"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"application/json")]},
+                {"type": "http.response.body", "body": body.encode()},
+            ]
+        for message in sent:
+            await send(message)
+
+
+def _seed(gw: Gateway) -> str:
+    """A key with every scope, and some data for the ids schemathesis learns from answers."""
+    with gw.client(headers={"authorization": f"Bearer {ADMIN_TOKEN}"}) as c:
+        r = c.post("/admin/keys", json={"name": "fuzz", "scopes": ["call", "read", "metrics", "admin"]})
+        assert r.status_code == 201, r.text
+        key = str(r.json()["secret"])
+        assert c.post("/admin/policies", json={"name": "agent", "base_model": "tiny"}).status_code == 201
+    with gw.client(headers={"authorization": f"Bearer {key}"}) as c:
+        for t in ("t1", "t2"):
+            chat = {"model": "agent", "messages": [{"role": "user", "content": f"hello {t}"}]}
+            assert c.post(f"/g/g1/t/{t}/v1/chat/completions", json=chat, headers={"x-group-size": "3"}).status_code == 200
+    return key
+
+
+def test_schemathesis_finds_no_server_error_and_no_schema_violation(
+    make_gateway: Callable[..., Gateway], judge: Judge, judge_server: Any, tmp_path: Path
+) -> None:
+    from tests.judge import scores
+
+    judge.script = [scores(lambda t: 0.5)]
+    with ServerThread(LenientUpstream(), log_level="critical") as upstream:
+        gw = make_gateway(upstream=upstream.url, judge_base_url=judge_server[1], judge_model="judge", judge_attempts=1)
+        key = _seed(gw)
+        config = tmp_path / "schemathesis.toml"
+        config.write_text(CONFIG)
+        report = tmp_path / "report.json"
+        command = [
+            sys.executable,
+            "-m",
+            "schemathesis.cli",
+            "--config-file",
+            str(config),
+            "run",
+            f"{gw.url}/docs/openapi.json",
+            "--header",
+            f"Authorization: Bearer {key}",
+            "--checks",
+            "all",
+            "--exclude-checks",
+            "use_after_free",
+            "--seed",
+            str(SEED),
+            # One worker: two threads in CPython 3.11 can break each other's ast.parse, which
+            # hypothesis calls (SystemError: AST constructor recursion depth mismatch).
+            "--workers",
+            "1",
+            "--request-timeout",
+            "20",
+            "--report",
+            "json",
+            "--report-json-path",
+            str(report),
+            "--no-color",
+        ]
+        env = {**os.environ, "SCHEMATHESIS_HOOKS": __name__, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        started = time.monotonic()
+        run = subprocess.run(command, capture_output=True, text=True, timeout=TIME_LIMIT_S, env=env, cwd=tmp_path)
+        took = time.monotonic() - started
+    output = run.stdout + run.stderr
+    assert report.exists(), output[-6000:]
+    result = json.loads(report.read_text())
+    cases = result["test_cases"]
+    print(f"schemathesis: {result['operations']['tested']} operations, {cases['generated']} cases, {took:.0f} s")
+    found = [f"{f['code']} {f['title']}: {f['count']} in {', '.join(f['operations'][:5])}" for f in result["failures"]]
+    errors = [json.dumps(e)[:2000] for e in result["errors"]]  # schemathesis's own, or a route it could not test
+    assert not found and not errors and run.returncode == 0, "\n".join(found + errors) + "\n\n" + output[-12000:]
+    assert result["operations"]["tested"] == result["operations"]["total"] > 40
+    assert all(phase["status"] in {"success", "skip"} for phase in result["phases"].values()), result["phases"]
