@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from litestar import Request
 from litestar._openapi.schema_generation.plugins.struct import StructSchemaPlugin
-from litestar.exceptions import ValidationException
+from litestar.exceptions import ClientException, ValidationException
 from litestar.openapi.spec import (
     OpenAPIHeader,
     OpenAPIMediaType,
@@ -302,6 +302,14 @@ def _number(text: str) -> int | float:
 _decode_json = msgspec.json.Decoder(float_hook=_number).decode
 
 
+def _first_bad_byte(body: bytes) -> int:
+    try:
+        body.decode()
+    except UnicodeDecodeError as exc:
+        return exc.start
+    return 0
+
+
 async def strict_body(request: Request[Any, Any, Any]) -> None:
     """Decode a JSON API route's body as its schema says (the app's ``before_request`` hook).
 
@@ -310,7 +318,8 @@ async def strict_body(request: Request[Any, Any, Any]) -> None:
     body is decoded here once, whole numbers written ``2.0`` taken for integers as JSON Schema
     does, and checked strictly against the route's ``data`` type; Litestar then works on that
     value. A body that does not fit raises the ``ValidationException`` Litestar itself raises
-    (``errors.py`` maps it to the route's 400)."""
+    (``errors.py`` maps it to the route's 400); one that is not JSON (not UTF-8, nested deeper
+    than the decoder goes) Litestar's ``ClientException`` (400 ``invalid_json``)."""
     field = request.route_handler.parsed_fn_signature.parameters.get("data")
     if field is None:  # the proxy routes read their bodies by hand; the rest take none
         return
@@ -319,8 +328,12 @@ async def strict_body(request: Request[Any, Any, Any]) -> None:
         return  # Litestar's own answer for a missing body
     try:
         value = _decode_json(body)
-    except msgspec.DecodeError:
-        return  # not JSON: Litestar's own answer (invalid_json)
+    except msgspec.DecodeError as exc:  # errors.py answers a ClientException 400 invalid_json
+        raise ClientException(str(exc)) from None
+    except UnicodeDecodeError:  # msgspec checks UTF-8 only where it decodes text (and counts from there)
+        raise ClientException(f"it is not UTF-8 (byte {_first_bad_byte(body)})") from None
+    except RecursionError:
+        raise ClientException("nested too deeply") from None
     try:
         msgspec.convert(value, type=field.annotation, strict=True)
     except msgspec.ValidationError as exc:
