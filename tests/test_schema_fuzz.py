@@ -1,11 +1,12 @@
 """Schemathesis against the schema the gateway serves: no 5xx, no answer the schema does not describe.
 
-A real gateway on a loopback socket, closed (an API key with every scope), in front of the
-deterministic upstream and the RULER judge; schemathesis's CLI (all four phases: examples,
-coverage, fuzzing, stateful) reads ``/docs/openapi.json`` and sends both schema-valid and
-schema-violating requests to every route, with every check. The run is bounded: a fixed
-number of examples per operation and a fixed seed (``BURNISH_FUZZ_EXAMPLES`` and
-``BURNISH_FUZZ_SEED`` change them), in a subprocess with a time limit.
+A real gateway on a loopback socket, closed (an API key with every scope), on each database
+(SQLite, PostgreSQL), in front of the deterministic upstream and the RULER judge.
+Schemathesis's CLI reads ``/docs/openapi.json`` and runs all its phases (examples,
+coverage, fuzzing, stateful) with all its checks, sending schema-valid and schema-violating
+requests to every route. The run is bounded: a fixed number of examples per operation and a
+fixed seed (``BURNISH_FUZZ_EXAMPLES``, ``BURNISH_FUZZ_SEED`` change them), in a subprocess
+with a time limit; about 30 s a database here.
 
 What the configuration says, and why:
 
@@ -40,14 +41,13 @@ from typing import TYPE_CHECKING, Any
 
 import schemathesis
 
+from tests.judge import Judge, scores
 from tests.servers import ServerThread
 from tests.upstream import Upstream
 
 if TYPE_CHECKING:
     from tests.conftest import Gateway
-    from tests.judge import Judge
 
-ADMIN_TOKEN = "test-admin-token"  # conftest's
 EXAMPLES = int(os.environ.get("BURNISH_FUZZ_EXAMPLES", "40"))
 SEED = int(os.environ.get("BURNISH_FUZZ_SEED", "20261125"))
 TIME_LIMIT_S = 420
@@ -109,7 +109,7 @@ class LenientUpstream:
 
 def _seed(gw: Gateway) -> str:
     """A key with every scope, and some data for the ids schemathesis learns from answers."""
-    with gw.client(headers={"authorization": f"Bearer {ADMIN_TOKEN}"}) as c:
+    with gw.admin() as c:
         r = c.post("/admin/keys", json={"name": "fuzz", "scopes": ["call", "read", "metrics", "admin"]})
         assert r.status_code == 201, r.text
         key = str(r.json()["secret"])
@@ -122,13 +122,11 @@ def _seed(gw: Gateway) -> str:
 
 
 def test_schemathesis_finds_no_server_error_and_no_schema_violation(
-    make_gateway: Callable[..., Gateway], judge: Judge, judge_server: Any, tmp_path: Path
+    make_gateway: Callable[..., Gateway], database_url: str, judge: Judge, judge_server: Any, tmp_path: Path
 ) -> None:
-    from tests.judge import scores
-
     judge.script = [scores(lambda t: 0.5)]
     with ServerThread(LenientUpstream(), log_level="critical") as upstream:
-        gw = make_gateway(upstream=upstream.url, judge_base_url=judge_server[1], judge_model="judge", judge_attempts=1)
+        gw = make_gateway(database_url, upstream=upstream.url, judge_base_url=judge_server[1], judge_model="judge", judge_attempts=1)
         key = _seed(gw)
         config = tmp_path / "schemathesis.toml"
         config.write_text(CONFIG)
