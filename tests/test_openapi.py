@@ -155,7 +155,11 @@ def test_body_structs_are_documented_as_strictly_as_they_are_decoded(gateway: Ga
         assert r.status_code == 201 and r.json()["rpm_limit"] == 5, r.text
         assert c.post("/admin/policies", json={"name": "p", "base_model": "m", "lora": {"rank": 8.0}}).status_code == 201
         assert c.patch("/admin/policies/p", json={"lora": {"rank": 4.0}}).json()["lora"]["rank"] == 4
-        for body, words in ((b'{"name": "k", "x": "\xff"}', "it is not UTF-8 (byte 20)"), (b"[" * 100_000, "nested too deeply")):
+        for body, words in (
+            (b'{"name": "k", "x": "\xff"}', "it is not UTF-8 (byte 20)"),
+            (b"[" * 100_000, "nested too deeply"),
+            (b'{"name": "k", "rpm_limit": 1e999}', "out of range"),
+        ):
             r = c.post("/admin/keys", content=body)
             assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json" and words in r.json()["error"]["message"], r.text
         # (a key was made: the gateway is closed now; the admin token has every scope)
