@@ -210,7 +210,9 @@ class Call:
         reached, the recorded failure as the client's answer."""
         upstream = self.svc.upstream
         try:
-            response, self.attempts = await upstream.send("POST", path, content=self.upstream_body, headers=upstream.request_headers(request_headers, ours=self.caller is not ANONYMOUS))
+            response, self.attempts = await upstream.send(
+                "POST", path, content=self.upstream_body, headers=upstream.request_headers(request_headers, ours=self.caller is not ANONYMOUS)
+            )
         except UpstreamFailure as failure:
             self.attempts = failure.attempts
             return await self.fail(failure)

@@ -169,8 +169,8 @@ async def models(request: Request) -> ASGIResponse:
     try:
         raw = await response.aread()
     except httpx.HTTPError as exc:
-        failure = UpstreamFailure.from_error(exc, "the upstream broke off its answer")
-        return ASGIResponse(body=error_body(failure.status, failure.message, "upstream_unavailable"), status_code=failure.status)
+        broken = UpstreamFailure.from_error(exc, "the upstream broke off its answer")
+        return ASGIResponse(body=error_body(broken.status, broken.message, "upstream_unavailable"), status_code=broken.status)
     finally:
         await response.aclose()
     listing = json_or_none(raw)
