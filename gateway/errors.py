@@ -23,7 +23,6 @@ import msgspec
 from litestar import Request, Response
 from litestar.exceptions import ClientException, HTTPException, ValidationException
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.serialization import msgspec_hooks
 
 from burnish_server.core.errors import BurnishError, Conflict, Invalid, NotFound, Unavailable
 from burnish_server.core.ids import ID_REGEX, ID_RULE
@@ -130,22 +129,9 @@ def _invalid(request: Request, exc: ValidationException) -> Response:
 
 
 def handle_unexpected(request: Request, exc: Exception) -> Response:
-    if isinstance(exc, UnicodeDecodeError | RecursionError) and _decoding_body(exc):
-        # Litestar turns msgspec's DecodeError into a 400, not these two, which msgspec raises
-        # for text that is not UTF-8 and for nesting deeper than the interpreter's stack.
-        what = "it is not UTF-8" if isinstance(exc, UnicodeDecodeError) else "nested too deeply"
-        return error_response(400, f"the request body is not valid JSON: {what}", "invalid_json", anthropic=is_anthropic(request.scope["path"]))
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     message = "internal error in the gateway; the request was not completed"
     return error_response(500, message, "internal_error", anthropic=is_anthropic(request.scope["path"]))
-
-
-def _decoding_body(exc: BaseException) -> bool:
-    """Whether an error came out of Litestar decoding a request body (its last Python frame)."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and tb.tb_frame.f_code is msgspec_hooks.decode_json.__code__
 
 
 class ErrorDetail(msgspec.Struct):
