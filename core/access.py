@@ -86,7 +86,9 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-KeyName = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+# No control characters (PostgreSQL refuses NUL in text; a newline would forge log lines).
+PRINTABLE = r"^[^\x00-\x1f\x7f]*$(?!\n)"
+KeyName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=PRINTABLE)]
 ProjectName = Annotated[str, msgspec.Meta(pattern=PROJECT_REGEX, description=PROJECT_RULE)]
 
 

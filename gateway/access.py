@@ -56,8 +56,10 @@ _NO_LIMITS = Limits()
 # For the OpenAPI schema: routes that need a key say ``security=BEARER``.
 SECURITY_SCHEMES: dict[str, Any] = {
     "apiKey": SecurityScheme(type="http", scheme="bearer", description="An API key (or the admin token), sent as the client's api_key"),
+    "anthropicKey": SecurityScheme(type="apiKey", name="x-api-key", security_scheme_in="header", description="The same key, as Anthropic's clients send it"),
 }
-BEARER: list[dict[str, list[str]]] = [{"apiKey": []}]
+# Either one: a route needs one of them.
+BEARER: list[dict[str, list[str]]] = [{"apiKey": []}, {"anthropicKey": []}]
 # The statuses access itself can answer on a route that needs a key.
 ACCESS_ERRORS = (401, 403, 429)
 

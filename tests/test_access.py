@@ -364,6 +364,9 @@ def test_the_admin_api_takes_admin_keys(gateway: Gateway) -> None:
         _refused(r, 400, "invalid_key", "/admin/keys")
         _refused(c.post("/admin/keys", json={"name": "bad", "project": "a/b"}), 400, None, "/admin/keys")
         _refused(c.get("/admin/keys/key_ffffffffffffffff"), 404, "key_not_found", "/admin/keys")
+        # Control characters: PostgreSQL refuses NUL in text, a newline would forge log lines.
+        _refused(c.post("/admin/keys", json={"name": "a\u0000b"}), 400, "invalid_key", "/admin/keys")
+        _refused(c.post("/admin/policies", json={"name": "p", "base_model": "m\u0000"}), 400, "invalid_policy", "/admin/policies")
         # The admin scope is for the admin API: a key's data access is its scopes.
         _refused(c.get("/v1/trajectories"), 403, "insufficient_scope", "/v1/trajectories")
 

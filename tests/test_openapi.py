@@ -75,7 +75,7 @@ def test_every_operation_documents_its_errors_in_the_gateways_shape(gateway: Gat
         statuses = set(op["responses"])
         where = f"{method.upper()} {path}"
         # A route that needs a key: a missing or wrong key, a key without the scope, its limits.
-        assert op["security"] == [{"apiKey": []}], where
+        assert op["security"] == [{"apiKey": []}, {"anthropicKey": []}], where  # Bearer, or x-api-key as Anthropic clients send it
         assert {"401", "403", "429"} <= statuses, where
         path_ids = [p for p in op.get("parameters", []) if p["in"] == "path"]
         if op.get("requestBody") or (path_ids and "/v1/models" not in path) or any(p["in"] == "query" for p in op.get("parameters", [])):

@@ -19,7 +19,7 @@ from litestar import Router, delete, get, patch, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody, Parameter
 
-from burnish_server.core.access import SCOPES, KeyName, Limits, ProjectName, Scope
+from burnish_server.core.access import PRINTABLE, SCOPES, KeyName, Limits, ProjectName, Scope
 from burnish_server.core.errors import Conflict, Invalid
 from burnish_server.core.ids import ID_REGEX
 from burnish_server.core.policies import LoraSettings, Policy, RulerSettings, TrainSettings
@@ -35,8 +35,8 @@ from burnish_server.store import keys as key_store
 from burnish_server.store import policies as store
 
 Name = Annotated[str, msgspec.Meta(pattern=ID_REGEX, description="1 to 128 characters from A-Z a-z 0-9 _ - . :")]
-BaseModel = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
-ModelPath = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+BaseModel = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=PRINTABLE)]
+ModelPath = Annotated[str, msgspec.Meta(min_length=1, max_length=1024, pattern=PRINTABLE)]
 
 
 class PolicyIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
