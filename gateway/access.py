@@ -72,14 +72,17 @@ class KeyRing:
 
     def replace(self, keys: Iterable[ApiKey]) -> None:
         self.by_hash = {k.secret_hash: k for k in keys}
-        # Whether the store has ever had a key (revoked ones keep their rows).
-        self.configured = bool(self.by_hash)
+        # Whether some key has limits (gateways then share them: follow_keys), kept, not scanned per call.
         self.limited = any(k.limits != _NO_LIMITS for k in self.by_hash.values())
 
     def add(self, key: ApiKey) -> None:
         self.by_hash[key.secret_hash] = key
-        self.configured = True
         self.limited = self.limited or key.limits != _NO_LIMITS
+
+    @property
+    def configured(self) -> bool:
+        """Whether the store has ever had a key (revoked ones keep their rows)."""
+        return bool(self.by_hash)
 
 
 class _Bucket:

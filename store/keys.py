@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
@@ -55,35 +56,24 @@ def key_view(key: ApiKey, now: datetime | None = None) -> KeyView:
     )
 
 
-def create_key(
-    conn: Connection, *, name: str, project: str, scopes: list[str], limits: Limits, expires_in_s: float | None = None, secret: str | None = None
-) -> NewKeyView:
+def create_key(conn: Connection, *, name: str, project: str, scopes: list[str], limits: Limits, expires_in_s: float | None = None) -> NewKeyView:
     """Make a key; the answer is the only place its secret ever appears."""
-    secret = secret or new_secret()
-    now = utcnow()
-    row = {
-        "id": new_key_id(),
-        "name": name,
-        "project": project,
-        "scopes": sorted(set(scopes)),
-        "secret_hash": hash_secret(secret),
-        "prefix": secret[:SHOWN_PREFIX],
-        "rpm_limit": limits.rpm_limit,
-        "max_parallel_requests": limits.max_parallel_requests,
-        "created_at": now,
-        "expires_at": now + timedelta(seconds=expires_in_s) if expires_in_s is not None else None,
-        "revoked_at": None,
-    }
-    conn.execute(insert(ApiKeyRow).values(**row))
-    view = key_view(to_key(_Row(row)), now)
-    return NewKeyView(**{f: getattr(view, f) for f in view.__struct_fields__}, secret=secret)
-
-
-class _Row:
-    """A dict read like a result row."""
-
-    def __init__(self, values: dict[str, Any]) -> None:
-        self.__dict__.update(values)
+    secret, key_id, now = new_secret(), new_key_id(), utcnow()
+    conn.execute(
+        insert(ApiKeyRow).values(
+            id=key_id,
+            name=name,
+            project=project,
+            scopes=sorted(set(scopes)),
+            secret_hash=hash_secret(secret),
+            prefix=secret[:SHOWN_PREFIX],
+            rpm_limit=limits.rpm_limit,
+            max_parallel_requests=limits.max_parallel_requests,
+            created_at=now,
+            expires_at=now + timedelta(seconds=expires_in_s) if expires_in_s is not None else None,
+        )
+    )
+    return NewKeyView(**msgspec.structs.asdict(key_view(get_key(conn, key_id), now)), secret=secret)
 
 
 def load_keys(conn: Connection) -> list[ApiKey]:

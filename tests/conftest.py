@@ -54,17 +54,23 @@ async def _reset_pg() -> None:
     await engine.dispose()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh, empty database of each kind."""
-    if request.param == "sqlite":
-        return f"sqlite+aiosqlite:///{tmp_path / 'burnish.db'}"
+def fresh_database_url(kind: str, folder: Path) -> str:
+    """A fresh, empty database: an SQLite file in ``folder``, or the test PostgreSQL emptied
+    (required in CI; skipped elsewhere when no server answers)."""
+    if kind == "sqlite":
+        return f"sqlite+aiosqlite:///{folder / 'burnish.db'}"
     if not _pg_reachable():
         if PG_REQUIRED:
             pytest.fail(f"PostgreSQL is required here and not reachable at {PG_URL}")
         pytest.skip(f"PostgreSQL not reachable at {PG_URL}")
     asyncio.run(_reset_pg())
     return PG_URL
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty database of each kind."""
+    return fresh_database_url(request.param, tmp_path)
 
 
 @pytest.fixture

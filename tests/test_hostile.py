@@ -10,7 +10,6 @@ answers with fixed bytes, for the upstream.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import threading
 import time
@@ -25,7 +24,7 @@ import pytest
 from burnish_server.core.ids import ID_REGEX
 from burnish_server.core.settings import Settings
 from burnish_server.gateway.app import create_app
-from tests.conftest import ADMIN_TOKEN, PG_REQUIRED, PG_URL, Gateway, _pg_reachable, _reset_pg
+from tests.conftest import ADMIN_TOKEN, Gateway, fresh_database_url
 from tests.servers import ServerThread
 from tests.upstream import Upstream
 
@@ -205,15 +204,7 @@ def hostile_gateway(request: pytest.FixtureRequest, upstream_server: tuple[Upstr
     """One gateway per database for the whole table (as ``make_gateway`` makes them), with a
     policy, a recorded trajectory in a group, and a reward: what a hostile request must not change."""
     data = tmp_path_factory.mktemp("hostile")
-    if request.param == "sqlite":
-        url = f"sqlite+aiosqlite:///{data / 'burnish.db'}"
-    else:
-        if not _pg_reachable():
-            if PG_REQUIRED:
-                pytest.fail(f"PostgreSQL is required here and not reachable at {PG_URL}")
-            pytest.skip(f"PostgreSQL not reachable at {PG_URL}")
-        asyncio.run(_reset_pg())
-        url = PG_URL
+    url = fresh_database_url(request.param, data)
     settings = Settings.load(
         {},
         upstream=upstream_server[1],
