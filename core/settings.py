@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
+
+from burnish_server.core.replicas import discover, parse_upstreams
 
 ENV_PREFIX = "BURNISH_"
 # Other tools' names for a setting, read before the BURNISH_ ones (which win). Later keys win.
@@ -29,8 +31,19 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     # SQLAlchemy async URL. Empty: SQLite file ``<data_dir>/burnish.db``.
     # PostgreSQL: ``postgresql+asyncpg://user@host:5432/db`` (``postgresql://`` is accepted too).
     database_url: str = ""
-    # The OpenAI-compatible server the gateway forwards to (vLLM by default).
+    # The OpenAI-compatible server the gateway forwards to (vLLM by default); several replicas
+    # of one model separated by commas (docs/inference.md#several-replicas).
     upstream: str = "http://127.0.0.1:8000"
+    # http://name:port of a headless Service (Kubernetes, or a scaled Compose service): every
+    # address the name resolves to is a replica, re-resolved every upstream_discover_every
+    # seconds. Set, it replaces ``upstream``.
+    upstream_discover: str = ""
+    upstream_discover_every: float = 5.0
+    # With several replicas: how often each is asked for its health and models (/v1/models).
+    upstream_health_every: float = 1.0
+    # "sticky": a trajectory's calls go to one replica (its prefix cache), by rendezvous
+    # hashing on the trajectory id; "round_robin": each call to the next (for comparison).
+    upstream_balance: Literal["sticky", "round_robin"] = "sticky"
     # If set, replaces the client's Authorization header on forwarded calls.
     upstream_api_key: str = ""
     # Bearer token for /admin (compared in constant time). Empty: the admin API is closed.
@@ -118,6 +131,14 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
             return msgspec.convert(raw, cls, strict=False)
         except msgspec.ValidationError as exc:
             raise ValueError(f"invalid setting: {exc}") from None
+
+    def __post_init__(self) -> None:
+        parse_upstreams(self.upstream)  # a ValueError: load() reports it as an invalid setting
+
+    @property
+    def upstreams(self) -> tuple[str, ...]:
+        """The replicas' base URLs: ``upstream``'s list, or what ``upstream_discover`` resolves to now."""
+        return discover(self.upstream_discover) if self.upstream_discover else parse_upstreams(self.upstream)
 
     @property
     def connect_timeout(self) -> float:

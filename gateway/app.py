@@ -19,7 +19,7 @@ from litestar.openapi.spec import Components
 
 from burnish_server.core.errors import BurnishError
 from burnish_server.core.settings import Settings
-from burnish_server.gateway import errors, openapi, request_ids
+from burnish_server.gateway import errors, openapi, replicas, request_ids
 from burnish_server.gateway.access import BEARER, PUBLIC, SECURITY_SCHEMES, Access, KeyRing, access_middleware, follow_keys
 from burnish_server.gateway.errors import responses
 from burnish_server.gateway.metrics import CONTENT_TYPE, Metrics
@@ -81,7 +81,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
             )
         writer = Writer(db, batch_max=settings.commit_batch_max)
         writer.start()
-        upstream = Upstream(settings)
+        upstream = Upstream(settings, replicas.initial(settings))
+        if replicas.watched(settings):  # learn who is up and serves what before the first call
+            await replicas.check_all(settings, upstream.replicas, upstream.client)
         policies = Registry(await db.read(load_policies))
         judge_http = httpx.AsyncClient(timeout=httpx.Timeout(settings.upstream_timeout, connect=settings.connect_timeout))
         metrics = Metrics()
@@ -105,12 +107,14 @@ def create_app(settings: Settings | None = None) -> Litestar:
             asyncio.create_task(follow_keys(db, access), name="burnish-keys"),
             asyncio.create_task(ruler.auto_ruler(svc), name="burnish-auto-ruler"),
         ]
+        if replicas.watched(settings):
+            background.append(asyncio.create_task(replicas.watch(settings, upstream.replicas, upstream.client), name="burnish-replicas"))
         # Everything allocated so far lives as long as the app: move it out of the
         # collector's sight, so full collections stop walking it (a p99 latency cost).
         gc.collect()
         gc.freeze()
         mode = "open (no API keys yet)" if access.open else "API keys required"
-        log.info("gateway up: upstream %s, store %s, %s", settings.upstream, db.url.render_as_string(hide_password=True), mode)
+        log.info("gateway up: upstream %s, store %s, %s", settings.upstream_discover or settings.upstream, db.url.render_as_string(hide_password=True), mode)
         try:
             yield
         finally:

@@ -211,7 +211,12 @@ class Call:
         upstream = self.svc.upstream
         try:
             response, self.attempts = await upstream.send(
-                "POST", path, content=self.upstream_body, headers=upstream.request_headers(request_headers, ours=self.caller is not ANONYMOUS)
+                "POST",
+                path,
+                content=self.upstream_body,
+                headers=upstream.request_headers(request_headers, ours=self.caller is not ANONYMOUS),
+                key=self.key.trajectory_id,
+                model=self.route.upstream_model if self.route is not None else self.head.model,
             )
         except UpstreamFailure as failure:
             self.attempts = failure.attempts

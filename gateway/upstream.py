@@ -41,6 +41,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from burnish_server.core.replicas import ReplicaSet
 from burnish_server.core.settings import Settings
 from burnish_server.gateway.keys import KEY_HEADERS
 
@@ -58,14 +59,12 @@ _DROP_RESPONSE = frozenset(
 )
 
 
-def base_url(upstream: str) -> str:
-    """Accept both ``http://host:8000`` and the ``.../v1`` people paste from client configs."""
-    url = upstream.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
 class Upstream:
-    def __init__(self, settings: Settings) -> None:
+    """The replicas (one, or several: ``core/replicas.py`` orders them for each call) and one
+    pooled client to all of them. ``gateway/replicas.py`` keeps their health and models."""
+
+    def __init__(self, settings: Settings, replicas: ReplicaSet) -> None:
+        self.replicas = replicas
         self.retrying = AsyncRetrying(
             stop=stop_after_attempt(max(1, settings.upstream_attempts)),
             wait=wait_exponential_jitter(multiplier=settings.retry_initial_wait, max=settings.retry_max_wait, jitter=settings.retry_initial_wait),
@@ -77,7 +76,6 @@ class Upstream:
         self.api_key = settings.upstream_api_key.encode() if settings.upstream_api_key else None
         limits = httpx.Limits(max_connections=settings.max_connections, max_keepalive_connections=settings.max_connections)
         self.client = httpx.AsyncClient(
-            base_url=base_url(settings.upstream),
             timeout=httpx.Timeout(settings.upstream_timeout, connect=settings.upstream_connect_timeout),
             transport=_Transport(settings, limits=limits, trust_env=False),
         )
@@ -97,19 +95,37 @@ class Upstream:
             headers.append((b"authorization", b"Bearer " + self.api_key))
         return headers
 
-    async def send(self, method: str, path: str, *, content: bytes | None, headers: list[tuple[bytes, bytes]]) -> tuple[httpx.Response, int]:
+    async def send(
+        self, method: str, path: str, *, content: bytes | None, headers: list[tuple[bytes, bytes]], key: str | None = None, model: str | None = None
+    ) -> tuple[httpx.Response, int]:
         """Send with retries; returns the (streaming) response and the attempts it took.
 
-        After the last attempt a retryable status is returned as it is (the caller
-        relays it); a connection error or time-out becomes ``UpstreamFailure``.
+        ``key`` (the trajectory id) and ``model`` choose the replica; each retry goes to the
+        next choice, and a replica that cannot be reached is marked down until its next
+        health check. After the last attempt a retryable status is returned as it is (the
+        caller relays it); a connection error or time-out becomes ``UpstreamFailure``.
         """
-        request = self.client.build_request(method, path, content=content, headers=headers)
-        retrying = self.retrying.copy()  # per call: tenacity keeps the attempt count on the object
+        order = self.replicas.order(key, model)
+        if not order:
+            raise UpstreamFailure(502, "no upstream replica is known (upstream_discover resolved to none yet)")
+        tried = 0
+
+        async def attempt() -> httpx.Response:
+            nonlocal tried
+            replica = order[tried % len(order)]
+            tried += 1
+            request = self.client.build_request(method, replica.url + path, content=content, headers=headers)
+            try:
+                return await self.client.send(request, stream=True)
+            except CONNECTION_ERRORS:
+                replica.healthy = False  # until gateway/replicas.py sees it answer again
+                raise
+
         try:
-            response: httpx.Response = await retrying(self.client.send, request, stream=True)
+            response: httpx.Response = await self.retrying.copy()(attempt)  # a copy per call: tenacity keeps its count on the object
         except httpx.HTTPError as exc:
-            raise UpstreamFailure.from_error(exc, "could not reach the upstream", retrying.statistics.get("attempt_number", 1)) from exc
-        return response, retrying.statistics.get("attempt_number", 1)
+            raise UpstreamFailure.from_error(exc, "could not reach the upstream", tried) from exc
+        return response, tried
 
 
 class UpstreamFailure(Exception):

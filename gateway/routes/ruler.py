@@ -33,7 +33,6 @@ from burnish_server.gateway.errors import responses
 from burnish_server.gateway.routes.common import GroupId
 from burnish_server.gateway.ruler import Judge, RulerFailed, build_prompt, cache_key, judge_group, public_url
 from burnish_server.gateway.services import Services
-from burnish_server.gateway.upstream import base_url
 from burnish_server.store import ruler as store
 from burnish_server.telemetry.langfuse_export import Score
 
@@ -87,17 +86,21 @@ def _norm(url: str) -> str:
     return url.strip().rstrip("/")
 
 
-def _judge(svc: Services, policy: RulerSettings, request: RulerIn, base_model: str | None, policy_name: str | None = None) -> Judge:
+def _judge(svc: Services, policy: RulerSettings, request: RulerIn, base_model: str | None, policy_name: str | None, group_id: str) -> Judge:
     s = svc.settings
     model = request.judge_model or policy.judge_model or s.judge_model or base_model
     if not model:
         raise Invalid("no judge model: pass judge_model, or set the policy's ruler.judge_model or BURNISH_JUDGE_MODEL", "no_judge_model", "judge_model")
-    upstream = base_url(s.upstream) + "/v1"
+    # The upstream as the judge: a group's verdicts go to one replica, as a trajectory's calls do.
+    replicas = svc.upstream.replicas
+    upstreams = {r.url + "/v1" for r in replicas.replicas}
+    chosen = replicas.order(group_id, model)
+    upstream = chosen[0].url + "/v1" if chosen else "(no replica)"
     configured = _norm(s.judge_base_url)
     if policy.judge_base_url:
         url, source = _norm(policy.judge_base_url), f"policy {policy_name!r}'s ruler.judge_base_url"
         allowed = {_norm(u) for u in s.judge_allowed_urls.split(",") if u.strip()}
-        if allowed and url not in allowed | {configured, upstream}:
+        if allowed and url not in allowed | upstreams | {configured}:
             raise Conflict(
                 f"{source} is not among BURNISH_JUDGE_ALLOWED_URLS: an admin must change one or the other", "judge_url_not_allowed", "judge_base_url"
             )
@@ -111,7 +114,7 @@ def _judge(svc: Services, policy: RulerSettings, request: RulerIn, base_model: s
     # A configured key goes only to the server it was configured for.
     if s.judge_api_key and configured and url == configured:
         api_key = s.judge_api_key
-    elif url == upstream:
+    elif url in upstreams:
         api_key = s.upstream_api_key
     else:
         api_key = ""
@@ -132,7 +135,7 @@ async def run_ruler(svc: Services, group_id: str, request: RulerIn) -> RulerView
     group = await svc.db.read(store.group_for_judge, group_id)
     policy = svc.policies.policies.get(group.policy) if group.policy else None
     settings = policy.ruler if policy is not None else RulerSettings()
-    judge = _judge(svc, settings, request, policy.base_model if policy is not None else None, group.policy)
+    judge = _judge(svc, settings, request, policy.base_model if policy is not None else None, group.policy, group_id)
     rubric = request.rubric or settings.rubric
     combine = request.combine or settings.combine
     prompt = build_prompt({m.trajectory_id: conversation(m.calls) for m in group.members}, rubric)

@@ -1,0 +1,98 @@
+"""Keeping a gateway's picture of the replicas current: who is up, what each serves.
+
+With several replicas (or discovery), ``watch`` runs beside the app: every
+``upstream_health_every`` seconds it asks each replica for ``/v1/models``, in parallel. A
+replica that answers is healthy and serves what it lists (the base model and each LoRA
+adapter loaded in it); one that does not is down, and gets no calls while another is up.
+The proxy marks a replica down at once when a call cannot reach it (``upstream.py``); this
+brings it back. With ``upstream_discover`` the list itself is re-resolved every
+``upstream_discover_every`` seconds.
+
+One upstream and no discovery: nothing to choose, so nothing runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import httpx
+import msgspec
+
+from burnish_server.core.replicas import Replica, ReplicaSet
+from burnish_server.core.settings import Settings
+
+log = logging.getLogger("burnish.gateway")
+
+# Seconds a health check may take before the replica counts as down.
+CHECK_TIMEOUT_S = 2.0
+
+
+class _Model(msgspec.Struct):
+    id: str
+
+
+class _Models(msgspec.Struct):
+    data: list[_Model]
+
+
+_decode_models = msgspec.json.Decoder(_Models).decode
+
+
+def watched(settings: Settings) -> bool:
+    return bool(settings.upstream_discover) or len(settings.upstreams) > 1
+
+
+def initial(settings: Settings) -> ReplicaSet:
+    """The replicas a gateway starts with (none yet if discovery fails: ``watch`` retries)."""
+    try:
+        urls = settings.upstreams
+    except OSError as exc:
+        log.warning("upstream_discover: %s; no replica until it resolves", exc)
+        urls = ()
+    return ReplicaSet(urls, settings.upstream_balance)
+
+
+async def check(client: httpx.AsyncClient, replica: Replica, headers: dict[str, str]) -> None:
+    try:
+        response = await client.get(replica.url + "/v1/models", headers=headers, timeout=CHECK_TIMEOUT_S)
+        body = await response.aread()
+    except (httpx.HTTPError, OSError) as exc:
+        if replica.healthy:
+            log.warning("replica %s is down: %s", replica.url, exc or type(exc).__name__)
+        replica.healthy = False
+        return
+    if response.status_code >= 500:
+        replica.healthy = False
+        return
+    if not replica.healthy:
+        log.info("replica %s is up", replica.url)
+    replica.healthy = True
+    try:
+        replica.models = frozenset(m.id for m in _decode_models(body).data) if response.status_code == 200 else None
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        replica.models = None  # an upstream that does not list its models serves whatever it is asked
+
+
+async def check_all(settings: Settings, replicas: ReplicaSet, client: httpx.AsyncClient) -> None:
+    headers = {"authorization": f"Bearer {settings.upstream_api_key}"} if settings.upstream_api_key else {}
+    await asyncio.gather(*(check(client, r, headers) for r in replicas.replicas))
+
+
+async def watch(settings: Settings, replicas: ReplicaSet, client: httpx.AsyncClient) -> None:
+    """Check every replica until cancelled (and re-resolve the list, with discovery)."""
+    resolved_at = time.monotonic()
+    while True:
+        if settings.upstream_discover and (not replicas.replicas or time.monotonic() - resolved_at >= settings.upstream_discover_every):
+            resolved_at = time.monotonic()
+            try:
+                urls = await asyncio.to_thread(lambda: settings.upstreams)
+            except OSError as exc:
+                log.warning("upstream_discover: %s; keeping the %d replicas known", exc, len(replicas.replicas))
+            else:
+                if urls != tuple(r.url for r in replicas.replicas):
+                    log.info("replicas now: %s", ", ".join(urls))
+                replicas.update(urls)
+        await check_all(settings, replicas, client)
+        await asyncio.sleep(settings.upstream_health_every)
