@@ -142,6 +142,18 @@ class EvalList(View, kw_only=True):
     data: list[EvalScore]
 
 
+class ReplicaView(View, kw_only=True):
+    """Where one vLLM replica stands for a policy, as the trainer last saw it."""
+
+    url: str
+    reachable: bool
+    # The policy's versions it holds as adapters (step 0, the base model, is always there).
+    steps: list[int]
+    serving: bool  # it holds the served version: the gateways send it the policy's calls
+    error: str | None = None  # why it does not hold the served version, if it tried and failed
+    since: str | None = None  # when it came to stand so
+
+
 class PolicyView(View, kw_only=True):
     object: Literal["policy"] = "policy"
     name: str
@@ -166,6 +178,8 @@ class PolicyView(View, kw_only=True):
     train_requested_at: str | None
     load_error: str | None
     load_error_at: str | None
+    # Each vLLM replica, as the trainer last saw it (empty until it has looked).
+    replicas: list[ReplicaView]
     created_at: str | None
     updated_at: str | None
 

@@ -25,7 +25,8 @@ class VLLMAdapters:
     def __init__(self, base_url: str, *, api_key: str = "", timeout_s: float = 120.0) -> None:
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         # Accept both http://host:8000 and the .../v1 people paste from client configs.
-        self.http = httpx.Client(base_url=base_url.rstrip("/").removesuffix("/v1"), timeout=timeout_s, headers=headers)
+        self.url = base_url.rstrip("/").removesuffix("/v1")
+        self.http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers)
 
     def close(self) -> None:
         self.http.close()
@@ -69,5 +70,13 @@ class VLLMAdapters:
 
     def loaded_steps(self, policy: str) -> list[int]:
         """The steps of ``policy`` vLLM holds as ``<policy>@<step>`` adapters, newest first."""
-        names = (m["id"].rpartition("@") for m in self.models() if isinstance(m.get("id"), str))
-        return sorted((int(step) for name, at, step in names if at and name == policy and step.isdigit()), reverse=True)
+        return steps_of(policy, self.model_ids())
+
+    def model_ids(self) -> list[str]:
+        return [m["id"] for m in self.models() if isinstance(m.get("id"), str)]
+
+
+def steps_of(policy: str, model_ids: list[str]) -> list[int]:
+    """The steps of ``policy`` among vLLM's model ids (its ``<policy>@<step>`` adapters), newest first."""
+    names = (model.rpartition("@") for model in model_ids)
+    return sorted((int(step) for name, at, step in names if at and name == policy and step.isascii() and step.isdigit()), reverse=True)

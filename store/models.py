@@ -184,6 +184,8 @@ class PolicyRow(Base):
     # The last failure to load a version into vLLM; cleared when one loads.
     load_error: Mapped[str | None] = mapped_column(Text)
     load_error_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # core.views.ReplicaView objects, one per vLLM replica, as the trainer last saw them.
+    replicas: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 

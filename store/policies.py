@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection
 
 from burnish_server.core.errors import Conflict, NotFound
 from burnish_server.core.policies import LoraSettings, Policy, RulerSettings, TrainSettings, adapter_name
-from burnish_server.core.views import PolicyView, StepView
+from burnish_server.core.views import PolicyView, ReplicaView, StepView
 from burnish_server.store import groups
 from burnish_server.store.evals import eval_scores
 from burnish_server.store.models import Group, PolicyRow, StepRow, iso, utcnow
@@ -161,6 +161,11 @@ def mark_served(conn: Connection, name: str, step: int, seconds: float | None) -
     )
 
 
+def mark_replicas(conn: Connection, name: str, replicas: list[ReplicaView]) -> None:
+    """Where each vLLM replica stands for the policy (the trainer writes it when it changes)."""
+    conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(replicas=msgspec.to_builtins(replicas)))
+
+
 def mark_load_error(conn: Connection, name: str, error: str) -> None:
     conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(load_error=error[:2000], load_error_at=utcnow()))
 
@@ -221,6 +226,7 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
         train_requested_at=iso(policy.train_requested_at),
         load_error=policy.load_error,
         load_error_at=iso(row.load_error_at),
+        replicas=msgspec.convert(row.replicas or [], list[ReplicaView]),
         created_at=iso(row.created_at),
         updated_at=iso(row.updated_at),
     )

@@ -235,7 +235,7 @@ def test_the_step_metrics_count_splits_and_untokenized_calls(tokenizer: Any, tin
     worker = TrainerWorker(settings)
     policy = Policy(name="agent", base_model="tiny", model_path=str(tiny_model), lora=LoraSettings(rank=8, alpha=16))
     metrics = worker.train_and_save(policy, rows, 1)
-    worker.vllm.close()
+    worker.fleet.close()
     assert metrics["sequence_splits"] == 2 and metrics["untokenized_calls"] == 1
     assert metrics["sequences"] == 4
     assert json.loads((tmp_path / "data" / "policies" / "agent" / "checkpoints" / "1" / "metrics.json").read_text())["sequence_splits"] == 2

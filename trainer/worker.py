@@ -8,7 +8,8 @@ One iteration, for each policy in the store that is not paused:
     one GRPO step on the LoRA                  (trainer/policy_model.py, trainer/grpo.py)
     save checkpoint <step>                     (trainer/checkpoints.py; whole or absent)
     record the step: groups trained, metrics, new head             (store/policies.py; now it counts)
-    load it into vLLM as <name>@<step>, check it answers, then switch the policy to it (serving/adapters.py)
+    load it into every vLLM replica as <name>@<step>, check each answers, then switch the policy to it
+                                               (serving/fleet.py, serving/adapters.py)
 
 Publishing also serves a rollback: whenever a policy's head (what should be served)
 differs from its step (what is), the head is loaded, checked and switched to.
@@ -18,6 +19,14 @@ releases its own stale claims, sets aside a checkpoint whose step was never reco
 (its groups wait again), and publishes a recorded step that was never switched to. A
 publish that fails (vLLM away) is recorded in the policy's status and retried every
 ``publish_retry_s``; the old version keeps serving.
+
+With several replicas, a version is switched to once every replica that can be reached has
+loaded it and answered with it. A replica that refuses it is reported in the policy's
+``replicas`` and, not listing the version, gets none of its calls from the gateways
+(``core/replicas.py``). Every ``catch_up_s`` the trainer looks at each replica and loads
+what it lacks: the served version, and the others the replicas hold (pinned calls may ask
+for them). So a replica that joins, or comes back empty after a restart, serves the
+policy again within seconds, and gets its calls only from then on.
 """
 
 from __future__ import annotations
@@ -34,10 +43,12 @@ import msgspec
 
 from burnish_server.core.policies import Policy, adapter_name, served_name
 from burnish_server.core.settings import Settings
-from burnish_server.serving.adapters import VLLMAdapters
+from burnish_server.core.views import ReplicaView
+from burnish_server.serving.adapters import AdapterError, VLLMAdapters, steps_of
+from burnish_server.serving.fleet import UNREACHABLE, Fleet
 from burnish_server.store.database import Database
-from burnish_server.store.models import utcnow
-from burnish_server.store.policies import clear_training_request, get_policy, last_step, load_policies, mark_load_error, mark_served, record_step
+from burnish_server.store.models import iso, utcnow
+from burnish_server.store.policies import clear_training_request, get_policy, last_step, load_policies, mark_load_error, mark_replicas, mark_served, record_step
 from burnish_server.store.training import TrainingCall, claim_groups, group_calls, other_trainer_busy, release_groups
 from burnish_server.telemetry.langfuse_export import LangfuseExport, Step
 from burnish_server.trainer.checkpoints import Checkpoints
@@ -56,6 +67,8 @@ class WorkerSettings:
     keep_loaded: int = 3
     # A version vLLM failed to load is tried again after this long (a new step or rollback: at once).
     publish_retry_s: float = 5.0
+    # How often every replica is checked for the versions it should hold (catch_up).
+    catch_up_s: float = 2.0
 
 
 class TrainerWorker:
@@ -64,9 +77,12 @@ class TrainerWorker:
         self.db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
         self.models: dict[str, PolicyModel] = {}
         self.checkpoints = Checkpoints(settings.data_path)
-        self.vllm = VLLMAdapters(settings.upstream, api_key=settings.upstream_api_key)
+        self.fleet = Fleet(settings)
         self.steps_done = 0
         self.failed_publish: dict[str, tuple[int, float]] = {}  # policy -> (step, when it failed)
+        self.refused: dict[tuple[str, str], tuple[str, float]] = {}  # (replica, adapter) -> (its error, when)
+        self.replica_views: dict[str, list[ReplicaView]] = {}  # policy -> as last written to the store
+        self.caught_up_at = float("-inf")
         self.langfuse = LangfuseExport.from_settings(settings)  # each step as an event, when keys are set
 
     def model(self, policy: Policy) -> PolicyModel:
@@ -101,12 +117,14 @@ class TrainerWorker:
             await self.publish_pending(policy)
             if not policy.paused:
                 trained |= await self.train_once(policy)
+        if time.monotonic() - self.caught_up_at >= self.worker.catch_up_s:
+            await self.catch_up()
         return trained
 
     async def close(self) -> None:
         if self.langfuse is not None:
             await asyncio.to_thread(self.langfuse.close)
-        self.vllm.close()
+        self.fleet.close()
         await self.db.dispose()
 
     async def recover(self) -> None:
@@ -137,6 +155,7 @@ class TrainerWorker:
         self.failed_publish.pop(policy.name, None)
         await self.db.transaction(mark_served, policy.name, policy.head, seconds)
         log.info("%s now serves %s@%d (loaded and checked in %.3fs)", policy.name, policy.name, policy.head, seconds)
+        self.caught_up_at = float("-inf")  # report where each replica stands at the next pass
 
     async def train_once(self, policy: Policy) -> bool:
         t0 = time.perf_counter()
@@ -210,18 +229,118 @@ class TrainerWorker:
         return metrics
 
     def publish(self, policy: Policy, step: int) -> float:
-        """Load ``<name>@<step>`` into vLLM and check it answers; return the seconds it took.
-        Step 0 is the base model, always loaded. The caller switches the policy afterwards."""
+        """Load ``<name>@<step>`` into every replica and check that each answers with it; return
+        the seconds it took. Step 0 is the base model, always loaded. A replica that cannot be
+        reached is left to ``catch_up``; one that refuses is remembered (and reported). With no
+        replica serving it, ``AdapterError``. The caller switches the policy afterwards."""
         t0 = time.perf_counter()
-        if step > 0:
-            self.vllm.load(adapter_name(policy.name, step), self.checkpoints.adapter(policy.name, step))
-        self.vllm.check(served_name(policy, step))
+        name = adapter_name(policy.name, step)
+        path = self.checkpoints.adapter(policy.name, step) if step > 0 else None
+
+        def serve(vllm: VLLMAdapters) -> None:
+            if path is not None:
+                vllm.load(name, path)
+            vllm.check(served_name(policy, step))
+
+        outcomes = self.fleet.each(serve)
         seconds = time.perf_counter() - t0
-        self.unload_old(policy.name, step)
+        served = [url for url, outcome in outcomes.items() if not isinstance(outcome, Exception)]
+        for url, outcome in outcomes.items():
+            if isinstance(outcome, Exception):
+                log.warning("replica %s does not serve %s: %s", url, name, outcome)
+                if not isinstance(outcome, UNREACHABLE):
+                    self.refused[(url, name)] = (str(outcome)[:500], time.monotonic())
+            else:
+                self.refused.pop((url, name), None)
+        if not served:
+            raise AdapterError("; ".join(f"{url}: {outcome}" for url, outcome in outcomes.items()) or "no vLLM replica is known")
+        self.fleet.each(lambda vllm: self.unload_old(vllm, policy.name, step) if vllm.url in served else None)
         return seconds
 
-    def unload_old(self, name: str, serving: int) -> None:
+    def unload_old(self, vllm: VLLMAdapters, name: str, serving: int) -> None:
         """Keep the served adapter and the newest others, keep_loaded in all; unload the rest."""
-        others = [step for step in self.vllm.loaded_steps(name) if step != serving]
+        others = [step for step in vllm.loaded_steps(name) if step != serving]
         for old in others[max(self.worker.keep_loaded - 1, 0) :]:
-            self.vllm.unload(adapter_name(name, old))
+            vllm.unload(adapter_name(name, old))
+
+    async def catch_up(self) -> None:
+        """Load into each replica what it lacks, and record where each stands per policy."""
+        self.caught_up_at = time.monotonic()
+        policies = await self.policies()
+        if not policies:
+            return
+        views = await asyncio.to_thread(self.catch_up_replicas, policies)
+        for policy in policies:
+            view = views.get(policy.name, [])
+            if [(v.url, v.reachable, v.steps, v.serving, v.error) for v in view] != [
+                (v.url, v.reachable, v.steps, v.serving, v.error) for v in self.replica_views.get(policy.name, [])
+            ]:
+                await self.db.transaction(mark_replicas, policy.name, view)
+                self.replica_views[policy.name] = view
+
+    def catch_up_replicas(self, policies: list[Policy]) -> dict[str, list[ReplicaView]]:
+        """For each policy, the versions it should have everywhere: the served one, and those any
+        replica holds (keep_loaded newest in all, with their checkpoints on disk). Each reachable
+        replica loads the ones it lacks; what it holds then is its view."""
+        listed = self.fleet.each(lambda vllm: vllm.model_ids())
+        reachable = {url: ids for url, ids in listed.items() if not isinstance(ids, Exception)}
+        wanted: dict[str, list[int]] = {}
+        for policy in policies:
+            held = {step for ids in reachable.values() for step in steps_of(policy.name, ids)}
+            steps = sorted(held | ({policy.step} if policy.step > 0 else set()), reverse=True)[: self.worker.keep_loaded]
+            wanted[policy.name] = [s for s in steps if self.checkpoints.adapter(policy.name, s).exists()]
+
+        def bring(vllm: VLLMAdapters) -> dict[str, tuple[list[int], str | None]]:
+            ids = reachable[vllm.url]
+            out: dict[str, tuple[list[int], str | None]] = {}
+            for policy in policies:
+                holds = set(steps_of(policy.name, ids))
+                error = None
+                for step in wanted[policy.name]:
+                    name = adapter_name(policy.name, step)
+                    if step in holds:
+                        continue
+                    refused = self.refused.get((vllm.url, name))
+                    if refused is not None and time.monotonic() - refused[1] < self.worker.publish_retry_s:
+                        error = error or refused[0]
+                        continue
+                    try:
+                        vllm.load(name, self.checkpoints.adapter(policy.name, step))
+                        if step == policy.step:
+                            vllm.check(name)
+                    except UNREACHABLE:
+                        raise
+                    except Exception as exc:
+                        self.refused[(vllm.url, name)] = (str(exc)[:500], time.monotonic())
+                        error = error or str(exc)[:500]
+                        continue
+                    log.info("replica %s caught up: it now serves %s", vllm.url, name)
+                    self.refused.pop((vllm.url, name), None)
+                    holds.add(step)
+                out[policy.name] = (sorted(holds, reverse=True), error)
+            return out
+
+        brought = self.fleet.each(lambda vllm: bring(vllm) if vllm.url in reachable else {})
+        now = iso(utcnow())
+        views: dict[str, list[ReplicaView]] = {}
+        for policy in policies:
+            rows = []
+            for url in listed:
+                result = brought.get(url)
+                if url not in reachable or isinstance(result, Exception) or result is None or policy.name not in result:
+                    rows.append(ReplicaView(url=url, reachable=False, steps=[], serving=False, since=now))
+                    continue
+                steps, error = result[policy.name]
+                rows.append(ReplicaView(url=url, reachable=True, steps=steps, serving=policy.step == 0 or policy.step in steps, error=error, since=now))
+            views[policy.name] = self._keep_since(policy.name, rows)
+        return views
+
+    def _keep_since(self, policy: str, rows: list[ReplicaView]) -> list[ReplicaView]:
+        """A replica standing as before keeps the time it came to stand so."""
+        before = {v.url: v for v in self.replica_views.get(policy, [])}
+        out = []
+        for row in rows:
+            old = before.get(row.url)
+            same = old is not None and (old.reachable, old.steps, old.serving, old.error) == (row.reachable, row.steps, row.serving, row.error)
+            out.append(old if same and old is not None else row)
+        return out
