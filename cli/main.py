@@ -37,7 +37,8 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--upstream", help="OpenAI-compatible server to forward to [BURNISH_UPSTREAM]")
+@click.option("--upstream", help="OpenAI-compatible server to forward to; replicas of one model separated by commas [BURNISH_UPSTREAM]")
+@click.option("--upstream-discover", help="http://name:port whose every address is a replica (a headless Service) [BURNISH_UPSTREAM_DISCOVER]")
 @click.option("--host", help="address to listen on [BURNISH_HOST]")
 @click.option("--port", type=int, help="port to listen on [BURNISH_PORT]")
 @click.option("--data-dir", help="where the SQLite store lives [BURNISH_DATA_DIR]")
@@ -177,7 +178,8 @@ def revoke_key(key_id: str, **options: object) -> None:
 
 
 @main.command()
-@click.option("--upstream", help="the vLLM server adapters are loaded into [BURNISH_UPSTREAM]")
+@click.option("--upstream", help="the vLLM server adapters are loaded into; replicas separated by commas [BURNISH_UPSTREAM]")
+@click.option("--upstream-discover", help="http://name:port whose every address is a vLLM replica (a headless Service) [BURNISH_UPSTREAM_DISCOVER]")
 @click.option("--data-dir", help="[BURNISH_DATA_DIR]")
 @click.option("--database-url", help="[BURNISH_DATABASE_URL]")
 @click.option("--worker-id", help="a name stable across restarts lets a restarted trainer release its own claims at once (default: host-pid)")
@@ -250,13 +252,14 @@ def convert_gguf(gguf_file: str, path: str) -> None:
 @click.option("--host", help="gateway address [BURNISH_HOST]")
 @click.option("--port", type=int, help="gateway port [BURNISH_PORT]")
 @click.option("--insecure", is_flag=True, default=None, help="let the gateway serve open on a non-loopback --host while no API key exists [BURNISH_INSECURE]")
-@click.option("--vllm-port", type=int, default=8000, show_default=True)
+@click.option("--vllm-port", type=int, default=8000, show_default=True, help="the first replica's port; the others take the next ones")
+@click.option("--replicas", type=click.IntRange(1, 64), default=1, show_default=True, help="vLLM replicas of the model, behind the one gateway")
 @click.option("--data-dir", help="[BURNISH_DATA_DIR]")
 @click.option("--database-url", help="[BURNISH_DATABASE_URL]")
 @click.option("--vllm-arg", "vllm_args", multiple=True, help="an argument passed to vLLM as is (repeat for more), e.g. --vllm-arg=--tool-call-parser=hermes")
-def up(model: str | None, policy: str, vllm_port: int, vllm_args: tuple[str, ...], **options: object) -> None:
-    """Start vLLM with runtime LoRA, then the gateway in front of it. Ctrl-C stops both."""
+def up(model: str | None, policy: str, vllm_port: int, replicas: int, vllm_args: tuple[str, ...], **options: object) -> None:
+    """Start vLLM with runtime LoRA (one or more replicas), then the gateway in front of it and the trainer. Ctrl-C stops them all."""
     from burnish_server.cli.up import run_up
 
     settings = _settings(**options)
-    raise SystemExit(run_up(settings, model=model, policy=policy, vllm_port=vllm_port, vllm_args=list(vllm_args)))
+    raise SystemExit(run_up(settings, model=model, policy=policy, vllm_port=vllm_port, replicas=replicas, vllm_args=list(vllm_args)))

