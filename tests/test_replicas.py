@@ -26,11 +26,12 @@ from sqlalchemy import select
 
 from burnish_server.core.replicas import ReplicaSet, discover, parse_upstreams
 from burnish_server.core.settings import Settings
+from burnish_server.gateway.routing import REFRESH_EVERY_S
 from burnish_server.serving.process import VLLMServer
 from burnish_server.store.database import Database
 from burnish_server.store.models import Call as CallRow
 from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
-from tests.conftest import Gateway, tiny_vllm, wait_for
+from tests.conftest import Gateway, fresh_database_url, tiny_vllm, wait_for
 from tests.upstream import Upstream
 
 TINY = {"lora": {"rank": 8, "alpha": 16}, "train": {"learning_rate": 5e-3, "groups_per_step": 2}}
@@ -147,7 +148,7 @@ def second(tiny_model: Path, vllm: VLLMServer, tmp_path_factory: pytest.TempPath
         server.stop()
         for url in (vllm.url,):
             for name in served(url):
-                if name.startswith("fleet@"):
+                if name.startswith("fleet"):
                     httpx.post(url + "/v1/unload_lora_adapter", json={"lora_name": name})
 
 
@@ -286,3 +287,37 @@ async def load_and_kill(gw: Gateway, replica: VLLMServer, total: int) -> list[tu
     assert replica.process is not None
     replica.process.wait(timeout=30)
     return outcomes
+
+
+@pytest.fixture
+def pg_url(tmp_path: Path) -> str:
+    return fresh_database_url("postgres", tmp_path)
+
+
+@pytest.mark.postgres
+async def test_two_gateways_and_a_trainer_on_postgresql_switch_once_everywhere(
+    make_gateway, vllm: VLLMServer, second: VLLMServer, tiny_model: Path, pg_url: str
+) -> None:
+    url, upstream = pg_url, f"{vllm.url},{second.url}"
+    a, b = (make_gateway(url, upstream=upstream, upstream_timeout=120) for _ in range(2))
+    a.create_policy("fleetpg", "tiny", model_path=str(tiny_model), **TINY)
+    await ready_group(a, "pa", "fleetpg")
+    await ready_group(b, "pb", "fleetpg")
+    worker = TrainerWorker(Settings.load({}, data_dir=a.settings.data_dir, database_url=url, upstream=upstream), WorkerSettings(worker_id="fleet-pg"))
+    await worker.recover()
+    try:
+        assert await worker.run_once()
+    finally:
+        await worker.close()
+    # One step, published once, served by both replicas.
+    with b.admin() as admin:
+        steps = admin.get("/admin/policies/fleetpg/checkpoints").json()["data"]
+    assert [(s["step"], s["serving"], bool(s["published_at"])) for s in steps] == [(1, True, True)]
+    assert all("fleetpg@1" in served(r.url) for r in (vllm, second))
+    # Both gateways route to it, over both replicas.
+    time.sleep(REFRESH_EVERY_S * 2 + 0.1)
+    for gw in (a, b):
+        counts = [where(gw, [vllm, second], f"{gw.url[-5:]}-{i}", "fleetpg", calls=1) for i in range(8)]
+        assert {c.index(1) for c in counts} == {0, 1}
+        with gw.client(timeout=120) as c:
+            assert c.post("/v1/chat/completions", json={"model": "fleetpg", **ASK}).headers["x-policy-version"] == "fleetpg@1"
