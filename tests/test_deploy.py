@@ -80,7 +80,8 @@ def test_compose_wires_what_burnish_needs() -> None:
     for name in ("gateway", "trainer"):
         env = services[name]["environment"]
         assert set(env) <= KNOWN, set(env) - KNOWN
-        assert env["BURNISH_UPSTREAM"] == "http://vllm:8000" and env["BURNISH_DATA_DIR"] == "/data"
+        # Every address of the vllm service is a replica (--scale vllm=N).
+        assert env["BURNISH_UPSTREAM_DISCOVER"] == "http://vllm:8000" and env["BURNISH_DATA_DIR"] == "/data"
         assert env["BURNISH_DATABASE_URL"].startswith("postgresql://")
 
 
@@ -97,9 +98,14 @@ def test_kubernetes_wires_what_burnish_needs() -> None:
         assert deployments[name]["containers"][0]["volumeMounts"] == [{"name": "data", "mountPath": "/data"}]
     vllm = deployments["vllm"]["containers"][0]
     assert "--enable-lora" in vllm["args"] and {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"} in vllm["env"]
+    # Several vLLM pods behind a headless Service, which the gateways and the trainer resolve.
+    assert next(d for d in MANIFESTS if d["kind"] == "Deployment" and d["metadata"]["name"] == "vllm")["spec"]["replicas"] >= 2
+    service = next(d for d in MANIFESTS if d["kind"] == "Service" and d["spec"]["selector"] == {"app": "vllm"})
+    assert service["spec"]["clusterIP"] == "None"
     for name in ("burnish-gateway", "burnish-trainer"):
-        names = {e["name"] for e in deployments[name]["containers"][0]["env"]}
-        assert names <= KNOWN and {"BURNISH_DATABASE_URL", "BURNISH_ADMIN_TOKEN", "BURNISH_UPSTREAM"} <= names
+        env = {e["name"]: e.get("value") for e in deployments[name]["containers"][0]["env"]}
+        assert set(env) <= KNOWN and {"BURNISH_DATABASE_URL", "BURNISH_ADMIN_TOKEN"} <= set(env)
+        assert env["BURNISH_UPSTREAM_DISCOVER"] == f"http://{service['metadata']['name']}:8000"
 
 
 def test_the_image_has_both_targets() -> None:
