@@ -43,18 +43,19 @@ TOKEN = "bench-token"
 BUDGET_S = 1.0
 
 
-async def ready_group(client: httpx.AsyncClient, name: str) -> None:
+async def ready_group(client: httpx.AsyncClient, name: str, policy: str = "agent") -> None:
     for i in range(2):
         r = await client.post(
             f"/g/{name}/t/{name}-{i}/v1/chat/completions",
             headers={"x-group-size": "2"},
-            json={"model": "agent", "messages": [{"role": "user", "content": "digits"}], "max_tokens": 8},
+            json={"model": policy, "messages": [{"role": "user", "content": "digits"}], "max_tokens": 8},
         )
         r.raise_for_status()
         (await client.post(f"/v1/trajectories/{name}-{i}/reward", json={"reward": float(i)})).raise_for_status()
 
 
-async def run(swaps: int, data: Path, vllm_url: str, gateway_url: str, model: Path) -> list[dict[str, float]]:
+async def run(swaps: int, data: Path, vllm_url: str, gateway_url: str, model: Path, policy: str = "agent") -> list[dict[str, float]]:
+    """``swaps`` rounds on ``policy``; ``vllm_url`` may list several replicas (bench/replicas.py)."""
     worker = TrainerWorker(Settings.load({}, data_dir=str(data), upstream=vllm_url), WorkerSettings(worker_id="bench"))
     await worker.recover()
     admin = {"authorization": f"Bearer {TOKEN}"}
@@ -64,7 +65,7 @@ async def run(swaps: int, data: Path, vllm_url: str, gateway_url: str, model: Pa
             "/admin/policies",
             headers=admin,
             json={
-                "name": "agent",
+                "name": policy,
                 "base_model": "tiny",
                 "model_path": str(model),
                 "lora": {"rank": 8, "alpha": 16},
@@ -73,18 +74,18 @@ async def run(swaps: int, data: Path, vllm_url: str, gateway_url: str, model: Pa
         )
         r.raise_for_status()
         for n in range(1, swaps + 1):
-            await ready_group(client, f"swap{n}")
-            ids = await worker.db.transaction(claim_groups, "agent", "bench", 1)
-            policy = await worker.db.read(get_policy, "agent")
-            metrics = await asyncio.to_thread(worker.train_and_save, policy, await worker.db.read(group_calls, ids), n)
+            await ready_group(client, f"{policy}-swap{n}", policy)
+            ids = await worker.db.transaction(claim_groups, policy, "bench", 1)
+            current = await worker.db.read(get_policy, policy)
+            metrics = await asyncio.to_thread(worker.train_and_save, current, await worker.db.read(group_calls, ids), n)
             t0 = time.perf_counter()  # checkpoint saved
-            await worker.db.transaction(record_step, "agent", n, n - 1, ids, "bench", metrics, str(worker.checkpoints("agent") / str(n)))
+            await worker.db.transaction(record_step, policy, n, n - 1, ids, "bench", metrics, str(worker.checkpoints.step(policy, n)))
             t1 = time.perf_counter()
-            await worker.publish_pending(await worker.db.read(get_policy, "agent"))
+            await worker.publish_pending(await worker.db.read(get_policy, policy))
             t2 = time.perf_counter()
             while True:
-                r = await client.post("/t/probe/v1/chat/completions", json={"model": "agent", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1})
-                if r.headers["x-policy-version"] == f"agent@{n}":
+                r = await client.post("/t/probe/v1/chat/completions", json={"model": policy, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1})
+                if r.headers["x-policy-version"] == f"{policy}@{n}":
                     break
                 await asyncio.sleep(0.01)
             t3 = time.perf_counter()
