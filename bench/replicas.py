@@ -84,12 +84,13 @@ async def agent_load(url: str, run: str, agents: int, turns: int) -> float:
     seconds: list[float] = []
 
     async def agent(client: httpx.AsyncClient, a: int) -> None:
-        messages = [{"role": "system", "content": f"{run} agent {a}. " + text(a, 300)}]
+        messages = [{"role": "system", "content": f"{run} agent {a}. " + text(a, 80)}]
         for t in range(turns):
-            messages.append({"role": "user", "content": f"turn {t}: " + text(a * 31 + t, 60)})
+            messages.append({"role": "user", "content": f"turn {t}: " + text(a * 31 + t, 15)})
             t0 = time.perf_counter()
             r = await client.post(f"/t/{run}-{a}/v1/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 16, "temperature": 0})
-            r.raise_for_status()
+            if r.status_code != 200:
+                raise RuntimeError(f"{r.status_code}: {r.text[:500]}")
             seconds.append(time.perf_counter() - t0)
             messages.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"] or "ok"})
 
