@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from burnish_server.gateway.routing import REFRESH_EVERY_S
 from burnish_server.serving.models import embedded_gguf
 from tests.conftest import PG_REQUIRED, free_port
 
@@ -94,6 +95,7 @@ def test_a_gguf_file_is_converted_served_trained_and_its_adapter_served(gguf_fil
         assert metrics["logprob_diff_mean"] < 0.02, metrics
         assert metrics["outside_clip_fraction"] == 0, metrics
 
+        time.sleep(REFRESH_EVERY_S * 2 + 0.1)  # the gateway follows the store's switch
         served = openai.OpenAI(base_url=f"{gateway}/t/after/v1", api_key="k", max_retries=0).chat.completions.with_raw_response.create(
             model="agent", messages=QUESTION, temperature=0, max_tokens=8
         )

@@ -301,6 +301,7 @@ async def test_two_gateways_and_a_trainer_on_postgresql_switch_once_everywhere(
     url, upstream = pg_url, f"{vllm.url},{second.url}"
     a, b = (make_gateway(url, upstream=upstream, upstream_timeout=120) for _ in range(2))
     a.create_policy("fleetpg", "tiny", model_path=str(tiny_model), **TINY)
+    await asyncio.sleep(REFRESH_EVERY_S * 2 + 0.1)  # b follows the store
     await ready_group(a, "pa", "fleetpg")
     await ready_group(b, "pb", "fleetpg")
     worker = TrainerWorker(Settings.load({}, data_dir=a.settings.data_dir, database_url=url, upstream=upstream), WorkerSettings(worker_id="fleet-pg"))
