@@ -26,7 +26,7 @@ import httpx
 from burnish_server.core.policies import LoraSettings, Policy, TrainSettings
 from burnish_server.core.settings import Settings
 from burnish_server.serving.models import embedded_gguf
-from burnish_server.serving.process import VLLMFailed, VLLMServer, cpu_build, last_lines
+from burnish_server.serving.process import VLLMFailed, VLLMServer, cpu_build, last_lines, share_cores
 from burnish_server.store.database import Database
 from burnish_server.store.policies import ensure_policy
 
@@ -116,6 +116,8 @@ def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int
     fleet = [vllm] + [
         dataclasses.replace(vllm, port=vllm_port + i, log_path=vllm.log_path.with_name(f"vllm-{i}.log"), process=None) for i in range(1, replicas)
     ]
+    for v, cores in zip(fleet, share_cores(replicas)):
+        v.cpu_cores = cores
     upstream = ",".join(v.url for v in fleet)
     created = asyncio.run(
         _ensure_policy(

@@ -46,6 +46,17 @@ def cpu_build() -> bool:
 SMALL_MACHINE_CPUS = 4
 
 
+def share_cores(replicas: int) -> list[str | None]:
+    """Each replica's own cores on this machine, for the CPU build: two replicas of vLLM whose
+    OpenMP threads all run on every core spin against each other (on two cores a 1-token
+    answer took up to a second). None for each where there are fewer cores than replicas."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if replicas <= 1 or len(cores) < replicas or not cpu_build():
+        return [None] * replicas
+    size = len(cores) // replicas
+    return [",".join(str(c) for c in cores[i * size : (i + 1) * size]) for i in range(replicas)]
+
+
 @dataclass
 class VLLMServer:
     model: str
@@ -60,6 +71,9 @@ class VLLMServer:
     # On the CPU build: GiB of KV cache (VLLM_CPU_KVCACHE_SPACE); vLLM's own default is large.
     cpu_kv_cache_gib: int = 1
     extra_args: list[str] = field(default_factory=list)
+    # On the CPU build: the cores its OpenMP threads run on ("0-3"), VLLM_CPU_OMP_THREADS_BIND;
+    # None: vLLM's own choice (all of them). Replicas on one machine each take their share.
+    cpu_cores: str | None = None
     process: subprocess.Popen | None = None
 
     @property
@@ -87,6 +101,8 @@ class VLLMServer:
         # sampled answers of SmolLM2). The scheduler then shares the cores it mostly waits on.
         if (os.cpu_count() or 1) <= SMALL_MACHINE_CPUS:
             env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        if self.cpu_cores is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_cores
         return env
 
     def start(self) -> VLLMServer:
