@@ -34,7 +34,7 @@ $(VENV)/.bench: $(VENV)/.installed
 .tools/docker/cli-plugins/docker-compose:
 	tests/compose_plugin.sh $@
 
-.PHONY: install demo test lint gateway up bench
+.PHONY: install demo test lint gateway up bench bench-check
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed $(VENV)/.lint .tools/docker/cli-plugins/docker-compose
@@ -60,3 +60,8 @@ gateway: $(VENV)/.installed
 
 bench: $(VENV)/.bench
 	$(PY) bench/gateway_overhead.py
+
+# The hot path's guard: fails when the gateway's CPU per call, as a ratio to the upstream's
+# in the same run, regresses past its margin (bench/check.py). Run it for every proxy change.
+bench-check: $(VENV)/.bench
+	$(PY) bench/check.py

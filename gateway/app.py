@@ -133,7 +133,13 @@ def create_app(settings: Settings | None = None) -> Litestar:
             await db.dispose()
 
     app = Litestar(
-        route_handlers=[health, metrics, *proxy.route_handlers, *trajectories.route_handlers, *ruler.route_handlers, admin.router],
+        route_handlers=[
+            health,
+            metrics,
+            *proxy.route_handlers,
+            # The JSON APIs decode their bodies strictly; the proxy (the hot path) reads its own.
+            Router(path="/", route_handlers=[*trajectories.route_handlers, *ruler.route_handlers, admin.router], before_request=openapi.strict_body),
+        ],
         lifespan=[lifespan],
         dependencies=DEPENDENCIES,
         exception_handlers={
@@ -143,7 +149,6 @@ def create_app(settings: Settings | None = None) -> Litestar:
         },
         request_max_body_size=settings.max_body_bytes,
         plugins=[openapi.StrictStructSchemaPlugin()],
-        before_request=openapi.strict_body,
         middleware=[request_ids.request_id_middleware, access_middleware],
         openapi_config=OpenAPIConfig(
             title="burnish gateway",

@@ -314,7 +314,7 @@ def _first_bad_byte(body: bytes) -> int:
 
 
 async def strict_body(request: Request[Any, Any, Any]) -> None:
-    """Decode a JSON API route's body as its schema says (the app's ``before_request`` hook).
+    """Decode a JSON API route's body as its schema says (the JSON API routers' ``before_request`` hook).
 
     Litestar converts bodies in msgspec's lax mode, which takes ``"1.5"`` for a number and ``0``
     for ``false``; the schema, and so every client generated from it, says otherwise. So the
