@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -47,6 +48,7 @@ def main() -> None:
 @click.option("--insecure", is_flag=True, default=None, help="serve open (no API key needed) on a non-loopback address while no key exists [BURNISH_INSECURE]")
 @click.option("--log-level", help="debug, info, warning, error [BURNISH_LOG_LEVEL]")
 @click.option("--log-format", type=click.Choice(["text", "json"]), help="[BURNISH_LOG_FORMAT]")
+@click.option("--workers", type=click.IntRange(1, 256), help="gateway processes sharing the port (default 1) [BURNISH_WORKERS]")
 def gateway(**options: object) -> None:
     """Serve the gateway."""
     import uvicorn
@@ -56,8 +58,7 @@ def gateway(**options: object) -> None:
     settings = _settings(**options)
     logs.configure(settings.log_level, settings.log_format)
     # uvicorn with uvloop and httptools: measured against granian in bench/asgi_servers.py (docs/performance.md).
-    uvicorn.run(
-        create_app(settings),
+    server = dict(
         host=settings.host,
         port=settings.port,
         loop="uvloop" if sys.platform != "win32" else "asyncio",
@@ -66,6 +67,25 @@ def gateway(**options: object) -> None:
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=30,
     )
+    if settings.workers == 1:
+        uvicorn.run(create_app(settings), **server)  # type: ignore[arg-type]
+        return
+    # Several workers: migrate once here, then each worker builds the app from these settings
+    # (handed over as BURNISH_* variables), with no migration of its own to race the others.
+    if settings.auto_migrate:
+        asyncio.run(_migrate(settings, "head"))
+    os.environ.update(settings.environ(auto_migrate=False, workers=1))
+    uvicorn.run("burnish_server.gateway.app:worker_app", factory=True, workers=settings.workers, **server)  # type: ignore[arg-type]
+
+
+async def _migrate(settings: Settings, revision: str) -> None:
+    from burnish_server.store.database import Database
+
+    database = Database(settings.resolved_database_url)
+    try:
+        await database.migrate(revision)
+    finally:
+        await database.dispose()
 
 
 @main.group()
@@ -79,18 +99,8 @@ def db() -> None:
 @click.argument("revision", default="head")
 def upgrade(revision: str, **options: object) -> None:
     """Apply migrations up to REVISION (default: head)."""
-    from burnish_server.store.database import Database
-
     settings = _settings(**options)
-
-    async def run() -> None:
-        database = Database(settings.resolved_database_url)
-        try:
-            await database.migrate(revision)
-        finally:
-            await database.dispose()
-
-    asyncio.run(run())
+    asyncio.run(_migrate(settings, revision))
     click.echo(f"database at {revision}: {_display_url(settings)}")
 
 

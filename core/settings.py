@@ -51,6 +51,9 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
 
     host: str = "127.0.0.1"
     port: int = 8080
+    # Gateway processes sharing the port (uvicorn's workers), each with its own event loop,
+    # upstream pool and group-commit writer (docs/performance.md, "Several workers").
+    workers: int = 1
     # Run open (no API key needed) on an address other than loopback, while no key exists.
     # Without it such a gateway refuses to start until a key is made (docs/security.md).
     insecure: bool = False
@@ -134,6 +137,12 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
 
     def __post_init__(self) -> None:
         parse_upstreams(self.upstream)  # a ValueError: load() reports it as an invalid setting
+
+    def environ(self, **changes: Any) -> dict[str, str]:
+        """These settings (with ``changes``) as ``BURNISH_*`` variables: how a process that
+        starts others (``burnish gateway --workers N``) hands them its settings."""
+        values = msgspec.to_builtins(msgspec.structs.replace(self, **changes))
+        return {ENV_PREFIX + name.upper(): str(value).lower() if isinstance(value, bool) else str(value) for name, value in values.items()}
 
     @property
     def upstreams(self) -> tuple[str, ...]:

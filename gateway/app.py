@@ -17,6 +17,7 @@ from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components
 
+from burnish_server.core import logs
 from burnish_server.core.errors import BurnishError
 from burnish_server.core.settings import Settings
 from burnish_server.gateway import errors, openapi, replicas, request_ids
@@ -169,3 +170,11 @@ def create_app(settings: Settings | None = None) -> Litestar:
 def app_from_env() -> Litestar:
     """Factory for ASGI servers started by import string (``uvicorn --factory burnish_server.gateway.app:app_from_env``)."""
     return create_app(Settings.load())
+
+
+def worker_app() -> Litestar:
+    """The app of one of several workers (``burnish gateway --workers N``): each is a fresh
+    interpreter, which takes its settings from the ``BURNISH_*`` variables its parent set."""
+    settings = Settings.load()
+    logs.configure(settings.log_level, settings.log_format)
+    return create_app(settings)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -51,6 +52,32 @@ def test_gateway_command_serves_records_and_stops(upstream_server, tmp_path: Pat
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_several_workers_share_the_port_and_record_every_call(upstream_server, database_url: str, tmp_path: Path) -> None:
+    """`burnish gateway --workers 2`: two processes on one port, one store (SQLite or PostgreSQL)."""
+    port = free_port()
+    env = {**os.environ, "BURNISH_DATA_DIR": str(tmp_path / "data")}
+    cmd = [*BURNISH, "gateway", "--workers", "2", "--upstream", upstream_server[1], "--port", str(port), "--database-url", database_url]
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, timeout=60)
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert len(children) >= 2  # the workers (and multiprocessing's helper, where it runs one)
+
+        async def calls() -> list[int]:
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+                answers = await asyncio.gather(*(client.post(f"/t/w-{i}/v1/chat/completions", json=body) for i in range(60)))
+            return [r.status_code for r in answers]
+
+        assert asyncio.run(calls()) == [200] * 60
+        with httpx.Client(base_url=url) as client:
+            assert all(client.get(f"/v1/trajectories/w-{i}").json()["call_count"] == 1 for i in range(60))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
 
 
 def test_db_upgrade_command(database_url: str) -> None:
