@@ -32,7 +32,7 @@ from harness import PLAIN_BODY, ROOT, STREAM_BODY, Load, OtherLoad, Proc, git_st
 
 # Median ratios measured with this script (3 rounds of 5 s) on the 2-vCPU VM of
 # docs/performance.md ("The guard"), at the commit that set them.
-BASELINE = {"plain": 28.5, "stream": 14.0}
+BASELINE = {"plain": 15.2, "stream": 9.0}
 MARGIN = 0.15  # run-to-run noise on this VM is about ±10%
 CONNS = 64
 RESULTS = ROOT / "bench" / "results" / "check.json"

@@ -84,7 +84,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         writer.start()
         upstream = Upstream(settings, replicas.initial(settings))
         if replicas.watched(settings):  # learn who is up and serves what before the first call
-            await replicas.check_all(settings, upstream.replicas, upstream.client)
+            await replicas.check_all(settings, upstream)
         policies = Registry(await db.read(load_policies))
         judge_http = httpx.AsyncClient(timeout=httpx.Timeout(settings.upstream_timeout, connect=settings.connect_timeout))
         metrics = Metrics()
@@ -109,7 +109,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             asyncio.create_task(ruler.auto_ruler(svc), name="burnish-auto-ruler"),
         ]
         if replicas.watched(settings):
-            background.append(asyncio.create_task(replicas.watch(settings, upstream.replicas, upstream.client), name="burnish-replicas"))
+            background.append(asyncio.create_task(replicas.watch(settings, upstream), name="burnish-replicas"))
         # Everything allocated so far lives as long as the app: move it out of the
         # collector's sight, so full collections stop walking it (a p99 latency cost).
         gc.collect()

@@ -25,7 +25,7 @@ from burnish_server.gateway import keys
 from burnish_server.gateway.capture import MALFORMED, Endpoint, Injected, Tokens, extract_tokens, inject
 from burnish_server.gateway.errors import APIError
 from burnish_server.gateway.services import Services
-from burnish_server.gateway.upstream import UpstreamFailure
+from burnish_server.gateway.upstream import UpstreamFailure, UpstreamResponse
 from burnish_server.store.models import utcnow
 
 log = logging.getLogger("burnish.gateway")
@@ -205,7 +205,7 @@ class Call:
         if self.svc.settings.log_bodies:
             log.debug("call %s/%s: request %s response %s", self.key.trajectory_id, self.endpoint.name, record.request[:4000], (record.response or b"")[:4000])
 
-    async def send(self, request_headers: Any, path: str) -> httpx.Response | ASGIResponse:
+    async def send(self, request_headers: Any, path: str) -> UpstreamResponse | ASGIResponse:
         """Send the upstream body; the upstream's (streaming) response, or, if it could not be
         reached, the recorded failure as the client's answer."""
         upstream = self.svc.upstream
@@ -224,7 +224,7 @@ class Call:
         self.first_byte_ms = ms(self.sent_at)
         return response
 
-    async def read(self, response: httpx.Response) -> bytes | ASGIResponse:
+    async def read(self, response: UpstreamResponse) -> bytes | ASGIResponse:
         """A plain response's body; or, if the upstream broke off, the recorded failure."""
         try:
             return await response.aread()

@@ -22,6 +22,7 @@ import msgspec
 
 from burnish_server.core.replicas import Replica, ReplicaSet
 from burnish_server.core.settings import Settings
+from burnish_server.gateway.upstream import Upstream
 
 log = logging.getLogger("burnish.gateway")
 
@@ -54,10 +55,13 @@ def initial(settings: Settings) -> ReplicaSet:
     return ReplicaSet(urls, settings.upstream_balance)
 
 
-async def check(client: httpx.AsyncClient, replica: Replica, headers: dict[str, str]) -> None:
+async def check(upstream: Upstream, replica: Replica, headers: dict[str, str]) -> None:
     try:
-        response = await client.get(replica.url + "/v1/models", headers=headers, timeout=CHECK_TIMEOUT_S)
-        body = await response.aread()
+        response = await upstream.request("GET", replica.url + "/v1/models", None, headers, timeout=CHECK_TIMEOUT_S)
+        try:
+            body = await response.aread()
+        finally:
+            await response.aclose()
     except (httpx.HTTPError, OSError) as exc:
         if replica.healthy:
             log.warning("replica %s is down: %s", replica.url, exc or type(exc).__name__)
@@ -75,13 +79,14 @@ async def check(client: httpx.AsyncClient, replica: Replica, headers: dict[str, 
         replica.models = None  # an upstream that does not list its models serves whatever it is asked
 
 
-async def check_all(settings: Settings, replicas: ReplicaSet, client: httpx.AsyncClient) -> None:
+async def check_all(settings: Settings, upstream: Upstream) -> None:
     headers = {"authorization": f"Bearer {settings.upstream_api_key}"} if settings.upstream_api_key else {}
-    await asyncio.gather(*(check(client, r, headers) for r in replicas.replicas))
+    await asyncio.gather(*(check(upstream, r, headers) for r in upstream.replicas.replicas))
 
 
-async def watch(settings: Settings, replicas: ReplicaSet, client: httpx.AsyncClient) -> None:
+async def watch(settings: Settings, upstream: Upstream) -> None:
     """Check every replica until cancelled (and re-resolve the list, with discovery)."""
+    replicas = upstream.replicas
     resolved_at = time.monotonic()
     while True:
         if settings.upstream_discover and (not replicas.replicas or time.monotonic() - resolved_at >= settings.upstream_discover_every):
@@ -94,5 +99,5 @@ async def watch(settings: Settings, replicas: ReplicaSet, client: httpx.AsyncCli
                 if urls != tuple(r.url for r in replicas.replicas):
                     log.info("replicas now: %s", ", ".join(urls))
                 replicas.update(urls)
-        await check_all(settings, replicas, client)
+        await check_all(settings, upstream)
         await asyncio.sleep(settings.upstream_health_every)

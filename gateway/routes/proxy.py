@@ -33,7 +33,7 @@ from burnish_server.gateway.errors import APIError, error_body
 from burnish_server.gateway.routes import translated
 from burnish_server.gateway.services import services
 from burnish_server.gateway.streaming import RelayResponse
-from burnish_server.gateway.upstream import UpstreamFailure, response_headers
+from burnish_server.gateway.upstream import UpstreamFailure, UpstreamResponse, response_headers
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -101,7 +101,7 @@ async def forward(request: Request, endpoint: Endpoint) -> ASGIResponse:
 class StreamRelay:
     """Passes a stream through event by event and records it, whatever way it ends."""
 
-    def __init__(self, call: Call, response: httpx.Response) -> None:
+    def __init__(self, call: Call, response: UpstreamResponse) -> None:
         self.call = call
         self.response = response
         self.capture = StreamCapture(call.endpoint, call.injected)

@@ -38,6 +38,7 @@ from burnish_server.gateway.call import Call, json_or_none, read_answer, upstrea
 from burnish_server.gateway.capture import CHAT, StreamCapture, extract_tokens
 from burnish_server.gateway.errors import APIError
 from burnish_server.gateway.streaming import RelayResponse
+from burnish_server.gateway.upstream import UpstreamResponse
 from burnish_server.store.responses import stored_response
 
 SURFACES = frozenset({RESPONSES, MESSAGES})
@@ -133,7 +134,7 @@ async def serve(request: Request, call: Call) -> ASGIResponse:
 class TranslatedStream:
     """Chat chunks in, the surface's events out as each chunk arrives; recorded whatever way it ends."""
 
-    def __init__(self, call: Call, response: httpx.Response, translator: Translator) -> None:
+    def __init__(self, call: Call, response: UpstreamResponse, translator: Translator) -> None:
         self.call = call
         self.response = response
         self.translator = translator
