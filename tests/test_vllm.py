@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from burnish_server.serving.process import VLLMServer
-from tests.conftest import GREEDY, MESSAGES, TOOLS, Gateway, set_served_step
+from tests.conftest import GREEDY, MESSAGES, TOOLS, Gateway, set_served_step, wait_for
 from tests.servers import free_port
 
 # torch is used in child processes only: the test process stays as light as the gateway.
@@ -157,12 +157,13 @@ def test_lora_adapter_is_served_by_policy_step(gw: Gateway, vllm: VLLMServer, ti
 
 
 def test_burnish_up_starts_serves_and_stops_cleanly(tiny_model: Path, tmp_path: Path) -> None:
+    """With two vLLM replicas (--replicas 2), the gateway and the trainer in front of both."""
     data = tmp_path / "data"
     shutil.copytree(tiny_model, data / "models" / "tiny")  # `up` makes it if missing; reuse the session's
     port, vllm_port = free_port(), free_port()
     env = {**os.environ, "BURNISH_DATA_DIR": str(data)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "burnish_server.cli", "up", "--model", "tiny", "--port", str(port), "--vllm-port", str(vllm_port)],
+        [sys.executable, "-m", "burnish_server.cli", "up", "--model", "tiny", "--replicas", "2", "--port", str(port), "--vllm-port", str(vllm_port)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -185,16 +186,21 @@ def test_burnish_up_starts_serves_and_stops_cleanly(tiny_model: Path, tmp_path: 
         assert (data / "admin-token").stat().st_mode & 0o777 == 0o600
         status = httpx.get(f"http://127.0.0.1:{port}/admin/policies/agent", headers={"authorization": f"Bearer {token}"}).json()
         assert (status["base_model"], status["step"], status["lora"]["rank"], status["train"]["learning_rate"]) == ("tiny", 0, 8, 5e-3)
+        # The trainer looks at both replicas (every 2 s) and reports them in the policy's status.
+        replicas = f"http://127.0.0.1:{port}/admin/policies/agent"
+        wait_for(lambda: len(httpx.get(replicas, headers={"authorization": f"Bearer {token}"}).json()["replicas"]) == 2, 30, "no replicas in the status")
+        urls = {r["url"] for r in httpx.get(replicas, headers={"authorization": f"Bearer {token}"}).json()["replicas"]}
+        assert urls == {f"http://127.0.0.1:{vllm_port}", f"http://127.0.0.1:{vllm_port + 1}"}
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
     # Nothing left behind: no process holds the two ports, none runs from this data dir.
-    for p in (port, vllm_port):
+    for p in (port, vllm_port, vllm_port + 1):
         with pytest.raises(httpx.TransportError):
             httpx.get(f"http://127.0.0.1:{p}/health", timeout=1)
     leftover = subprocess.run(["pgrep", "-f", str(data)], capture_output=True, text=True).stdout.strip()
     assert leftover == "", leftover
-    assert all((data / "logs" / f"{name}.log").exists() for name in ("vllm", "gateway", "trainer"))
+    assert all((data / "logs" / f"{name}.log").exists() for name in ("vllm", "vllm-1", "gateway", "trainer"))
 
 
 def test_burnish_up_shows_why_vllm_did_not_start(tmp_path: Path) -> None:
