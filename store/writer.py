@@ -36,6 +36,11 @@ class Operation(Protocol):
 
 Item = CallRecord | Operation
 _STOP = object()
+# Batches of at most this many items commit on the event loop's thread when they can: a
+# quiet gateway's calls each wait for a commit of their own, and the hop to the writer
+# thread cost more than the commit. Larger batches (a busy gateway) go to the thread, where
+# SQLite's work overlaps the loop's.
+HERE_MAX = 8
 
 
 class Writer:
@@ -116,6 +121,13 @@ class Writer:
             _resolve(future, result)
 
     async def _transaction(self, items: list[Item]) -> list[Any]:
+        if self.db.here is not None and len(items) <= HERE_MAX:
+            # A few records (a quiet gateway, where each call waits for its own commit): on
+            # the loop's thread, if the write lock is free at once (store/database.py).
+            try:
+                return self.db.transaction_here(_apply, items)
+            except OperationalError:
+                pass  # the lock is held (the trainer, a migration): the writer thread waits for it
         try:  # the common case, without tenacity's bookkeeping (~0.1 ms a commit)
             return await self.db.transaction(_apply, items)
         except OperationalError:
