@@ -123,7 +123,7 @@ class Upstream:
                 replica.healthy = False  # until gateway/replicas.py sees it answer again
                 if attempt >= self.attempts:
                     raise UpstreamFailure.from_error(exc, "could not reach the upstream", attempt) from exc
-            except httpx.HTTPError as exc:  # a time-out: not retried (the upstream may be working on it)
+            except httpx.HTTPError as exc:  # a time-out or a failure mid-request: not retried (the upstream may have it)
                 raise UpstreamFailure.from_error(exc, "could not reach the upstream", attempt) from exc
             else:
                 if response.status_code not in RETRY_STATUSES or attempt >= self.attempts:
