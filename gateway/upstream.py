@@ -69,21 +69,27 @@ class Upstream:
         self.first = settings.upstream_timeout or None
         self.between = settings.upstream_read_timeout or None
         self._session: aiohttp.ClientSession | None = None
+        self._checks: aiohttp.ClientSession | None = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
         """Made on first use, inside the running loop (aiohttp's requirement)."""
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self.max_connections)
-            # No cookies kept between calls of different clients; no proxy from the environment.
-            self._session = aiohttp.ClientSession(
-                connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False, skip_auto_headers=("Content-Type",)
-            )
+            self._session = _session(self.max_connections)
         return self._session
 
+    @property
+    def checks(self) -> aiohttp.ClientSession:
+        """The health checks' own few connections: a pool full of long streams must not make
+        a replica look down."""
+        if self._checks is None:
+            self._checks = _session(16)
+        return self._checks
+
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        for session in (self._session, self._checks):
+            if session is not None:
+                await session.close()
 
     def request_headers(self, raw: Iterable[tuple[bytes, bytes]], *, ours: bool = False) -> list[tuple[str, str]]:
         """The client's headers as sent upstream. ``ours``: the client's credential is a burnish
@@ -116,6 +122,8 @@ class Upstream:
         attempt = 0
         while True:
             replica = order[attempt % len(order)]
+            if not replica.healthy:  # found down during this call: the next choice that is not
+                replica = next((r for r in order if r.healthy), replica)
             attempt += 1
             try:
                 response = await self.request(method, replica.url + path, content, headers)
@@ -140,7 +148,7 @@ class Upstream:
         with _httpx_errors():
             try:
                 async with asyncio.timeout(timeout or self.head_timeout):
-                    response = await self.session.request(
+                    response = await (self.checks if timeout else self.session).request(
                         method,
                         url,
                         data=content or None,
@@ -158,6 +166,12 @@ class Upstream:
             # The body's reads keep their own time (_Body): aiohttp stops re-arming its clock on each read.
             response.connection.protocol.read_timeout = None
         return UpstreamResponse(response, timeout or self.first, timeout or self.between)
+
+
+def _session(limit: int) -> aiohttp.ClientSession:
+    # No cookies kept between calls of different clients; no proxy from the environment.
+    connector = aiohttp.TCPConnector(limit=limit)
+    return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False, skip_auto_headers=("Content-Type",))
 
 
 class UpstreamResponse:

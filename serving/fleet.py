@@ -48,6 +48,8 @@ class Fleet:
             else:
                 if urls != self._urls:
                     log.info("replicas now: %s", ", ".join(urls))
+                    for gone in set(self.clients) - set(urls):  # a pod that left does not come back under its address
+                        self.clients.pop(gone).close()
                 self._urls, self._resolved_at = urls, time.monotonic()
         return self._urls
 

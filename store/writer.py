@@ -41,6 +41,9 @@ _STOP = object()
 # thread cost more than the commit. Larger batches (a busy gateway) go to the thread, where
 # SQLite's work overlaps the loop's.
 HERE_MAX = 8
+# ...and of at most this many bytes of requests and answers: a long context is written on the
+# writer thread, where it does not hold up every other call on the loop.
+HERE_MAX_BYTES = 256 * 1024
 
 
 class Writer:
@@ -121,7 +124,7 @@ class Writer:
             _resolve(future, result)
 
     async def _transaction(self, items: list[Item]) -> list[Any]:
-        if self.db.here is not None and len(items) <= HERE_MAX:
+        if self.db.here is not None and len(items) <= HERE_MAX and _size(items) <= HERE_MAX_BYTES:
             # A few records (a quiet gateway, where each call waits for its own commit): on
             # the loop's thread, if the write lock is free at once (store/database.py).
             try:
@@ -142,6 +145,10 @@ class Writer:
             with attempt:
                 return await self.db.transaction(_apply, items)
         raise AssertionError("unreachable")
+
+
+def _size(items: list[Item]) -> int:
+    return sum(len(item.request) + len(item.response or b"") for item in items if isinstance(item, CallRecord))
 
 
 def _apply(conn: Any, items: list[Item]) -> list[Any]:

@@ -32,6 +32,7 @@ policy again within seconds, and gets its calls only from then on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -240,7 +241,7 @@ class TrainerWorker:
         def serve(vllm: VLLMAdapters) -> None:
             if path is not None:
                 vllm.load(name, path)
-            vllm.check(served_name(policy, step))
+            checked(vllm, name if path is not None else None, served_name(policy, step))
 
         outcomes = self.fleet.each(serve)
         seconds = time.perf_counter() - t0
@@ -307,7 +308,7 @@ class TrainerWorker:
                     try:
                         vllm.load(name, self.checkpoints.adapter(policy.name, step))
                         if step == policy.step:
-                            vllm.check(name)
+                            checked(vllm, name, name)
                     except UNREACHABLE:
                         raise
                     except Exception as exc:
@@ -344,3 +345,15 @@ class TrainerWorker:
             same = old is not None and (old.reachable, old.steps, old.serving, old.error) == (row.reachable, row.steps, row.serving, row.error)
             out.append(old if same and old is not None else row)
         return out
+
+
+def checked(vllm: VLLMAdapters, loaded: str | None, model: str) -> None:
+    """``vllm.check(model)``; if it fails, the adapter just ``loaded`` is unloaded again, so that
+    no gateway sends calls to a replica that listed it but could not answer with it."""
+    try:
+        vllm.check(model)
+    except Exception:
+        if loaded is not None:
+            with contextlib.suppress(Exception):
+                vllm.unload(loaded)
+        raise
