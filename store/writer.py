@@ -148,7 +148,9 @@ class Writer:
 
 
 def _size(items: list[Item]) -> int:
-    return sum(len(item.request) + len(item.response or b"") for item in items if isinstance(item, CallRecord))
+    """Bytes of requests and answers in a batch (a malformed record counts none: it fails in its transaction)."""
+    parts = (part for item in items if isinstance(item, CallRecord) for part in (item.request, item.response))
+    return sum(len(part) for part in parts if isinstance(part, bytes | bytearray))
 
 
 def _apply(conn: Any, items: list[Item]) -> list[Any]:
