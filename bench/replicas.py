@@ -37,35 +37,16 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gateway_overhead import start_gateway  # noqa: E402
-from harness import HOST, PLAIN_BODY, PYTHON, ROOT, VENV_BIN, Load, Proc, free_port, git_state, install_cleanup, start_upstream  # noqa: E402
+from harness import HOST, PLAIN_BODY, ROOT, VENV_BIN, Load, Proc, free_port, git_state, install_cleanup, start_upstream  # noqa: E402
 from swap_latency import TOKEN  # noqa: E402
 from swap_latency import run as swap_rounds  # noqa: E402
-from vs_litellm import make_tiny_model  # noqa: E402
+from vs_litellm import make_tiny_model, start_vllm  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
-from burnish_server.serving.process import VLLMServer, share_cores  # noqa: E402
+from burnish_server.serving.process import share_cores  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "replicas.json"
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec romeo sierra tango".split()
-
-
-def start_vllm(model: Path, cores: str | None) -> Proc:
-    """The tiny model as `burnish up --replicas` serves it (each replica on its share of the
-    cores), with vLLM's statistics on (its prefix-cache counters)."""
-    server = VLLMServer(
-        model=str(model),
-        served_model_name="tiny",
-        host=HOST,
-        port=free_port(),
-        log_path=Path(os.devnull),
-        dtype="float32",
-        max_model_len=2048,
-        max_lora_rank=8,
-        cpu_cores=cores,
-    )
-    cmd = [PYTHON, *server.command()[1:], "--disable-uvicorn-access-log"]
-    env = {k: v for k, v in server.environment().items() if os.environ.get(k) != v}
-    return Proc("vllm", cmd, server.port, env=env, health="/health")
 
 
 def gateway(upstream: str, data_dir: str, **env: str) -> Proc:
@@ -109,7 +90,7 @@ async def agent_load(url: str, run: str, agents: int, turns: int) -> float:
 
 
 def prefix_cache(model: Path, tmp: Path, agents: int, turns: int) -> dict:
-    replicas = [start_vllm(model, cores) for cores in share_cores(2)]
+    replicas = [start_vllm(model, cores=cores, stats=True) for cores in share_cores(2)]
     for r in replicas:
         r.wait_ready(300)
     upstream = ",".join(r.url for r in replicas)
@@ -135,7 +116,7 @@ def prefix_cache(model: Path, tmp: Path, agents: int, turns: int) -> dict:
 
 
 def swaps(model: Path, tmp: Path, n: int) -> dict:
-    replicas = [start_vllm(model, cores) for cores in share_cores(2)]
+    replicas = [start_vllm(model, cores=cores, stats=True) for cores in share_cores(2)]
     for r in replicas:
         r.wait_ready(300)
     out: dict = {}

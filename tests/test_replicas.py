@@ -139,17 +139,12 @@ def chats(upstream: Upstream) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def second(tiny_model: Path, vllm: VLLMServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    """A second replica of the session's vLLM."""
-    server = tiny_vllm(tiny_model, tmp_path_factory.mktemp("vllm-2")).start()
-    try:
-        server.wait_healthy(timeout=300)
+    """A second replica of the session's vLLM; at the end, this module's adapters leave the first."""
+    with tiny_vllm(tiny_model, tmp_path_factory.mktemp("vllm-2")) as server:
         yield server
-    finally:
-        server.stop()
-        for url in (vllm.url,):
-            for name in served(url):
-                if name.startswith("fleet"):
-                    httpx.post(url + "/v1/unload_lora_adapter", json={"lora_name": name})
+    for name in served(vllm.url):
+        if name.startswith("fleet"):
+            httpx.post(vllm.url + "/v1/unload_lora_adapter", json={"lora_name": name})
 
 
 def served(url: str) -> set[str]:

@@ -273,9 +273,7 @@ class TrainerWorker:
         views = await asyncio.to_thread(self.catch_up_replicas, policies)
         for policy in policies:
             view = views.get(policy.name, [])
-            if [(v.url, v.reachable, v.steps, v.serving, v.error) for v in view] != [
-                (v.url, v.reachable, v.steps, v.serving, v.error) for v in self.replica_views.get(policy.name, [])
-            ]:
+            if [_standing(v) for v in view] != [_standing(v) for v in self.replica_views.get(policy.name, [])]:
                 await self.db.transaction(mark_replicas, policy.name, view)
                 self.replica_views[policy.name] = view
 
@@ -342,7 +340,7 @@ class TrainerWorker:
         out = []
         for row in rows:
             old = before.get(row.url)
-            same = old is not None and (old.reachable, old.steps, old.serving, old.error) == (row.reachable, row.steps, row.serving, row.error)
+            same = old is not None and _standing(old) == _standing(row)
             out.append(old if same and old is not None else row)
         return out
 
@@ -357,3 +355,8 @@ def checked(vllm: VLLMAdapters, loaded: str | None, model: str) -> None:
             with contextlib.suppress(Exception):
                 vllm.unload(loaded)
         raise
+
+
+def _standing(view: ReplicaView) -> tuple[object, ...]:
+    """Where a replica stands, whenever it was seen so."""
+    return (view.url, view.reachable, view.steps, view.serving, view.error)
