@@ -225,10 +225,15 @@ def required_scope(handler: Any) -> str:
 
 def access_middleware(app: ASGIApp) -> ASGIApp:
     """Raw ASGI (a Litestar middleware factory), run after routing: authenticate, authorize, limit."""
+    # Each route's scope, read once: a handler's ``opt`` is merged from its layers on each read (~0.01 ms).
+    needs: dict[int, str] = {}
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        need = PUBLIC
+        if scope["type"] == "http":
+            handler = scope["route_handler"]
+            need = needs.get(id(handler)) or needs.setdefault(id(handler), required_scope(handler))
         # OPTIONS is Litestar's own answer of the allowed methods (and CORS preflights carry no key).
-        need = required_scope(scope["route_handler"]) if scope["type"] == "http" else PUBLIC
         if need == PUBLIC or scope.get("method") == "OPTIONS":
             await app(scope, receive, send)
             return

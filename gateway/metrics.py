@@ -30,6 +30,8 @@ class Metrics:
             "burnish_upstream_latency_seconds", "Upstream time of a call, from sending to its last byte", ["endpoint"],
             buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
+        self._requests: dict[tuple[str, int], Any] = {}
+        self._timings: dict[str, tuple[Any, Any]] = {}
         self.record_queue = Gauge("burnish_record_queue", "Records and changes waiting for the store writer", registry=r)
         self.commit_batch = Histogram("burnish_commit_batch_size", "Records written per group commit", buckets=BATCH_BUCKETS, registry=r)
         self.trajectories = Gauge("burnish_trajectories", "Trajectories in the store, by state", ["state"], registry=r)
@@ -46,10 +48,17 @@ class Metrics:
         )
 
     def observe_call(self, endpoint: str, status: int, total_s: float, upstream_s: float | None) -> None:
-        self.requests.labels(endpoint, str(status)).inc()
+        # The labelled series, looked up once each: ``labels()`` takes a lock and builds a key (~0.007 ms).
+        requests = self._requests.get((endpoint, status))
+        if requests is None:
+            requests = self._requests[endpoint, status] = self.requests.labels(endpoint, str(status))
+        requests.inc()
         if upstream_s is not None:
-            self.upstream.labels(endpoint).observe(upstream_s)
-            self.added.labels(endpoint).observe(max(total_s - upstream_s, 0.0))
+            timings = self._timings.get(endpoint)
+            if timings is None:
+                timings = self._timings[endpoint] = (self.upstream.labels(endpoint), self.added.labels(endpoint))
+            timings[0].observe(upstream_s)
+            timings[1].observe(max(total_s - upstream_s, 0.0))
 
     def set_store_state(self, state: dict[str, Any]) -> None:
         for gauge in (self.trajectories, self.groups, self.steps, self.step_seconds, self.reward, self.eval_score, self.eval_trajectories):

@@ -35,13 +35,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 log = logging.getLogger("burnish.store")
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-# WAL checkpoints: a second connection, on its own thread, runs a PASSIVE checkpoint
-# (which never blocks the writer) at most this often, so that most pages are already
-# copied back when SQLite's own auto-checkpoint runs in the writer after a commit. The
-# auto-checkpoint stays, because under steady writes only the writer can restart the
-# WAL: without it the WAL grew to 180 MB in 6000 commits; with both, the writer's
-# p99 commit fell from 2.5 to 1.2 ms and the WAL stayed at 4 MB.
-CHECKPOINT_EVERY_S = 1.0
+# WAL checkpoints: SQLite's auto-checkpoint copies the WAL back into the database file and
+# syncs it inside whichever commit takes the WAL past its limit (1000 pages by default: on the
+# benchmark VM one commit in about a hundred waited 15-20 ms, the whole p99 of a lone call).
+# So a second connection, on its own thread, runs a PASSIVE checkpoint (which never blocks a
+# writer) after commits, at most every CHECKPOINT_EVERY_S, and the write connections'
+# auto-checkpoint waits for AUTOCHECKPOINT_PAGES: when a commit crosses it, the thread has
+# copied back all but the last moment's pages, so that commit copies little, and, being the
+# only writer then, completes the checkpoint, which lets the next commit start the WAL over.
+# (PASSIVE alone never does that under steady writes: new pages arrive while it runs, and the
+# WAL grew past 100 MB.)
+CHECKPOINT_EVERY_S = 0.1
+AUTOCHECKPOINT_PAGES = 4096  # 16 MiB of 4 KiB pages
 # Any constant shared by every burnish process: concurrent migrators take turns on it.
 MIGRATION_LOCK_KEY = 0x6275726E697368  # "burnish"
 
@@ -94,13 +99,14 @@ class Database:
             sync_url = self.url.set(drivername="sqlite")
             # One connection, used only from the writer thread.
             self.writer = create_engine(sync_url, pool_size=1, max_overflow=0, connect_args={"check_same_thread": False})
-            _configure_sqlite(self.writer, sqlite_synchronous, immediate=True)
+            _configure_sqlite(self.writer, sqlite_synchronous, immediate=True, autocheckpoint=AUTOCHECKPOINT_PAGES)
             self._write_thread: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="burnish-sqlite-writer")
             self._write_conn: Connection | None = None
             self._checkpoint_thread = ThreadPoolExecutor(1, thread_name_prefix="burnish-sqlite-checkpoint")
             self._checkpoint_conn: sqlite3.Connection | None = None
             self._checkpoint_running = False
             self._last_checkpoint = 0.0
+            self._synchronous = synchronous.upper()
             # A second write connection, for ``transaction_here``: small commits on the event
             # loop's own thread, without the hop to the writer thread (which cost ~0.2 ms of CPU
             # per commit, more than the commit itself). It never waits for the write lock
@@ -110,7 +116,7 @@ class Database:
             self._here_conn: Connection | None = None
             if synchronous.upper() in {"OFF", "NORMAL"}:
                 self.here = create_engine(sync_url, pool_size=1, max_overflow=0, connect_args={"check_same_thread": False})
-                _configure_sqlite(self.here, sqlite_synchronous, immediate=True, busy_timeout_ms=0)
+                _configure_sqlite(self.here, sqlite_synchronous, immediate=True, busy_timeout_ms=0, autocheckpoint=AUTOCHECKPOINT_PAGES)
         else:
             self.reader = create_async_engine(self.url, pool_size=reader_pool_size, pool_pre_ping=True)
             self.writer = create_async_engine(self.url, pool_size=1, max_overflow=0, pool_pre_ping=True)
@@ -156,7 +162,9 @@ class Database:
 
     def _checkpoint(self) -> None:
         if self._checkpoint_conn is None:
-            self._checkpoint_conn = sqlite3.connect(str(self.url.database), timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
+            conn = sqlite3.connect(str(self.url.database), timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False)
+            conn.execute(f"PRAGMA synchronous={self._synchronous}")  # OFF: its checkpoints skip their syncs too
+            self._checkpoint_conn = conn
         self._checkpoint_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def _checkpoint_done(self, future: asyncio.Future[None]) -> None:
@@ -202,7 +210,9 @@ class Database:
         await self.reader.dispose()
 
 
-def _configure_sqlite(engine: Engine, synchronous: str, *, immediate: bool, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> None:
+def _configure_sqlite(
+    engine: Engine, synchronous: str, *, immediate: bool, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS, autocheckpoint: int | None = None
+) -> None:
     if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
         raise ValueError(f"sqlite_synchronous must be OFF, NORMAL, FULL or EXTRA, not {synchronous!r}")
 
@@ -215,6 +225,8 @@ def _configure_sqlite(engine: Engine, synchronous: str, *, immediate: bool, busy
         cursor.execute(f"PRAGMA synchronous={synchronous.upper()}")
         cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
         cursor.execute("PRAGMA foreign_keys=ON")
+        if autocheckpoint is not None:  # the write connections (CHECKPOINT_EVERY_S above)
+            cursor.execute(f"PRAGMA wal_autocheckpoint={autocheckpoint}")
         cursor.close()
 
     begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
