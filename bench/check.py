@@ -103,7 +103,10 @@ def main() -> int:
     print(f"other processes used {busy:.0%} of the CPU" + (" -- figures skewed, run again on a quiet machine" if busy > 0.05 else ""))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(
-        json.dumps({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "git": git_state(), "other_cpu_share": busy, "ratios": ratios, "against": against, "raw": raw}, indent=2)
+        json.dumps(
+            {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "git": git_state(), "other_cpu_share": busy, "ratios": ratios, "against": against, "raw": raw},
+            indent=2,
+        )
     )
     return 1 if failed else 0
 
