@@ -10,10 +10,6 @@ measured in the same run, so that it does not depend on how fast this machine is
 
     gateway CPU per recorded call / upstream CPU per call when loaded directly
 
-``--against REV`` also runs the gateway of commit REV (bench/harness.py ``code_of``) beside this
-checkout's, on the same load in the same rounds, and reports this checkout's CPU per call
-over REV's: how a change, or a series of them, moved the cost on any machine.
-
 The run fails (exit 1) when a ratio's median is more than ``MARGIN`` above ``BASELINE``,
 the figures of the commit named beside them. Run it for every change to the proxy path;
 when a change makes the gateway cheaper, lower ``BASELINE`` to the new figures in the same
@@ -32,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gateway_overhead import start_gateway  # noqa: E402
-from harness import PLAIN_BODY, ROOT, STREAM_BODY, Load, OtherLoad, Proc, code_of, git_state, install_cleanup, start_upstream  # noqa: E402
+from harness import PLAIN_BODY, ROOT, STREAM_BODY, Load, OtherLoad, Proc, git_state, install_cleanup, start_upstream  # noqa: E402
 
 # Median ratios measured with this script (3 rounds of 5 s) on the 2-vCPU VM of
 # docs/performance.md ("The guard"), at the commit that set them.
@@ -46,19 +42,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--against", metavar="REV", help="also run the gateway of this commit and compare CPU per call")
     args = parser.parse_args()
     install_cleanup()
     other, load = OtherLoad(), Load()
     ratios: dict[str, list[float]] = {"plain": [], "stream": []}
-    against: dict[str, list[float]] = {"plain": [], "stream": []}
     raw: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="burnish-check-") as tmp:
         upstream = start_upstream()
         gateway = start_gateway(upstream.url, True, tmp)
-        other_gateway = None
-        if args.against:
-            other_gateway = start_gateway(upstream.url, True, tempfile.mkdtemp(dir=tmp), name=f"gateway-{args.against}", env=code_of(args.against))
         try:
             for n in range(args.rounds):
                 for mode, body in (("plain", PLAIN_BODY), ("stream", STREAM_BODY)):
@@ -72,18 +63,7 @@ def main() -> int:
                         f"gateway {through['server_cpu_ms_per_req']:.3f} ms/call ({through['rps']:.0f} req/s): ratio {ratio:.2f}",
                         flush=True,
                     )
-                    if other_gateway is not None:
-                        theirs = load.run(other_gateway.url, body, CONNS, args.seconds, 1.0, server=other_gateway)
-                        against[mode].append(through["server_cpu_ms_per_req"] / theirs["server_cpu_ms_per_req"])
-                        raw[-1]["against"] = {"rev": args.against, "gateway": theirs}
-                        print(
-                            f"               {args.against} {theirs['server_cpu_ms_per_req']:.3f} ms/call ({theirs['rps']:.0f} req/s): "
-                            f"this checkout / {args.against} {against[mode][-1]:.2f}",
-                            flush=True,
-                        )
         finally:
-            if other_gateway is not None:
-                other_gateway.stop()
             gateway.stop()
             upstream.stop()
             Proc.stop_all()
@@ -96,17 +76,10 @@ def main() -> int:
         if median > limit:
             failed.append(mode)
         print(f"  {mode:6s} {median:.2f}  (baseline {BASELINE[mode]:.2f}, limit {limit:.2f})  {verdict}")
-    if args.against:
-        print(f"gateway CPU per recorded call, this checkout / {args.against} (median of {args.rounds}):")
-        for mode, values in against.items():
-            print(f"  {mode:6s} {statistics.median(values):.2f}")
     print(f"other processes used {busy:.0%} of the CPU" + (" -- figures skewed, run again on a quiet machine" if busy > 0.05 else ""))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(
-        json.dumps(
-            {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "git": git_state(), "other_cpu_share": busy, "ratios": ratios, "against": against, "raw": raw},
-            indent=2,
-        )
+        json.dumps({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "git": git_state(), "other_cpu_share": busy, "ratios": ratios, "raw": raw}, indent=2)
     )
     return 1 if failed else 0
 
