@@ -30,9 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gateway_overhead import start_gateway  # noqa: E402
 from harness import PLAIN_BODY, ROOT, STREAM_BODY, Load, OtherLoad, Proc, git_state, install_cleanup, start_upstream  # noqa: E402
 
-# Median ratios measured with this script (3 rounds of 5 s) on the 2-vCPU VM of
-# docs/performance.md ("The guard"), at the commit that set them.
-BASELINE = {"plain": 15.2, "stream": 9.0}
+# Median ratios measured with this script (3 rounds of 5 s) on the 2-vCPU VMs of
+# docs/performance.md ("The guard"): plain at b235e74; stream lowered from 9.0 when streams
+# left Litestar's anyio task group (x0.75 CPU per streamed call side by side, bench/versus.py).
+BASELINE = {"plain": 15.2, "stream": 7.4}
 MARGIN = 0.15  # run-to-run noise on this VM is about ±10%
 CONNS = 64
 RESULTS = ROOT / "bench" / "results" / "check.json"
