@@ -109,22 +109,20 @@ def code_fingerprint() -> str:
     return digest.hexdigest()[:12]
 
 
-LAYERS = ("core", "store", "serving", "telemetry", "gateway", "trainer", "migrations", "cli")
-
-
 def code_of(rev: str) -> dict[str, str]:
     """The environment that runs ``burnish`` from commit ``rev`` instead of this checkout, in the
     same venv: the commit's files (``git archive``) under a temporary folder, and a
-    ``burnish_server`` there whose layers link to them, first on ``PYTHONPATH`` (ahead of the
-    editable install's finder). For measuring two commits side by side in one run."""
+    ``burnish_server`` there whose layers (the commit's top-level packages) link to them, first
+    on ``PYTHONPATH`` (ahead of the editable install's finder). For measuring two commits side
+    by side in one run."""
     tree = Path(tempfile.mkdtemp(prefix=f"bench-{rev[:12]}-"))
     archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True, timeout=60).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True, timeout=60)
     shim = tree / ".import" / "burnish_server"
     shim.mkdir(parents=True)
-    for layer in LAYERS:
-        if (tree / layer).is_dir():
-            (shim / layer).symlink_to(tree / layer)
+    for layer in tree.iterdir():
+        if (layer / "__init__.py").is_file():
+            (shim / layer.name).symlink_to(layer)
     return {"PYTHONPATH": str(shim.parent)}
 
 

@@ -75,23 +75,23 @@ def _line(row: dict) -> str:
     return " ".join(f"{k} {row[k]['server_cpu_ms_per_req']:.3f} ms/call {row[k]['rps']:.0f} req/s" for k in ("direct", "this", "rev"))
 
 
+def _median(rows: list[dict], target: str, field: str, *, over_direct: bool = False) -> float:
+    """A figure's median over the rounds; ``over_direct``: less the direct upstream's in the same round (added latency)."""
+    return statistics.median(r[target][field] - (r["direct"][field] if over_direct else 0) for r in rows)
+
+
 def _summary(rows: list[dict], rev: str) -> list[str]:
     out = [f"medians over the rounds; this checkout against {rev}:"]
     for mode, _, conns in CASES:
-        mine = [r for r in rows if r["mode"] == mode and r["conns"] == conns]
-
-        def med(key: str, field: str, rows: list[dict] = mine) -> float:
-            return statistics.median(r[key][field] for r in rows)
-
+        case = [r for r in rows if r["mode"] == mode and r["conns"] == conns]
         if conns == 1:
-            added = {k: [statistics.median(r[k][q] - r["direct"][q] for r in mine) for q in ("p50_ms", "p99_ms")] for k in ("this", "rev")}
+            p50, p99 = ({k: _median(case, k, q, over_direct=True) for k in ("this", "rev")} for q in ("p50_ms", "p99_ms"))
             out.append(
-                f"  {mode} c=1 added p50/p99: this {added['this'][0]:.3f}/{added['this'][1]:.3f} ms, {rev} {added['rev'][0]:.3f}/{added['rev'][1]:.3f} ms"
-                f" (x{added['this'][0] / added['rev'][0]:.2f} / x{added['this'][1] / added['rev'][1]:.2f})"
+                f"  {mode} c=1 added p50/p99: this {p50['this']:.3f}/{p99['this']:.3f} ms, {rev} {p50['rev']:.3f}/{p99['rev']:.3f} ms"
+                f" (x{p50['this'] / p50['rev']:.2f} / x{p99['this'] / p99['rev']:.2f})"
             )
         else:
-            cpu = {k: med(k, "server_cpu_ms_per_req") for k in ("this", "rev")}
-            rps = {k: med(k, "rps") for k in ("this", "rev")}
+            cpu, rps = ({k: _median(case, k, field) for k in ("this", "rev")} for field in ("server_cpu_ms_per_req", "rps"))
             out.append(
                 f"  {mode} c={conns} CPU per call: this {cpu['this']:.3f} ms, {rev} {cpu['rev']:.3f} ms (x{cpu['this'] / cpu['rev']:.2f}); "
                 f"req/s {rps['this']:.0f} against {rps['rev']:.0f} (x{rps['this'] / rps['rev']:.2f})"

@@ -88,7 +88,6 @@ def _upgrade(connection: Connection, revision: str) -> None:
 class Database:
     def __init__(self, url: str, *, sqlite_synchronous: str = "NORMAL", reader_pool_size: int = 8) -> None:
         self.url = make_url(url)
-        synchronous = sqlite_synchronous
         self.is_sqlite = self.url.get_backend_name() == "sqlite"
         self.writer: AsyncEngine | Engine
         if self.is_sqlite:
@@ -106,7 +105,7 @@ class Database:
             self._checkpoint_conn: sqlite3.Connection | None = None
             self._checkpoint_running = False
             self._last_checkpoint = 0.0
-            self._synchronous = synchronous.upper()
+            self._synchronous = sqlite_synchronous.upper()
             # A second write connection, for ``transaction_here``: small commits on the event
             # loop's own thread, without the hop to the writer thread (which cost ~0.2 ms of CPU
             # per commit, more than the commit itself). It never waits for the write lock
@@ -114,7 +113,7 @@ class Database:
             # where each commit syncs to disk (FULL, EXTRA).
             self.here: Engine | None = None
             self._here_conn: Connection | None = None
-            if synchronous.upper() in {"OFF", "NORMAL"}:
+            if self._synchronous in {"OFF", "NORMAL"}:
                 self.here = create_engine(sync_url, pool_size=1, max_overflow=0, connect_args={"check_same_thread": False})
                 _configure_sqlite(self.here, sqlite_synchronous, immediate=True, busy_timeout_ms=0, autocheckpoint=AUTOCHECKPOINT_PAGES)
         else:
