@@ -2,8 +2,9 @@
 
 Every route says what it needs in its ``opt["scope"]`` (``core/access.py``: call, read,
 metrics, admin; ``"call|read"`` for either) or ``"public"``; a route that says nothing
-needs ``admin``. One raw ASGI
-middleware (``access_middleware``) runs after routing, before the handler:
+needs ``admin``. ``Access.admit`` checks a request, in one raw ASGI middleware
+(``access_middleware``) that runs after Litestar's routing, before the handler, and on the
+proxy's calls, which the gateway's entry point serves itself (``gateway/edge.py``):
 
 1. the credential: ``Authorization: Bearer <key>`` (what OpenAI clients send as their
    ``api_key``) or ``x-api-key: <key>`` (what Anthropic clients send);
@@ -203,7 +204,22 @@ class Access:
             raise _unauthorized(f"this API key is {why}", f"key_{why}")
         return Principal(key.project, key.scopes, key.id, key.limits)
 
-    def refusal(self, caller: Principal, need: str) -> APIError:
+    async def admit(self, headers: Iterable[tuple[bytes, bytes]], need: str) -> Principal:
+        """The caller, if it may use a route that needs ``need`` (``"call|read"``: either), counted
+        in against its key's limits (``release`` counts it out); else ``APIError`` 401, 403 or 429."""
+        caller = await self.principal(headers)
+        if not any(caller.can(s) for s in need.split("|")):
+            raise self._refusal(caller, need)
+        if caller.key_id is not None and caller.limits is not None:
+            self.limiter.admit(caller.key_id, caller.limits)
+        return caller
+
+    def release(self, caller: Principal) -> None:
+        """The end of a request ``admit`` let in."""
+        if caller.key_id is not None and caller.limits is not None:
+            self.limiter.release(caller.key_id, caller.limits)
+
+    def _refusal(self, caller: Principal, need: str) -> APIError:
         """Why ``caller`` may not use a route that needs ``need``."""
         if caller is not ANONYMOUS:
             return APIError(403, f"this API key lacks the scope this route needs ({need.replace('|', ' or ')})", "insufficient_scope")
@@ -238,18 +254,12 @@ def access_middleware(app: ASGIApp) -> ASGIApp:
             await app(scope, receive, send)
             return
         access: Access = scope["app"].state.services.access
-        caller = await access.principal(scope["headers"])
-        if not any(caller.can(s) for s in need.split("|")):
-            raise access.refusal(caller, need)
+        caller = await access.admit(scope["headers"], need)
         scope.setdefault("state", {})["principal"] = caller
-        if caller.key_id is None or caller.limits is None:
-            await app(scope, receive, send)
-            return
-        access.limiter.admit(caller.key_id, caller.limits)
         try:
             await app(scope, receive, send)
         finally:
-            access.limiter.release(caller.key_id, caller.limits)
+            access.release(caller)
 
     return middleware
 

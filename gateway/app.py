@@ -1,4 +1,4 @@
-"""The app factory: settings in, a Litestar app out. No module-level state."""
+"""The app factory: settings in, a Litestar app (``gateway/edge.py``'s ``Gateway``) out. No module-level state."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from litestar.openapi.spec import Components
 from burnish_server.core import logs
 from burnish_server.core.errors import BurnishError
 from burnish_server.core.settings import Settings
-from burnish_server.gateway import errors, openapi, replicas, request_ids
+from burnish_server.gateway import errors, openapi, replicas
 from burnish_server.gateway.access import BEARER, PUBLIC, SECURITY_SCHEMES, Access, KeyRing, access_middleware, follow_keys
+from burnish_server.gateway.edge import Gateway
 from burnish_server.gateway.errors import responses
 from burnish_server.gateway.metrics import CONTENT_TYPE, Metrics
 from burnish_server.gateway.routes import admin, proxy, ruler, trajectories
@@ -133,7 +134,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
                 await asyncio.to_thread(langfuse.close)
             await db.dispose()
 
-    app = Litestar(
+    app = Gateway(
         route_handlers=[
             health,
             metrics,
@@ -150,7 +151,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         },
         request_max_body_size=settings.max_body_bytes,
         plugins=[openapi.StrictStructSchemaPlugin()],
-        middleware=[request_ids.request_id_middleware, access_middleware],
+        middleware=[access_middleware],
         openapi_config=OpenAPIConfig(
             title="burnish gateway",
             version="0.1.0",

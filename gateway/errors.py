@@ -11,7 +11,9 @@ their status; anything unexpected becomes a 500 with a generic message, so no st
 ever reaches a client. ``APIError`` is for the few errors that exist only at the edge
 (authentication, an upstream's status).
 
-``ERROR_RESPONSES`` documents the same body in the OpenAPI schema.
+The proxy's calls are served before Litestar's exception layer (``gateway/edge.py``):
+``asgi_error`` gives them the same answers. ``responses`` documents the body in the
+OpenAPI schema.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import msgspec
 from litestar import Request, Response
 from litestar.exceptions import ClientException, HTTPException, ValidationException
 from litestar.openapi.datastructures import ResponseSpec
+from litestar.response.base import ASGIResponse
 
 from burnish_server.core.errors import BurnishError, Conflict, Invalid, NotFound, Unavailable
 from burnish_server.core.ids import ID_REGEX, ID_RULE
@@ -43,6 +46,8 @@ _TYPES = {
 # How msgspec quotes ID_REGEX in its message (up to the first escaped character).
 _ID_PATTERN_TEXT = ID_REGEX.split("\\")[0]
 _STATUS = {NotFound: 404, Conflict: 409, Invalid: 400, Unavailable: 502}
+BODY_TOO_LARGE = "request body is larger than the gateway's limit (BURNISH_MAX_BODY_BYTES)"
+INTERNAL = "internal error in the gateway; the request was not completed"
 
 
 class APIError(HTTPException):
@@ -96,18 +101,23 @@ def handle_domain_error(request: Request, exc: BurnishError) -> Response:
 
 
 def handle_http_exception(request: Request, exc: HTTPException) -> Response:
-    if isinstance(exc, APIError):
-        return error_response(exc.status_code, exc.detail, exc.code, exc.param, headers=exc.headers, anthropic=is_anthropic(request.scope["path"]))
     if isinstance(exc, ValidationException):
         return _invalid(request, exc)
+    return error_response(*_http_error(exc), headers=exc.headers, anthropic=is_anthropic(request.scope["path"]))
+
+
+def _http_error(exc: HTTPException) -> tuple[int, str, str | None, str | None]:
+    """Status, message, code and param of an ``HTTPException`` (ours, or Litestar's own)."""
+    if isinstance(exc, APIError):
+        return exc.status_code, exc.detail, exc.code, exc.param
     status = exc.status_code
     message = exc.detail
     code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(status)
     if status == 413:
-        message = "request body is larger than the gateway's limit (BURNISH_MAX_BODY_BYTES)"
+        message = BODY_TOO_LARGE
     elif status == 400 and isinstance(exc, ClientException):  # a body Litestar could not decode as JSON
         message, code = f"the request body is not valid JSON: {exc.detail}", "invalid_json"
-    return error_response(status, message, code, headers=exc.headers, anthropic=is_anthropic(request.scope["path"]))
+    return status, message, code, None
 
 
 def _invalid(request: Request, exc: ValidationException) -> Response:
@@ -130,8 +140,23 @@ def _invalid(request: Request, exc: ValidationException) -> Response:
 
 def handle_unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    message = "internal error in the gateway; the request was not completed"
-    return error_response(500, message, "internal_error", anthropic=is_anthropic(request.scope["path"]))
+    return error_response(500, INTERNAL, "internal_error", anthropic=is_anthropic(request.scope["path"]))
+
+
+def asgi_error(exc: Exception, path: str) -> ASGIResponse:
+    """The answer to an error on the proxy's own entry (``gateway/edge.py``), which Litestar's
+    exception layer does not see: the same body and headers the handlers above give."""
+    headers: dict[str, str] | None = None
+    code: str | None
+    if isinstance(exc, BurnishError):
+        status, message, code, param = status_of(exc), exc.message, exc.code, exc.param
+    elif isinstance(exc, HTTPException):
+        (status, message, code, param), headers = _http_error(exc), exc.headers
+    else:
+        log.exception("unhandled error on POST %s", path)
+        status, message, code, param = 500, INTERNAL, "internal_error", None
+    body = anthropic_error_body(status, message) if is_anthropic(path) else error_body(status, message, code, param)
+    return ASGIResponse(body=body, status_code=status, media_type="application/json", headers=headers)
 
 
 class ErrorDetail(msgspec.Struct):

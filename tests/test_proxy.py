@@ -10,7 +10,9 @@ import openai
 import pytest
 
 from burnish_server.core.tokens import pack_ids
+from burnish_server.gateway.edge import proxy_route
 from tests.conftest import Gateway
+from tests.test_trajectories import assert_openai_error
 from tests.upstream import Upstream, choice_text, logprobs_for, prompt_ids, token_ids
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is two plus two"}]
@@ -222,6 +224,43 @@ def test_trajectory_keys_prefix_header_and_generated(gateway: Gateway) -> None:
         group = c.get("/v1/groups/g-keys").json()
     assert [m["id"] for m in group["members"]] == ["k-1", "k-2"]
     assert group["expected_size"] == 2
+
+
+@pytest.mark.parametrize(
+    ("path", "route"),
+    [
+        ("/v1/chat/completions", ("chat.completions", {})),
+        ("/eval/v1/messages", ("messages", {})),
+        ("/t/a/v1/responses", ("responses", {"trajectory_id": "a"})),
+        ("/eval/g/g/t/a/v1/completions", ("completions", {"group_id": "g", "trajectory_id": "a"})),
+        ("/g/g/v1/chat/completions", None),  # a group only before a trajectory
+        ("/t//v1/chat/completions", None),
+        ("/t/a/b/v1/chat/completions", None),
+        ("/v1/chat/completions/", None),
+        ("/v1/models", None),
+        ("/v1/embeddings", None),
+        ("/evalv1/chat/completions", None),
+    ],
+)
+def test_the_entry_point_knows_the_proxy_routes(path: str, route: tuple | None) -> None:
+    """What gateway/edge.py serves itself; every other path goes to Litestar's routing."""
+    found = proxy_route(path)
+    assert (found and (found[0].name, found[1])) == route
+
+
+def test_a_path_litestar_routes_is_served_by_the_same_proxy(gateway: Gateway) -> None:
+    """A trailing slash is no proxy route of the entry point's, but Litestar routes it to the
+    proxy's own handler: the same answer, headers and record either way."""
+    with gateway.client() as c:
+        body = {"model": "tiny", "messages": MESSAGES}
+        direct = c.post("/t/entry-1/v1/chat/completions", json=body)
+        routed = c.post("/t/entry-2/v1/chat/completions/", json=body)
+        refused = c.post("/t/entry-3/v1/chat/completions/", content=b"[")
+    assert direct.status_code == routed.status_code == 200 and direct.json() == routed.json()
+    assert routed.headers["x-trajectory-id"] == "entry-2" and routed.headers["x-request-id"].startswith("req-")
+    assert {k for k in direct.headers if k.startswith("x-")} == {k for k in routed.headers if k.startswith("x-")}
+    assert_openai_error(refused, 400, "invalid_json")
+    assert only_call(gateway, "entry-2")["request"] == only_call(gateway, "entry-1")["request"]
 
 
 def test_calls_of_a_trajectory_come_back_in_order(gateway: Gateway) -> None:

@@ -13,7 +13,7 @@ untouched: the gateway only adds ``X-Trajectory-Id``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import anyio
 import httpx
@@ -22,16 +22,17 @@ from litestar import Request, get, post
 from litestar.exceptions import HTTPException
 from litestar.handlers import HTTPRouteHandler
 from litestar.response.base import ASGIResponse
+from litestar.types import Receive, Scope
 
-from burnish_server.core.access import ANONYMOUS, DEFAULT_PROJECT, qualify_optional
+from burnish_server.core.access import ANONYMOUS, DEFAULT_PROJECT, Principal, qualify_optional
 from burnish_server.core.records import CLIENT_DISCONNECTED, OK, UPSTREAM_CUT, UPSTREAM_ERROR, CallRecord
 from burnish_server.gateway import keys, openapi
 from burnish_server.gateway.access import BEARER, principal
 from burnish_server.gateway.call import Call, json_or_none, parse_head, upstream_message
 from burnish_server.gateway.capture import ENDPOINTS, Endpoint, StreamCapture
-from burnish_server.gateway.errors import APIError, error_body
+from burnish_server.gateway.errors import BODY_TOO_LARGE, APIError, error_body
 from burnish_server.gateway.routes import translated
-from burnish_server.gateway.services import services
+from burnish_server.gateway.services import Services, services
 from burnish_server.gateway.streaming import RelayResponse
 from burnish_server.gateway.upstream import UpstreamFailure, UpstreamResponse, response_headers
 
@@ -44,15 +45,44 @@ KEY_PREFIXES = ("", "/t/{trajectory_id:str}", "/g/{group_id:str}/t/{trajectory_i
 PREFIXES = KEY_PREFIXES + tuple(keys.EVAL_PREFIX + prefix for prefix in KEY_PREFIXES)
 
 
-async def forward(request: Request, endpoint: Endpoint) -> ASGIResponse:
-    svc = services(request)
-    caller = principal(request.scope)
-    key = keys.resolve(request.path_params, keys.key_headers(request.scope["headers"]), eval_path=keys.is_eval_path(request.scope["path"]))
+@dataclasses.dataclass(slots=True)
+class Inbound:
+    """A request to a proxy route, however it came in: from the gateway's entry point
+    (``gateway/edge.py``, the hot path) or through Litestar's routing (``_proxy_handler``)."""
+
+    svc: Services
+    caller: Principal
+    scope: Scope
+    receive: Receive
+    params: Mapping[str, str]  # the path's trajectory_id and group_id, where it has them
+
+    async def body(self) -> bytes:
+        """The whole body; ``APIError`` 413 beyond ``max_body_bytes`` (counted as it arrives, so
+        a client cannot make the gateway hold more than that), 400 if the client left first."""
+        limit = self.svc.settings.max_body_bytes
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise APIError(400, "the client disconnected before the end of its request body", "client_disconnected")
+            chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
+            size += len(chunk)
+            if size > limit:
+                raise APIError(413, BODY_TOO_LARGE, "body_too_large")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def forward(inbound: Inbound, endpoint: Endpoint) -> ASGIResponse:
+    svc, caller, scope = inbound.svc, inbound.caller, inbound.scope
+    key = keys.resolve(inbound.params, keys.key_headers(scope["headers"]), eval_path=keys.is_eval_path(scope["path"]))
     shown = key.trajectory_id
     if caller.project != DEFAULT_PROJECT:  # stored under the caller's project (core/access.py)
         key = dataclasses.replace(key, trajectory_id=caller.stored(key.trajectory_id), group_id=qualify_optional(caller.project, key.group_id))
     try:
-        body = await request.body()
+        body = await inbound.body()
         head = parse_head(body)
     except HTTPException as exc:  # refused, but still told which trajectory it would have joined
         exc.headers = {**(exc.headers or {}), "x-trajectory-id": shown}
@@ -60,13 +90,13 @@ async def forward(request: Request, endpoint: Endpoint) -> ASGIResponse:
     call = Call(svc, endpoint, key, head, body, caller)
     if call.route is not None:
         if endpoint.name in translated.SURFACES:  # Responses, Messages: served through chat completions
-            return await translated.serve(request, call)
+            return await translated.serve(scope, call)
         call.to_policy(endpoint, _decode(body))
     path = f"/v1/{endpoint.path}"
-    if query := request.scope.get("query_string"):
+    if query := scope.get("query_string"):
         path += "?" + query.decode("latin-1")
 
-    response = await call.send(request.scope["headers"], path)
+    response = await call.send(scope["headers"], path)
     if isinstance(response, ASGIResponse):
         return response
 
@@ -143,7 +173,8 @@ class StreamRelay:
 
 def _proxy_handler(endpoint: Endpoint) -> HTTPRouteHandler:
     async def handler(request: Request) -> ASGIResponse:
-        return await forward(request, endpoint)
+        inbound = Inbound(services(request), principal(request.scope), request.scope, request.receive, request.path_params)
+        return await forward(inbound, endpoint)
 
     handler.__name__ = f"proxy_{endpoint.name.replace('.', '_')}"
     return post(

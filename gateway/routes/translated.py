@@ -25,8 +25,8 @@ from typing import Any
 import anyio
 import httpx
 import msgspec
-from litestar import Request
 from litestar.response.base import ASGIResponse
+from litestar.types import Scope
 
 from burnish_server.core import wire
 from burnish_server.core.access import local
@@ -99,10 +99,10 @@ async def _history(call: Call, request: wire.ResponsesCreate) -> list[Any]:
     return responses.continued(earlier.request_json(), json_or_none(earlier.response or b""))
 
 
-async def serve(request: Request, call: Call) -> ASGIResponse:
+async def serve(scope: Scope, call: Call) -> ASGIResponse:
     chat, translator = await _prepare(call)
     call.to_policy(CHAT, chat)
-    response = await call.send(request.scope["headers"], "/v1/chat/completions")
+    response = await call.send(scope["headers"], "/v1/chat/completions")
     if isinstance(response, ASGIResponse):
         return response
     headers = {"x-trajectory-id": local(call.key.trajectory_id), "x-policy-version": call.version}
