@@ -228,8 +228,14 @@ def _configure_sqlite(
             cursor.execute(f"PRAGMA wal_autocheckpoint={autocheckpoint}")
         cursor.close()
 
-    begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+    if immediate:  # the write engines, on the stdlib driver: straight to it (SQLAlchemy's statement machinery cost ~0.02 ms a commit)
 
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn) -> None:  # noqa: ANN001
-        conn.exec_driver_sql(begin)
+        @event.listens_for(engine, "begin")
+        def _on_begin_immediate(conn) -> None:  # noqa: ANN001
+            conn.connection.driver_connection.execute("BEGIN IMMEDIATE")
+
+    else:
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn) -> None:  # noqa: ANN001
+            conn.exec_driver_sql("BEGIN")
