@@ -196,7 +196,7 @@ class Call:
             self.observe(record)
             return
         try:
-            await self.svc.writer.write(record)
+            await self.svc.writer.write(record, alone=self.svc.in_flight <= 1)
         except Exception as exc:
             log.error("call for trajectory %s not recorded: %s", self.key.trajectory_id, exc)
             self.observe(record, status=503)

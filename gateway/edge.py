@@ -97,6 +97,7 @@ class Gateway(Litestar):
         except Exception as exc:
             await asgi_error(exc, scope["path"])(scope, receive, send)
             return
+        svc.in_flight += 1
         try:
             try:
                 response = await forward(Inbound(svc, caller, scope, receive, params), endpoint)
@@ -104,4 +105,5 @@ class Gateway(Litestar):
                 response = asgi_error(exc, scope["path"])
             await response(scope, receive, send)
         finally:
+            svc.in_flight -= 1
             svc.access.release(caller)

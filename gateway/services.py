@@ -33,6 +33,8 @@ class Services:
     access: Access
     # None unless the Langfuse keys are set.
     langfuse: LangfuseExport | None = None
+    # Proxied calls being served now (gateway/edge.py): a lone one commits its record at once.
+    in_flight: int = 0
 
 
 def services(connection: ASGIConnection) -> Services:

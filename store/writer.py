@@ -53,6 +53,7 @@ class Writer:
         self.attempts = attempts
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        self._busy = False  # a batch is being committed
         # Counters for the benchmark: commits made and records written.
         self.commits = 0
         self.records = 0
@@ -77,7 +78,21 @@ class Writer:
         self._queue.put_nowait((item, future))
         return future
 
-    async def write(self, item: Item) -> Any:
+    async def write(self, item: Item, *, alone: bool = False) -> Any:
+        """Write ``item`` and wait for its commit. ``alone``: the caller knows of no other change
+        on its way (a gateway with one call in flight), so no batch can form: commit it at once
+        on this thread if the writer is idle and the write lock free, without the queue and the
+        two task switches it costs (~5% of a lone proxied call's instructions)."""
+        if alone and not self._busy and self._queue.empty() and self._here_fits([item]):
+            try:
+                [result] = self.db.transaction_here(_apply, [item])
+            except OperationalError:
+                pass  # the lock is held (the trainer, a migration): the writer thread waits for it
+            else:
+                self._committed([item])
+                if isinstance(result, BaseException):
+                    raise result
+                return result
         return await self.submit(item)
 
     @property
@@ -97,7 +112,11 @@ class Writer:
                     continue
                 batch.append(nxt)
             if batch:
-                await self._commit(batch)
+                self._busy = True
+                try:
+                    await self._commit(batch)
+                finally:
+                    self._busy = False
             if stop and self._queue.empty():
                 return
 
@@ -113,18 +132,24 @@ class Writer:
             log.error("could not write a record: %s", exc)
             _resolve(batch[0][1], exc)
             return
-        self.commits += 1
-        self.records += len(batch)
-        if self.on_commit is not None:
-            try:  # an observer's fault must not stop the writer: every waiting call would hang
-                self.on_commit([item for item, _ in batch])
-            except Exception:
-                log.exception("a commit observer failed")
+        self._committed([item for item, _ in batch])
         for (_, future), result in zip(batch, results):
             _resolve(future, result)
 
+    def _committed(self, items: list[Item]) -> None:
+        self.commits += 1
+        self.records += len(items)
+        if self.on_commit is not None:
+            try:  # an observer's fault must not stop the writer: every waiting call would hang
+                self.on_commit(items)
+            except Exception:
+                log.exception("a commit observer failed")
+
+    def _here_fits(self, items: list[Item]) -> bool:
+        return self.db.here is not None and len(items) <= HERE_MAX and _size(items) <= HERE_MAX_BYTES
+
     async def _transaction(self, items: list[Item]) -> list[Any]:
-        if self.db.here is not None and len(items) <= HERE_MAX and _size(items) <= HERE_MAX_BYTES:
+        if self._here_fits(items):
             # A few records (a quiet gateway, where each call waits for its own commit): on
             # the loop's thread, if the write lock is free at once (store/database.py).
             try:
