@@ -33,7 +33,7 @@ from harness import PLAIN_BODY, ROOT, STREAM_BODY, Load, OtherLoad, Proc, git_st
 # Median ratios measured with this script (3 rounds of 5 s) on the 2-vCPU VMs of
 # docs/performance.md ("The guard"): plain at b235e74; stream lowered from 9.0 when streams
 # left Litestar's anyio task group (x0.75 CPU per streamed call side by side, bench/versus.py).
-BASELINE = {"plain": 15.2, "stream": 7.4}
+BASELINE = {"plain": 11.4, "stream": 7.4}
 MARGIN = 0.15  # run-to-run noise on this VM is about ±10%
 CONNS = 64
 RESULTS = ROOT / "bench" / "results" / "check.json"

@@ -1,7 +1,7 @@
 """What a request handler needs, built once per app by its lifespan and kept on ``app.state``.
 
 JSON API handlers receive it by dependency injection (``svc: Services``, see
-``routes/common.py``); the proxy's handlers, on the hot path, read it with ``services``."""
+``routes/common.py``); the proxy, on the hot path, reads it from ``app.state`` (``gateway/edge.py``)."""
 
 from __future__ import annotations
 
