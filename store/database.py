@@ -30,6 +30,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, String, create_engine, event, text
 from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 log = logging.getLogger("burnish.store")
@@ -232,7 +233,10 @@ def _configure_sqlite(
 
         @event.listens_for(engine, "begin")
         def _on_begin_immediate(conn) -> None:  # noqa: ANN001
-            conn.connection.driver_connection.execute("BEGIN IMMEDIATE")
+            try:
+                conn.connection.driver_connection.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:  # as SQLAlchemy's own, which callers handle ("database is locked": OperationalError)
+                raise DBAPIError.instance("BEGIN IMMEDIATE", None, exc, sqlite3.Error) from exc
 
     else:
 
