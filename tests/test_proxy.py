@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from burnish_server.core.tokens import pack_ids
+from burnish_server.gateway.capture import CHAT, StreamCapture
 from burnish_server.gateway.edge import proxy_route
 from tests.conftest import Gateway
 from tests.test_trajectories import assert_openai_error
@@ -261,6 +262,28 @@ def test_a_path_litestar_routes_is_served_by_the_same_proxy(gateway: Gateway) ->
     assert {k for k in direct.headers if k.startswith("x-")} == {k for k in routed.headers if k.startswith("x-")}
     assert_openai_error(refused, 400, "invalid_json")
     assert only_call(gateway, "entry-2")["request"] == only_call(gateway, "entry-1")["request"]
+
+
+def test_a_long_stream_is_recorded_whole() -> None:
+    """Each event's text, logprobs and token ids are added in place (gateway/capture.py), so a
+    long answer costs the same per event as a short one; what is recorded is all of it, and
+    the events relayed to the client are the upstream's own."""
+    n = 3000
+    events = [
+        {"id": "c", "choices": [{"index": 0, "delta": {"content": f"t{i} "}, "logprobs": {"content": [{"token": "t", "logprob": -i}]}, "token_ids": [i]}]}
+        for i in range(n)
+    ]
+    events.append({"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "k", "function": {"name": "f", "arguments": "{"}}]}}]})
+    events.append({"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}, "finish_reason": "stop"}]})
+    raw = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    capture = StreamCapture(CHAT)
+    relayed = b"".join(capture.feed(raw[i : i + 997]) for i in range(0, len(raw), 997))
+    assert relayed + capture.held == raw and capture.outcome() == ("ok", None)
+    choice = capture.result()["choices"][0]
+    assert choice["message"]["content"] == "".join(f"t{i} " for i in range(n))
+    assert choice["message"]["tool_calls"][0]["function"] == {"name": "f", "arguments": "{}"}
+    assert [entry["logprob"] for entry in choice["logprobs"]["content"]] == [-i for i in range(n)]
+    assert choice["token_ids"] == list(range(n)) and choice["finish_reason"] == "stop"
 
 
 def test_calls_of_a_trajectory_come_back_in_order(gateway: Gateway) -> None:

@@ -278,3 +278,44 @@ def test_messages_request_to_chat() -> None:
         "top_k": 5,
         "user": "u1",
     }
+
+
+# ---- long answers -----------------------------------------------------------------------------
+
+
+def long_stream(pieces: int) -> list[dict[str, Any]]:
+    """Reasoning, then text, then a tool call's arguments, each in many small pieces."""
+    chunks = [{"choices": [{"index": 0, "delta": {"reasoning_content": f"r{i} "}}]} for i in range(pieces)]
+    chunks += [{"choices": [{"index": 0, "delta": {"content": f"t{i} "}}]} for i in range(pieces)]
+    chunks.append({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": "["}}]}}]})
+    chunks += [{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": f"{i},"}}]}}]} for i in range(pieces)]
+    chunks.append({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "0]"}}]}, "finish_reason": "tool_calls"}]})
+    return chunks
+
+
+def test_a_long_answer_adds_up_piece_by_piece() -> None:
+    """The translators write text and arguments in pieces (core/translate/common.py: Pieces):
+    what the done events, a result taken mid-stream and the final answer say is all of it."""
+    n = 3000
+    reasoning, text = "".join(f"r{i} " for i in range(n)), "".join(f"t{i} " for i in range(n))
+    arguments = "[" + "".join(f"{i}," for i in range(n)) + "0]"
+    chunks = long_stream(n)
+
+    translator = responses_translator()
+    events = [e for chunk in chunks[: 2 * n] for e in translator.feed(chunk)]
+    midway = msgspec.to_builtins(translator.result())["output"]  # a stream cut here is recorded with this
+    assert [item["content"][0]["text"] for item in midway] == [reasoning, text]
+    events += [e for chunk in chunks[2 * n :] for e in translator.feed(chunk)]
+    closing, terminal = translator.finish()
+    done = {kind: data for kind, data in parse([*events, *closing])}
+    assert done["response.reasoning_text.done"]["text"] == reasoning and done["response.output_text.done"]["text"] == text
+    assert done["response.function_call_arguments.done"]["arguments"] == arguments
+    final = parse([terminal])[0][1]["response"]["output"]
+    assert (final[0]["content"][0]["text"], final[1]["content"][0]["text"], final[2]["arguments"]) == (reasoning, text, arguments)
+
+    translator = messages_translator()
+    for chunk in chunks:
+        translator.feed(chunk)
+    translator.finish()
+    blocks = msgspec.to_builtins(translator.result())["content"]
+    assert (blocks[0]["thinking"], blocks[1]["text"], blocks[2]["input"]) == (reasoning, text, {"_raw": arguments})

@@ -31,7 +31,7 @@ import msgspec
 
 from burnish_server.core import wire
 from burnish_server.core.errors import Invalid
-from burnish_server.core.translate.common import ToolCallDelta, check_tool, delta_of, sse, unsupported
+from burnish_server.core.translate.common import Pieces, ToolCallDelta, check_tool, delta_of, sse, unsupported
 from burnish_server.core.translate.common import Translator as Base
 
 # ---- the answer's shapes ------------------------------------------------------------------
@@ -203,7 +203,8 @@ class Translator(Base[Message]):
         self.model = model
         self.blocks: list[Block] = []
         self.open: Block | None = None  # the block being written (Anthropic streams one at a time)
-        self.arguments: dict[int, str] = {}  # tool_use block index -> its arguments so far
+        self.arguments: dict[int, list[str]] = {}  # tool_use block index -> its arguments so far, in pieces
+        self.pieces = Pieces()  # the text and thinking being written
         self.calls: dict[int, int] = {}  # chat tool call index -> block index
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
@@ -260,7 +261,7 @@ class Translator(Base[Message]):
             # The arguments go out whole, as the object the answer holds: a model's arguments
             # may be no JSON object at all (a number, text cut by max_tokens), and the SDKs
             # parse every partial_json piece as the start of one.
-            self.open.input = _input(self.arguments.get(index, ""))
+            self.open.input = _input("".join(self.arguments.get(index, ())))
             if self.open.input:
                 partial = msgspec.json.encode(self.open.input).decode()
                 delta = {"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": partial}}
@@ -271,7 +272,7 @@ class Translator(Base[Message]):
     def _write(self, kind: type[TextBlock] | type[ThinkingBlock], delta_type: str, field: str, piece: str) -> list[bytes]:
         out = [] if isinstance(self.open, kind) else self._start(kind(""))
         block = self.open
-        setattr(block, field, getattr(block, field) + piece)
+        self.pieces.add(block, field, piece)
         delta = {"type": "content_block_delta", "index": len(self.blocks) - 1, "delta": {"type": delta_type, field: piece}}
         return [*out, sse("content_block_delta", delta)]
 
@@ -281,7 +282,7 @@ class Translator(Base[Message]):
             out += self._start(ToolUseBlock(piece.id or f"toolu_{self.id}_{len(self.blocks)}", piece.name or "", {}))
             self.calls[piece.index] = len(self.blocks) - 1
         index = self.calls[piece.index]
-        self.arguments[index] = self.arguments.get(index, "") + piece.arguments  # sent when the block closes
+        self.arguments.setdefault(index, []).append(piece.arguments)  # sent when the block closes
         return out
 
     def _reason(self) -> tuple[str, str | None]:
@@ -307,8 +308,9 @@ class Translator(Base[Message]):
         return out, sse("message_stop", {"type": "message_stop"})
 
     def result(self) -> Message:
+        self.pieces.settle()
         if isinstance(self.open, ToolUseBlock):  # a stream cut inside a tool_use block
-            self.open.input = _input(self.arguments.get(self.blocks.index(self.open), ""))
+            self.open.input = _input("".join(self.arguments.get(self.blocks.index(self.open), ())))
         reason, sequence = self._reason()
         return Message(self.id, self.model, list(self.blocks), reason, sequence, Usage(self.input_tokens, self.output_tokens))
 

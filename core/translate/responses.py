@@ -32,7 +32,7 @@ import msgspec
 
 from burnish_server.core import wire
 from burnish_server.core.errors import Invalid
-from burnish_server.core.translate.common import ToolCallDelta, check_tool, delta_of, sse, unsupported
+from burnish_server.core.translate.common import Pieces, ToolCallDelta, check_tool, delta_of, sse, unsupported
 from burnish_server.core.translate.common import Translator as Base
 
 # ---- the answer's shapes ------------------------------------------------------------------
@@ -264,6 +264,7 @@ class Translator(Base[Response]):
         self.usage: Usage | None = None
         self.sequence = 0
         self.started = False
+        self.pieces = Pieces()  # the text and arguments being written
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -305,7 +306,7 @@ class Translator(Base[Response]):
             self.reasoning = ReasoningItem(self._item_id("rs"), "in_progress", [ReasoningText("")])
             out.append(self._add(self.reasoning))
         index = self.items.index(self.reasoning)
-        self.reasoning.content[0].text += piece
+        self.pieces.add(self.reasoning.content[0], "text", piece)
         out.append(self._event("response.reasoning_text.delta", item_id=self.reasoning.id, output_index=index, content_index=0, delta=piece))
         return out
 
@@ -313,6 +314,7 @@ class Translator(Base[Response]):
         if self.reasoning is None:
             return []
         item, self.reasoning = self.reasoning, None
+        self.pieces.settle(item.content[0])
         index = self.items.index(item)
         item.status = "completed"
         done = self._event("response.reasoning_text.done", item_id=item.id, output_index=index, content_index=0, text=item.content[0].text)
@@ -326,7 +328,7 @@ class Translator(Base[Response]):
             self.text.content.append(OutputText(""))
             out.append(self._event("response.content_part.added", item_id=self.text.id, output_index=len(self.items) - 1, content_index=0, part=OutputText("")))
         index = self.items.index(self.text)
-        self.text.content[0].text += piece
+        self.pieces.add(self.text.content[0], "text", piece)
         out.append(self._event("response.output_text.delta", item_id=self.text.id, output_index=index, content_index=0, delta=piece, logprobs=[]))
         return out
 
@@ -337,6 +339,7 @@ class Translator(Base[Response]):
         index = self.items.index(item)
         item.status = self._done_status()
         part = item.content[0]
+        self.pieces.settle(part)
         return [
             self._event("response.output_text.done", item_id=item.id, output_index=index, content_index=0, text=part.text, logprobs=[]),
             self._event("response.content_part.done", item_id=item.id, output_index=index, content_index=0, part=part),
@@ -351,7 +354,7 @@ class Translator(Base[Response]):
             self.calls[piece.index] = item
             out.append(self._add(item))
         if piece.arguments:
-            item.arguments += piece.arguments
+            self.pieces.add(item, "arguments", piece.arguments)
             out.append(self._event("response.function_call_arguments.delta", item_id=item.id, output_index=self.items.index(item), delta=piece.arguments))
         return out
 
@@ -362,6 +365,7 @@ class Translator(Base[Response]):
         if not self.started:
             self.feed({})
         out = self._close_reasoning() + self._close_text()
+        self.pieces.settle()
         for item in self.calls.values():
             index = self.items.index(item)
             item.status = self._done_status()
@@ -379,6 +383,8 @@ class Translator(Base[Response]):
     def _response(self, status: str | None = None) -> Response:
         """The response object as it stands (``status`` given: a snapshot while streaming)."""
         r = self.request
+        if status is None:  # the whole answer so far
+            self.pieces.settle()
         incomplete = status is None and self.finish_reason == "length"
         return Response(
             id=self.id,
