@@ -11,6 +11,7 @@ error (``core/errors.py``), which the writer hands to that operation's caller al
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,11 +69,21 @@ class _Prepared:
     def __init__(self, stmt: Any, dialect: Any, keys: tuple[str, ...]) -> None:
         compiled = stmt.compile(dialect=dialect, column_keys=list(keys))
         self.sql = compiled.string
-        self.order = compiled.positiontup or ()
-        self.processors = [compiled.binds[name].type.bind_processor(dialect) for name in self.order]
+        order = compiled.positiontup or ()
+        # A row's values in the statement's order (itemgetter gives a tuple for two keys or more).
+        self.values = operator.itemgetter(*order) if len(order) > 1 else lambda row: tuple(row[k] for k in order)
+        processors = [compiled.binds[name].type.bind_processor(dialect) for name in order]
+        # Only the few columns whose type converts its values (datetimes, JSON) are visited.
+        self.conversions = [(i, p) for i, p in enumerate(processors) if p is not None]
+
+    def _params(self, row: dict[str, Any]) -> list[Any]:
+        values = list(self.values(row))
+        for i, convert in self.conversions:
+            values[i] = convert(values[i])
+        return values
 
     def executemany(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
-        params = [tuple(p(row[k]) if p else row[k] for k, p in zip(self.order, self.processors)) for row in rows]
+        params = [self._params(row) for row in rows]
         driver = conn.connection.driver_connection
         assert driver is not None, "the writer's connection is open"
         driver.cursor().executemany(self.sql, params)
