@@ -25,6 +25,7 @@ import cProfile
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -122,8 +123,11 @@ async def drive(upstream: str, mode: str, concurrency: int, calls: int, warmup: 
 
 
 def instructions(env: dict[str, str], args: argparse.Namespace) -> float:
-    """Instructions per measured call, counted by valgrind's callgrind: the same run gives the
-    same count within a fraction of a percent, whatever else the machine is doing."""
+    """Instructions per measured call, counted by valgrind's callgrind: two runs of the same
+    code agree within ~3% (the order in which the upstream's bytes and the app's reads meet
+    still varies), whatever else the machine is doing."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is needed to count instructions: apt-get install valgrind")
     out = Path(tempfile.mkdtemp(prefix="bench-callgrind-")) / "callgrind.out"
     command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", PYTHON, __file__, "--under-callgrind"]
     command += ["--rounds", "1", "--mode", args.mode, "--concurrency", str(args.concurrency), "--calls", str(args.calls), "--warmup", str(args.warmup)]
