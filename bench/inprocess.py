@@ -123,9 +123,9 @@ async def drive(upstream: str, mode: str, concurrency: int, calls: int, warmup: 
 
 
 def instructions(env: dict[str, str], args: argparse.Namespace) -> float:
-    """Instructions per measured call, counted by valgrind's callgrind: two runs of the same
-    code agree within ~3% (the order in which the upstream's bytes and the app's reads meet
-    still varies), whatever else the machine is doing."""
+    """Instructions per measured call, counted by valgrind's callgrind: runs of the same code
+    agree within ~6% (the order in which the upstream's bytes and the app's reads meet still
+    varies, and the app's background tasks run on the clock), whatever else the machine is doing."""
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is needed to count instructions: apt-get install valgrind")
     out = Path(tempfile.mkdtemp(prefix="bench-callgrind-")) / "callgrind.out"
