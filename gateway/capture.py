@@ -363,7 +363,12 @@ class StreamCapture:
         self.injected = injected
         self.listener = listener  # sees each decoded event (a translated surface turns it into its own)
         self.assembler = endpoint.assembler()
-        self.buffer = b""
+        # The bytes of an event not yet ended, as they came, and the last 3 of them (a
+        # separator may straddle two reads): joined only by the read that can end it. Joined
+        # with every read, an event that spans many (a Responses API answer's last event
+        # carries the whole answer) was copied again with each one.
+        self.pending: list[bytes] = []
+        self.tail = b""
         self.held = b""
         self.terminal = False
         self.error: str | None = None
@@ -371,7 +376,15 @@ class StreamCapture:
 
     def feed(self, chunk: bytes) -> bytes:
         """Take an upstream chunk; return the bytes to forward now."""
-        buf = self.buffer + chunk if self.buffer else chunk
+        if self.pending:
+            if _next_boundary(self.tail + chunk, 0)[0] == -1:  # the event goes on
+                self.pending.append(chunk)
+                self.tail = (self.tail + chunk)[-3:]
+                return b""
+            buf = b"".join([*self.pending, chunk])
+            self.pending = []
+        else:
+            buf = chunk
         out: list[bytes] = []
         start = 0
         while True:
@@ -389,7 +402,8 @@ class StreamCapture:
                 self.held += event
             else:
                 out.append(event if rewritten is None else rewritten)
-        self.buffer = buf[start:]
+        if rest := buf[start:]:
+            self.pending, self.tail = [rest], rest[-3:]
         return out[0] if len(out) == 1 else b"".join(out)
 
     def _consume(self, event: bytes) -> tuple[bool, bytes | None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import anthropic
 import httpx
@@ -284,6 +285,26 @@ def test_a_long_stream_is_recorded_whole() -> None:
     assert choice["message"]["tool_calls"][0]["function"] == {"name": "f", "arguments": "{}"}
     assert [entry["logprob"] for entry in choice["logprobs"]["content"]] == [-i for i in range(n)]
     assert choice["token_ids"] == list(range(n)) and choice["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("separator", [b"\n\n", b"\r\n\r\n"])
+def test_events_are_relayed_whole_however_the_reads_cut_them(separator: bytes) -> None:
+    """Reads that end anywhere (a separator split between two, one byte at a time, an event
+    over many reads, as a Responses answer's last event carrying the whole answer) relay the
+    upstream's bytes unchanged, and the events are read whole."""
+    text = "x" * 200_000
+    events = [{"id": "c", "choices": [{"index": 0, "delta": {"content": f"t{i}"}}]} for i in range(50)]
+    events.append({"id": "c", "choices": [{"index": 0, "delta": {"content": text}}]})
+    raw = b"".join(b"data: " + json.dumps(e).encode() + separator for e in events) + b"data: [DONE]" + separator
+    chance = random.Random(7)
+    for sizes in ([1] * 2000 + [997], [chance.randint(1, 40) for _ in range(400)] + [1024], [4096]):
+        capture, relayed, at, i = StreamCapture(CHAT), b"", 0, 0
+        while at < len(raw):
+            size = sizes[min(i, len(sizes) - 1)]
+            relayed += capture.feed(raw[at : at + size])
+            at, i = at + size, i + 1
+        assert relayed + capture.held == raw and capture.outcome() == ("ok", None)
+        assert capture.result()["choices"][0]["message"]["content"] == "".join(f"t{i}" for i in range(50)) + text
 
 
 def test_calls_of_a_trajectory_come_back_in_order(gateway: Gateway) -> None:
