@@ -99,23 +99,29 @@ async def test_a_bad_record_fails_alone(db: Database, writer: Writer) -> None:
     assert await count(db, Trajectory, Trajectory.id == "broken") == 0
 
 
-async def test_a_lone_write_waits_for_a_write_lock_held_elsewhere(db: Database, writer: Writer, database_url: str) -> None:
+async def test_a_lone_write_waits_for_a_write_lock_held_elsewhere(sqlite_url: str) -> None:
     """``write(alone=True)`` commits on the loop only when SQLite's write lock is free at once;
     held by another process (the trainer, a migration), the record waits for it on the writer
-    thread and is written, never refused."""
-    if not db.is_sqlite:
-        pytest.skip("SQLite's write lock")
-    other = sqlite3.connect(database_url.split(":///", 1)[1], isolation_level=None)
-    other.execute("BEGIN IMMEDIATE")
-    waiting = asyncio.ensure_future(writer.write(record("locked-out"), alone=True))
-    await asyncio.sleep(0.3)
-    assert not waiting.done()
-    other.execute("COMMIT")
-    other.close()
-    await asyncio.wait_for(waiting, 10)
-    assert await count(db, Call, Call.trajectory_id == "locked-out") == 1
-    await writer.write(record("alone"), alone=True)  # and with the lock free, at once
-    assert await count(db, Call) == 2
+    thread and is written, never refused. (SQLite's lock: PostgreSQL has no such path.)"""
+    db = Database(sqlite_url)
+    await db.migrate()
+    writer = Writer(db)
+    writer.start()
+    try:
+        other = sqlite3.connect(sqlite_url.split(":///", 1)[1], isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        waiting = asyncio.ensure_future(writer.write(record("locked-out"), alone=True))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        other.execute("COMMIT")
+        other.close()
+        await asyncio.wait_for(waiting, 10)
+        assert await count(db, Call, Call.trajectory_id == "locked-out") == 1
+        await writer.write(record("alone"), alone=True)  # and with the lock free, at once
+        assert await count(db, Call) == 2
+    finally:
+        await writer.close()
+        await db.dispose()
 
 
 async def test_first_group_size_wins_and_a_later_call_can_fill_it(db: Database, writer: Writer) -> None:
