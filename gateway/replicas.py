@@ -55,13 +55,14 @@ def initial(settings: Settings) -> ReplicaSet:
     return ReplicaSet(urls, settings.upstream_balance)
 
 
-async def check(upstream: Upstream, replica: Replica, headers: dict[str, str]) -> None:
+async def check(upstream: Upstream, replica: Replica, headers: list[tuple[bytes, bytes]]) -> None:
     try:
-        response = await upstream.request("GET", replica.url + "/v1/models", None, headers, timeout=CHECK_TIMEOUT_S)
-        try:
-            body = await response.aread()
-        finally:
-            await response.aclose()
+        async with asyncio.timeout(CHECK_TIMEOUT_S):  # the whole exchange, connecting included
+            response = await upstream.request("GET", replica.url, "/v1/models", None, headers, timeout=CHECK_TIMEOUT_S)
+            try:
+                body = await response.aread()
+            finally:
+                await response.aclose()
     except (httpx.HTTPError, OSError) as exc:
         if replica.healthy:
             log.warning("replica %s is down: %s", replica.url, exc or type(exc).__name__)
@@ -80,7 +81,7 @@ async def check(upstream: Upstream, replica: Replica, headers: dict[str, str]) -
 
 
 async def check_all(settings: Settings, upstream: Upstream) -> None:
-    headers = {"authorization": f"Bearer {settings.upstream_api_key}"} if settings.upstream_api_key else {}
+    headers = [(b"authorization", f"Bearer {settings.upstream_api_key}".encode())] if settings.upstream_api_key else []
     await asyncio.gather(*(check(upstream, r, headers) for r in upstream.replicas.replicas))
 
 

@@ -1,0 +1,347 @@
+"""A lean HTTP/1.1 client for the proxy's calls: httptools' parser over an asyncio protocol.
+
+The proxy's upstream is one or a few vLLM servers on a private network, spoken to in plain
+HTTP/1.1 with keep-alive. aiohttp, which this replaced on that path, cost ~360k instructions
+a request (building its request object, a task to write the body, its stream reader and
+timer machinery): more than a quarter of a whole proxied call. This module does only what the
+proxy needs, with llhttp (httptools, the parser uvicorn reads requests with) doing the
+parsing:
+
+- one ``transport.write`` a request, head and body together;
+- the answer's head awaited on one future, armed with one timer;
+- its body handed over chunk by chunk as it arrives, never joined (a stream's events reach
+  the client as the upstream sent them), with flow control past ``HIGH_WATER`` bytes held;
+- keep-alive connections reused per origin, the most recently used first, at most
+  ``limit`` busy at once; ``https`` upstreams over the default TLS context.
+
+Left out, as the proxy wants none of them: redirects, cookies, proxies from the environment,
+content decoding (the gateway asks for ``identity``), ``Expect: 100-continue``, HTTP/2.
+
+Every failure is an ``httpx`` exception, the gateway's one vocabulary for an upstream's
+failures (``gateway/upstream.py`` decides which are retried):
+
+- ``ConnectError`` / ``ConnectTimeout``: no connection;
+- ``RemoteProtocolError``: an answer that is not HTTP, or a connection closed before its end;
+- ``ReadTimeout``: silence past the time-out given for that wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import httptools
+import httpx
+
+HIGH_WATER = 256 * 1024  # bytes of body held before the connection stops reading
+LOW_WATER = 64 * 1024  # ... and starts again
+MAX_HEAD_BYTES = 64 * 1024  # an answer's status line and headers, at most
+_NO_BODY_STATUSES = frozenset({204, 304})
+
+Origin = tuple[str, str, int]  # scheme, host, port
+
+
+class Target:
+    """A base URL (``http://host:port/prefix``), split once: where to connect, what to say."""
+
+    __slots__ = ("origin", "host", "prefix")
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.origin: Origin = (parts.scheme, parts.hostname, port)
+        self.host = parts.netloc.rpartition("@")[2].encode("idna")  # the Host header: no credentials
+        self.prefix = parts.path.rstrip("/").encode()
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive connection, and the state of the exchange on it (one at a time)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.busy = False
+        self._begin()
+
+    def _begin(self) -> None:
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.head_done = False
+        self.done = False
+        self.until_eof = False  # a body delimited by the connection's end
+        self.keep_alive = False
+        self.error: httpx.HTTPError | None = None
+        self.chunks: deque[bytes] = deque()
+        self.held = 0  # bytes in chunks
+        self.head_bytes = 0
+        self.paused = False
+        self.waiter: asyncio.Future[None] | None = None
+
+    # -- asyncio's side --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if not self.busy or self.done:  # nothing asked: an idle connection the upstream is giving up on
+            self._close()
+            return
+        try:
+            self.parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            self._fail(httpx.RemoteProtocolError(f"the upstream's answer is not valid HTTP: {exc}"))
+            return
+        if not self.head_done:  # llhttp holds a header's pieces until it ends: bounded here
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD_BYTES:
+                self._fail(httpx.RemoteProtocolError(f"the upstream's answer is not valid HTTP: a head over {MAX_HEAD_BYTES} bytes"))
+
+    def eof_received(self) -> None:
+        return None  # the transport closes, and connection_lost says what that means
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.busy and not self.done and self.error is None:
+            if self.head_done and self.until_eof and exc is None:
+                self.done = True
+            else:
+                where = "before the end of its answer" if self.head_done else "before answering"
+                self.error = httpx.RemoteProtocolError(f"the upstream closed the connection {where}")
+        self._wake()
+
+    def pause_writing(self) -> None:  # a body larger than the socket's buffers: the transport holds it
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # -- httptools' side -------------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if self.status < 200:  # 1xx: informational, the answer follows
+            self.headers = {}
+            return
+        self.head_done = True
+        self.keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the message is complete
+        self.until_eof = (
+            "content-length" not in self.headers and "chunked" not in self.headers.get("transfer-encoding", "") and self.status not in _NO_BODY_STATUSES
+        )
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.held += len(body)
+        if self.held > HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        if self.head_done:
+            self.done = True
+            self._wake()
+
+    # -- the exchange ----------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        assert self.transport is not None
+        self._begin()
+        self.busy = True
+        self.transport.write(data)
+
+    async def head(self, timeout: float | None) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout if timeout else None
+        while not self.head_done and self.error is None:
+            await self._wait(deadline, timeout)
+        if self.error is not None:  # broken before its head ended, or in the bytes that came with it
+            raise self.error
+
+    async def chunk(self, timeout: float | None) -> bytes:
+        """The next piece of the body as it arrived; ``b""`` at its end. What arrived before a
+        failure is handed over before the failure is raised."""
+        while not self.chunks:
+            if self.done:
+                return b""
+            if self.error is not None:
+                raise self.error
+            await self._wait(asyncio.get_running_loop().time() + timeout if timeout else None, timeout)
+        piece = self.chunks.popleft()
+        self.held -= len(piece)
+        if self.paused and self.held < LOW_WATER and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+        return piece
+
+    @property
+    def reusable(self) -> bool:
+        return self.done and self.keep_alive and not self.closed and not self.chunks and self.error is None
+
+    async def _wait(self, deadline: float | None, timeout: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        waiter = self.waiter = loop.create_future()
+        timer = loop.call_at(deadline, _expire, waiter, timeout) if deadline is not None else None
+        try:
+            await waiter
+        finally:
+            self.waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def _fail(self, error: httpx.HTTPError) -> None:
+        self.error = error
+        self._close()
+        self._wake()
+
+    def _close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _expire(waiter: asyncio.Future[None], timeout: float | None) -> None:
+    if not waiter.done():
+        waiter.set_exception(httpx.ReadTimeout(f"the upstream sent nothing for {timeout:g} s"))
+
+
+class Response:
+    """An answer: its status and headers (names in lower case), and its body, read whole or
+    chunk by chunk. Its connection goes back to the pool once the body is read to its end, or
+    is closed by ``aclose`` if it was not."""
+
+    __slots__ = ("status_code", "headers", "_pool", "_conn", "_origin", "_first", "_between")
+
+    def __init__(self, pool: Pool, conn: Connection, origin: Origin, first: float | None, between: float | None) -> None:
+        self.status_code = conn.status
+        self.headers = conn.headers
+        self._pool = pool
+        self._conn: Connection | None = conn
+        self._origin = origin
+        self._first = first  # the time-out for the body's first piece (a stream's first event)
+        self._between = between  # ... and for each after it
+
+    async def aread(self) -> bytes:
+        return b"".join([chunk async for chunk in self.aiter_bytes()])
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        conn = self._conn
+        if conn is None:
+            return
+        timeout = self._first
+        while chunk := await conn.chunk(timeout):
+            yield chunk
+            timeout = self._between
+        self._release()
+
+    async def aclose(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self._pool.release(self._origin, conn)
+
+
+class Pool:
+    """Keep-alive connections per origin; at most ``limit`` in use at once (a request beyond
+    that waits for one to come free)."""
+
+    def __init__(self, limit: int, connect_timeout: float | None) -> None:
+        self.limit = limit
+        self.connect_timeout = connect_timeout or None
+        self._idle: dict[Origin, list[Connection]] = {}
+        self._slots: asyncio.Semaphore | None = None  # made in the running loop
+        self._targets: dict[str, Target] = {}
+        self._tls: ssl.SSLContext | None = None
+
+    def target(self, url: str) -> Target:
+        target = self._targets.get(url)
+        if target is None:
+            target = self._targets[url] = Target(url)
+        return target
+
+    async def request(
+        self, method: bytes, base: str, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes | None, first: float | None, between: float | None
+    ) -> Response:
+        """Send one request and wait for its answer's head (for at most ``first`` seconds after
+        sending). The body is the returned ``Response``'s to read."""
+        target = self.target(base)
+        head = [method, b" ", target.prefix, path, b" HTTP/1.1\r\nhost: ", target.host, b"\r\n"]
+        for name, value in headers:
+            if b"\n" in value or b"\r" in value:
+                raise httpx.LocalProtocolError(f"header {name.decode('latin-1')!r} has a line break in its value")
+            head += (name, b": ", value, b"\r\n")
+        if body is not None:
+            head.append(b"content-length: %d\r\n" % len(body))
+        head.append(b"\r\n")
+        if body:
+            head.append(body)
+
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.limit)
+        await self._slots.acquire()
+        try:
+            conn = await self._connection(target.origin)
+        except BaseException:
+            self._slots.release()
+            raise
+        try:
+            conn.send(b"".join(head))
+            await conn.head(first)
+        except BaseException:
+            conn._close()
+            self.release(target.origin, conn)
+            raise
+        return Response(self, conn, target.origin, first, between)
+
+    def release(self, origin: Origin, conn: Connection) -> None:
+        """Back to the pool if its answer was read whole and the upstream keeps it open; else closed."""
+        if conn.reusable:
+            conn.busy = False
+            self._idle.setdefault(origin, []).append(conn)
+        else:
+            conn.busy = False
+            conn._close()
+        assert self._slots is not None
+        self._slots.release()
+
+    async def _connection(self, origin: Origin) -> Connection:
+        idle = self._idle.get(origin)
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                return conn
+        scheme, host, port = origin
+        tls: ssl.SSLContext | None = None
+        if scheme == "https":
+            tls = self._tls = self._tls or ssl.create_default_context()
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, conn = await loop.create_connection(Connection, host, port, ssl=tls)
+        except TimeoutError as exc:
+            raise httpx.ConnectTimeout(f"could not connect within {self.connect_timeout:g} s") from exc
+        except OSError as exc:  # refused, unreachable, a name that does not resolve, a TLS failure
+            raise httpx.ConnectError(exc.strerror or str(exc) or type(exc).__name__) from exc
+        return conn
+
+    async def aclose(self) -> None:
+        for conns in self._idle.values():
+            for conn in conns:
+                conn._close()
+        self._idle.clear()
