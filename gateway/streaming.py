@@ -1,15 +1,48 @@
-"""The streaming response both the proxy and the translated surfaces relay through."""
+"""The responses the proxy answers with: a plain answer relayed whole, and the streaming
+response both the proxy and the translated surfaces relay through."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Mapping
 
+from litestar.datastructures import MutableScopeHeaders
+from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Send
 
 
+def _relayed(response: ASGIResponse, status_code: int, headers: Mapping[str, str], length: int | None) -> None:
+    """Set what Litestar's ``__init__`` would, for headers given as they go out (names in lower
+    case). Litestar's own works out a content type, a length and cookies and checks the status
+    against the body through its header multidict: ~0.04 ms a call, 5% of a lone proxied call."""
+    raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    if "content-type" not in headers:
+        raw.append((b"content-type", b"application/json"))
+    if length is not None:
+        raw.append((b"content-length", b"%d" % length))
+    response.headers = MutableScopeHeaders({"headers": raw})
+    response.status_code = status_code
+    response.content_length = length or 0
+    response.background = None
+    response.is_head_response = False
+    response.encoding = "utf-8"
+    response._encoded_cookies = ()
+
+
+class Relayed(ASGIResponse):
+    """An upstream's plain answer, sent as it came with the headers given."""
+
+    __slots__ = ()
+
+    def __init__(self, body: bytes, status_code: int, headers: Mapping[str, str]) -> None:
+        _relayed(self, status_code, headers, len(body))
+        self.body = body
+
+
 class RelayResponse(ASGIStreamingResponse):
-    """Litestar's streaming response, with its body sent on asyncio directly.
+    """Litestar's streaming response, with its body sent on asyncio directly, and its headers
+    as given (``_relayed``).
 
     Litestar sends the body in an anyio task group: one task streams, another waits for the
     client to disconnect and then cancels the group. That machinery cost ~0.17 ms per stream
@@ -21,6 +54,11 @@ class RelayResponse(ASGIStreamingResponse):
     sits at a ``yield``, closing it runs its ``finally`` at once, so the call is recorded as
     disconnected and the upstream released.
     """
+
+    def __init__(self, *, iterator: AsyncIterator[bytes], status_code: int, headers: Mapping[str, str]) -> None:
+        _relayed(self, status_code, headers, None)
+        self.body = b""
+        self.iterator = iterator
 
     async def send_body(self, send: Send, receive: Receive) -> None:
         streaming = asyncio.current_task()

@@ -33,7 +33,7 @@ from burnish_server.gateway.capture import ENDPOINTS, Endpoint, StreamCapture
 from burnish_server.gateway.errors import BODY_TOO_LARGE, APIError, error_body
 from burnish_server.gateway.routes import translated
 from burnish_server.gateway.services import Services, services
-from burnish_server.gateway.streaming import RelayResponse
+from burnish_server.gateway.streaming import Relayed, RelayResponse
 from burnish_server.gateway.upstream import UpstreamFailure, UpstreamResponse, response_headers
 
 _decode = msgspec.json.Decoder().decode
@@ -117,7 +117,7 @@ async def forward(inbound: Inbound, endpoint: Endpoint) -> ASGIResponse:
         if call.injected is not None and isinstance(parsed, dict):
             raw = _encode(parsed)
         await call.commit(call.record(OK, response.status_code, response=raw if parsed is not None else None, parsed=parsed, tokens=tokens))
-        return ASGIResponse(body=raw, status_code=response.status_code, headers=headers)
+        return Relayed(raw, response.status_code, headers)
 
     # An upstream error: relayed with its status; a body that is no error JSON becomes one.
     message = upstream_message(response.status_code, parsed, raw)
@@ -125,7 +125,7 @@ async def forward(inbound: Inbound, endpoint: Endpoint) -> ASGIResponse:
         raw = endpoint.error_body(response.status_code, message, "upstream_error")
         headers["content-type"] = "application/json"
     await call.commit(call.record(UPSTREAM_ERROR, response.status_code, response=raw, error=message))
-    return ASGIResponse(body=raw, status_code=response.status_code, headers=headers)
+    return Relayed(raw, response.status_code, headers)
 
 
 class StreamRelay:
