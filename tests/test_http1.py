@@ -8,7 +8,10 @@ alive and reused, or not, bodies handed over as they arrive, flow control, the l
 from __future__ import annotations
 
 import asyncio
+import ssl
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -194,3 +197,25 @@ async def test_nothing_listening_is_a_connect_error(pool: Pool) -> None:
     await server.server.wait_closed()
     with pytest.raises(httpx.ConnectError):
         await post(pool, url)
+
+
+async def test_an_https_upstream_is_spoken_to_over_tls(pool: Pool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A certificate the system trusts (here: SSL_CERT_FILE, which OpenSSL's default paths read)."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    server = Server()
+    server.server = await asyncio.start_server(server._serve, "127.0.0.1", 0, ssl=tls)
+    url = f"https://127.0.0.1:{server.server.sockets[0].getsockname()[1]}"
+    assert await post(pool, url) == b"{}"
+    assert await post(pool, url) == b"{}"
+    assert server.connections == 1 and server.heads[0].startswith(b"POST / HTTP/1.1\r\n")
+    with pytest.raises(httpx.ConnectError):  # a certificate no one trusts
+        monkeypatch.delenv("SSL_CERT_FILE")
+        await post(Pool(1, 5), url)
