@@ -9,8 +9,9 @@ parsing:
 
 - one ``transport.write`` a request, head and body together;
 - the answer's head awaited on one future, armed with one timer;
-- its body handed over chunk by chunk as it arrives, never joined (a stream's events reach
-  the client as the upstream sent them), with flow control past ``HIGH_WATER`` bytes held;
+- its body handed over as it arrives: whatever has come is taken at once, and nothing waits
+  for more (a stream's events reach the client when the upstream sent them), with flow
+  control past ``HIGH_WATER`` bytes held;
 - keep-alive connections reused per origin, the most recently used first, at most
   ``limit`` busy at once; ``https`` upstreams over the default TLS context.
 
@@ -169,15 +170,19 @@ class Connection(asyncio.Protocol):
             raise self.error
 
     async def chunk(self, timeout: float | None) -> bytes:
-        """The next piece of the body as it arrived; ``b""`` at its end. What arrived before a
-        failure is handed over before the failure is raised."""
+        """What has arrived of the body since the last call, at once, or the next piece to
+        arrive; ``b""`` at its end. What arrived before a failure is handed over before the
+        failure is raised."""
         while not self.chunks:
             if self.done:
                 return b""
             if self.error is not None:
                 raise self.error
             await self._wait(asyncio.get_running_loop().time() + timeout if timeout else None, timeout)
-        piece = self.chunks.popleft()
+        # What arrived together goes on together (several events of a stream in one read): one
+        # write to the client instead of one each, and nothing waits for more to come.
+        piece = self.chunks.popleft() if len(self.chunks) == 1 else b"".join(self.chunks)
+        self.chunks.clear()
         self.held -= len(piece)
         if self.paused and self.held < LOW_WATER and self.transport is not None:
             self.paused = False
