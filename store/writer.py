@@ -85,7 +85,9 @@ class Writer:
         two task switches it costs (~5% of a lone proxied call's instructions)."""
         if alone and not self._busy and self._queue.empty() and self._here_fits([item]):
             try:
-                [result] = self.db.transaction_here(_apply, [item])
+                # A call's record is written on the driver itself (store/writes.py): no
+                # SQLAlchemy transaction object is needed around it.
+                [result] = self.db.transaction_here(_apply, [item], bare=isinstance(item, CallRecord))
             except OperationalError:
                 pass  # the lock is held (the trainer, a migration): the writer thread waits for it
             else:

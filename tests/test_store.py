@@ -99,6 +99,16 @@ async def test_a_bad_record_fails_alone(db: Database, writer: Writer) -> None:
     assert await count(db, Trajectory, Trajectory.id == "broken") == 0
 
 
+async def test_a_bad_lone_record_changes_nothing_and_the_next_is_written(db: Database, writer: Writer) -> None:
+    """On SQLite a lone record commits on the loop, in a transaction begun on the driver itself:
+    a failure rolls all of it back (its trajectory was upserted before its call failed)."""
+    with pytest.raises((IntegrityError, sqlite3.IntegrityError)):
+        await writer.write(record("broken-alone", request=None), alone=True)  # violates NOT NULL
+    await writer.write(record("after"), alone=True)
+    assert await count(db, Trajectory, Trajectory.id == "broken-alone") == 0
+    assert await count(db, Call, Call.trajectory_id == "after") == 1
+
+
 async def test_a_lone_write_waits_for_a_write_lock_held_elsewhere(sqlite_url: str) -> None:
     """``write(alone=True)`` commits on the loop only when SQLite's write lock is free at once;
     held by another process (the trainer, a migration), the record waits for it on the writer
