@@ -30,12 +30,11 @@ SCENARIOS = [("plain", False, 1), ("plain", True, 1), ("plain", False, 64), ("pl
 OUT = ROOT / "bench" / "results"
 
 STORE = "store: recording calls (SQLAlchemy + SQLite, on the loop and the writer thread)"
-UPSTREAM = "upstream client (httpx and its transport): request and response"
+UPSTREAM = "upstream client (gateway/http1.py): request and response"
 # Checked against the whole stack first: these own every sample they appear in.
 OWNERS = [
     ("logging/", "logging (any logger: formatting and handlers)"),
     ("store/", STORE),
-    ("_assign_requests_to_connections", "httpcore pool bookkeeping (scans every pooled connection)"),
     ("Call.record", "building the call record"),
 ]
 # Then the frame nearest the leaf that matches decides.
@@ -44,12 +43,9 @@ LEAF = [
     ("sqlalchemy/", STORE),
     ("sqlite3", STORE),
     ("gateway/capture.py", "SSE parsing and stream capture"),
-    ("httpx/", UPSTREAM),
-    ("aiohttp/", UPSTREAM),
-    ("yarl/", UPSTREAM),
-    ("httpcore/", UPSTREAM),
-    ("h11/", UPSTREAM),
-    ("anyio/", UPSTREAM),
+    ("gateway/http1.py", UPSTREAM),
+    ("httptools/", UPSTREAM),
+    ("gateway/upstream.py", UPSTREAM),
     ("tenacity/", "tenacity retry wrapper"),
     ("uvicorn/", "uvicorn: HTTP parsing and socket writes"),
     ("litestar/", "Litestar: routing, request, response objects"),
