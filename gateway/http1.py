@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
@@ -40,6 +41,9 @@ import httpx
 HIGH_WATER = 256 * 1024  # bytes of body held before the connection stops reading
 LOW_WATER = 64 * 1024  # ... and starts again
 MAX_HEAD_BYTES = 64 * 1024  # an answer's status line and headers, at most
+# An idle connection is not reused past this age: servers close theirs after a while (uvicorn,
+# which vLLM runs on, after 5 s), and one closed just as a request is written fails it.
+IDLE_EXPIRY_S = 4.0
 _NO_BODY_STATUSES = frozenset({204, 304})
 
 Origin = tuple[str, str, int]  # scheme, host, port
@@ -68,6 +72,7 @@ class Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.busy = False
+        self.idle_since = 0.0
         self._begin()
 
     def _begin(self) -> None:
@@ -80,7 +85,8 @@ class Connection(asyncio.Protocol):
         self.error: httpx.HTTPError | None = None
         self.chunks: deque[bytes] = deque()
         self.held = 0  # bytes in chunks
-        self.head_bytes = 0
+        self.head_bytes = 0  # of the head so far
+        self.received = False  # any byte of the answer
         self.paused = False
         self.waiter: asyncio.Future[None] | None = None
 
@@ -90,9 +96,10 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        if not self.busy or self.done:  # nothing asked: an idle connection the upstream is giving up on
+        if not self.busy or self.done:  # nothing asked for (an idle connection, or bytes after the answer): not reused
             self._close()
             return
+        self.received = True
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
@@ -123,13 +130,24 @@ class Connection(asyncio.Protocol):
         pass
 
     # -- httptools' side -------------------------------------------------------------------
+    # Once the answer's head is done, headers are trailers (ignored); once the answer is done,
+    # anything llhttp reads in the same bytes is a second answer no one asked for: the
+    # connection is closed and what it says is dropped.
+
+    def on_message_begin(self) -> None:
+        if self.done:
+            self._close()
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.head_done:
+            return
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
 
     def on_headers_complete(self) -> None:
+        if self.done:
+            return
         self.status = self.parser.get_status_code()
         if self.status < 200:  # 1xx: informational, the answer follows
             self.headers = {}
@@ -137,11 +155,13 @@ class Connection(asyncio.Protocol):
         self.head_done = True
         self.keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the message is complete
         self.until_eof = (
-            "content-length" not in self.headers and "chunked" not in self.headers.get("transfer-encoding", "") and self.status not in _NO_BODY_STATUSES
+            "content-length" not in self.headers and "chunked" not in self.headers.get("transfer-encoding", "").lower() and self.status not in _NO_BODY_STATUSES
         )
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if self.done:
+            return
         self.chunks.append(body)
         self.held += len(body)
         if self.held > HIGH_WATER and not self.paused and self.transport is not None:
@@ -150,7 +170,7 @@ class Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
-        if self.head_done:
+        if self.head_done and not self.done:
             self.done = True
             self._wake()
 
@@ -191,7 +211,8 @@ class Connection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        return self.done and self.keep_alive and not self.closed and not self.chunks and self.error is None
+        """The answer came whole (read or not) and both sides keep the connection open."""
+        return self.done and self.keep_alive and not self.closed and self.error is None
 
     async def _wait(self, deadline: float | None, timeout: float | None) -> None:
         loop = asyncio.get_running_loop()
@@ -226,8 +247,11 @@ def _expire(waiter: asyncio.Future[None], timeout: float | None) -> None:
 
 class Response:
     """An answer: its status and headers (names in lower case), and its body, read whole or
-    chunk by chunk. Its connection goes back to the pool once the body is read to its end, or
-    is closed by ``aclose`` if it was not."""
+    as it arrives. Its connection goes back to the pool once the body is read to its end or
+    ``aclose`` is called (which is always safe, and closes the connection if the answer had
+    not all come). The body's first piece may take ``first`` seconds, as long as the head
+    could (a stream's first event comes after the prompt is processed); each later piece
+    ``between``. No HEAD requests: the parser cannot be told that such an answer has no body."""
 
     __slots__ = ("status_code", "headers", "_pool", "_conn", "_origin", "_first", "_between")
 
@@ -250,6 +274,8 @@ class Response:
         timeout = self._first
         while chunk := await conn.chunk(timeout):
             yield chunk
+            if self._conn is not conn:  # closed meanwhile: the connection may serve another call now
+                return
             timeout = self._between
         self._release()
 
@@ -263,8 +289,9 @@ class Response:
 
 
 class Pool:
-    """Keep-alive connections per origin; at most ``limit`` in use at once (a request beyond
-    that waits for one to come free)."""
+    """Keep-alive connections per origin, the most recently used first; at most ``limit`` in
+    use at once (a request beyond that waits for one to come free, for as long as it would
+    wait for its answer to begin)."""
 
     def __init__(self, limit: int, connect_timeout: float | None) -> None:
         self.limit = limit
@@ -273,6 +300,7 @@ class Pool:
         self._slots: asyncio.Semaphore | None = None  # made in the running loop
         self._targets: dict[str, Target] = {}
         self._tls: ssl.SSLContext | None = None
+        self._closed = False
 
     def target(self, url: str) -> Target:
         target = self._targets.get(url)
@@ -284,7 +312,11 @@ class Pool:
         self, method: bytes, base: str, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes | None, first: float | None, between: float | None
     ) -> Response:
         """Send one request and wait for its answer's head (for at most ``first`` seconds after
-        sending). The body is the returned ``Response``'s to read."""
+        sending). The body is the returned ``Response``'s to read.
+
+        A kept-alive connection the upstream closes before answering at all (it gave up on
+        the connection as the request went out) is not a failure of the call: the request
+        is sent once more, on a new connection."""
         target = self.target(base)
         head = [method, b" ", target.prefix, path, b" HTTP/1.1\r\nhost: ", target.host, b"\r\n"]
         for name, value in headers:
@@ -297,40 +329,64 @@ class Pool:
         if body:
             head.append(body)
 
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.limit)
-        await self._slots.acquire()
-        try:
-            conn = await self._connection(target.origin)
-        except BaseException:
-            self._slots.release()
-            raise
-        try:
-            conn.send(b"".join(head))
-            await conn.head(first)
-        except BaseException:
-            conn._close()
-            self.release(target.origin, conn)
-            raise
-        return Response(self, conn, target.origin, first, between)
+        data = b"".join(head)
+
+        slots = self._slots
+        if slots is None:
+            slots = self._slots = asyncio.Semaphore(self.limit)
+        if slots.locked():  # every connection in use: wait, but not for ever
+            try:
+                async with asyncio.timeout(first):
+                    await slots.acquire()
+            except TimeoutError as exc:
+                raise httpx.PoolTimeout(f"all {self.limit} connections to the upstream stayed busy for {first:g} s") from exc
+        else:
+            await slots.acquire()
+        fresh = False
+        while True:
+            try:
+                conn, fresh = await self._connection(target.origin, fresh)
+            except BaseException:
+                slots.release()
+                raise
+            try:
+                conn.send(data)
+                await conn.head(first)
+            except httpx.RemoteProtocolError:
+                if fresh or conn.received:
+                    self.release(target.origin, conn)
+                    raise
+                conn._close()  # closed as the request went out: once more on a new one, in the same slot
+                fresh = True
+            except BaseException:
+                self.release(target.origin, conn)
+                raise
+            else:
+                return Response(self, conn, target.origin, first, between)
 
     def release(self, origin: Origin, conn: Connection) -> None:
-        """Back to the pool if its answer was read whole and the upstream keeps it open; else closed."""
-        if conn.reusable:
-            conn.busy = False
+        """Back to the pool if its answer came whole (read or not) and both sides keep it open;
+        else closed. Gives the call's slot back."""
+        conn.busy = False
+        if conn.reusable and not self._closed:
+            conn.chunks.clear()
+            conn.idle_since = time.monotonic()
             self._idle.setdefault(origin, []).append(conn)
         else:
-            conn.busy = False
             conn._close()
         assert self._slots is not None
         self._slots.release()
 
-    async def _connection(self, origin: Origin) -> Connection:
+    async def _connection(self, origin: Origin, fresh: bool) -> tuple[Connection, bool]:
+        """An idle connection to ``origin`` (unless ``fresh``), else a new one; and whether it is new."""
         idle = self._idle.get(origin)
-        while idle:
-            conn = idle.pop()
-            if not conn.closed:
-                return conn
+        if idle and not fresh:
+            now = time.monotonic()
+            while idle:
+                conn = idle.pop()
+                if not conn.closed and now - conn.idle_since < IDLE_EXPIRY_S:
+                    return conn, False
+                conn._close()
         scheme, host, port = origin
         tls: ssl.SSLContext | None = None
         if scheme == "https":
@@ -339,13 +395,14 @@ class Pool:
         try:
             async with asyncio.timeout(self.connect_timeout):
                 _, conn = await loop.create_connection(Connection, host, port, ssl=tls)
-        except TimeoutError as exc:
-            raise httpx.ConnectTimeout(f"could not connect within {self.connect_timeout:g} s") from exc
+        except TimeoutError as exc:  # ours, or the kernel's (ETIMEDOUT)
+            raise httpx.ConnectTimeout(f"could not connect within {self.connect_timeout:g} s" if self.connect_timeout else "connecting timed out") from exc
         except OSError as exc:  # refused, unreachable, a name that does not resolve, a TLS failure
             raise httpx.ConnectError(exc.strerror or str(exc) or type(exc).__name__) from exc
-        return conn
+        return conn, True
 
     async def aclose(self) -> None:
+        self._closed = True  # connections released from now on are closed
         for conns in self._idle.values():
             for conn in conns:
                 conn._close()

@@ -6,10 +6,43 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Mapping
 
+import anyio
 from litestar.datastructures import MutableScopeHeaders
 from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
-from litestar.types import Receive, Send
+from litestar.types import Receive, Scope, Send
+
+from burnish_server.core.records import CLIENT_DISCONNECTED, CallRecord
+from burnish_server.gateway.call import Call
+from burnish_server.gateway.upstream import UpstreamResponse
+
+
+class Relay:
+    """An upstream's stream relayed to the client (``events``) and recorded whatever way it
+    ends: ``finish`` records what arrived if nothing was recorded yet (the client left), and
+    lets the upstream's answer go. ``RelayResponse`` calls it once the response is over, so it
+    runs even for a stream that never began (``aclose`` on an async generator that never
+    started does not run its ``finally``)."""
+
+    def __init__(self, call: Call, response: UpstreamResponse) -> None:
+        self.call = call
+        self.response = response
+        self.recorded = False
+
+    def events(self) -> AsyncIterator[bytes]:
+        raise NotImplementedError
+
+    def _record(self, status: str, error: str | None) -> CallRecord:
+        raise NotImplementedError
+
+    async def finish(self) -> None:
+        if not self.recorded and self.call.svc.settings.record:
+            # The client went away: record what arrived, without waiting on the commit.
+            record = self._record(CLIENT_DISCONNECTED, "the client disconnected before the end")
+            self.call.svc.writer.submit(record)
+            self.call.observe(record, status=499)  # nginx's "client closed request"
+        with anyio.CancelScope(shield=True):
+            await self.response.aclose()
 
 
 def _relayed(response: ASGIResponse, status_code: int, headers: Mapping[str, str], length: int | None) -> None:
@@ -55,10 +88,19 @@ class RelayResponse(ASGIStreamingResponse):
     disconnected and the upstream released.
     """
 
-    def __init__(self, *, iterator: AsyncIterator[bytes], status_code: int, headers: Mapping[str, str]) -> None:
+    __slots__ = ("relay",)
+
+    def __init__(self, relay: Relay, status_code: int, headers: Mapping[str, str]) -> None:
         _relayed(self, status_code, headers, None)
         self.body = b""
-        self.iterator = iterator
+        self.relay = relay
+        self.iterator = relay.events()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.relay.finish()
 
     async def send_body(self, send: Send, receive: Receive) -> None:
         streaming = asyncio.current_task()

@@ -138,8 +138,9 @@ class UpstreamFailure(Exception):
 
     @classmethod
     def from_error(cls, exc: httpx.HTTPError, what: str, attempts: int = 1) -> UpstreamFailure:
-        # 504 only for an upstream that connected, then went silent; a failure to connect is a 502.
-        if isinstance(exc, httpx.ReadTimeout):
+        # 504 only for an upstream that connected, then went silent (or kept every connection
+        # busy past that time); a failure to connect is a 502.
+        if isinstance(exc, httpx.ReadTimeout | httpx.PoolTimeout):
             return cls(504, "the upstream did not answer in time", attempts)
         return cls(502, f"{what}: {exc or type(exc).__name__}", attempts)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from burnish_server.gateway import http1
 from burnish_server.gateway.http1 import HIGH_WATER, MAX_HEAD_BYTES, Pool
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
@@ -219,3 +220,69 @@ async def test_an_https_upstream_is_spoken_to_over_tls(pool: Pool, tmp_path: Pat
     with pytest.raises(httpx.ConnectError):  # a certificate no one trusts
         monkeypatch.delenv("SSL_CERT_FILE")
         await post(Pool(1, 5), url)
+
+
+async def test_a_kept_alive_connection_closed_as_the_request_goes_out_is_retried_on_a_new_one(pool: Pool) -> None:
+    async def first_only(writer: asyncio.StreamWriter) -> None:
+        if len(server.heads) == 2:  # the second request, on the kept-alive connection: closed unanswered (its idle time-out, just then)
+            writer.transport.abort()
+        else:
+            writer.write(OK)
+
+    server = Server(first_only)
+    url = await server.start()
+    assert await post(pool, url) == b"{}"
+    assert await post(pool, url) == b"{}"
+    assert server.connections == 2 and len(server.heads) == 3  # the second request went twice
+
+
+async def test_a_connection_idle_past_its_expiry_is_not_reused(pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http1, "IDLE_EXPIRY_S", 0.05)
+    server = Server()
+    url = await server.start()
+    for _ in range(2):
+        assert await post(pool, url) == b"{}"
+        await asyncio.sleep(0.1)
+    assert server.connections == 2
+
+
+async def test_bytes_after_the_answer_are_dropped_and_the_connection_not_reused(pool: Pool) -> None:
+    server = Server(OK + b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nbad")
+    url = await server.start()
+    for _ in range(2):
+        response = await pool.request(b"POST", url, b"/", [], b"{}", 5, 5)
+        assert await response.aread() == b"{}" and response.headers["content-length"] == "2"
+    assert server.connections == 2
+
+
+async def test_a_chunked_answer_cut_short_is_an_error_whatever_the_case_of_its_header(pool: Pool) -> None:
+    async def cut(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n2\r\n{}\r\n")
+        await writer.drain()
+        writer.close()
+
+    url = await Server(cut).start()
+    response = await pool.request(b"POST", url, b"/", [], b"{}", 5, 5)
+    with pytest.raises(httpx.RemoteProtocolError, match="before the end"):
+        await response.aread()
+
+
+async def test_an_answer_that_came_whole_is_reused_even_unread(pool: Pool) -> None:
+    server = Server(b"HTTP/1.1 429 Too Many Requests\r\nContent-Length: 2\r\n\r\n{}")
+    url = await server.start()
+    for _ in range(2):
+        response = await pool.request(b"POST", url, b"/", [], b"{}", 5, 5)
+        await asyncio.sleep(0.05)  # the body is in
+        await response.aclose()  # a retried status: its body is not read
+    assert server.connections == 1
+
+
+async def test_waiting_for_a_busy_pool_is_bounded() -> None:
+    url = await Server().start()
+    pool = Pool(1, 5)
+    held = await pool.request(b"POST", url, b"/", [], b"{}", 5, 5)
+    with pytest.raises(httpx.PoolTimeout):
+        await pool.request(b"POST", url, b"/", [], b"{}", 0.2, 0.2)
+    await held.aclose()
+    assert await post(pool, url) == b"{}"  # the slot the timed-out wait never took is free
+    await pool.aclose()

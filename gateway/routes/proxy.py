@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncIterator, Mapping
 
-import anyio
 import httpx
 import msgspec
 from litestar import Request, get, post
@@ -25,7 +24,7 @@ from litestar.response.base import ASGIResponse
 from litestar.types import Receive, Scope
 
 from burnish_server.core.access import ANONYMOUS, DEFAULT_PROJECT, Principal, qualify_optional
-from burnish_server.core.records import CLIENT_DISCONNECTED, OK, UPSTREAM_CUT, UPSTREAM_ERROR, CallRecord
+from burnish_server.core.records import OK, UPSTREAM_CUT, UPSTREAM_ERROR, CallRecord
 from burnish_server.gateway import keys, openapi
 from burnish_server.gateway.access import BEARER, principal
 from burnish_server.gateway.call import Call, json_or_none, parse_head, upstream_message
@@ -33,7 +32,7 @@ from burnish_server.gateway.capture import ENDPOINTS, Endpoint, StreamCapture
 from burnish_server.gateway.errors import BODY_TOO_LARGE, APIError, error_body
 from burnish_server.gateway.routes import translated
 from burnish_server.gateway.services import Services, services
-from burnish_server.gateway.streaming import Relayed, RelayResponse
+from burnish_server.gateway.streaming import Relay, Relayed, RelayResponse
 from burnish_server.gateway.upstream import UpstreamFailure, UpstreamResponse, response_headers
 
 _decode = msgspec.json.Decoder().decode
@@ -104,8 +103,7 @@ async def forward(inbound: Inbound, endpoint: Endpoint) -> ASGIResponse:
     headers["x-trajectory-id"] = shown
     headers["x-policy-version"] = call.version
     if response.status_code < 400 and response.headers.get("content-type", "").startswith("text/event-stream"):
-        relay = StreamRelay(call, response)
-        return RelayResponse(iterator=relay.events(), status_code=response.status_code, headers=headers)
+        return RelayResponse(StreamRelay(call, response), response.status_code, headers)
 
     raw = await call.read(response)
     if isinstance(raw, ASGIResponse):
@@ -128,14 +126,12 @@ async def forward(inbound: Inbound, endpoint: Endpoint) -> ASGIResponse:
     return Relayed(raw, response.status_code, headers)
 
 
-class StreamRelay:
+class StreamRelay(Relay):
     """Passes a stream through event by event and records it, whatever way it ends."""
 
     def __init__(self, call: Call, response: UpstreamResponse) -> None:
-        self.call = call
-        self.response = response
+        super().__init__(call, response)
         self.capture = StreamCapture(call.endpoint, call.injected)
-        self.recorded = False
 
     def _record(self, status: str, error: str | None) -> CallRecord:
         tokens, result = self.call.answer(self.capture.result())
@@ -162,13 +158,7 @@ class StreamRelay:
             elif self.capture.held:
                 yield self.capture.held
         finally:
-            if not self.recorded and self.call.svc.settings.record:
-                # The client went away: record what arrived, without waiting on the commit.
-                record = self._record(CLIENT_DISCONNECTED, "the client disconnected before the end")
-                self.call.svc.writer.submit(record)
-                self.call.observe(record, status=499)  # nginx's "client closed request"
-            with anyio.CancelScope(shield=True):
-                await self.response.aclose()
+            await self.finish()
 
 
 def _proxy_handler(endpoint: Endpoint) -> HTTPRouteHandler:

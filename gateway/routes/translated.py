@@ -22,7 +22,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
 import httpx
 import msgspec
 from litestar.response.base import ASGIResponse
@@ -31,13 +30,13 @@ from litestar.types import Scope
 from burnish_server.core import wire
 from burnish_server.core.access import local
 from burnish_server.core.errors import Invalid
-from burnish_server.core.records import CLIENT_DISCONNECTED, MESSAGES, OK, RESPONSES, UPSTREAM_CUT, UPSTREAM_ERROR, CallRecord
+from burnish_server.core.records import MESSAGES, OK, RESPONSES, UPSTREAM_CUT, UPSTREAM_ERROR, CallRecord
 from burnish_server.core.translate import common as translate
 from burnish_server.core.translate import messages, responses
 from burnish_server.gateway.call import Call, json_or_none, read_answer, upstream_message
 from burnish_server.gateway.capture import CHAT, StreamCapture, extract_tokens
 from burnish_server.gateway.errors import APIError
-from burnish_server.gateway.streaming import RelayResponse
+from burnish_server.gateway.streaming import Relay, RelayResponse
 from burnish_server.gateway.upstream import UpstreamResponse
 from burnish_server.store.responses import stored_response
 
@@ -109,7 +108,7 @@ async def serve(scope: Scope, call: Call) -> ASGIResponse:
 
     if response.status_code < 400 and response.headers.get("content-type", "").startswith("text/event-stream"):
         relay = TranslatedStream(call, response, translator)
-        return RelayResponse(iterator=relay.events(), status_code=200, headers={**headers, "content-type": "text/event-stream; charset=utf-8"})
+        return RelayResponse(relay, 200, {**headers, "content-type": "text/event-stream; charset=utf-8"})
 
     raw = await call.read(response)
     if isinstance(raw, ASGIResponse):
@@ -131,16 +130,14 @@ async def serve(scope: Scope, call: Call) -> ASGIResponse:
     return ASGIResponse(body=out, status_code=status, headers=headers)
 
 
-class TranslatedStream:
+class TranslatedStream(Relay):
     """Chat chunks in, the surface's events out as each chunk arrives; recorded whatever way it ends."""
 
     def __init__(self, call: Call, response: UpstreamResponse, translator: Translator) -> None:
-        self.call = call
-        self.response = response
+        super().__init__(call, response)
         self.translator = translator
         self.pending: list[bytes] = []
         self.capture = StreamCapture(CHAT, call.injected, listener=self._chunk)
-        self.recorded = False
 
     def _chunk(self, chunk: dict[str, Any]) -> None:
         self.pending += self.translator.feed(chunk)
@@ -175,9 +172,4 @@ class TranslatedStream:
                 return
             yield terminal if status == OK else self.call.endpoint.error_event(error or "the upstream stream was cut")
         finally:
-            if not self.recorded and self.call.svc.settings.record:
-                record = self._record(CLIENT_DISCONNECTED, "the client disconnected before the end")
-                self.call.svc.writer.submit(record)
-                self.call.observe(record, status=499)
-            with anyio.CancelScope(shield=True):
-                await self.response.aclose()
+            await self.finish()
