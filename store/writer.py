@@ -36,14 +36,16 @@ class Operation(Protocol):
 
 Item = CallRecord | Operation
 _STOP = object()
-# Batches of at most this many items commit on the event loop's thread when they can: a
-# quiet gateway's calls each wait for a commit of their own, and the hop to the writer
-# thread cost more than the commit. Larger batches (a busy gateway) go to the thread, where
-# SQLite's work overlaps the loop's.
-HERE_MAX = 8
-# ...and of at most this many bytes of requests and answers: a long context is written on the
-# writer thread, where it does not hold up every other call on the loop.
-HERE_MAX_BYTES = 256 * 1024
+# Batches of at most this many items commit on the event loop's thread when they can. On the
+# writer thread, SQLite's work would overlap the loop's, but the stdlib driver lets go of the
+# GIL for every row it steps, and taking it back from a busy loop cost more than the work:
+# at 64 concurrent calls the thread spent 0.083 ms of CPU per record, where the same batches
+# on the loop cost the whole gateway 0.018 ms per record more than not recording at all.
+# Larger batches go to the thread.
+HERE_MAX = 64
+# ...and of at most this many bytes of requests and answers: long contexts are written on the
+# writer thread, where copying them does not hold up every other call on the loop.
+HERE_MAX_BYTES = 1024 * 1024
 
 
 class Writer:
