@@ -110,10 +110,8 @@ class Connection(asyncio.Protocol):
             if self.head_bytes > MAX_HEAD_BYTES:
                 self._fail(httpx.RemoteProtocolError(f"the upstream's answer is not valid HTTP: a head over {MAX_HEAD_BYTES} bytes"))
 
-    def eof_received(self) -> None:
-        return None  # the transport closes, and connection_lost says what that means
-
     def connection_lost(self, exc: Exception | None) -> None:
+        # Also at the upstream's end of the stream: asyncio's default eof_received closes the transport.
         self.closed = True
         if self.busy and not self.done and self.error is None:
             if self.head_done and self.until_eof and exc is None:
@@ -122,12 +120,6 @@ class Connection(asyncio.Protocol):
                 where = "before the end of its answer" if self.head_done else "before answering"
                 self.error = httpx.RemoteProtocolError(f"the upstream closed the connection {where}")
         self._wake()
-
-    def pause_writing(self) -> None:  # a body larger than the socket's buffers: the transport holds it
-        pass
-
-    def resume_writing(self) -> None:
-        pass
 
     # -- httptools' side -------------------------------------------------------------------
     # Once the answer's head is done, headers are trailers (ignored); once the answer is done,
@@ -180,7 +172,7 @@ class Connection(asyncio.Protocol):
         assert self.transport is not None
         self._begin()
         self.busy = True
-        self.transport.write(data)
+        self.transport.write(data)  # what the socket cannot take at once waits in the transport
 
     async def head(self, timeout: float | None) -> None:
         deadline = asyncio.get_running_loop().time() + timeout if timeout else None

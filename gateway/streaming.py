@@ -83,9 +83,8 @@ class RelayResponse(ASGIStreamingResponse):
     first chunk goes out. Here the stream runs in the handler's own task, and one small task
     waits for the disconnect and cancels it.
 
-    Either way the iterator is always closed: when the client goes away while the generator
-    sits at a ``yield``, closing it runs its ``finally`` at once, so the call is recorded as
-    disconnected and the upstream released.
+    Either way the iterator is closed, and then the relay finished (``Relay.finish``): when the
+    client goes away, the call is recorded as disconnected and the upstream released.
     """
 
     __slots__ = ("relay",)

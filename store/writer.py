@@ -87,9 +87,7 @@ class Writer:
         two task switches it costs (~5% of a lone proxied call's instructions)."""
         if alone and not self._busy and self._queue.empty() and self._here_fits([item]):
             try:
-                # A call's record is written on the driver itself (store/writes.py): no
-                # SQLAlchemy transaction object is needed around it.
-                [result] = self.db.transaction_here(_apply, [item], bare=isinstance(item, CallRecord))
+                [result] = self.db.transaction_here(_apply, [item], bare=_calls_only([item]))
             except OperationalError:
                 pass  # the lock is held (the trainer, a migration): the writer thread waits for it
             else:
@@ -157,7 +155,7 @@ class Writer:
             # A few records (a quiet gateway, where each call waits for its own commit): on
             # the loop's thread, if the write lock is free at once (store/database.py).
             try:
-                return self.db.transaction_here(_apply, items)
+                return self.db.transaction_here(_apply, items, bare=_calls_only(items))
             except OperationalError:
                 pass  # the lock is held (the trainer, a migration): the writer thread waits for it
         try:  # the common case, without tenacity's bookkeeping (~0.1 ms a commit)
@@ -180,6 +178,12 @@ def _size(items: list[Item]) -> int:
     """Bytes of requests and answers in a batch (a malformed record counts none: it fails in its transaction)."""
     parts = (part for item in items if isinstance(item, CallRecord) for part in (item.request, item.response))
     return sum(len(part) for part in parts if isinstance(part, bytes | bytearray))
+
+
+def _calls_only(items: list[Item]) -> bool:
+    """Only calls' records, which SQLite's writes run on the driver itself (store/writes.py): no
+    SQLAlchemy transaction object is needed around them (Database.transaction_here's ``bare``)."""
+    return all(isinstance(item, CallRecord) for item in items)
 
 
 def _apply(conn: Any, items: list[Item]) -> list[Any]:

@@ -140,25 +140,22 @@ class StreamRelay(Relay):
 
     async def events(self) -> AsyncIterator[bytes]:
         try:
-            try:
-                async for chunk in self.response.aiter_bytes():
-                    if out := self.capture.feed(chunk):
-                        yield out
-                status, error = self.capture.outcome()
-            except httpx.HTTPError as exc:
-                status, error = UPSTREAM_CUT, f"the upstream stream failed: {exc or type(exc).__name__}"
-            record = self._record(status, error)
-            try:
-                await self.call.commit(record)
-            except APIError as exc:
-                yield self.call.endpoint.error_event(exc.detail)
-                return
-            if status == UPSTREAM_CUT:
-                yield self.call.endpoint.error_event(error or "the upstream stream was cut")
-            elif self.capture.held:
-                yield self.capture.held
-        finally:
-            await self.finish()
+            async for chunk in self.response.aiter_bytes():
+                if out := self.capture.feed(chunk):
+                    yield out
+            status, error = self.capture.outcome()
+        except httpx.HTTPError as exc:
+            status, error = UPSTREAM_CUT, f"the upstream stream failed: {exc or type(exc).__name__}"
+        record = self._record(status, error)
+        try:
+            await self.call.commit(record)
+        except APIError as exc:
+            yield self.call.endpoint.error_event(exc.detail)
+            return
+        if status == UPSTREAM_CUT:
+            yield self.call.endpoint.error_event(error or "the upstream stream was cut")
+        elif self.capture.held:
+            yield self.capture.held
 
 
 def _proxy_handler(endpoint: Endpoint) -> HTTPRouteHandler:

@@ -150,26 +150,23 @@ class TranslatedStream(Relay):
 
     async def events(self) -> AsyncIterator[bytes]:
         try:
-            try:
-                async for piece in self.response.aiter_bytes():
-                    self.capture.feed(piece)
-                    if self.pending:
-                        out, self.pending = b"".join(self.pending), []
-                        yield out
-                status, error = self.capture.outcome()
-            except httpx.HTTPError as exc:
-                status, error = UPSTREAM_CUT, f"the upstream stream failed: {exc or type(exc).__name__}"
-            terminal = b""
-            if status == OK:
-                closing, terminal = self.translator.finish()
-                if closing:
-                    yield b"".join(closing)
-            record = self._record(status, error)
-            try:
-                await self.call.commit(record)
-            except APIError as exc:
-                yield self.call.endpoint.error_event(exc.detail)
-                return
-            yield terminal if status == OK else self.call.endpoint.error_event(error or "the upstream stream was cut")
-        finally:
-            await self.finish()
+            async for piece in self.response.aiter_bytes():
+                self.capture.feed(piece)
+                if self.pending:
+                    out, self.pending = b"".join(self.pending), []
+                    yield out
+            status, error = self.capture.outcome()
+        except httpx.HTTPError as exc:
+            status, error = UPSTREAM_CUT, f"the upstream stream failed: {exc or type(exc).__name__}"
+        terminal = b""
+        if status == OK:
+            closing, terminal = self.translator.finish()
+            if closing:
+                yield b"".join(closing)
+        record = self._record(status, error)
+        try:
+            await self.call.commit(record)
+        except APIError as exc:
+            yield self.call.endpoint.error_event(exc.detail)
+            return
+        yield terminal if status == OK else self.call.endpoint.error_event(error or "the upstream stream was cut")
