@@ -27,6 +27,7 @@ from burnish_server.core.policies import LoraSettings, Policy, TrainSettings
 from burnish_server.core.settings import Settings
 from burnish_server.serving.models import embedded_gguf
 from burnish_server.serving.process import VLLMFailed, VLLMServer, cpu_build, last_lines, share_cores
+from burnish_server.serving.tool_calling import SMOLLM2_SYSTEM, ToolCalling, choose, tool_template
 from burnish_server.store.database import Database
 from burnish_server.store.policies import ensure_policy
 
@@ -39,16 +40,11 @@ def _burnish(*args: str) -> list[str]:
     return [sys.executable, "-m", "burnish_server.cli", *args]
 
 
-# The tiny model's chat template writes tool calls the way Qwen2.5 does (<tool_call>).
-# Structured outputs without free whitespace: a random model otherwise fills a JSON answer
-# (RULER's verdict) with whitespace, which the grammar allows, until max_tokens.
-TINY_MODEL_ARGS = [
-    "--enable-auto-tool-choice",
-    "--tool-call-parser",
-    "hermes",
-    "--structured-outputs-config",
-    '{"backend": "xgrammar", "disable_any_whitespace": true}',
-]
+# Structured outputs without free whitespace: a small or random model otherwise fills a JSON
+# answer (RULER's verdict) with whitespace, which the grammar allows, until max_tokens.
+COMPACT_JSON = ["--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}']
+# The tiny model's chat template writes tool calls the way Qwen2.5 does (<tool_call>): hermes.
+TINY_MODEL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", *COMPACT_JSON]
 # A random model needs a far larger step than a pretrained one (docs/trainer.md).
 TINY_MODEL_LORA = LoraSettings(rank=8, alpha=16)
 TINY_MODEL_TRAIN = TrainSettings(learning_rate=5e-3)
@@ -60,9 +56,11 @@ DEMO_MODEL_TRAIN = TrainSettings(learning_rate=5e-4, groups_per_step=4)
 
 @dataclass(frozen=True)
 class Served:
-    """What `burnish up` serves: vLLM's process, and the policy's LoRA and training defaults."""
+    """What `burnish up` serves: vLLM's process, how it serves tool calls, and the policy's LoRA
+    and training defaults."""
 
     vllm: VLLMServer
+    tools: ToolCalling
     lora: LoraSettings = LoraSettings()
     train: TrainSettings = TrainSettings()
 
@@ -76,17 +74,37 @@ def _converted(settings: Settings, gguf: Path, name: str) -> Path:
     return path
 
 
+def _model_files(model: str) -> Path | None:
+    """A local folder, or the hub's files of a hub id as far as they can be had (the
+    tokenizer's config and chat template only): where the model's own chat template is read."""
+    if Path(model).is_dir():
+        return Path(model)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model, allow_patterns=["tokenizer_config.json", "chat_template.jinja"]))
+    except Exception:  # no such id, no network, no huggingface_hub: the tool line says so
+        return None
+
+
 def prepare_model(settings: Settings, model: str | None, vllm_port: int, vllm_args: list[str]) -> Served:
     """``model``: None (the embedded SmolLM2), ``tiny`` (the tiny random model), a ``.gguf``
-    file (converted once), or a local folder or hub id, served as it is."""
+    file (converted once), or a local folder or hub id, served as it is. Each with a tool-call
+    parser and a chat template that shows the model its tools (serving/tool_calling.py)."""
     logs = settings.data_path / "logs"
     # The trainer's dtype: float32 on the CPU, where vLLM's "auto" would serve bf16 and the
     # two engines' logprobs of a sample would differ (logprob_diff_mean, docs/trainer.md).
     dtype = "float32" if cpu_build() else "auto"
 
-    def server(model: str, name: str | None, extra_args: list[str], max_model_len: int | None = None) -> VLLMServer:
+    def server(model: str, name: str | None, tools: ToolCalling, extra_args: list[str], max_model_len: int | None = None) -> VLLMServer:
         return VLLMServer(
-            model=model, served_model_name=name, log_path=logs / "vllm.log", port=vllm_port, dtype=dtype, max_model_len=max_model_len, extra_args=extra_args
+            model=model,
+            served_model_name=name,
+            log_path=logs / "vllm.log",
+            port=vllm_port,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            extra_args=tools.flags() + extra_args + vllm_args,
         )
 
     if model is None or model == DEMO_MODEL_NAME:
@@ -95,23 +113,29 @@ def prepare_model(settings: Settings, model: str | None, vllm_port: int, vllm_ar
         except LookupError as exc:
             raise click.ClickException(f"{exc}; or pass --model (tiny, a .gguf file, a folder or a hub id)") from None
         path = _converted(settings, gguf, DEMO_MODEL_NAME)
-        return Served(server(str(path), DEMO_MODEL_NAME, vllm_args, 2048), DEMO_MODEL_LORA, DEMO_MODEL_TRAIN)
+        ours = tool_template(SMOLLM2_SYSTEM, path.with_name(DEMO_MODEL_NAME + "-tools.jinja"))
+        tools = choose(path, vllm_args, ours=ours)
+        return Served(server(str(path), DEMO_MODEL_NAME, tools, COMPACT_JSON, 2048), tools, DEMO_MODEL_LORA, DEMO_MODEL_TRAIN)
     if model == TINY_MODEL_NAME:
         path = settings.data_path / "models" / TINY_MODEL_NAME
         if not (path / "config.json").exists():
             click.echo(f"making the tiny model in {path}")
             subprocess.run(_burnish("tiny-model", str(path)), check=True)
-        return Served(server(str(path), TINY_MODEL_NAME, TINY_MODEL_ARGS + vllm_args, 2048), TINY_MODEL_LORA, TINY_MODEL_TRAIN)
+        tools = choose(path, vllm_args)  # its own template: hermes
+        return Served(server(str(path), TINY_MODEL_NAME, tools, COMPACT_JSON, 2048), tools, TINY_MODEL_LORA, TINY_MODEL_TRAIN)
     if model.endswith(".gguf") and Path(model).is_file():
         name = Path(model).name.removesuffix(".gguf")
         path = _converted(settings, Path(model), name)
-        return Served(server(str(path), name, vllm_args))
-    return Served(server(model, None, vllm_args))
+        tools = choose(path, vllm_args, converted=True)
+        return Served(server(str(path), name, tools, []), tools)
+    tools = choose(_model_files(model), vllm_args)
+    return Served(server(model, None, tools, []), tools)
 
 
 def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int, replicas: int = 1, vllm_args: Sequence[str] = ()) -> int:
     served = prepare_model(settings, model, vllm_port, list(vllm_args))
     vllm = served.vllm
+    click.echo(served.tools.note)
     # Replicas of the one model, on the next ports, each logging to a file of its own.
     fleet = [vllm] + [
         dataclasses.replace(vllm, port=vllm_port + i, log_path=vllm.log_path.with_name(f"vllm-{i}.log"), process=None) for i in range(1, replicas)

@@ -1,0 +1,122 @@
+"""Tool calls on every model ``burnish up`` serves: which chat template shows the model its
+tools, and which of vLLM's tool-call parsers reads its calls.
+
+vLLM refuses a request with ``tools`` (any ``tool_choice``) unless it was started with
+``--enable-auto-tool-choice --tool-call-parser NAME``, and a parser only finds calls written
+in its own format, which the chat template must show the model. So the two are chosen
+together, in this order:
+
+1. The user named a parser or a template (``--vllm-arg=--tool-call-parser=...`` or
+   ``--chat-template``): theirs, as given; nothing is added.
+2. The embedded SmolLM2: burnish's ChatML tool template (``templates/chatml-tools.jinja``,
+   with SmolLM2's default system prompt), since SmolLM2-135M-Instruct's own template renders
+   no tools, and the ``hermes`` parser.
+3. A model whose own template renders tools: that template, and the parser its call format
+   names (``<tool_call>``: hermes; ``<|python_tag|>``: llama3_json; ``[TOOL_CALLS]``: mistral).
+4. A GGUF file whose own template is ChatML without tools: burnish's ChatML tool template.
+5. Anything else: no parser, and ``burnish up`` says how to name one.
+
+With burnish's template, ``--tool-strict-level parameter`` holds every call to its tool's
+schema (vLLM's structural tag: ``<tool_call>``, a tool's name, arguments that fit its
+parameters), whatever ``tool_choice`` says: a small model's forced calls then always parse.
+A model's own template keeps vLLM's default level (the ``strict`` field of each tool).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TEMPLATES = Path(__file__).parent / "templates"
+CHATML_TOOLS = TEMPLATES / "chatml-tools.jinja"
+# What SmolLM2-Instruct's own template says when a conversation has no system message.
+SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+# A call format in a template, and the vLLM parser that reads it.
+CALL_FORMATS = (("<tool_call>", "hermes"), ("<|python_tag|>", "llama3_json"), ("[TOOL_CALLS]", "mistral"))
+USER_FLAGS = ("--tool-call-parser", "--chat-template", "--enable-auto-tool-choice")
+
+
+@dataclass(frozen=True)
+class ToolCalling:
+    """The vLLM flags for tool calls, and one line saying what was chosen and why."""
+
+    parser: str | None
+    template: Path | None  # None: the model's own
+    note: str
+    strict: bool = False  # hold every call's arguments to its tool's schema
+    args: list[str] = field(default_factory=list)
+
+    def flags(self) -> list[str]:
+        out = [*self.args]
+        if self.template is not None:
+            out += ["--chat-template", str(self.template)]
+        if self.parser is not None:
+            out += ["--enable-auto-tool-choice", "--tool-call-parser", self.parser]
+        if self.strict:
+            out += ["--tool-strict-level", "parameter"]
+        return out
+
+
+def tool_template(default_system: str | None, into: Path) -> Path:
+    """burnish's ChatML tool template, with ``default_system`` as the system prompt of a
+    conversation that has none, written to ``into`` (vLLM reads templates from files)."""
+    preamble = "" if default_system is None else "{%- set default_system = " + json.dumps(default_system) + " -%}\n"
+    text = preamble + CHATML_TOOLS.read_text()
+    if not into.exists() or into.read_text() != text:
+        into.parent.mkdir(parents=True, exist_ok=True)
+        into.write_text(text)
+    return into
+
+
+def own_template(model: Path) -> str | None:
+    """The chat template in a Hugging Face model folder (chat_template.jinja, or
+    tokenizer_config.json's, where a list of named templates counts as all of them)."""
+    jinja = model / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    config = model / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    template = json.loads(config.read_text()).get("chat_template")
+    if isinstance(template, list):
+        return "\n".join(str(t.get("template", "")) for t in template if isinstance(t, dict))
+    return template if isinstance(template, str) else None
+
+
+def call_parser(template: str) -> str | None:
+    """The parser for a template that renders tools, by the call format it writes."""
+    if "tools" not in template:
+        return None
+    return next((parser for mark, parser in CALL_FORMATS if mark in template), None)
+
+
+def named_by_user(vllm_args: Sequence[str]) -> bool:
+    return any(arg.split("=", 1)[0] in USER_FLAGS for arg in vllm_args)
+
+
+def choose(model: Path | None, vllm_args: Sequence[str], *, ours: Path | None = None, converted: bool = False) -> ToolCalling:
+    """What vLLM is started with for tool calls. ``model``: the local folder served (None for a
+    hub id whose files are not here); ``ours``: burnish's template, written, for a model known
+    to need it (the embedded SmolLM2); ``converted``: the folder came from a GGUF file."""
+    if named_by_user(vllm_args):
+        return ToolCalling(None, None, "tool calls: the parser and template given with --vllm-arg")
+    if ours is not None:
+        note = f"tool calls: burnish's ChatML tool template ({ours}; the model's own renders no tools), parser hermes, arguments held to each tool's schema"
+        return ToolCalling("hermes", ours, note, strict=True)
+    template = own_template(model) if model is not None else None
+    parser = call_parser(template) if template else None
+    if parser is not None:
+        return ToolCalling(parser, None, f"tool calls: the model's own chat template, parser {parser}")
+    if converted and template is not None and "<|im_start|>" in template and model is not None:
+        path = tool_template(None, model.with_name(model.name + "-tools.jinja"))
+        note = f"tool calls: burnish's ChatML tool template ({path}; the model's own renders no tools), parser hermes, arguments held to each tool's schema"
+        return ToolCalling("hermes", path, note, strict=True)
+    why = "its chat template renders no tools" if template else "no chat template was found for it here"
+    return ToolCalling(
+        None,
+        None,
+        f"tool calls: none ({why}): vLLM answers a call with tools 400; name a parser and a template that shows tools: "
+        "--vllm-arg=--tool-call-parser=NAME --vllm-arg=--chat-template=FILE",
+    )
