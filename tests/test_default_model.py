@@ -1,0 +1,253 @@
+"""What a new user runs: the default ``burnish up`` (SmolLM2-135M-Instruct on vLLM's CPU build),
+and the clients people use, with tools, pointed at it by their base URL alone.
+
+Each client plays a whole tool loop: a forced call (``required`` or a named tool), the tool's
+result sent back in the client's own form, and the model's answer to it. Every call must be
+served (no 400 for ``tools``), recorded with vLLM's token ids, and trainable: the group's
+calls, read as the trainer reads them, give sequences with no call skipped. The model's answers
+are not judged here (a 135M model answering a tool result is what training is for); the calls'
+arguments are: under burnish's template and ``--tool-strict-level parameter`` a forced call
+always parses and fits its tool's schema (serving/tool_calling.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from burnish_server.core.policies import TrainSettings
+from burnish_server.serving.tool_calling import SMOLLM2_SYSTEM
+from tests.conftest import Up, burnish_up, real_model_parts
+
+GROUP = "default"
+QUESTION = "What is the secret number of the word apple?"
+# Arguments with a type, a bound and an enum: a forced call must fit all of it.
+PARAMETERS = {
+    "type": "object",
+    "properties": {"word": {"type": "string", "maxLength": 12}, "language": {"type": "string", "enum": ["en", "fr"]}, "times": {"type": "integer"}},
+    "required": ["word", "language"],
+    "additionalProperties": False,
+}
+DESCRIPTION = "The secret number of a word."
+CHAT_TOOL = {"type": "function", "function": {"name": "lookup", "description": DESCRIPTION, "parameters": PARAMETERS}}
+CHAT_FORCED = {"type": "function", "function": {"name": "lookup"}}
+RESPONSES_TOOL = {"type": "function", "name": "lookup", "description": DESCRIPTION, "parameters": PARAMETERS}
+ANTHROPIC_TOOL = {"name": "lookup", "description": DESCRIPTION, "input_schema": PARAMETERS}
+CALL_MAX = 64  # a forced call closes in 30-45 tokens
+ANSWER_MAX = 24
+GREEDY = {"temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    real_model_parts()
+    with burnish_up(tmp_path_factory.mktemp("default-up")) as running:
+        yield running
+
+
+def client(up: Up, trajectory: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{up.url}/g/{GROUP}/t/{trajectory}/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def fits(arguments: str | dict[str, Any]) -> dict[str, Any]:
+    parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+    jsonschema.validate(parsed, PARAMETERS)
+    return parsed
+
+
+def recorded(up: Up, trajectory: str, count: int) -> list[dict[str, Any]]:
+    """The trajectory's ``count`` calls, each served by the policy and recorded with vLLM's ids."""
+    calls = httpx.get(f"{up.url}/v1/trajectories/{trajectory}").json()["calls"]
+    assert len(calls) == count, [(c["endpoint"], c["status"], c.get("error")) for c in calls]
+    for call in calls:
+        assert call["status"] == "ok" and call["policy"] == "agent" and call["upstream_model"] == "smollm2", call.get("error")
+        tokens = call["tokens"]
+        assert tokens["prompt_token_ids"] and tokens["completion_token_ids"][0], call["endpoint"]
+        assert [len(lp) for lp in tokens["completion_logprobs"]] == [len(ids) for ids in tokens["completion_token_ids"]]
+    return calls
+
+
+def test_burnish_up_says_which_template_and_parser_it_serves_tools_with(up: Up) -> None:
+    """The template is the packaged one, with SmolLM2's default system prompt set above it."""
+    from burnish_server.serving.tool_calling import CHATML_TOOLS
+
+    written = up.data / "models" / "smollm2-tools.jinja"
+    assert f"tool calls: burnish's ChatML tool template ({written}" in up.log
+    assert "parser hermes, arguments held to each tool's schema" in up.log
+    first, rest = written.read_text().split("\n", 1)
+    assert rest == CHATML_TOOLS.read_text() and json.dumps(SMOLLM2_SYSTEM) in first
+
+
+def test_without_tools_smollm2_sees_what_its_own_template_shows_it(up: Up) -> None:
+    """burnish's template adds tools and changes nothing else: the demo's prompts are the ones
+    SmolLM2's own template writes, token for token, as vLLM served them."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(up.data / "models" / "smollm2"))
+    ours = (up.data / "models" / "smollm2-tools.jinja").read_text()
+    conversations = [
+        [{"role": "user", "content": "What is 13 + 14? Reply with only the number."}],
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "bye"},
+        ],
+    ]
+    for messages in conversations:
+        own = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, chat_template=ours) == own
+    assert SMOLLM2_SYSTEM in tokenizer.apply_chat_template(conversations[0], tokenize=False)  # a conversation without a system prompt gets SmolLM2's
+    client(up, "plain").chat.completions.create(model="agent", messages=conversations[0], max_tokens=4, **GREEDY)
+    (call,) = recorded(up, "plain", 1)
+    assert call["tokens"]["prompt_token_ids"] == tokenizer.apply_chat_template(conversations[0], tokenize=True, add_generation_prompt=True, return_dict=False)
+
+
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_a_forced_tool_call_parses_and_fits_its_schema(up: Up, choice: str) -> None:
+    """Sampled at temperature 1, plain and streamed: every forced call's arguments are JSON
+    that the tool's schema accepts (types, enum, maxLength, no other keys)."""
+    tool_choice = "required" if choice == "required" else CHAT_FORCED
+    llm = client(up, f"forced-{choice}")
+    messages = [{"role": "user", "content": QUESTION}]
+    for seed in range(4):
+        reply = llm.chat.completions.create(
+            model="agent", messages=messages, tools=[CHAT_TOOL], tool_choice=tool_choice, max_tokens=CALL_MAX, temperature=1.0, seed=seed
+        )
+        calls = reply.choices[0].message.tool_calls or []
+        assert calls and all(c.function.name == "lookup" for c in calls), reply
+        for call in calls:
+            fits(call.function.arguments)
+        stream = llm.chat.completions.create(
+            model="agent", messages=messages, tools=[CHAT_TOOL], tool_choice=tool_choice, max_tokens=CALL_MAX, temperature=1.0, seed=seed, stream=True
+        )
+        pieces = [d for chunk in stream if chunk.choices for d in chunk.choices[0].delta.tool_calls or []]
+        assert pieces and pieces[0].function and pieces[0].function.name == "lookup"
+        fits("".join(d.function.arguments or "" for d in pieces if d.index == 0 and d.function))
+    recorded(up, f"forced-{choice}", 8)
+
+
+def test_openai_chat_tool_loop(up: Up) -> None:
+    llm = client(up, "openai-chat")
+    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    first = llm.chat.completions.create(model="agent", messages=messages, tools=[CHAT_TOOL], tool_choice="required", max_tokens=CALL_MAX, **GREEDY)
+    message = first.choices[0].message
+    (call,) = message.tool_calls or []
+    assert first.choices[0].finish_reason == "tool_calls" and fits(call.function.arguments)["word"]
+    messages += [message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": "41"}]
+    chunks = list(llm.chat.completions.create(model="agent", messages=messages, tools=[CHAT_TOOL], max_tokens=ANSWER_MAX, stream=True, **GREEDY))
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length", "tool_calls")
+    calls = recorded(up, "openai-chat", 2)
+    assert calls[1]["request"]["messages"][-1] == {"role": "tool", "tool_call_id": call.id, "content": "41"}
+
+
+def test_openai_responses_tool_loop(up: Up) -> None:
+    llm = client(up, "responses")
+    question = {"type": "message", "role": "user", "content": QUESTION}
+    with llm.responses.stream(
+        model="agent", input=[question], tools=[RESPONSES_TOOL], tool_choice={"type": "function", "name": "lookup"}, max_output_tokens=CALL_MAX, **GREEDY
+    ) as stream:
+        first = stream.get_final_response()
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    fits(call.arguments)
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "41"}
+    answer = llm.responses.create(model="agent", previous_response_id=first.id, input=[output], tools=[RESPONSES_TOOL], max_output_tokens=ANSWER_MAX, **GREEDY)
+    assert answer.status in ("completed", "incomplete")
+    recorded(up, "responses", 2)
+
+
+def test_anthropic_tool_loop(up: Up) -> None:
+    import anthropic
+
+    llm = anthropic.Anthropic(base_url=f"{up.url}/g/{GROUP}/t/anthropic", api_key="x", max_retries=0, timeout=120)
+    question = {"role": "user", "content": QUESTION}
+    used = llm.messages.create(model="agent", max_tokens=CALL_MAX, messages=[question], tools=[ANTHROPIC_TOOL], tool_choice={"type": "any"}, extra_body=GREEDY)
+    (use,) = [b for b in used.content if b.type == "tool_use"]
+    assert used.stop_reason == "tool_use" and fits(use.input)
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "41"}]}
+    with llm.messages.stream(
+        model="agent",
+        max_tokens=ANSWER_MAX,
+        messages=[question, {"role": "assistant", "content": used.content}, result],
+        tools=[ANTHROPIC_TOOL],
+        extra_body=GREEDY,
+    ) as stream:
+        answer = stream.get_final_message()
+    assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    recorded(up, "anthropic", 2)
+
+
+def test_langchain_tool_loop(up: Up) -> None:
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model="agent", base_url=f"{up.url}/g/{GROUP}/t/langchain/v1", api_key="x", temperature=0, max_tokens=CALL_MAX, max_retries=0, timeout=120)
+    question = HumanMessage(QUESTION)
+    reply = llm.bind_tools([CHAT_TOOL], tool_choice="lookup").invoke([question])
+    (call,) = reply.tool_calls
+    assert call["name"] == "lookup" and fits(call["args"])
+    llm.bind_tools([CHAT_TOOL]).invoke([question, reply, ToolMessage("41", tool_call_id=call["id"])])
+    recorded(up, "langchain", 2)
+
+
+@pytest.mark.parametrize("kind", ["chat_completions", "responses"])
+async def test_openai_agents_sdk_tool_loop(up: Up, kind: str) -> None:
+    """An Agent whose first turn must call its tool (``required``; the SDK then lets the model
+    choose), which reads the tool's result and answers: a run of two model calls."""
+    import agents
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner, function_tool
+    from agents.items import MessageOutputItem, ToolCallItem, ToolCallOutputItem
+
+    agents.set_tracing_disabled(True)  # its tracing would export to OpenAI: nothing outside is reachable
+    trajectory = f"agents-{kind}"
+    llm = openai.AsyncOpenAI(base_url=f"{up.url}/g/{GROUP}/t/{trajectory}/v1", api_key="x", max_retries=0, timeout=120)
+    model = OpenAIChatCompletionsModel("agent", llm) if kind == "chat_completions" else OpenAIResponsesModel("agent", llm)
+    seen: list[dict[str, Any]] = []
+
+    @function_tool
+    def lookup(word: str, language: str) -> str:
+        """The secret number of a word."""
+        seen.append({"word": word, "language": language})
+        return "41"
+
+    agent = Agent(
+        name="lookup",
+        instructions="Answer with the secret number.",
+        model=model,
+        tools=[lookup],
+        model_settings=ModelSettings(tool_choice="required", max_tokens=CALL_MAX, **GREEDY),
+    )
+    result = await Runner.run(agent, QUESTION, max_turns=3)
+    await llm.close()
+    assert [type(item) for item in result.new_items] == [ToolCallItem, ToolCallOutputItem, MessageOutputItem]
+    assert len(seen) == 1 and seen[0]["language"] in ("en", "fr")
+    await asyncio.to_thread(recorded, up, trajectory, 2)
+
+
+def test_every_call_of_every_client_trains(up: Up) -> None:
+    """Last: the group's calls, as the trainer reads them, make a batch that skips none."""
+    from burnish_server.store.database import Database
+    from burnish_server.store.training import group_calls
+    from burnish_server.trainer.sequences import training_batch
+
+    async def rows() -> list[Any]:
+        db = Database(f"sqlite+aiosqlite:///{up.data / 'burnish.db'}")
+        try:
+            return await db.read(group_calls, [GROUP])
+        finally:
+            await db.dispose()
+
+    training = asyncio.run(rows())
+    trajectories = sorted({r.trajectory_id for r in training})
+    assert {"openai-chat", "responses", "anthropic", "langchain", "agents-chat_completions", "agents-responses"} <= set(trajectories)
+    rank = {t: float(i) for i, t in enumerate(trajectories)}  # any distinct rewards: the tokens are what is checked
+    batch = training_batch([r._replace(reward=rank[r.trajectory_id]) for r in training], TrainSettings())
+    assert batch.untokenized == 0 and sum(seq.calls for seq, _ in batch.items) == len(training)
+    assert all(seq.sampled > 0 and seq.has_behaviour_logprobs for seq, _ in batch.items)
