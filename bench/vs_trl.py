@@ -6,6 +6,13 @@ TRL's venv, a minute or two more)::
     .venv/bin/python bench/vs_trl.py [--groups 2 --group-size 8 --prompt-len 40 --completion-len 128]
     .venv/bin/python bench/vs_trl.py --model /path/to/local/hf/model   # any local HF causal LM
     .venv/bin/python bench/vs_trl.py --model smollm2 --steps 5 --warmup 1 --rounds 2   # the demo's model
+    python3 bench/vs_trl.py --model qwen2.5-7b --trl-python python3 ...   # on a GPU: a random model of that shape
+
+On a GPU (CUDA visible to torch; ``CUDA_VISIBLE_DEVICES=`` keeps it on the CPU) both sides and
+the batch's preparation run there in bf16, as ``PolicyModel`` does. ``--model qwen2.5-1.5b`` or
+``qwen2.5-7b`` builds a model of that shape (layers, widths, heads, vocabulary) with random
+weights, no download; ``--trl-python`` runs TRL's side in a python that already has TRL (no
+venv is made); a checkout that is not installed is made importable through a folder of links.
 
 One step, each side: forward, GRPO loss, backward, grad clip, AdamW step, zero_grad.
 
@@ -21,26 +28,33 @@ One step, each side: forward, GRPO loss, backward, grad clip, AdamW step, zero_g
 Same on both sides: token ids (seeded random, no padding), advantages (group-normalised random
 rewards), old logprobs (the base model's plus seeded noise, so that some ratios clip), initial
 LoRA weights, clip range (0.2, 0.28), no KL, AdamW settings, dtype (fp32 on the CPU, bf16 on a
-GPU), torch threads. TRL's loss_type "dapo" (default) or "bnpo" is token-level over the step's
-sampled tokens like burnish's, so every step's two losses should agree: they are compared.
+GPU), torch threads, no gradient checkpointing (TRL's default turns it on). TRL's loss_type
+"dapo" (default) or "bnpo" is token-level over the step's sampled tokens like burnish's, so
+every step's two losses should agree: they are compared. On a GPU they agree at step 1 and
+drift by ~1e-3 after: TRL runs its forward under bf16 autocast, so LoRA's factors (fp32 on
+both sides, as peft makes them) multiply in bf16 there and in fp32 in burnish.
 
 How close to the machine's limit: each side counts its step's floating-point operations
 once (torch's ``FlopCounterMode``: every matmul and attention kernel the step runs, forward
 and backward), and the burnish worker times a plain square matmul in the same dtype with
-the same threads. Reported: the step's achieved FLOP/s and its share of the matmul's.
+the same threads (fp32 2048^3 on the CPU, bf16 8192^3 on a GPU). Reported: the step's
+achieved FLOP/s and its share of the matmul's; on a GPU also the most memory allocated
+during the timed steps (weights included).
 
 Sides alternate in fresh processes (``--rounds``): burnish in .venv, TRL in
 bench/results/.trl-venv (git-ignored, made when missing: TRL pinned; torch, transformers, peft,
-accelerate at .venv's versions). Reported: the median over all timed steps, in sampled
-(completion) tokens per second; other processes' CPU share, flagged over 10%. Writes
-bench/results/vs_trl.json.
+accelerate at .venv's versions) unless ``--trl-python`` names one. Reported: the median over
+all timed steps, in sampled (completion) tokens per second; other processes' CPU share,
+flagged over 10%. Writes bench/results/vs_trl.json (``--results``).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -68,6 +82,29 @@ OPTIONS = (  # flag, default, help
     ("--seed", 0, "batch and LoRA init"),
     ("--quiet-wait", 300.0, "seconds to wait, before each process, for other processes to go quiet"),
 )
+# Random-weight models of real models' shapes (their config.json's numbers), for a GPU: nothing
+# to download, and the step's cost depends on the shape alone.
+SHAPES = {
+    "qwen2.5-1.5b": dict(  # Qwen2.5-1.5B-Instruct
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-7b": dict(  # Qwen2.5-7B-Instruct
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
+}
+LAYERS = ("core", "store", "serving", "telemetry", "gateway", "trainer", "migrations", "cli")  # pyproject's package-dir
 
 
 # ---- the main process (.venv): TRL's venv, then the model, the batch and the initial LoRA ------
@@ -91,8 +128,48 @@ def ensure_trl_venv() -> Path:
     return py
 
 
+def import_path() -> str | None:
+    """A folder that makes ``burnish_server`` importable from this checkout when it is not
+    installed (a bare python, e.g. on a GPU machine): burnish_server/<layer> links to each
+    top-level folder, as pyproject's package-dir maps them. None when it is installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("burnish_server") is not None:
+        return None
+    top = Path(tempfile.mkdtemp(prefix="burnish-import-"))
+    atexit.register(shutil.rmtree, top, ignore_errors=True)
+    (top / "burnish_server").mkdir()
+    for layer in LAYERS:
+        (top / "burnish_server" / layer).symlink_to(ROOT / layer)
+    return str(top)
+
+
+def shape_model(name: str, path: Path, device: str, dtype, seed: int):
+    """A random model of a named shape (SHAPES), saved to ``path`` with a small tokenizer; returned loaded."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from burnish_server.trainer.tiny_model import build_tokenizer
+
+    tokenizer = build_tokenizer(1024)  # only its pad id is read: the batch's ids span the model's vocabulary
+    config = Qwen2Config(**SHAPES[name], max_position_embeddings=32768, rms_norm_eps=1e-6, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # initialised in place, in the step's dtype: a 7B model in fp32 is 30 GB
+    try:
+        with torch.device(device):
+            model = Qwen2ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return model
+
+
 def prepare(args: argparse.Namespace, work: Path) -> dict:
-    """What both workers read: model, settings, the batch, the initial LoRA weights (a file)."""
+    """What both workers read: model, settings, the batch, the initial LoRA weights (a file).
+
+    On a GPU the model runs there in bf16 (its logprobs of the batch) and is let go after."""
     import msgspec
     import torch
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
@@ -103,7 +180,13 @@ def prepare(args: argparse.Namespace, work: Path) -> dict:
     from burnish_server.trainer.grpo import group_advantages
     from burnish_server.trainer.tiny_model import make_tiny_model
 
-    if args.model == "smollm2":  # the embedded demo model, converted once from its GGUF file
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    base = None
+    if args.model in SHAPES:
+        model = work / args.model
+        base = shape_model(args.model, model, device, dtype, args.seed)
+    elif args.model == "smollm2":  # the embedded demo model, converted once from its GGUF file
         model = ROOT / "bench" / "results" / ".smollm2"
         if not (model / "config.json").exists():
             from burnish_server.serving.models import embedded_gguf
@@ -115,15 +198,19 @@ def prepare(args: argparse.Namespace, work: Path) -> dict:
     n, seq_len = args.groups * args.group_size, args.prompt_len + args.completion_len
     lora = LoraSettings(rank=args.rank, alpha=2 * args.rank)
     train = TrainSettings(learning_rate=args.lr, micro_batch_tokens=max(8192, n * seq_len), max_seq_len=max(4096, seq_len))
-    vocab, gen = len(AutoTokenizer.from_pretrained(model)), torch.Generator().manual_seed(args.seed)
+    vocab = SHAPES[args.model]["vocab_size"] if args.model in SHAPES else len(AutoTokenizer.from_pretrained(model))
+    gen = torch.Generator().manual_seed(args.seed)
     prompts = torch.randint(0, vocab, (args.groups, args.prompt_len), generator=gen).repeat_interleave(args.group_size, 0)
     completions = torch.randint(0, vocab, (n, args.completion_len), generator=gen)
     rewards = torch.rand(args.groups, args.group_size, generator=gen)
     advantages = torch.cat([group_advantages(r, scale=train.scale_advantages, eps=train.advantage_eps) for r in rewards])
-    base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    if base is None:
+        base = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device)
     with torch.no_grad():  # the base model's logprob of each completion token: the policy's at step 0 (LoRA B = 0)
-        logits = base(input_ids=torch.cat([prompts, completions], 1)).logits[:, args.prompt_len - 1 : -1]
-        old = logits.gather(-1, completions[..., None]).squeeze(-1) - logits.logsumexp(-1)
+        ids = torch.cat([prompts, completions], 1).to(device)
+        logits = base(input_ids=ids, logits_to_keep=args.completion_len + 1).logits[:, :-1].float()
+        old = (logits.gather(-1, ids[:, args.prompt_len :, None]).squeeze(-1) - logits.logsumexp(-1)).cpu()
+        del logits
         old += args.logprob_noise * torch.randn(old.shape, generator=gen)
     torch.manual_seed(args.seed)
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
@@ -169,6 +256,7 @@ def trl_stepper(spec: dict, work: Path):
     import torch
     import trl
     from datasets import Dataset
+    from datasets.table import InMemoryTable
     from peft import LoraConfig, set_peft_model_state_dict
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -199,7 +287,8 @@ def trl_stepper(spec: dict, work: Path):
         model=AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.bfloat16 if cuda else torch.float32),
         reward_funcs=lambda completions, **_: [0.0] * len(completions),
         args=config,
-        train_dataset=Dataset.from_dict({"prompt": ["hi"] * n}),
+        # Given a fingerprint, datasets does not hash the table with dill, which pyarrow 26 breaks ("Can't pickle MonthDayNano").
+        train_dataset=Dataset(InMemoryTable.from_pydict({"prompt": ["hi"] * n}), fingerprint="vs-trl"),
         processing_class=AutoTokenizer.from_pretrained(spec["model"]),
         peft_config=LoraConfig(
             r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"], target_modules=lora["target_modules"], task_type="CAUSAL_LM"
@@ -235,14 +324,22 @@ def worker(side: str, spec_path: Path, out_path: Path) -> None:
     spec = json.loads(spec_path.read_text())
     torch.set_num_threads(spec["threads"])
     step, info = ours_stepper(spec) if side == "ours" else trl_stepper(spec, spec_path.parent)
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        info |= {"gpu": torch.cuda.get_device_name(), "gpu_memory": torch.cuda.get_device_properties(0).total_memory}
     losses, times = [], []
     for _ in range(spec["warmup"] + spec["steps"]):
-        if torch.cuda.is_available():
+        if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         loss, tokens = step()  # ends with .item(): the step has finished
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(loss)
+    info["peak_memory"] = torch.cuda.max_memory_allocated() if cuda else None  # the steps' most, weights included
     flops = step_flops(step)
     peak = matmul_flops_per_s() if side == "ours" else None
     versions = {name: metadata.version(name) for name in ("torch", "transformers", "peft")}
@@ -262,30 +359,97 @@ def worker(side: str, spec_path: Path, out_path: Path) -> None:
     )
 
 
-def step_flops(step) -> int:
-    """The floating-point operations of one more step, as torch counts them (untimed)."""
+def step_flops(step) -> int | None:
+    """The floating-point operations of one more step, as torch counts them (untimed); None
+    where the counter fails (the timings stand without it)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as counter:
-        step()
+    try:
+        with FlopCounterMode(display=False, custom_mapping=extra_flop_formulas()) as counter:
+            step()
+    except Exception as exc:  # an op that torch's counter cannot take: no count, the timings stand
+        print(f"  FLOP count failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return None
     return counter.get_total_flops()
 
 
-def matmul_flops_per_s(n: int = 2048, repeats: int = 10) -> float:
+def extra_flop_formulas() -> dict:
+    """FlopCounterMode's formulas where torch's own fail on a GPU step:
+
+    * the fused attention kernels where keys and values have fewer heads than queries
+      (grouped-query attention, ``enable_gqa``: Qwen2.5's 12 or 28 query heads share 2 or 4),
+      which torch's formulas reject. Each query head's work is counted, as if keys and values
+      were repeated to its heads: that is the work done.
+    * ``addmm``/``baddbmm`` with ``out_dtype`` (TRL's chunked LM head accumulates bf16
+      products in fp32 so), whose extra argument torch's formulas take for the output's shape."""
+    import torch
+    from torch.utils import flop_counter
+
+    def heads(shape, n: int) -> tuple:  # [batch, heads, positions, head dim]
+        return (shape[0], n, *shape[2:])
+
+    def forward(query_shape, key_shape, value_shape, *_, **__) -> int:
+        n = query_shape[1]
+        return flop_counter.sdpa_flop_count(query_shape, heads(key_shape, n), heads(value_shape, n))
+
+    def backward(grad_out_shape, query_shape, key_shape, value_shape, *_, **__) -> int:
+        n = query_shape[1]
+        return flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, heads(key_shape, n), heads(value_shape, n))
+
+    def addmm(self_shape, a_shape, b_shape, *_, **__) -> int:
+        return flop_counter.mm_flop(a_shape, b_shape)
+
+    def baddbmm(self_shape, a_shape, b_shape, *_, **__) -> int:
+        return flop_counter.bmm_flop(a_shape, b_shape)
+
+    aten = torch.ops.aten
+    mapping = {aten.addmm: addmm, aten.baddbmm: baddbmm}
+    for kernel in ("efficient", "flash", "cudnn"):
+        name = f"_scaled_dot_product_{kernel}_attention"
+        if hasattr(aten, name):
+            mapping[getattr(aten, name)] = forward
+            mapping[getattr(aten, f"{name}_backward")] = backward
+    return mapping
+
+
+def matmul_side() -> int:
+    """The side of the square matmul taken as the machine's peak: 8192 on a GPU, 2048 on the CPU."""
+    import torch
+
+    return 8192 if torch.cuda.is_available() else 2048
+
+
+def matmul_flops_per_s(repeats: int = 10) -> float:
     """The best FLOP/s of an n x n matmul in the step's dtype (bf16 on a GPU, fp32 on the CPU)."""
     import torch
 
-    cuda = torch.cuda.is_available()
+    cuda, n = torch.cuda.is_available(), matmul_side()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     best = float("inf")
-    for _ in range(repeats):
+    for _ in range(repeats + (3 if cuda else 0)):  # on a GPU, three to warm up (clocks, cuBLAS's choice)
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        (a @ b).sum().item()
+        c = a @ b
+        if cuda:
+            torch.cuda.synchronize()
+        else:
+            c.sum().item()
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best
+
+
+def release_gpu() -> None:
+    """Let go of what prepare() left on the GPU (the model), so that the workers have all of it."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        print(f"  main process: {torch.cuda.memory_allocated() / 2**20:.0f} MiB still allocated on the GPU", flush=True)
 
 
 # ---- other processes: the machine may be shared ------------------------------------------------
@@ -301,7 +465,7 @@ def others_share(start: tuple[float, float, float]) -> float:
     return max(0.0, (b1 - b0) - (c1 - c0)) / ((w1 - w0) * (os.cpu_count() or 1))
 
 
-def run_worker(python: str, side: str, spec_path: Path, quiet_wait: float) -> dict:
+def run_worker(python: str, side: str, spec_path: Path, quiet_wait: float, path: str | None) -> dict:
     deadline = time.monotonic() + quiet_wait
     while True:  # wait (a while) for other processes to go quiet
         start = cpu_clock()
@@ -310,14 +474,20 @@ def run_worker(python: str, side: str, spec_path: Path, quiet_wait: float) -> di
             break
         print(f"  other processes use {share:.0%} of the CPU: waiting for quiet ...", flush=True)
     out, start = spec_path.parent / f"{side}.json", cpu_clock()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    pythonpath = os.pathsep.join(p for p in (path, str(ROOT), os.environ.get("PYTHONPATH")) if p)  # a given one kept: carried wheels
+    env = {**os.environ, "PYTHONPATH": pythonpath, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
     subprocess.run([python, __file__, "--worker", side, "--spec", str(spec_path), "--out", str(out)], check=True, env=env, cwd=ROOT)
     return {**json.loads(out.read_text()), "others": others_share(start)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", help="a local HF causal LM, or smollm2 (the demo's model) (default: the tiny model, seed 0)")
+    ap.add_argument(
+        "--model",
+        help=f"a local HF causal LM, smollm2 (the demo's model), or a shape with random weights: {', '.join(SHAPES)} (default: the tiny model, seed 0)",
+    )
+    ap.add_argument("--trl-python", help="a python that has TRL, for TRL's side (default: bench/results/.trl-venv, made when missing)")
+    ap.add_argument("--results", type=Path, default=RESULTS, help=f"the JSON written (default {RESULTS.relative_to(ROOT)})")
     ap.add_argument("--loss-type", default="dapo", choices=("dapo", "bnpo"), help="TRL's; both token-level, as burnish's")
     for flag, default, text in OPTIONS:
         ap.add_argument(flag, type=type(default), default=default, help=f"{text} (default {default})")
@@ -330,14 +500,17 @@ def main() -> int:
 
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     sys.path.insert(0, str(ROOT))
-    trl_python = ensure_trl_venv()
+    if path := import_path():
+        sys.path.insert(0, path)
+    trl_python = args.trl_python or str(ensure_trl_venv())
     runs: dict[str, list[dict]] = {"burnish": [], "TRL": []}
     with tempfile.TemporaryDirectory(prefix="burnish-vs-trl-") as tmp:
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(prepare(args, Path(tmp))))
+        release_gpu()
         for _ in range(args.rounds):  # alternating, so that a change in the machine's load hits both sides
-            runs["burnish"].append(run_worker(sys.executable, "ours", spec_path, args.quiet_wait))
-            runs["TRL"].append(run_worker(str(trl_python), "trl", spec_path, args.quiet_wait))
+            runs["burnish"].append(run_worker(sys.executable, "ours", spec_path, args.quiet_wait, path))
+            runs["TRL"].append(run_worker(trl_python, "trl", spec_path, args.quiet_wait, path))
     res = {}
     for name, rs in runs.items():
         timed = [t for r in rs for t in r["times"][args.warmup :]]
@@ -349,27 +522,35 @@ def main() -> int:
             "min_s": min(timed),
             "max_s": max(timed),
             "tokens_per_s": rs[0]["tokens"] / med,
-            "flops_per_s": rs[0]["flops"] / med,
+            "flops_per_s": rs[0]["flops"] / med if rs[0]["flops"] is not None else None,
             "others": max(r["others"] for r in rs),
+            "peak_memory": max(r["peak_memory"] for r in rs) if rs[0]["peak_memory"] is not None else None,
         }
     ours, theirs = res["burnish"], res["TRL"]
     n, v = args.groups * args.group_size, ours["versions"]
     print(
         f"\nmodel {args.model or 'tiny (Qwen2, 2 layers x 128, seed 0)'}; {args.groups} groups x {args.group_size}, prompt {args.prompt_len} + completion "
         f"{args.completion_len} tokens ({n * (args.prompt_len + args.completion_len)} tokens in, {n * args.completion_len} sampled); LoRA r={args.rank}; "
-        f"TRL {theirs['trl']} loss_type={args.loss_type}; device {ours['device']}; torch {v['torch']}, transformers {v['transformers']}, peft {v['peft']}"
+        f"TRL {theirs['trl']} loss_type={args.loss_type}; device {ours['device']}{' (' + ours['gpu'] + ')' if 'gpu' in ours else ''}; "
+        f"torch {v['torch']}, transformers {v['transformers']}, peft {v['peft']}"
     )
     print(f"{args.rounds} rounds x ({args.warmup} warm-up + {args.steps} timed steps) per side; threads: burnish {ours['threads']}, TRL {theirs['threads']}\n")
-    print(f"  {'side':<8}{'tokens/step':>12}{'s/step (median)':>17}{'min':>9}{'max':>9}{'tokens/s':>11}{'others':>8}")
+    gpu = ours["peak_memory"] is not None
+    print(f"  {'side':<8}{'tokens/step':>12}{'s/step (median)':>17}{'min':>9}{'max':>9}{'tokens/s':>11}{'others':>8}" + (f"{'peak GiB':>10}" if gpu else ""))
     for name, r in res.items():
-        print(f"  {name:<8}{r['tokens']:>12}{r['median_s']:>17.4f}{r['min_s']:>9.4f}{r['max_s']:>9.4f}{r['tokens_per_s']:>11.0f}{r['others']:>8.0%}")
+        mem = f"{r['peak_memory'] / 2**30:>10.1f}" if gpu else ""
+        print(f"  {name:<8}{r['tokens']:>12}{r['median_s']:>17.4f}{r['min_s']:>9.4f}{r['max_s']:>9.4f}{r['tokens_per_s']:>11.0f}{r['others']:>8.0%}{mem}")
     ratio = ours["tokens_per_s"] / theirs["tokens_per_s"]
     print(f"\n  burnish / TRL (tokens/s): {ratio:.2f}")
-    peak = max(r["matmul_flops_per_s"] for r in runs["burnish"])
+    peak, side = max(r["matmul_flops_per_s"] for r in runs["burnish"]), matmul_side()
     for name, r in res.items():
+        if r["flops"] is None:
+            print(f"  {name}: no FLOP count (torch's counter failed: see the worker's output)")
+            continue
+        r["peak_share"] = r["flops_per_s"] / peak
         print(
             f"  {name}: {r['flops'] / 1e9:.1f} GFLOP per step (torch's count), {r['flops_per_s'] / 1e9:.1f} GFLOP/s = "
-            f"{r['flops_per_s'] / peak:.0%} of a plain {'bf16' if 'cuda' in r['device'] else 'fp32'} 2048x2048 matmul ({peak / 1e9:.1f} GFLOP/s)"
+            f"{r['peak_share']:.0%} of a plain {'bf16' if 'cuda' in r['device'] else 'fp32'} {side}x{side} matmul ({peak / 1e9:.1f} GFLOP/s)"
         )
     if max(ours["others"], theirs["others"]) > OTHERS_MAX:
         print(f"  WARNING: other processes used over {OTHERS_MAX:.0%} of the CPU in a run ('others', the most of any round): figures skewed")
@@ -378,9 +559,11 @@ def main() -> int:
         f"  loss, step 1: burnish {ours['losses'][0]:+.6f}, TRL {theirs['losses'][0]:+.6f}; step {len(diffs)}: burnish {ours['losses'][-1]:+.6f}, "
         f"TRL {theirs['losses'][-1]:+.6f}; largest |difference| over {len(diffs)} steps {max(diffs):.1e}"
     )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(args), "ratio_tokens_per_s": ratio, **res}, indent=2))
-    print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+    out = args.results.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    summary = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+    out.write_text(json.dumps(summary | {"ratio_tokens_per_s": ratio, "matmul_flops_per_s": peak, **res}, indent=2))
+    print(f"\nwrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
     return 0
 
 
