@@ -51,7 +51,10 @@ TINY_MODEL_TRAIN = TrainSettings(learning_rate=5e-3)
 # SmolLM2-135M with LoRA on every projection: what examples/arithmetic.py learns with on two
 # cores (docs/trainer.md, "The learning runs").
 DEMO_MODEL_LORA = LoraSettings(rank=16, alpha=32, target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
-DEMO_MODEL_TRAIN = TrainSettings(learning_rate=5e-4, groups_per_step=4)
+# Micro-batches of 2048 tokens: an agent's step (32 sequences of 300-400 tokens, a tool
+# prompt in each) in micro-batches of the default 8192 held 20 GB of activations and logits
+# (49,152-word vocabulary) and was killed for memory on a 24 GiB machine.
+DEMO_MODEL_TRAIN = TrainSettings(learning_rate=5e-4, groups_per_step=4, micro_batch_tokens=2048)
 
 
 @dataclass(frozen=True)

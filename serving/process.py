@@ -89,6 +89,11 @@ class VLLMServer:
         cmd += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.max_loras)]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
+        # vLLM 0.32's CPU build kills its engine when a request with a `seed` has its prompt cut
+        # across steps (chunked prefill): it rewinds the request's generator with an offset that
+        # only a CUDA generator has ("CPU Generator does not use offset"). Whole prompts only.
+        if cpu_build() and not any(arg.startswith("--enable-chunked-prefill") or arg.startswith("--no-enable-chunked-prefill") for arg in self.extra_args):
+            cmd += ["--no-enable-chunked-prefill"]
         return cmd + self.extra_args
 
     def environment(self) -> dict[str, str]:
