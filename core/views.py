@@ -49,6 +49,8 @@ class CallView(View, kw_only=True):
     # several choices, or not trained at all (no prompt or completion ids, not ok, or not
     # answered by the policy the trajectory's group trains).
     extends_previous: bool | None
+    # The newest reward posted for this call alone (credit per turn), if any.
+    reward: float | None
     attempts: int
     upstream_first_byte_ms: float | None
     upstream_ms: float | None
@@ -62,6 +64,8 @@ class RewardView(View, kw_only=True):
     source: str  # "user" or "ruler"
     explanation: str | None
     created_at: str | None
+    # The call it rewards, by its index in ``calls``; None: the trajectory's reward.
+    call: int | None = None
 
 
 class TrajectoryView(View, kw_only=True):

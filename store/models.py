@@ -146,12 +146,15 @@ class Call(Base):
 
 
 class Reward(Base):
-    """Every reward ever posted for a trajectory, newest last."""
+    """Every reward ever posted for a trajectory, or for one of its calls, newest last."""
 
     __tablename__ = "rewards"
 
     pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
     trajectory_id: Mapped[str] = mapped_column(ForeignKey("trajectories.id"), index=True)
+    # The call it rewards (credit per turn), or None for the trajectory's own reward; a call's
+    # reward is its newest such row.
+    call_pk: Mapped[int | None] = mapped_column(PK, index=True)
     reward: Mapped[float] = mapped_column(Float)
     components: Mapped[dict[str, float] | None] = mapped_column(JSON)
     # "user" for POST /reward, "ruler" for a judge's verdict.

@@ -61,7 +61,7 @@ class Merging:
         return self.continuity.extends(tokens.prompt, tokens.completions)
 
 
-def call_view(row: Any, merging: Merging) -> CallView:
+def call_view(row: Any, merging: Merging, reward: float | None = None) -> CallView:
     """One call of a trajectory; ``merging`` has walked the trajectory's calls before it, in order."""
     tokens = unpack_tokens(row.prompt_token_ids, row.completion_token_ids, row.completion_logprobs, row.completion_lengths)
     extends = merging.extends(row, tokens)
@@ -83,6 +83,7 @@ def call_view(row: Any, merging: Merging) -> CallView:
         if tokens is None
         else CallTokensView(prompt_token_ids=tokens.prompt, completion_token_ids=tokens.completions, completion_logprobs=tokens.logprobs),
         extends_previous=extends,
+        reward=reward,
         attempts=row.attempts,
         upstream_first_byte_ms=row.upstream_first_byte_ms,
         upstream_ms=row.upstream_ms,
@@ -103,10 +104,20 @@ async def get_trajectory(conn: AsyncConnection, trajectory_id: str) -> Trajector
     policy = (await conn.execute(select(Group.policy).where(Group.id == row.group_id))).scalar() if row.group_id is not None else None
     out = trajectory_view(row, len(calls))
     merging = Merging(policy)
-    out.calls = [call_view(c, merging) for c in calls]
+    index = {c.pk: i for i, c in enumerate(calls)}
+    call_rewards = {r.call_pk: r.reward for r in rewards if r.call_pk is not None}  # the newest wins
+    out.calls = [call_view(c, merging, call_rewards.get(c.pk)) for c in calls]
     out.sequence_splits = merging.continuity.splits
     out.rewards = [
-        RewardView(reward=r.reward, components=r.components, source=r.source, explanation=r.explanation, created_at=iso(r.created_at)) for r in rewards
+        RewardView(
+            reward=r.reward,
+            components=r.components,
+            source=r.source,
+            explanation=r.explanation,
+            created_at=iso(r.created_at),
+            call=index.get(r.call_pk) if r.call_pk is not None else None,
+        )
+        for r in rewards
     ]
     return out
 
@@ -203,6 +214,8 @@ async def export_jsonl(engine: AsyncEngine, filters: Filters, *, flush_bytes: in
             order = {r.id: i for i, r in enumerate(page)}
             grouped = {r.group_id for r in page if r.group_id is not None}
             policies = dict((await conn.execute(select(Group.id, Group.policy).where(Group.id.in_(grouped)))).all()) if grouped else {}
+            posted = select(Reward.call_pk, Reward.reward).where(Reward.trajectory_id.in_(list(order)), Reward.call_pk.is_not(None)).order_by(Reward.pk)
+            call_rewards = {pk: reward for pk, reward in await conn.execute(posted)}  # the newest wins
             calls = await conn.stream(
                 select(Call)
                 .join(Trajectory, Trajectory.id == Call.trajectory_id)
@@ -224,7 +237,7 @@ async def export_jsonl(engine: AsyncEngine, filters: Filters, *, flush_bytes: in
                     merging = Merging(policies.get(page[current].group_id))
                 if not first_call:
                     buffer += b","
-                buffer += _encode(call_view(call, merging))
+                buffer += _encode(call_view(call, merging, call_rewards.get(call.pk)))
                 first_call = False
                 if len(buffer) >= flush_bytes:
                     yield bytes(buffer)

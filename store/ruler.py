@@ -96,7 +96,10 @@ def store_verdict(conn: Connection, group_id: str, key: str, judge: str, scores:
     for trajectory_id, s in scores.items():
         member = members[trajectory_id]
         user = conn.execute(
-            select(Reward.reward).where(Reward.trajectory_id == trajectory_id, Reward.source == "user").order_by(Reward.pk.desc()).limit(1)
+            select(Reward.reward)
+            .where(Reward.trajectory_id == trajectory_id, Reward.source == "user", Reward.call_pk.is_(None))
+            .order_by(Reward.pk.desc())
+            .limit(1)
         ).scalar()
         reward = s.score if combine == "set" else (user or 0.0) + s.score
         components = {**(member.reward_components or {}), "ruler": s.score}

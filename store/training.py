@@ -1,7 +1,8 @@
 """The training queue, kept in the store: which groups are ready, and who trains them.
 
 A group is ready for its policy when it is closed, every member has a reward, and the
-rewards are not all equal (equal rewards give zero advantages: nothing to learn); see
+rewards are not all equal, or some call carries a reward of its own that is not 0 (equal
+rewards and no call's credit give zero advantages: nothing to learn); see
 ``core/groups.py`` for the states. A group held out for evaluation is never ready: neither
 one marked itself (``groups.eval``) nor one with any marked member (a trajectory marked
 before it joined the group), so a held-out trajectory is never trained on, however the
@@ -19,7 +20,7 @@ These are sync functions of a ``Connection``, run by ``Database.transaction``.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from sqlalchemy import Select, and_, case, func, or_, select, update
 from sqlalchemy.engine import Connection
@@ -27,13 +28,26 @@ from sqlalchemy.engine import Connection
 from burnish_server.core.records import OK, CallRecord
 from burnish_server.store import groups
 from burnish_server.store.calls import to_record
-from burnish_server.store.models import Call, Group, PolicyRow, Trajectory, utcnow
+from burnish_server.store.models import Call, Group, PolicyRow, Reward, Trajectory, utcnow
 
 DEFAULT_LEASE_S = 900.0
 
 
+def call_rewards() -> Any:
+    """Each rewarded call's newest reward (``call_pk``, ``reward``), as a subquery."""
+    newest = select(func.max(Reward.pk)).where(Reward.call_pk.is_not(None)).group_by(Reward.call_pk)
+    return select(Reward.call_pk, Reward.reward).where(Reward.pk.in_(newest)).subquery()
+
+
 def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S) -> Select:
     """Ids of the policy's ready, unclaimed groups, oldest closed first."""
+    posted = call_rewards()
+    credited = (
+        select(Trajectory.group_id.label("group_id"))
+        .join(Call, Call.trajectory_id == Trajectory.id)
+        .join(posted, posted.c.call_pk == Call.pk)
+        .where(posted.c.reward != 0)
+    )
     members = (
         select(
             Trajectory.group_id.label("group_id"),
@@ -56,7 +70,7 @@ def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S
             # Closed, or being trained by a trainer whose lease ran out (it died mid-step).
             or_(groups.is_closed(), and_(groups.is_training(), Group.claimed_at < now - timedelta(seconds=lease_s))),
             members.c.size == members.c.rewarded,
-            members.c.high > members.c.low,
+            or_(members.c.high > members.c.low, Group.id.in_(credited)),
             members.c.held_out == 0,
         )
         .order_by(Group.closed_at, Group.pk)
@@ -116,6 +130,7 @@ class TrainingCall(NamedTuple):
     trajectory_id: str
     reward: float
     call: CallRecord
+    call_reward: float | None = None  # posted for this call alone (credit per turn)
 
 
 def group_calls(conn: Connection, ids: list[str]) -> list[TrainingCall]:
@@ -124,11 +139,13 @@ def group_calls(conn: Connection, ids: list[str]) -> list[TrainingCall]:
     policy) stay in the trajectory but are not this policy's samples: they are not trained.
     Nor is anything held out: a mark that arrived after the claim still keeps its trajectory
     (or group) out of the step."""
+    posted = call_rewards()
     rows = conn.execute(
-        select(Trajectory.group_id, Trajectory.reward, Call)
+        select(Trajectory.group_id, Trajectory.reward, posted.c.reward.label("call_reward"), Call)
         .join(Call, Call.trajectory_id == Trajectory.id)
         .join(Group, Group.id == Trajectory.group_id)
+        .outerjoin(posted, posted.c.call_pk == Call.pk)
         .where(Trajectory.group_id.in_(ids), Call.status == OK, Call.policy == Group.policy, Group.eval.is_(False), Trajectory.eval.is_(False))
         .order_by(Trajectory.group_id, Trajectory.pk, Call.started_at, Call.pk)
     )
-    return [TrainingCall(row.group_id, row.trajectory_id, row.reward, to_record(row, row.group_id)) for row in rows]
+    return [TrainingCall(row.group_id, row.trajectory_id, row.reward, to_record(row, row.group_id), row.call_reward) for row in rows]

@@ -183,6 +183,39 @@ class PostReward:
 
 
 @dataclass(slots=True)
+class PostCallReward:
+    """A reward for one call of a trajectory: the ``index``-th in the trajectory's order (as
+    ``GET /v1/trajectories/{id}`` lists them; -1 is the last). Kept beside the trajectory's
+    rewards; the newest for a call is its reward. It neither sets the trajectory's reward
+    nor closes its group, and a closed group's calls take no more rewards."""
+
+    trajectory_id: str
+    index: int
+    reward: float
+    components: dict[str, float] = field(default_factory=dict)
+
+    def apply(self, conn: Connection) -> dict[str, Any]:
+        found = conn.execute(select(Trajectory.group_id).where(Trajectory.id == self.trajectory_id)).first()
+        if found is None:
+            raise NotFound(f"no trajectory {local(self.trajectory_id)!r}", "trajectory_not_found", "trajectory_id")
+        if found.group_id is not None:
+            # Locked as PostReward locks it: a call's reward cannot slip in after the group closed.
+            closed = conn.execute(select(Group.closed_at).where(Group.id == found.group_id).with_for_update()).scalar_one()
+            if closed is not None:
+                raise Conflict(f"group {local(found.group_id)!r} is closed; its rewards can no longer change", "group_closed", "trajectory_id")
+        calls = list(conn.execute(select(Call.pk).where(Call.trajectory_id == self.trajectory_id).order_by(Call.started_at, Call.pk)).scalars())
+        if not -len(calls) <= self.index < len(calls):
+            raise NotFound(f"trajectory {local(self.trajectory_id)!r} has {len(calls)} calls; no call {self.index}", "call_not_found", "index")
+        call_pk = calls[self.index]
+        conn.execute(
+            insert(Reward).values(
+                trajectory_id=self.trajectory_id, call_pk=call_pk, reward=self.reward, components=self.components, source="user", created_at=utcnow()
+            )
+        )
+        return {"group_id": found.group_id, "call": self.index % len(calls)}
+
+
+@dataclass(slots=True)
 class CloseGroup:
     group_id: str
 

@@ -103,3 +103,13 @@ def test_truncated_importance_sampling_weighs_each_token_by_its_capped_ratio() -
     # d loss / d logp_t = -w_t * A / tokens: the gradient flows through every token, weighted
     assert logp.grad is not None
     assert logp.grad.tolist()[0] == pytest.approx([-1.5 / 3, -0.5 / 3, -1.1 / 3], rel=1e-5)
+
+
+def test_turn_credits_are_discounted_sums_of_the_call_rewards_at_and_after_each_call() -> None:
+    from burnish_server.trainer.grpo import turn_credits
+
+    assert turn_credits([None, None, None], 0.9) == [0.0, 0.0, 0.0]
+    assert turn_credits([1.0, None, 2.0], 1.0) == [3.0, 2.0, 2.0]
+    assert turn_credits([1.0, None, 2.0], 0.5) == [1.5, 1.0, 2.0]
+    assert turn_credits([None, -1.0], 0.0) == [0.0, -1.0]
+    assert turn_credits([], 1.0) == []

@@ -35,10 +35,13 @@ def test_groups_trajectories_and_rewards(gw: Gateway, upstream: Upstream) -> Non
         # A framework that takes only a base URL: the keys ride in the path.
         assert second.base_url == f"{gw.url}/g/{group.id}/t/mine-2/v1"
         assert httpx.post(second.base_url + "/chat/completions", json={"model": "tiny", "messages": HI}).status_code == 200
+        first.openai().chat.completions.create(model="tiny", messages=HI)
+        assert [c["reward"] for c in first.reward_call(-1, 0.5, tool=1.0)["calls"]] == [None, 0.5]  # credit per turn
         assert first.reward(0.25, format=1.0)["group_closed"] is False
         assert second.reward(0.75)["group_closed"] is True  # size 2: the second reward closes it
     got = first.get()
-    assert (got["group_id"], got["reward"], got["reward_components"], len(got["calls"])) == (group.id, 0.25, {"format": 1.0}, 1)
+    assert (got["group_id"], got["reward"], got["reward_components"], len(got["calls"])) == (group.id, 0.25, {"format": 1.0}, 2)
+    assert [(r["call"], r["reward"]) for r in got["rewards"]] == [(1, 0.5), (None, 0.25)]
     assert [m["id"] for m in client.get_group(group.id)["members"]] == [first.id, "mine-2"]
     alone = client.trajectory()
     alone.openai().chat.completions.create(model="tiny", messages=HI)
@@ -143,6 +146,7 @@ def test_the_async_client(gw: Gateway, upstream: Upstream) -> None:
             lone = client.trajectory()
             await lone.async_openai().chat.completions.create(model="tiny", messages=HI)
             assert (await client.get_trajectory(lone.id))["calls"][0]["model"] == "tiny"
+            assert (await lone.reward_call(0, -0.5))["calls"][0]["reward"] == -0.5
             assert await client.wait_for_step("agent", 0, timeout=5) == 0
             with pytest.raises(StepTimeout):
                 await client.wait_for_step("agent", 1, timeout=0.3, poll=0.1)

@@ -99,3 +99,78 @@ def test_staleness_is_measured_from_the_step_trained_and_bounded_by_max_stalenes
     assert sorted(bounded.staleness) == [0, 1] and bounded.stale == 1 and len(bounded.items) == 2
     # the stale call's reward still counts in its group's baseline: the others' advantages are unchanged
     assert [a for _, a in bounded.items] == [a for _, a in batch.items][1:]
+
+
+# ---- credit per turn --------------------------------------------------------------------------
+
+
+def _turns(trajectory: str, reward: float, call_rewards: list[float | None]) -> list[TrainingCall]:
+    """A trajectory of single-choice calls that each extend the last: call k samples token 100+k
+    after a tool result (50+k), so the calls merge into one sequence."""
+    rows, history = [], [1, 2]
+    for k, call_reward in enumerate(call_rewards):
+        prompt = history + ([50 + k] if k else [])
+        record = chat_call(
+            {"model": "agent", "messages": []},
+            None,
+            trajectory_id=trajectory,
+            group_id="g",
+            policy="agent",
+            policy_step=0,
+            prompt_token_ids=pack_ids(prompt),
+            completion_token_ids=pack_ids([100 + k]),
+            completion_logprobs=pack_floats([-0.5]),
+            completion_lengths=pack_ids([1]),
+        )
+        rows.append(TrainingCall("g", trajectory, reward, record, call_reward))
+        history = prompt + [100 + k]
+    return rows
+
+
+def _per_call(batch: object, trajectory_index: int) -> list[float]:
+    """The advantage each sampled token of one trajectory gets, as make_batch builds it."""
+    import torch
+
+    from burnish_server.trainer.policy_model import make_batch
+
+    items = batch.items  # type: ignore[attr-defined]
+    built = make_batch(items, 0, 4096, torch.device("cpu"))
+    row = built.advantages[trajectory_index]
+    return [round(v, 6) for v, m in zip(row.tolist(), built.sampled[trajectory_index].tolist()) if m]
+
+
+def test_a_calls_reward_moves_its_own_and_earlier_calls_advantages_and_nothing_else() -> None:
+    """Two trajectories of three calls (each merged into one sequence). Rewarding call 1 of "a"
+    with 0.5 adds 0.5 to a's calls 0 and 1 (discount 1) and changes no other advantage: not a's
+    call 2, not b's, not the group-relative part."""
+    plain = training_batch(_turns("a", 1.0, [None, None, None]) + _turns("b", 0.0, [None, None, None]), TrainSettings())
+    credited = training_batch(_turns("a", 1.0, [None, 0.5, None]) + _turns("b", 0.0, [None, None, None]), TrainSettings())
+    assert [s.calls for s, _ in credited.items] == [3, 3] and credited.splits == 0 and credited.call_rewards == 1
+    a_plain, b_plain = _per_call(plain, 0), _per_call(plain, 1)
+    assert len(set(a_plain)) == 1 and a_plain[0] > 0 > b_plain[0]  # GRPO alone: one advantage per trajectory
+    assert _per_call(credited, 0) == [round(a_plain[0] + 0.5, 6), round(a_plain[0] + 0.5, 6), a_plain[2]]
+    assert _per_call(credited, 1) == b_plain
+
+
+def test_the_discount_spreads_a_later_calls_reward_back_geometrically() -> None:
+    rows = _turns("a", 1.0, [None, None, 1.0]) + _turns("b", 0.0, [-1.0, None, None])
+    batch = training_batch(rows, TrainSettings(turn_discount=0.5))
+    base_a = [a for s, a in batch.items][0]
+    base_b = [a for s, a in batch.items][1]
+    assert _per_call(batch, 0) == [round(base_a + 0.25, 6), round(base_a + 0.5, 6), round(base_a + 1.0, 6)]
+    assert _per_call(batch, 1) == [round(base_b - 1.0, 6), round(base_b, 6), round(base_b, 6)]
+
+
+def test_a_later_calls_reward_counts_even_where_that_call_is_not_trained() -> None:
+    """The last call was recorded without token ids (untokenized): it trains nothing, but its
+    reward still credits the calls before it."""
+    rows = _turns("a", 0.0, [None, 2.0])
+    rows[1] = rows[1]._replace(call=msgspec_replace(rows[1].call, prompt_token_ids=None))
+    batch = training_batch(rows, TrainSettings())
+    assert batch.untokenized == 1 and _per_call(batch, 0) == [2.0]
+
+
+def msgspec_replace(record: object, **fields: object) -> object:
+    import msgspec
+
+    return msgspec.structs.replace(record, **fields)  # type: ignore[type-var]

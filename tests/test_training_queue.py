@@ -150,3 +150,21 @@ async def test_steps_are_recorded_served_and_lose_to_a_rollback(store) -> None:
     with pytest.raises(RuntimeError, match="lost its claim"):
         await db.transaction(record_step, "agent", 3, 0, first, "w1", {}, "/ckpt/3")
     assert [s["step"] for s in await answer(db, list_steps, "agent")] == [1, 2]
+
+
+async def test_a_group_of_equal_rewards_is_ready_when_a_call_carries_credit_of_its_own(store) -> None:
+    """Equal trajectory rewards teach nothing, unless a call's own reward (not 0) gives its
+    tokens credit; the trainer reads each call's newest reward beside the trajectory's."""
+    from burnish_server.store.writes import PostCallReward
+
+    db, writer = store
+    await make_group(writer, "zero-credit", [0.3, 0.3], close=False)
+    await writer.write(PostCallReward("zero-credit-0", 0, 0.0))
+    await writer.write(CloseGroup("zero-credit"))
+    await make_group(writer, "credited", [0.3, 0.3], close=False)
+    await writer.write(PostCallReward("credited-1", -1, 0.5))
+    await writer.write(PostCallReward("credited-1", 0, -0.25))  # the same call (its only one): the newest wins
+    await writer.write(CloseGroup("credited"))
+    assert await db.transaction(claim_groups, "agent", "w1", 2, 900.0, 1) == ["credited"]
+    rows = await db.read(group_calls, ["credited"])
+    assert [(r.trajectory_id, r.reward, r.call_reward) for r in rows] == [("credited-0", 0.3, None), ("credited-1", 0.3, -0.25)]

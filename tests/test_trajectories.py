@@ -198,3 +198,34 @@ def test_oversized_admin_body_is_413(make_gateway, upstream, path: str) -> None:
         assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large" and r.json()["type"] == "error"
     else:
         assert_openai_error(r, 413)
+
+
+def test_a_reward_for_one_call_is_kept_beside_the_trajectorys(gateway: Gateway) -> None:
+    """Credit per turn: POST /v1/trajectories/{id}/calls/{index}/reward, index in call order
+    (-1: the last). The call shows its newest reward; the history says which call each was for;
+    the trajectory's own reward and its group's state are untouched."""
+    with gateway.client() as c:
+        for content in ("one", "two", "three"):
+            call(c, "turns", group="g-turns", size=1, content=content)
+        r = c.post("/v1/trajectories/turns/calls/1/reward", json={"reward": 0.5, "components": {"tool": 1.0}})
+        assert r.status_code == 200, r.text
+        assert [x["reward"] for x in r.json()["calls"]] == [None, 0.5, None] and r.json()["reward"] is None
+        c.post("/v1/trajectories/turns/calls/-1/reward", json={"reward": -1.0}).raise_for_status()
+        c.post("/v1/trajectories/turns/calls/1/reward", json={"reward": 0.25}).raise_for_status()
+        assert c.get("/v1/groups/g-turns").json()["state"] == "open"  # a call's reward closes nothing
+        t = c.get("/v1/trajectories/turns").json()
+        assert [x["reward"] for x in t["calls"]] == [None, 0.25, -1.0]
+        assert [(x["call"], x["reward"], x["components"]) for x in t["rewards"]] == [(1, 0.5, {"tool": 1.0}), (2, -1.0, {}), (1, 0.25, {})]
+        exported = [json.loads(line) for line in c.get("/v1/trajectories/export", params={"group_id": "g-turns"}).text.splitlines()]
+        assert [x["reward"] for x in exported[0]["calls"]] == [None, 0.25, -1.0]
+
+        # Bad input changes nothing: no such call, no such trajectory, not a finite number, a closed group.
+        assert_openai_error(c.post("/v1/trajectories/turns/calls/3/reward", json={"reward": 1.0}), 404, "call_not_found")
+        assert_openai_error(c.post("/v1/trajectories/turns/calls/-4/reward", json={"reward": 1.0}), 404, "call_not_found")
+        assert_openai_error(c.post("/v1/trajectories/nobody/calls/0/reward", json={"reward": 1.0}), 404, "trajectory_not_found")
+        assert_openai_error(c.post("/v1/trajectories/turns/calls/0/reward", content=b'{"reward": 1e999}'), 400)
+        assert_openai_error(c.post("/v1/trajectories/turns/calls/x/reward", json={"reward": 1.0}), 404)  # no such route
+        c.post("/v1/trajectories/turns/reward", json={"reward": 1.0}).raise_for_status()  # closes the group (size 1)
+        assert_openai_error(c.post("/v1/trajectories/turns/calls/0/reward", json={"reward": 1.0}), 409, "group_closed")
+        t = c.get("/v1/trajectories/turns").json()
+        assert [x["reward"] for x in t["calls"]] == [None, 0.25, -1.0] and t["reward"] == 1.0 and len(t["rewards"]) == 4

@@ -4,6 +4,10 @@ Everything here is a pure function of tensors, so it can be checked by hand
 (tests/test_grpo.py). The loop that feeds it lives elsewhere in trainer/.
 
     advantage_i   = (r_i - mean(r)) / (std(r) + eps)        per group; std optional
+    credit_i,t    = sum over calls k >= t of  gamma^(k-t) * c_i,k
+                                                            c_i,k: the reward posted for call k of
+                                                            trajectory i alone (0 if none)
+    A_i,t         = advantage_i + credit_i,t                of every token call t sampled
     ratio_t       = exp(logp_t - logp_behaviour_t)          logp_behaviour: what vLLM recorded
     loss_t        = -min(ratio_t * A, clip(ratio_t, 1 - eps_low, 1 + eps_high) * A)
                     + kl_coef * k3_t,   k3_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1
@@ -31,6 +35,22 @@ from dataclasses import dataclass
 import torch
 
 from burnish_server.core.policies import TrainSettings
+
+
+def turn_credits(call_rewards: list[float | None], discount: float) -> list[float]:
+    """One trajectory's calls, in order, each with the reward posted for it alone (None if
+    none) -> each call's credit: the discounted sum of the call rewards at and after it.
+
+    Credit per turn is added to the trajectory's group-relative advantage, not normalised
+    with it: a call's reward moves its own call's advantage and, discounted, its
+    trajectory's earlier calls', and nothing else (tests/test_grpo.py). So call rewards are
+    in the advantage's units (the group's standard deviations of reward, where advantages
+    are scaled): +0.5 for a call that did its part, -0.5 for one that did not."""
+    credits, ahead = [0.0] * len(call_rewards), 0.0
+    for t in range(len(call_rewards) - 1, -1, -1):
+        ahead = (call_rewards[t] or 0.0) + discount * ahead
+        credits[t] = ahead
+    return credits
 
 
 def group_advantages(rewards: torch.Tensor, *, scale: bool = True, eps: float = 1e-4) -> torch.Tensor:

@@ -27,7 +27,7 @@ class Batch:
     sampled: torch.Tensor  # [B, T], 1 on tokens to train on
     behaviour_logprobs: torch.Tensor  # [B, T]
     has_behaviour: torch.Tensor  # [B], False: no recorded logprobs, taken as on-policy (ratio 1)
-    advantages: torch.Tensor  # [B]
+    advantages: torch.Tensor  # [B, T]: the sequence's advantage, plus each call's credit per turn
 
 
 def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, device: torch.device) -> Batch:
@@ -43,7 +43,7 @@ def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, d
         sampled=torch.tensor([padded(s.mask, 0) for s, _ in items], device=device),
         behaviour_logprobs=torch.tensor([padded(s.behaviour_logprobs, 0.0) for s, _ in items], device=device, dtype=torch.float32),
         has_behaviour=torch.tensor([s.has_behaviour_logprobs for s, _ in items], device=device),
-        advantages=torch.tensor([a for _, a in items], device=device, dtype=torch.float32),
+        advantages=torch.tensor([padded([a + c for c in s.credit], a) for s, a in items], device=device, dtype=torch.float32),
     )
 
 

@@ -3,6 +3,7 @@
     recorded call ──(its prompt and completion ids, as vLLM returned them)──▶ SampledCall
     a trajectory's SampledCalls ──(merged where each prompt extends the last)──▶ Sequences
     a group's rewards ──(group-relative advantages, trainer/grpo.py)──▶ (Sequence, advantage) pairs
+    rewards posted for single calls ──(turn_credits, trainer/grpo.py)──▶ each token's credit, in its Sequence
 
 A call trains only on the ids the policy actually saw and sampled. A call recorded without
 prompt or completion ids is skipped and counted (``untokenized_calls`` in the step's
@@ -38,7 +39,7 @@ from burnish_server.core.policies import TrainSettings
 from burnish_server.core.records import CallRecord
 from burnish_server.core.tokens import Continuity
 from burnish_server.store.training import TrainingCall
-from burnish_server.trainer.grpo import group_advantages
+from burnish_server.trainer.grpo import group_advantages, turn_credits
 
 
 @dataclass
@@ -48,6 +49,7 @@ class SampledCall:
     prompt: list[int]
     completions: list[list[int]]  # one per choice
     logprobs: list[list[float]] | None  # the behaviour policy's, aligned with completions
+    credit: float = 0.0  # its credit per turn (trainer/grpo.py: turn_credits), for every choice
 
 
 @dataclass
@@ -55,12 +57,15 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)  # 1 where the token was sampled
     behaviour_logprobs: list[float] = field(default_factory=list)  # 0.0 where mask is 0
+    # Added to the sequence's advantage per token: the credit of the call that sampled it (0 elsewhere).
+    credit: list[float] = field(default_factory=list)
     has_behaviour_logprobs: bool = True
     calls: int = 0
 
-    def add(self, context: list[int], sampled: list[int], logprobs: list[float] | None) -> None:
+    def add(self, context: list[int], sampled: list[int], logprobs: list[float] | None, credit: float = 0.0) -> None:
         self.tokens += context + sampled
         self.mask += [0] * len(context) + [1] * len(sampled)
+        self.credit += [0.0] * len(context) + [credit] * len(sampled)
         self.behaviour_logprobs += [0.0] * len(context) + (list(logprobs) if logprobs is not None else [0.0] * len(sampled))
         self.has_behaviour_logprobs &= logprobs is not None
         self.calls += 1
@@ -88,18 +93,18 @@ def build_sequences(calls: Iterable[SampledCall]) -> Merged:
         if extends is None:  # several choices (or none): each its own sequence
             for i, completion in enumerate(call.completions):
                 seq = Sequence()
-                seq.add(call.prompt, completion, call.logprobs[i] if call.logprobs else None)
+                seq.add(call.prompt, completion, call.logprobs[i] if call.logprobs else None, call.credit)
                 done.append(seq)
             continue
         completion = call.completions[0]
         logprobs = call.logprobs[0] if call.logprobs else None
         if extends and current is not None:  # current.tokens is the history the prompt extends
-            current.add(call.prompt[len(current.tokens) :], completion, logprobs)
+            current.add(call.prompt[len(current.tokens) :], completion, logprobs, call.credit)
             continue
         if current is not None:
             done.append(current)
         current = Sequence()
-        current.add(call.prompt, completion, logprobs)
+        current.add(call.prompt, completion, logprobs, call.credit)
     if current is not None:
         done.append(current)
     return Merged([s for s in done if s.sampled > 0], continuity.splits)
@@ -124,28 +129,38 @@ class Batch:
     splits: int  # calls that started a new sequence of their trajectory (Merged.splits, summed)
     stale: int = 0  # calls skipped: sampled more than max_staleness steps before the trained one
     staleness: list[int] = field(default_factory=list)  # of each call trained: head - its sampling step
+    call_rewards: int = 0  # calls that carried a reward of their own (credit per turn)
 
 
 def training_batch(rows: list[TrainingCall], settings: TrainSettings, head: int = 0) -> Batch:
     """The claimed groups' calls -> (sequence, advantage) pairs, advantages relative within each
-    group. ``head``: the step the batch trains from (staleness is measured against it)."""
-    trajectories: dict[str, dict[str, list[SampledCall]]] = {}
+    group, plus each call's credit per turn on its tokens. ``head``: the step the batch trains
+    from (staleness is measured against it)."""
+    by_trajectory: dict[str, dict[str, list[TrainingCall]]] = {}
     rewards: dict[str, float] = {}
+    for row in rows:
+        by_trajectory.setdefault(row.group_id, {}).setdefault(row.trajectory_id, []).append(row)
+        rewards[row.trajectory_id] = row.reward
+    trajectories: dict[str, dict[str, list[SampledCall]]] = {}
     untokenized = splits = stale = 0
     staleness: list[int] = []
-    for row in rows:
-        call = sampled_call(row.call)
-        members = trajectories.setdefault(row.group_id, {}).setdefault(row.trajectory_id, [])
-        rewards[row.trajectory_id] = row.reward
-        if call is None:
-            untokenized += 1
-            continue
-        age = max(head - (row.call.policy_step or 0), 0)  # a rollback can leave samples "from the future"
-        if settings.max_staleness is not None and age > settings.max_staleness:
-            stale += 1
-            continue
-        staleness.append(age)
-        members.append(call)
+    for group_id, group_rows in by_trajectory.items():
+        for trajectory_id, calls in group_rows.items():
+            # A call's credit counts the rewards of every later call, trained or not.
+            credits = turn_credits([row.call_reward for row in calls], settings.turn_discount)
+            members = trajectories.setdefault(group_id, {}).setdefault(trajectory_id, [])
+            for row, credit in zip(calls, credits):
+                call = sampled_call(row.call)
+                if call is None:
+                    untokenized += 1
+                    continue
+                age = max(head - (row.call.policy_step or 0), 0)  # a rollback can leave samples "from the future"
+                if settings.max_staleness is not None and age > settings.max_staleness:
+                    stale += 1
+                    continue
+                staleness.append(age)
+                call.credit = credit
+                members.append(call)
     items: list[tuple[Sequence, float]] = []
     for group in trajectories.values():
         names = list(group)
@@ -154,4 +169,5 @@ def training_batch(rows: list[TrainingCall], settings: TrainSettings, head: int 
             merged = build_sequences(group[name])
             splits += merged.splits
             items += [(seq, advantage) for seq in merged.sequences]
-    return Batch(items, [rewards[t] for m in trajectories.values() for t in m], untokenized, splits, stale, staleness)
+    posted = sum(row.call_reward is not None for row in rows)
+    return Batch(items, [rewards[t] for m in trajectories.values() for t in m], untokenized, splits, stale, staleness, posted)

@@ -208,7 +208,14 @@ class TrainerWorker:
         n = len(batch.rewards)  # 0 if every claimed group turned out held out (marked after the claim)
         mean = sum(batch.rewards) / n if n else 0.0
         std = (sum((r - mean) ** 2 for r in batch.rewards) / (n - 1)) ** 0.5 if n > 1 else 0.0
-        metrics.update(reward_mean=mean, reward_std=std, untokenized_calls=batch.untokenized, sequence_splits=batch.splits, stale_calls=batch.stale)
+        metrics.update(
+            reward_mean=mean,
+            reward_std=std,
+            untokenized_calls=batch.untokenized,
+            sequence_splits=batch.splits,
+            stale_calls=batch.stale,
+            call_rewards=batch.call_rewards,
+        )
         ages = batch.staleness or [0]
         metrics.update(staleness_mean=sum(ages) / len(ages), staleness_max=max(ages))
 

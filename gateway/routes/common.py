@@ -24,6 +24,7 @@ from burnish_server.gateway.services import Services
 TrajectoryId = Annotated[str, Parameter(pattern=ID_REGEX, description=f"a trajectory id: {ID_RULE}")]
 GroupId = Annotated[str, Parameter(pattern=ID_REGEX, description=f"a group id: {ID_RULE}")]
 PolicyName = Annotated[str, Parameter(pattern=ID_REGEX, description=f"a policy name: {ID_RULE}")]
+CallIndex = Annotated[int, Parameter(description="a call's index in its trajectory's calls, from 0; -1 is the last")]
 
 
 def _services(state: State) -> Services:

@@ -26,10 +26,10 @@ from burnish_server.core.ids import ID_REGEX
 from burnish_server.core.views import GroupView, TrajectoryPage, TrajectoryView
 from burnish_server.gateway.access import ACCESS_ERRORS, BEARER
 from burnish_server.gateway.errors import responses
-from burnish_server.gateway.routes.common import GroupId, TrajectoryId
+from burnish_server.gateway.routes.common import CallIndex, GroupId, TrajectoryId
 from burnish_server.gateway.services import Services
 from burnish_server.store import reads
-from burnish_server.store.writes import CloseGroup, PostReward
+from burnish_server.store.writes import CloseGroup, PostCallReward, PostReward
 from burnish_server.telemetry.langfuse_export import Score
 
 MAX_COMPONENTS = 64
@@ -78,6 +78,26 @@ async def post_reward(
         svc.langfuse.put(Score(stored, "reward", data.reward, metadata={"source": "user", "components": dict(data.components)}))
     out = await _read(svc, reads.get_trajectory, stored, "trajectory")
     return msgspec.structs.replace(out, calls=msgspec.UNSET, group_closed=result["group_closed"])
+
+
+@post(
+    "/v1/trajectories/{trajectory_id:str}/calls/{index:int}/reward",
+    status_code=200,
+    opt={"invalid": "invalid_reward", "scope": "call"},
+    responses=responses(400, *ACCESS_ERRORS, 404, 409, 413),
+    security=BEARER,
+)
+async def post_call_reward(
+    trajectory_id: TrajectoryId, index: CallIndex, data: JSONBody[RewardIn], svc: NamedDependency[Services], caller: NamedDependency[Principal]
+) -> TrajectoryView:
+    """Reward one call of a trajectory (credit per turn): ``index`` counts its calls in order
+    from 0, as this trajectory's ``calls`` lists them; -1 is the last. Every reward is kept;
+    the newest is the call's. The trajectory's own reward still decides when its group closes."""
+    stored = caller.stored(trajectory_id)
+    await svc.writer.write(PostCallReward(stored, index, data.reward, dict(data.components)))
+    if svc.langfuse is not None:
+        svc.langfuse.put(Score(stored, f"call_reward[{index}]", data.reward, metadata={"source": "user", "call": index, "components": dict(data.components)}))
+    return await _read(svc, reads.get_trajectory, stored, "trajectory")
 
 
 @post("/v1/groups/{group_id:str}/close", status_code=200, opt={"scope": "call"}, responses=responses(400, *ACCESS_ERRORS, 404), security=BEARER)
@@ -163,4 +183,4 @@ async def export_trajectories(
     )
 
 
-route_handlers = [post_reward, close_group, export_trajectories, get_trajectory, get_group, list_trajectories]
+route_handlers = [post_reward, post_call_reward, close_group, export_trajectories, get_trajectory, get_group, list_trajectories]

@@ -80,6 +80,13 @@ class Routes:
             raise ValueError("rewards and their components must be finite numbers")
         return self._send(Call("POST", f"/v1/trajectories/{trajectory_id}/reward", {"reward": value, "components": components}))
 
+    def reward_call(self, trajectory_id: str, index: int, value: float, **components: float) -> Any:
+        """Post a reward for one call of a trajectory (credit per turn): the ``index``-th call in
+        its order, from 0; -1 is the last."""
+        if not all(math.isfinite(v) for v in (value, *components.values())):
+            raise ValueError("rewards and their components must be finite numbers")
+        return self._send(Call("POST", f"/v1/trajectories/{trajectory_id}/calls/{int(index)}/reward", {"reward": value, "components": components}))
+
     def close_group(self, group_id: str) -> Any:
         return self._send(Call("POST", f"/v1/groups/{group_id}/close"))
 

@@ -132,6 +132,10 @@ class Trajectory(TrajectoryKeys):
     def reward(self, value: float, **components: float) -> Any:
         return self.client.reward(self.id, value, **components)
 
+    def reward_call(self, index: int, value: float, **components: float) -> Any:
+        """Reward one of this trajectory's calls: ``index`` from 0 in call order; -1, the last."""
+        return self.client.reward_call(self.id, index, value, **components)
+
     def get(self) -> Any:
         return self.client.get_trajectory(self.id)
 
@@ -213,6 +217,10 @@ class AsyncTrajectory(TrajectoryKeys):
 
     async def reward(self, value: float, **components: float) -> Any:
         return await self.client.reward(self.id, value, **components)
+
+    async def reward_call(self, index: int, value: float, **components: float) -> Any:
+        """Reward one of this trajectory's calls: ``index`` from 0 in call order; -1, the last."""
+        return await self.client.reward_call(self.id, index, value, **components)
 
     async def get(self) -> Any:
         return await self.client.get_trajectory(self.id)
