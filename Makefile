@@ -34,7 +34,7 @@ $(VENV)/.bench: $(VENV)/.installed
 .tools/docker/cli-plugins/docker-compose:
 	tests/compose_plugin.sh $@
 
-.PHONY: install demo test lint gateway up bench bench-check
+.PHONY: install demo demo-agent test lint gateway up bench bench-check
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed $(VENV)/.lint .tools/docker/cli-plugins/docker-compose
@@ -51,6 +51,11 @@ lint: $(VENV)/.lint .tools/typing/burnish_server
 # as asked, scored on held-out sums by version; a plot (arithmetic.png).
 demo: $(VENV)/.installed
 	$(PY) examples/arithmetic.py $(DEMO_ARGS)
+
+# The second demo: an OpenAI Agents SDK agent with a tool, several turns an episode, on the same
+# model, scored on held-out words by version; a plot (lookup_agent.png).
+demo-agent: $(VENV)/.installed
+	$(PY) examples/lookup_agent.py $(DEMO_ARGS)
 
 up: $(VENV)/.installed
 	$(VENV)/bin/burnish up

@@ -221,10 +221,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     gateway_arguments(parser, plot="lookup_agent.png")
     parser.add_argument("--policy", default="agent")
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--size", type=int, default=8)
-    parser.add_argument("--eval-every", type=int, default=4)
+    parser.add_argument("--eval-every", type=int, default=2)
     args = parser.parse_args()
 
     async def run() -> dict[str, list]:

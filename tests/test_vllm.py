@@ -132,6 +132,30 @@ def test_request_with_tools(gw: Gateway, vllm: VLLMServer) -> None:
     assert call["request"]["tools"] == TOOLS and call["tokens"]["completion_token_ids"]
 
 
+def test_seeded_requests_with_long_prompts_at_once_leave_vllm_serving(vllm: VLLMServer) -> None:
+    """vLLM 0.32's CPU build stopped its engine for good when a request with a ``seed`` had its
+    prompt split across steps ("CPU Generator does not use offset"); burnish starts it with
+    whole prompts only (serving/process.py). 24 seeded requests of ~700 prompt tokens at once
+    (more than one step's token budget), then one more: all answered."""
+    import asyncio
+
+    assert "--no-enable-chunked-prefill" in vllm.command()
+    client = openai.AsyncOpenAI(base_url=vllm.url + "/v1", api_key="none", max_retries=0, timeout=300)
+    long = " ".join(["the quick brown fox jumps over the lazy dog"] * 70)
+
+    async def ask(i: int) -> str:
+        reply = await client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"{i} {long}"}], max_tokens=4, temperature=1.0, seed=i)
+        return reply.choices[0].finish_reason
+
+    async def main() -> list[str]:
+        try:
+            return [*await asyncio.gather(*(ask(i) for i in range(24))), await ask(99)]
+        finally:
+            await client.close()
+
+    assert len(asyncio.run(main())) == 25
+
+
 def test_lora_adapter_is_served_by_policy_step(gw: Gateway, vllm: VLLMServer, tiny_model: Path, tmp_path: Path) -> None:
     adapter = tmp_path / "agent-1"
     subprocess.run([sys.executable, "-c", MAKE_ADAPTER, str(tiny_model), str(adapter)], check=True, timeout=300)
