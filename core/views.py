@@ -49,6 +49,9 @@ class CallView(View, kw_only=True):
     # several choices, or not trained at all (no prompt or completion ids, not ok, or not
     # answered by the policy the trajectory's group trains).
     extends_previous: bool | None
+    # Where extends_previous is false: why (core/drift.py: tool_call_rerendered, reasoning_dropped,
+    # system_changed, prompt_cut, history_rewritten, another_model, retokenized).
+    split_reason: str | None
     # The newest reward posted for this call alone (credit per turn), if any.
     reward: float | None
     attempts: int
@@ -177,6 +180,9 @@ class PolicyView(View, kw_only=True):
     groups_trained: int
     groups_eval: int  # groups held out for evaluation, whatever their state
     last_step: StepView | None
+    # Calls whose prompt did not extend their trajectory, in every step trained, by reason
+    # (core/drift.py; docs/trainer.md, "The drift report").
+    splits: dict[str, int] = {}
     # Held-out scores of the versions that have one, oldest first (GET .../evals lists every version).
     eval: list[EvalScore]
     train_requested_at: str | None

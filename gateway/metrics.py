@@ -43,6 +43,12 @@ class Metrics:
         self.eval_score = Gauge(
             "burnish_eval_score", "Mean reward of the rewarded eval (held-out) trajectories a policy version answered", ["policy", "step"], registry=r
         )
+        self.splits = Gauge(
+            "burnish_sequence_splits",
+            "Calls whose prompt did not extend their trajectory, in the steps trained so far, by reason (core/drift.py)",
+            ["policy", "reason"],
+            registry=r,
+        )
         self.eval_trajectories = Gauge(
             "burnish_eval_trajectories", "Rewarded eval (held-out) trajectories a policy version answered", ["policy", "step"], registry=r
         )
@@ -61,7 +67,7 @@ class Metrics:
             timings[1].observe(max(total_s - upstream_s, 0.0))
 
     def set_store_state(self, state: dict[str, Any]) -> None:
-        for gauge in (self.trajectories, self.groups, self.steps, self.step_seconds, self.reward, self.eval_score, self.eval_trajectories):
+        for gauge in (self.trajectories, self.groups, self.steps, self.step_seconds, self.reward, self.eval_score, self.eval_trajectories, self.splits):
             gauge.clear()  # a policy or state that vanished must not linger
         for name, count in state["trajectories"].items():
             self.trajectories.labels(name).set(count)
@@ -73,6 +79,9 @@ class Metrics:
                 self.step_seconds.labels(policy).set(seconds)
             if reward is not None:
                 self.reward.labels(policy).set(reward)
+        for policy, reasons in state.get("splits", {}).items():
+            for reason, count in reasons.items():
+                self.splits.labels(policy, reason).set(count)
         for (policy, step), (count, score) in state["evals"].items():
             self.eval_trajectories.labels(policy, str(step)).set(count)
             self.eval_score.labels(policy, str(step)).set(score)

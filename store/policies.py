@@ -24,6 +24,7 @@ from burnish_server.core.views import PolicyView, ReplicaView, StepView
 from burnish_server.store import groups
 from burnish_server.store.evals import eval_scores
 from burnish_server.store.models import Group, PolicyRow, StepRow, iso, utcnow
+from burnish_server.store.stats import split_totals
 from burnish_server.store.training import complete_groups, count_ready
 
 
@@ -223,6 +224,7 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
         groups_eval=sum(n for (held_out, _), n in by_state.items() if held_out),
         last_step=last[0] if last else None,
         eval=eval_scores(conn, name, policy.step, every_version=False),
+        splits=split_totals(conn, name).get(name, {}),
         train_requested_at=iso(policy.train_requested_at),
         load_error=policy.load_error,
         load_error_at=iso(row.load_error_at),

@@ -19,10 +19,12 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from burnish_server.core.access import DEFAULT_PROJECT, local, local_optional
+from burnish_server.core.drift import split_reason
 from burnish_server.core.groups import group_state
 from burnish_server.core.records import OK, CallTokens, unpack_tokens
 from burnish_server.core.tokens import Continuity
 from burnish_server.core.views import CallTokensView, CallView, GroupView, RewardView, TrajectoryPage, TrajectoryView
+from burnish_server.store.calls import to_record
 from burnish_server.store.models import Call, Group, Reward, Trajectory, iso
 
 EXPORT_PAGE = 256  # trajectories per query while exporting
@@ -52,13 +54,21 @@ class Merging:
     def __init__(self, policy: str | None) -> None:
         self.policy = policy
         self.continuity = Continuity()
+        self.before: Any = None  # the last single-choice call walked: its prompt and completion are the history
+        self.reason: str | None = None  # why the call just walked split (core/drift.py), else None
 
     def extends(self, row: Any, tokens: CallTokens | None) -> bool | None:
+        self.reason = None
         if self.policy is None:
             self.policy = row.policy
         if tokens is None or row.status != OK or row.policy is None or row.policy != self.policy:
             return None  # not read for training
-        return self.continuity.extends(tokens.prompt, tokens.completions)
+        extends = self.continuity.extends(tokens.prompt, tokens.completions)
+        if extends is False and self.before is not None:
+            self.reason = split_reason(to_record(self.before), to_record(row))
+        if extends is not None:
+            self.before = row
+        return extends
 
 
 def call_view(row: Any, merging: Merging, reward: float | None = None) -> CallView:
@@ -83,6 +93,7 @@ def call_view(row: Any, merging: Merging, reward: float | None = None) -> CallVi
         if tokens is None
         else CallTokensView(prompt_token_ids=tokens.prompt, completion_token_ids=tokens.completions, completion_logprobs=tokens.logprobs),
         extends_previous=extends,
+        split_reason=merging.reason,
         reward=reward,
         attempts=row.attempts,
         upstream_first_byte_ms=row.upstream_first_byte_ms,

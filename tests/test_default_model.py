@@ -146,6 +146,9 @@ def test_openai_chat_tool_loop(up: Up) -> None:
     assert chunks[-1].choices[0].finish_reason in ("stop", "length", "tool_calls")
     calls = recorded(up, "openai-chat", 2)
     assert calls[1]["request"]["messages"][-1] == {"role": "tool", "tool_call_id": call.id, "content": "41"}
+    # The call came back as the template writes it: the same text, and where its tokens differ
+    # from the sampled ones, the view says so (core/drift.py).
+    assert calls[1]["split_reason"] == (None if calls[1]["extends_previous"] else "tool_call_rerendered")
 
 
 def test_openai_responses_tool_loop(up: Up) -> None:

@@ -215,13 +215,16 @@ async def test_the_trajectory_view_shows_the_same_splits_as_the_trainer(tokenize
     assert kept is not None and rewritten is not None and alone is not None
     assert [c.extends_previous for c in kept.calls] == [True, True, True] and kept.sequence_splits == 0
     assert [c.extends_previous for c in rewritten.calls] == [True, None, None, None, False, False] and rewritten.sequence_splits == 2
+    # Why, per call: the template dropped the reasoning of each earlier answer (core/drift.py).
+    assert [c.split_reason for c in rewritten.calls] == [None, None, None, None, "reasoning_dropped", "reasoning_dropped"]
     batch = training_batch(rows, TrainSettings())
     assert batch.splits == kept.sequence_splits + rewritten.sequence_splits
+    assert batch.split_reasons == {"reasoning_dropped": 2}
     assert batch.untokenized == 1  # the failed call and the judge's are not read for training at all
     assert [c.extends_previous for c in alone.calls] == [True, False, False] and alone.sequence_splits == 2
     # The export says the same of each call.
-    assert {line["id"]: [c["extends_previous"] for c in line["calls"]] for line in exported} == {
-        view.id: [c.extends_previous for c in view.calls] for view in (kept, rewritten, alone)
+    assert {line["id"]: [(c["extends_previous"], c["split_reason"]) for c in line["calls"]] for line in exported} == {
+        view.id: [(c.extends_previous, c.split_reason) for c in view.calls] for view in (kept, rewritten, alone)
     }
 
 
@@ -237,5 +240,6 @@ def test_the_step_metrics_count_splits_and_untokenized_calls(tokenizer: Any, tin
     metrics = worker.train_and_save(policy, rows, 1)
     worker.fleet.close()
     assert metrics["sequence_splits"] == 2 and metrics["untokenized_calls"] == 1
+    assert metrics["split_reasoning_dropped"] == 2 and metrics["split_tool_call_rerendered"] == 0
     assert metrics["sequences"] == 4
     assert json.loads((tmp_path / "data" / "policies" / "agent" / "checkpoints" / "1" / "metrics.json").read_text())["sequence_splits"] == 2

@@ -66,7 +66,8 @@ def test_metrics_show_the_trainers_steps(make_gateway, upstream: Upstream, datab
         db = Database(gw.settings.resolved_database_url)
         try:
             ids = await db.transaction(claim_groups, "agent", "w", 1)
-            await db.transaction(record_step, "agent", 1, 0, ids, "w", {"seconds": 2.5, "reward_mean": 0.5}, "/c/1")
+            metrics = {"seconds": 2.5, "reward_mean": 0.5, "split_tool_call_rerendered": 3.0, "split_prompt_cut": 0.0}
+            await db.transaction(record_step, "agent", 1, 0, ids, "w", metrics, "/c/1")
             await db.transaction(claim_groups, "agent", "w", 1)  # the second group: being trained
         finally:
             await db.dispose()
@@ -79,6 +80,9 @@ def test_metrics_show_the_trainers_steps(make_gateway, upstream: Upstream, datab
     assert m[("burnish_policy_reward_mean", (agent,))] == 0.5
     assert m[("burnish_groups", (agent, ("state", "trained")))] == 1
     assert m[("burnish_groups", (agent, ("state", "training")))] == 1
+    assert m[("burnish_sequence_splits", (agent, ("reason", "tool_call_rerendered")))] == 3
+    assert m[("burnish_sequence_splits", (agent, ("reason", "prompt_cut")))] == 0
+    assert gw.policy("agent")["splits"] == {"tool_call_rerendered": 3, "prompt_cut": 0}  # the status says the same
 
 
 def test_no_policy_ever_made_no_trainer_series(make_gateway, upstream: Upstream) -> None:

@@ -30,11 +30,13 @@ sample of the same prompt, and is not merged with other calls (nor counted as a 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 
+from burnish_server.core.drift import split_reason
 from burnish_server.core.policies import TrainSettings
 from burnish_server.core.records import CallRecord
 from burnish_server.core.tokens import Continuity
@@ -77,10 +79,12 @@ class Sequence:
 
 @dataclass
 class Merged:
-    """One trajectory's sequences, and how many times it split."""
+    """One trajectory's sequences, and where it split."""
 
     sequences: list[Sequence]  # those with at least one sampled token
     splits: int  # single-choice calls whose prompt did not extend the trajectory so far
+    # (the call that split, the single-choice call before it whose history it left), by index
+    split_at: list[tuple[int, int]] = field(default_factory=list)
 
 
 def build_sequences(calls: Iterable[SampledCall]) -> Merged:
@@ -88,8 +92,14 @@ def build_sequences(calls: Iterable[SampledCall]) -> Merged:
     done: list[Sequence] = []
     current: Sequence | None = None
     continuity = Continuity()
-    for call in calls:
+    split_at: list[tuple[int, int]] = []
+    last = -1  # the last single-choice call: its prompt and completion are the history
+    for index, call in enumerate(calls):
         extends = continuity.extends(call.prompt, call.completions)
+        if extends is False and last >= 0:
+            split_at.append((index, last))
+        if extends is not None:
+            last = index
         if extends is None:  # several choices (or none): each its own sequence
             for i, completion in enumerate(call.completions):
                 seq = Sequence()
@@ -107,7 +117,7 @@ def build_sequences(calls: Iterable[SampledCall]) -> Merged:
         current.add(call.prompt, completion, logprobs, call.credit)
     if current is not None:
         done.append(current)
-    return Merged([s for s in done if s.sampled > 0], continuity.splits)
+    return Merged([s for s in done if s.sampled > 0], continuity.splits, split_at)
 
 
 def sampled_call(call: CallRecord) -> SampledCall | None:
@@ -130,6 +140,7 @@ class Batch:
     stale: int = 0  # calls skipped: sampled more than max_staleness steps before the trained one
     staleness: list[int] = field(default_factory=list)  # of each call trained: head - its sampling step
     call_rewards: int = 0  # calls that carried a reward of their own (credit per turn)
+    split_reasons: dict[str, int] = field(default_factory=dict)  # core/drift.py: why each split happened
 
 
 def training_batch(rows: list[TrainingCall], settings: TrainSettings, head: int = 0) -> Batch:
@@ -142,6 +153,7 @@ def training_batch(rows: list[TrainingCall], settings: TrainSettings, head: int 
         by_trajectory.setdefault(row.group_id, {}).setdefault(row.trajectory_id, []).append(row)
         rewards[row.trajectory_id] = row.reward
     trajectories: dict[str, dict[str, list[SampledCall]]] = {}
+    records: dict[str, list[CallRecord]] = {}  # per trajectory, the records of its calls in ``trajectories``
     untokenized = splits = stale = 0
     staleness: list[int] = []
     for group_id, group_rows in by_trajectory.items():
@@ -161,13 +173,16 @@ def training_batch(rows: list[TrainingCall], settings: TrainSettings, head: int 
                 staleness.append(age)
                 call.credit = credit
                 members.append(call)
+                records.setdefault(trajectory_id, []).append(row.call)
     items: list[tuple[Sequence, float]] = []
+    reasons: Counter[str] = Counter()
     for group in trajectories.values():
         names = list(group)
         advantages = group_advantages(torch.tensor([rewards[t] for t in names]), scale=settings.scale_advantages, eps=settings.advantage_eps)
         for name, advantage in zip(names, advantages.tolist()):
             merged = build_sequences(group[name])
             splits += merged.splits
+            reasons.update(split_reason(records[name][before], records[name][index]) for index, before in merged.split_at)
             items += [(seq, advantage) for seq in merged.sequences]
     posted = sum(row.call_reward is not None for row in rows)
-    return Batch(items, [rewards[t] for m in trajectories.values() for t in m], untokenized, splits, stale, staleness, posted)
+    return Batch(items, [rewards[t] for m in trajectories.values() for t in m], untokenized, splits, stale, staleness, posted, dict(reasons))

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import msgspec
 
+from burnish_server.core.drift import REASONS
 from burnish_server.core.policies import Policy, adapter_name, served_name
 from burnish_server.core.settings import Settings
 from burnish_server.core.views import ReplicaView
@@ -215,6 +216,8 @@ class TrainerWorker:
             sequence_splits=batch.splits,
             stale_calls=batch.stale,
             call_rewards=batch.call_rewards,
+            # Why each split happened (core/drift.py): split_<reason>, every reason present, 0 if none.
+            **{f"split_{reason}": float(batch.split_reasons.get(reason, 0)) for reason in REASONS},
         )
         ages = batch.staleness or [0]
         metrics.update(staleness_mean=sum(ages) / len(ages), staleness_max=max(ages))
