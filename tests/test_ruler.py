@@ -410,3 +410,49 @@ def test_groups_that_need_no_judge_do_not_hold_up_those_that_do(gw: Gateway, jud
         c.post("/v1/groups/late/close")
     wait_for(lambda: gw.trajectory("late-1")["reward"] is not None, 10, "the late group was never judged")
     assert len(judge.requests) == 1 and gw.trajectory("tie0-0")["rewards"][-1]["source"] == "user"
+
+
+@pytest.mark.parametrize("surface", ["chat", "responses", "messages"])
+def test_the_judge_sees_each_multi_turn_tool_trajectory_in_order(gw: Gateway, judge: Judge, surface: str) -> None:
+    """Two members of a group, each a tool loop of two calls to a policy on one surface: the task,
+    the model's tool call, the tool's result, the model's answer. The judge is shown each
+    member's turns in that order, the call with its arguments and the result with its own text,
+    whatever the surface the agent spoke."""
+    gw.create_policy("agent", "tiny")
+    group, ids = f"tools-{surface}", [f"tools-{surface}-{i}" for i in range(2)]
+    lookup = {"type": "object", "properties": {"query": {"type": "string"}}}
+    with gw.client() as c:
+        for i, t in enumerate(ids):
+            # A task worded apart per member, so that no turn is shared context shown once.
+            base, result, task = f"/g/{group}/t/{t}/v1", f"RESULT-{surface}-{i}", f"Find the secret of apple, try {i}."
+            if surface == "chat":
+                tools = [{"type": "function", "function": {"name": "lookup", "parameters": lookup}}]
+                first = c.post(f"{base}/chat/completions", json={"model": "agent", "messages": [{"role": "user", "content": task}], "tools": tools}).json()
+                called = first["choices"][0]["message"]
+                back = [{"role": "user", "content": task}, called, {"role": "tool", "tool_call_id": called["tool_calls"][0]["id"], "content": result}]
+                r = c.post(f"{base}/chat/completions", json={"model": "agent", "messages": back})
+            elif surface == "responses":
+                tools = [{"type": "function", "name": "lookup", "parameters": lookup}]
+                first = c.post(f"{base}/responses", json={"model": "agent", "input": task, "tools": tools}).json()
+                (called,) = [item for item in first["output"] if item["type"] == "function_call"]
+                output = {"type": "function_call_output", "call_id": called["call_id"], "output": result}
+                r = c.post(f"{base}/responses", json={"model": "agent", "input": [{"role": "user", "content": task}, called, output]})
+            else:
+                tools = [{"name": "lookup", "input_schema": lookup}]
+                ask = {"role": "user", "content": task}
+                first = c.post(f"{base}/messages", json={"model": "agent", "max_tokens": 32, "messages": [ask], "tools": tools}).json()
+                (use,) = [b for b in first["content"] if b["type"] == "tool_use"]
+                answer = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": result}]}
+                r = c.post(f"{base}/messages", json={"model": "agent", "max_tokens": 32, "messages": [ask, {"role": "assistant", "content": first["content"]}, answer]})
+            assert r.status_code == 200, r.text
+    judge.script = [scores({ids[0]: 0.3, ids[1]: 0.7})]
+    assert ruler(gw, group).status_code == 200
+    shown = judge.requests[0]["messages"][1]["content"]
+    for i, t in enumerate(ids):
+        member = shown[shown.index(f'<trajectory id="{t}">') :]
+        member = member[: member.index("</trajectory>")]
+        order = [member.find(piece) for piece in (f"try {i}.", "-> calls lookup(", "[tool ", f"RESULT-{surface}-{i}")]
+        assert -1 not in order and order == sorted(order), member
+        assert f"try {i}. ok" in member[order[1] : order[2]], member  # the call with its arguments
+        assert member.rfind("[assistant]\nYou said:") > order[-1], member  # the answer to the result comes last
+    assert {t: gw.trajectory(t)["reward"] for t in ids} == {ids[0]: 0.3, ids[1]: 0.7}
