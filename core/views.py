@@ -14,6 +14,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from burnish_server.core.health import Health
 from burnish_server.core.policies import LoraSettings, RulerSettings, TrainSettings
 
 
@@ -183,6 +184,8 @@ class PolicyView(View, kw_only=True):
     # Calls whose prompt did not extend their trajectory, in every step trained, by reason
     # (core/drift.py; docs/trainer.md, "The drift report").
     splits: dict[str, int] = {}
+    # Learning health from the steps' metrics (core/health.py): reward trend, entropy, distance, a warning.
+    health: Health | None = None
     # Held-out scores of the versions that have one, oldest first (GET .../evals lists every version).
     eval: list[EvalScore]
     train_requested_at: str | None

@@ -19,6 +19,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from burnish_server.core.errors import Conflict, NotFound
+from burnish_server.core.health import health
 from burnish_server.core.policies import LoraSettings, Policy, RulerSettings, TrainSettings, adapter_name
 from burnish_server.core.views import PolicyView, ReplicaView, StepView
 from burnish_server.store import groups
@@ -225,6 +226,7 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
         last_step=last[0] if last else None,
         eval=eval_scores(conn, name, policy.step, every_version=False),
         splits=split_totals(conn, name).get(name, {}),
+        health=health([m or {} for m in conn.execute(select(StepRow.metrics).where(StepRow.policy == name).order_by(StepRow.step)).scalars()]),
         train_requested_at=iso(policy.train_requested_at),
         load_error=policy.load_error,
         load_error_at=iso(row.load_error_at),

@@ -71,7 +71,10 @@ def test_checkpoint_resumes_exactly(tiny: Path, tmp_path: Path) -> None:
     model = PolicyModel(str(tiny), LoraSettings(rank=8, alpha=16), settings)
     prompt = prompt_ids(model)
     batches = [rollout(model, prompt)[0] for _ in range(3)]
-    model.step(batches[0])
+    before = model.distance_from_base()
+    health = model.step(batches[0])
+    assert before == 0 < health["distance_from_base"] and health["entropy"] > 0  # LoRA's B starts at 0
+    assert health["distance_from_base"] == pytest.approx(delta_norm(model), rel=1e-4)
     model.save(tmp_path / "ckpt")
     model.step(batches[1])
     expected = model.step(batches[2])
@@ -87,6 +90,16 @@ def test_checkpoint_resumes_exactly(tiny: Path, tmp_path: Path) -> None:
             assert torch.allclose(a, b, atol=1e-6), name
 
 
+def delta_norm(model: PolicyModel) -> float:
+    """||delta W|| / ||W|| over the adapted layers, the slow way: peft's merged weights."""
+    moved = base = 0.0
+    for module in model.model.modules():
+        if hasattr(module, "get_delta_weight") and "default" in getattr(module, "lora_A", {}):
+            moved += float(module.get_delta_weight("default").pow(2).sum())
+            base += float(module.base_layer.weight.pow(2).sum())
+    return (moved / base) ** 0.5
+
+
 def test_logprobs_only_where_sampled_match_the_full_forward(tiny: Path) -> None:
     """Logits kept only at positions that predict a sampled token give the same logprobs there."""
     from burnish_server.trainer.policy_model import make_batch
@@ -98,11 +111,14 @@ def test_logprobs_only_where_sampled_match_the_full_forward(tiny: Path) -> None:
     second.add([20, 21], [22, 23, 24, 25], None)
     batch = make_batch([(first, 1.0), (second, -1.0)], model.pad_id, 64, model.device)
     with torch.no_grad():
-        got = model.token_logprobs(batch)
+        entropy: list[torch.Tensor] = []
+        got = model.token_logprobs(batch, entropy)
         logits = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
         full = torch.nn.functional.pad(logits.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1) - logits.logsumexp(-1), (1, 0))
+        spread = torch.distributions.Categorical(logits=logits).entropy()
     sampled = batch.sampled.bool()
     assert torch.allclose(got[sampled], full[sampled], atol=1e-5)
+    assert torch.allclose(entropy[0][sampled], torch.nn.functional.pad(spread, (1, 0))[sampled], atol=1e-4)  # the health figure
     assert got[sampled].abs().min() > 0
     assert got[:, ~sampled.any(0)].abs().max() == 0  # columns no row samples: never computed
 

@@ -443,7 +443,9 @@ def test_the_judge_sees_each_multi_turn_tool_trajectory_in_order(gw: Gateway, ju
                 first = c.post(f"{base}/messages", json={"model": "agent", "max_tokens": 32, "messages": [ask], "tools": tools}).json()
                 (use,) = [b for b in first["content"] if b["type"] == "tool_use"]
                 answer = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": result}]}
-                r = c.post(f"{base}/messages", json={"model": "agent", "max_tokens": 32, "messages": [ask, {"role": "assistant", "content": first["content"]}, answer]})
+                r = c.post(
+                    f"{base}/messages", json={"model": "agent", "max_tokens": 32, "messages": [ask, {"role": "assistant", "content": first["content"]}, answer]}
+                )
             assert r.status_code == 200, r.text
     judge.script = [scores({ids[0]: 0.3, ids[1]: 0.7})]
     assert ruler(gw, group).status_code == 200

@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import torch
@@ -88,7 +89,7 @@ class PolicyModel:
             group.update(lr=train.learning_rate, betas=train.adam_betas, weight_decay=train.weight_decay)
         self.train = train
 
-    def token_logprobs(self, batch: Batch) -> torch.Tensor:
+    def token_logprobs(self, batch: Batch, entropy: list[torch.Tensor] | None = None) -> torch.Tensor:
         """logprob of each token given the ones before it, at the positions where some row
         has a sampled token; 0 at the others (the loss masks all but the sampled ones).
 
@@ -99,9 +100,29 @@ class PolicyModel:
         predicts = batch.sampled[:, 1:].any(0).nonzero().squeeze(-1)  # position t predicts token t + 1
         logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=predicts).logits.float()
         targets = batch.input_ids[:, predicts + 1]
-        picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+        normaliser = logits.logsumexp(-1)
+        picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - normaliser
         out = torch.zeros(batch.input_ids.shape, dtype=picked.dtype, device=picked.device)
+        if entropy is not None:  # the policy's entropy where each token was sampled: a health figure, no gradient
+            with torch.no_grad():
+                spread = normaliser - (logits.softmax(-1) * logits).sum(-1)
+                entropy.append(torch.zeros_like(out).index_copy(1, predicts + 1, spread))
         return out.index_copy(1, predicts + 1, picked)
+
+    def distance_from_base(self) -> float:
+        """How far the adapter has moved the weights it adapts: ||scale * B @ A|| over ||W||
+        (Frobenius, all adapted layers together), through r x r products, never the full delta."""
+        from peft.tuners.lora import LoraLayer
+
+        moved = base = 0.0
+        for module in self.model.modules():
+            layer: Any = module  # peft's layers type their adapters loosely
+            if not isinstance(module, LoraLayer) or "default" not in layer.lora_A:
+                continue
+            a, b = layer.lora_A["default"].weight.float(), layer.lora_B["default"].weight.float()
+            moved += float(layer.scaling["default"] ** 2 * torch.trace((b.T @ b) @ (a @ a.T)))
+            base += float(layer.base_layer.weight.float().pow(2).sum())
+        return (moved / base) ** 0.5 if base else 0.0
 
     def step(self, items: list[tuple[Sequence, float]]) -> dict[str, float]:
         """One optimizer step over (sequence, advantage) pairs: the loss is token-level over all of them.
@@ -114,9 +135,12 @@ class PolicyModel:
         total = sum(min(s.sampled, self.train.max_seq_len) for s, _ in items)
         sums = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
         compared = {"logprob_diff": 0.0, "outside_clip": 0.0, "tis_capped": 0.0, "tokens": 0.0}
+        entropy = 0.0
         for chunk in micro_batches(items, self.train.micro_batch_tokens, self.train.max_seq_len):
             batch = make_batch(chunk, self.pad_id, self.train.max_seq_len, self.device)
-            logprobs = self.token_logprobs(batch)
+            spread: list[torch.Tensor] = []
+            logprobs = self.token_logprobs(batch, spread)
+            entropy += float((spread[0] * batch.sampled).sum())
             # Without recorded behaviour logprobs the step is on-policy: ratio 1.
             behaviour = torch.where(batch.has_behaviour[:, None], batch.behaviour_logprobs, logprobs.detach())
             reference = None
@@ -146,6 +170,10 @@ class PolicyModel:
             "logprob_diff_mean": compared["logprob_diff"] / n,
             "outside_clip_fraction": compared["outside_clip"] / n,
             "tis_capped_fraction": compared["tis_capped"] / n,
+            # Learning health (docs/trainer.md): the policy's entropy on its sampled tokens, and
+            # how far the adapter has moved the weights from the base's.
+            "entropy": entropy / max(total, 1),
+            "distance_from_base": self.distance_from_base(),
         }
 
     def save(self, directory: Path) -> None:

@@ -230,9 +230,10 @@ class TrainerWorker:
 
         self.checkpoints.write(policy.name, step, fill)
         log.info(
-            "%s step %d: reward %.3f±%.3f loss %.4f kl %.4f tokens %d |logp-vllm| %.1e outside-clip %.3f staleness %.1f/%d "
-            "splits %d untokenized %d stale %d; load %.2fs batch %.2fs step %.2fs save %.2fs",
-            policy.name, step, metrics["reward_mean"], metrics["reward_std"], metrics["loss"], metrics["kl"], metrics["tokens"],
+            "%s step %d: reward %.3f±%.3f loss %.4f kl %.4f entropy %.3f from-base %.1e tokens %d |logp-vllm| %.1e outside-clip %.3f "
+            "staleness %.1f/%d splits %d untokenized %d stale %d; load %.2fs batch %.2fs step %.2fs save %.2fs",
+            policy.name, step, metrics["reward_mean"], metrics["reward_std"], metrics["loss"], metrics["kl"], metrics["entropy"],
+            metrics["distance_from_base"], metrics["tokens"],
             metrics["logprob_diff_mean"], metrics["outside_clip_fraction"], metrics["staleness_mean"], metrics["staleness_max"],
             metrics["sequence_splits"], metrics["untokenized_calls"], metrics["stale_calls"],
             metrics["seconds_load"], metrics["seconds_batch"], metrics["seconds_step"], metrics["seconds_save"],

@@ -1,0 +1,74 @@
+"""Is a policy's training run healthy? Read from its steps' metrics, oldest first.
+
+Three figures a user can act on, beside the held-out score:
+
+    reward trend   the train reward of the last steps against that of the first ones
+                   (the first steps' samples come from the base or near it: its reward)
+    entropy        the policy's entropy on the tokens it sampled, first steps against last:
+                   a run that collapses drives it toward 0 (every sample the same)
+    distance       how far the adapter has moved the weights it adapts (||delta W|| / ||W||)
+
+and one warning, where the run looks like it is collapsing: entropy fallen below a
+fifth of where it started, or the train reward fallen below where it started by more than
+half of the first steps' spread of rewards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+# Steps averaged at each end of the run.
+WINDOW = 3
+# Warn when the last steps' entropy is below this share of the first steps'.
+ENTROPY_FLOOR = 0.2
+# Warn when the last steps' reward is below the first steps' by this many of their spreads.
+REWARD_DROP = 0.5
+
+
+class Health(msgspec.Struct, kw_only=True):
+    steps: int
+    reward_first: float | None  # mean train reward of the first WINDOW steps
+    reward_last: float | None  # ... and of the last WINDOW steps
+    reward_trend: float | None  # last - first
+    entropy_first: float | None
+    entropy_last: float | None
+    distance_from_base: float | None  # at the last step
+    warning: str | None = None
+
+
+def _mean(history: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    values = [float(m[key]) for m in history if isinstance(m.get(key), int | float)]
+    return sum(values) / len(values) if values else None
+
+
+def health(history: Sequence[Mapping[str, Any]]) -> Health:
+    """``history``: each step's metrics, oldest first."""
+    first, last = history[:WINDOW], history[-WINDOW:]
+    reward_first, reward_last = _mean(first, "reward_mean"), _mean(last, "reward_mean")
+    entropy_first, entropy_last = _mean(first, "entropy"), _mean(last, "entropy")
+    out = Health(
+        steps=len(history),
+        reward_first=reward_first,
+        reward_last=reward_last,
+        reward_trend=None if reward_first is None or reward_last is None else reward_last - reward_first,
+        entropy_first=entropy_first,
+        entropy_last=entropy_last,
+        distance_from_base=_mean(history[-1:], "distance_from_base"),
+    )
+    if len(history) <= WINDOW:  # the two ends overlap: too early to say
+        return out
+    if entropy_first and entropy_last is not None and entropy_last < ENTROPY_FLOOR * entropy_first:
+        out.warning = (
+            f"collapsing: the entropy on sampled tokens fell from {entropy_first:.3f} to {entropy_last:.3f}; "
+            "the policy is sampling the same tokens every time (lower the learning rate, or roll back)"
+        )
+    spread = _mean(first, "reward_std")
+    if out.warning is None and out.reward_trend is not None and spread and out.reward_trend < -REWARD_DROP * spread:
+        out.warning = (
+            f"collapsing: the train reward fell from {reward_first:.3f} to {reward_last:.3f}, "
+            f"more than {REWARD_DROP} of the first steps' spread ({spread:.3f}) (lower the learning rate, or roll back)"
+        )
+    return out

@@ -1,0 +1,32 @@
+"""A run's learning health from its steps' metrics (core/health.py)."""
+
+from __future__ import annotations
+
+from burnish_server.core.health import health
+
+
+def steps(rewards: list[float], entropies: list[float], std: float = 0.2) -> list[dict[str, float]]:
+    return [{"reward_mean": r, "reward_std": std, "entropy": e, "distance_from_base": i / 100} for i, (r, e) in enumerate(zip(rewards, entropies))]
+
+
+def test_a_run_that_learns_is_healthy() -> None:
+    h = health(steps([0.2, 0.25, 0.3, 0.5, 0.6, 0.7], [1.5, 1.4, 1.4, 1.2, 1.1, 1.0]))
+    assert h.warning is None and h.steps == 6 and h.distance_from_base == 0.05
+    assert round(h.reward_trend or 0, 3) == 0.35 and h.entropy_first == 1.4333333333333333
+
+
+def test_entropy_fallen_below_a_fifth_of_its_start_warns() -> None:
+    h = health(steps([0.2, 0.3, 0.3, 0.4, 0.4, 0.4], [1.5, 1.5, 1.5, 0.2, 0.1, 0.1]))
+    assert h.warning is not None and h.warning.startswith("collapsing: the entropy on sampled tokens fell from 1.500 to 0.133")
+
+
+def test_a_reward_fallen_by_half_the_first_spread_warns() -> None:
+    h = health(steps([0.5, 0.5, 0.5, 0.3, 0.3, 0.3], [1.0] * 6, std=0.2))
+    assert h.warning is not None and "train reward fell from 0.500 to 0.300" in h.warning
+    assert health(steps([0.5, 0.5, 0.5, 0.45, 0.45, 0.45], [1.0] * 6, std=0.2)).warning is None  # within the spread
+
+
+def test_too_early_to_say_and_no_steps() -> None:
+    assert health(steps([0.5, 0.1, 0.1], [1.0, 0.01, 0.01])).warning is None
+    empty = health([])
+    assert (empty.steps, empty.reward_trend, empty.warning) == (0, None, None)
