@@ -174,3 +174,14 @@ def msgspec_replace(record: object, **fields: object) -> object:
     import msgspec
 
     return msgspec.structs.replace(record, **fields)  # type: ignore[type-var]
+
+
+def test_tokens_a_grammar_forced_stay_as_context_and_are_not_trained() -> None:
+    """A recorded logprob of 0 (vLLM's, after a grammar's mask: "<tool_call>" under a forced
+    call) had no alternative: no ratio can be taken against it, and it is not trained on."""
+    forced = SampledCall(prompt=[1, 2], completions=[[7, 8, 9]], logprobs=[[0.0, -0.7, -0.0]])
+    (seq,) = build_sequences([forced]).sequences
+    assert seq.mask == [0, 0, 1, 1, 1] and seq.trained() == [0, 0, 0, 1, 0]
+    unknown = SampledCall(prompt=[1, 2], completions=[[7, 8]], logprobs=None)  # nothing recorded: all trained
+    (seq,) = build_sequences([unknown]).sequences
+    assert seq.trained() == seq.mask == [0, 0, 1, 1]

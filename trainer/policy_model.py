@@ -41,7 +41,7 @@ def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, d
     return Batch(
         input_ids=torch.tensor([padded(s.tokens, pad_id) for s, _ in items], device=device),
         attention_mask=torch.tensor([padded([1] * len(s.tokens), 0) for s, _ in items], device=device),
-        sampled=torch.tensor([padded(s.mask, 0) for s, _ in items], device=device),
+        sampled=torch.tensor([padded(s.trained(), 0) for s, _ in items], device=device),
         behaviour_logprobs=torch.tensor([padded(s.behaviour_logprobs, 0.0) for s, _ in items], device=device, dtype=torch.float32),
         has_behaviour=torch.tensor([s.has_behaviour_logprobs for s, _ in items], device=device),
         advantages=torch.tensor([padded([a + c for c in s.credit], a) for s, a in items], device=device, dtype=torch.float32),
@@ -132,7 +132,8 @@ class PolicyModel:
         recorded logprobs), which says whether the samples are still on-policy enough to learn from."""
         self.model.train()
         settings = self.train
-        total = sum(min(s.sampled, self.train.max_seq_len) for s, _ in items)
+        total = sum(sum(s.trained()[: self.train.max_seq_len]) for s, _ in items)
+        forced = sum(s.sampled for s, _ in items) - sum(sum(s.trained()) for s, _ in items)
         sums = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
         compared = {"logprob_diff": 0.0, "outside_clip": 0.0, "tis_capped": 0.0, "tokens": 0.0}
         entropy = 0.0
@@ -166,6 +167,7 @@ class PolicyModel:
             **sums,
             "grad_norm": grad_norm,
             "tokens": float(total),
+            "forced_tokens": float(forced),
             "sequences": float(len(items)),
             "logprob_diff_mean": compared["logprob_diff"] / n,
             "outside_clip_fraction": compared["outside_clip"] / n,

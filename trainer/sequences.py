@@ -54,6 +54,15 @@ class SampledCall:
     credit: float = 0.0  # its credit per turn (trainer/grpo.py: turn_credits), for every choice
 
 
+# A sampled token whose recorded logprob is 0 had no alternative: a grammar allowed no other
+# (structured outputs; the fixed parts of a forced tool call, such as "<tool_call>" and the
+# tool's name). vLLM records logprobs after the grammar's mask, so such a token's recorded
+# logprob is no behaviour probability to take a ratio against (the trainer's own, unmasked, is
+# often -3 or lower), and under the grammar it is certain whatever the weights: its gradient is
+# 0. It stays in the sequence as context, and is not trained on (``forced_tokens`` counts them).
+FORCED_LOGPROB = -1e-6
+
+
 @dataclass
 class Sequence:
     tokens: list[int] = field(default_factory=list)
@@ -75,6 +84,12 @@ class Sequence:
     @property
     def sampled(self) -> int:
         return sum(self.mask)
+
+    def trained(self) -> list[int]:
+        """The mask the loss uses: 1 on sampled tokens, except those a grammar forced (FORCED_LOGPROB)."""
+        if not self.has_behaviour_logprobs:
+            return self.mask
+        return [int(m == 1 and lp < FORCED_LOGPROB) for m, lp in zip(self.mask, self.behaviour_logprobs)]
 
 
 @dataclass
