@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import arithmetic  # noqa: E402
 import calculator  # noqa: E402
 import digits  # noqa: E402
+import lookup_agent  # noqa: E402
 
 
 def test_calculator_agent_plays_two_turns_with_a_tool(make_gateway, vllm: VLLMServer) -> None:
@@ -70,3 +71,17 @@ def test_the_demo_holds_out_sums_it_never_trains_on_and_scores_them_exactly() ->
     # train reward: right and short > right and long > wrong and short > wrong and long
     scores = [arithmetic.shaped(t, 13, 14) for t in ("27", "13 + 14 = 27", "26", "13 + 14 = 26, a classic")]
     assert scores == sorted(scores, reverse=True) and scores[0] == 1.0
+
+
+def test_the_agent_demo_holds_out_words_and_scores_an_episode_as_its_docs_say(tmp_path: Path) -> None:
+    train, held_out = lookup_agent.words()
+    assert len(held_out) == lookup_agent.HELD_OUT and not set(train) & set(held_out) and lookup_agent.words() == (train, held_out)
+    Episode = lookup_agent.Episode
+    right = Episode("violin", 412, ["violin"], "412")
+    found = Episode("violin", 412, ['"Violin"'], "<tool_response>\n412\n</tool_response>")
+    wrong_word = Episode("violin", 412, ["viola"], "It is 412, I think, or 7")
+    assert (right.right, right.found, right.tool, right.reward) == (1.0, 1.0, 1.0, 1.0)
+    assert (found.right, found.found, found.tool) == (0.0, 1.0, 1.0) and found.reward == 0.6000000000000001
+    assert (wrong_word.right, wrong_word.found, wrong_word.tool, wrong_word.reward) == (0.0, 0.0, 0.0, 0.0)
+    lookup_agent.write_plot({"round_reward": [0.3, 0.6], "eval": [(0, 0, 0.0, 1.0), (2, 2, 0.9, 1.0)]}, tmp_path / "lookup.png")
+    assert (tmp_path / "lookup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
