@@ -88,6 +88,7 @@ ROUTES: list[tuple[str, str, str, dict[str, Any] | None]] = [
     ("call", "POST", "/v1/responses", {"model": "m", "input": "hi"}),
     ("call", "POST", "/v1/messages", {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}),
     ("call", "GET", "/v1/models", None),
+    ("call", "POST", "/v1/trajectories/t1/calls/0/reward", {"reward": 0.5}),
     ("call", "POST", "/v1/trajectories/t1/reward", {"reward": 1.0}),
     ("call", "POST", "/v1/groups/g1/close", None),
     ("call", "POST", "/v1/groups/g1/ruler", {}),
@@ -135,7 +136,7 @@ def test_every_route_is_in_the_matrix(gateway: Gateway) -> None:
     # Routes of the proxy exist under every prefix; the matrix tries /v1 and one prefix.
     normalised = {(m, p.replace("/g/{g}/t/{t}", "").replace("/t/{t}", "").removeprefix("/eval"), s) for m, p, s in served}
     names = {
-        (m, p.replace("/v1/trajectories/t1", "/v1/trajectories/{t}").replace("/v1/groups/g1", "/v1/groups/{g}"), s)
+        (m, p.replace("/v1/trajectories/t1", "/v1/trajectories/{t}").replace("/v1/groups/g1", "/v1/groups/{g}").replace("/calls/0/", "/calls/{index:int}/"), s)
         for m, p, s in {(m, p.replace("/g/g1/t/t1", ""), s) for m, p, s in tried}
     }
     names = {
