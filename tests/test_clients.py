@@ -595,7 +595,11 @@ async def test_one_trainer_step_on_every_client(gw: Gateway, vllm: VLLMServer) -
         assert (status["step"], status["head"]) == (1, 1) and status["last_step"]["groups"] == [GROUP]
         metrics = status["last_step"]["metrics"]
         assert metrics["untokenized_calls"] == 0 and metrics["sequence_splits"] == batch.splits
-        assert metrics["tokens"] == sum(seq.sampled for seq, _ in batch.items) == sum(len(r.call.tokens().completions[0]) for r in rows)
+        # Every sampled token is trained, but those a grammar forced (forced tool calls, structured answers): context only.
+        assert (
+            metrics["tokens"] + metrics["forced_tokens"] == sum(seq.sampled for seq, _ in batch.items) == sum(len(r.call.tokens().completions[0]) for r in rows)
+        )
+        assert metrics["tokens"] == sum(sum(seq.trained()) for seq, _ in batch.items) and metrics["forced_tokens"] > 0
         assert metrics["sequences"] == len(batch.items)
         group = (await asyncio.to_thread(httpx.get, f"{gw.url}/v1/groups/{GROUP}")).json()
         assert group["state"] == "trained"

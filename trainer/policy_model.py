@@ -109,6 +109,7 @@ class PolicyModel:
                 entropy.append(torch.zeros_like(out).index_copy(1, predicts + 1, spread))
         return out.index_copy(1, predicts + 1, picked)
 
+    @torch.no_grad()
     def distance_from_base(self) -> float:
         """How far the adapter has moved the weights it adapts: ||scale * B @ A|| over ||W||
         (Frobenius, all adapted layers together), through r x r products, never the full delta."""
