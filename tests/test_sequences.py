@@ -4,6 +4,7 @@ one rule for both (core/tokens.py: Continuity)."""
 from __future__ import annotations
 
 from burnish_server.core.policies import TrainSettings
+from burnish_server.core.records import CallRecord
 from burnish_server.core.tokens import Continuity, pack_floats, pack_ids
 from burnish_server.store.training import TrainingCall
 from burnish_server.trainer.sequences import SampledCall, build_sequences, training_batch
@@ -73,20 +74,24 @@ def test_continuity_says_per_call_whether_it_extends() -> None:
     assert walk.splits == 2
 
 
-def _sampled(trajectory: str, reward: float, step: int) -> TrainingCall:
-    record = chat_call(
+def _record(trajectory: str, prompt: list[int], completion: list[int], step: int = 0) -> CallRecord:
+    """A policy call of group "g" with its ids (each sampled token at logprob -0.5)."""
+    return chat_call(
         {"model": "agent", "messages": []},
         None,
         trajectory_id=trajectory,
         group_id="g",
         policy="agent",
         policy_step=step,
-        prompt_token_ids=pack_ids([1, 2]),
-        completion_token_ids=pack_ids([3]),
-        completion_logprobs=pack_floats([-0.5]),
-        completion_lengths=pack_ids([1]),
+        prompt_token_ids=pack_ids(prompt),
+        completion_token_ids=pack_ids(completion),
+        completion_logprobs=pack_floats([-0.5] * len(completion)),
+        completion_lengths=pack_ids([len(completion)]),
     )
-    return TrainingCall("g", trajectory, reward, record)
+
+
+def _sampled(trajectory: str, reward: float, step: int) -> TrainingCall:
+    return TrainingCall("g", trajectory, reward, _record(trajectory, [1, 2], [3], step))
 
 
 def test_staleness_is_measured_from_the_step_trained_and_bounded_by_max_staleness() -> None:
@@ -110,19 +115,7 @@ def _turns(trajectory: str, reward: float, call_rewards: list[float | None]) -> 
     rows, history = [], [1, 2]
     for k, call_reward in enumerate(call_rewards):
         prompt = history + ([50 + k] if k else [])
-        record = chat_call(
-            {"model": "agent", "messages": []},
-            None,
-            trajectory_id=trajectory,
-            group_id="g",
-            policy="agent",
-            policy_step=0,
-            prompt_token_ids=pack_ids(prompt),
-            completion_token_ids=pack_ids([100 + k]),
-            completion_logprobs=pack_floats([-0.5]),
-            completion_lengths=pack_ids([1]),
-        )
-        rows.append(TrainingCall("g", trajectory, reward, record, call_reward))
+        rows.append(TrainingCall("g", trajectory, reward, _record(trajectory, prompt, [100 + k]), call_reward))
         history = prompt + [100 + k]
     return rows
 
