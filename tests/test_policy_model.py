@@ -90,6 +90,7 @@ def test_checkpoint_resumes_exactly(tiny: Path, tmp_path: Path) -> None:
             assert torch.allclose(a, b, atol=1e-6), name
 
 
+@torch.no_grad()
 def delta_norm(model: PolicyModel) -> float:
     """||delta W|| / ||W|| over the adapted layers, the slow way: peft's merged weights."""
     moved = base = 0.0
