@@ -23,6 +23,7 @@ The first four name something the agent did; the last three, the chat template
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -107,8 +108,19 @@ def _has_reasoning(answer: Any) -> bool:
     if not isinstance(answer, dict):
         return False
     for choice in answer.get("choices") or []:
-        message = choice.get("message") or {} if isinstance(choice, dict) else {}
+        message = (choice.get("message") or {}) if isinstance(choice, dict) else {}
         if message.get("reasoning_content") or message.get("reasoning") or "<think>" in str(message.get("content") or ""):
             return True
     items = [*(answer.get("output") or []), *(answer.get("content") or [])]
     return any(isinstance(item, dict) and item.get("type") in ("reasoning", "thinking") for item in items)
+
+
+def split_totals(history: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Steps' metrics -> the splits they trained, by reason (each step's ``split_<reason>``, summed)."""
+    totals: dict[str, int] = {}
+    for metrics in history:
+        for key, value in metrics.items():
+            if key.startswith("split_") and isinstance(value, int | float):
+                reason = key.removeprefix("split_")
+                totals[reason] = totals.get(reason, 0) + int(value)
+    return totals

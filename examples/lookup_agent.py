@@ -103,14 +103,14 @@ async def episode(llm, word: str, secret: int, *, model: str, temperature: float
     from agents.exceptions import AgentsException
 
     asked: list[str] = []
+    question_word = word  # the tool's own argument is named `word` too: the name the model sees
 
     @function_tool
     def lookup(word: str) -> str:
         """Look up the secret number of a word."""
         asked.append(word)
-        return str(secret) if word.strip().strip("\"'").lower() == episode_word else f"no secret number for {word!r}"
+        return str(secret) if word.strip().strip("\"'").lower() == question_word else f"no secret number for {word!r}"
 
-    episode_word = word
     agent = Agent(
         name="secrets",
         instructions=INSTRUCTIONS,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -46,10 +46,9 @@ class ToolCalling:
     template: Path | None  # None: the model's own
     note: str
     strict: bool = False  # hold every call's arguments to its tool's schema
-    args: list[str] = field(default_factory=list)
 
     def flags(self) -> list[str]:
-        out = [*self.args]
+        out: list[str] = []
         if self.template is not None:
             out += ["--chat-template", str(self.template)]
         if self.parser is not None:

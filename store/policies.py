@@ -18,6 +18,7 @@ import msgspec
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Connection
 
+from burnish_server.core.drift import split_totals
 from burnish_server.core.errors import Conflict, NotFound
 from burnish_server.core.health import health
 from burnish_server.core.policies import LoraSettings, Policy, RulerSettings, TrainSettings, adapter_name
@@ -25,7 +26,6 @@ from burnish_server.core.views import PolicyView, ReplicaView, StepView
 from burnish_server.store import groups
 from burnish_server.store.evals import eval_scores
 from burnish_server.store.models import Group, PolicyRow, StepRow, iso, utcnow
-from burnish_server.store.stats import split_totals
 from burnish_server.store.training import complete_groups, count_ready
 
 
@@ -202,6 +202,8 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
     row = _row(conn, name)
     policy = to_policy(row)
     last = list_steps(conn, name, limit=1)
+    # Every step's metrics, oldest first: the splits by reason and the run's health are read from them.
+    history = [m or {} for m in conn.execute(select(StepRow.metrics).where(StepRow.policy == name).order_by(StepRow.step)).scalars()]
     # Held-out groups apart: they never wait for training, whatever their state.
     by_state: dict[tuple[bool, str], int] = {
         (held_out, state): n
@@ -225,8 +227,8 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
         groups_eval=sum(n for (held_out, _), n in by_state.items() if held_out),
         last_step=last[0] if last else None,
         eval=eval_scores(conn, name, policy.step, every_version=False),
-        splits=split_totals(conn, name).get(name, {}),
-        health=health([m or {} for m in conn.execute(select(StepRow.metrics).where(StepRow.policy == name).order_by(StepRow.step)).scalars()]),
+        splits=split_totals(history),
+        health=health(history),
         train_requested_at=iso(policy.train_requested_at),
         load_error=policy.load_error,
         load_error_at=iso(row.load_error_at),

@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy import case, func, select
 from sqlalchemy.engine import Connection
 
+from burnish_server.core.drift import split_totals
 from burnish_server.store import evals, groups
 from burnish_server.store.models import Group, StepRow, Trajectory
 
@@ -23,19 +24,8 @@ def store_state(conn: Connection) -> dict[str, Any]:
     last = select(StepRow.policy, func.max(StepRow.step).label("step"), func.count().label("steps")).group_by(StepRow.policy).subquery()
     rows = conn.execute(select(last.c.policy, last.c.steps, StepRow.metrics).join(StepRow, (StepRow.policy == last.c.policy) & (StepRow.step == last.c.step)))
     steps = {p: (n, (m or {}).get("seconds"), (m or {}).get("reward_mean")) for p, n, m in rows}
-    return {"trajectories": trajectories, "groups": by_state, "steps": steps, "evals": evals.for_metrics(conn), "splits": split_totals(conn)}
-
-
-def split_totals(conn: Connection, policy: str | None = None) -> dict[str, dict[str, int]]:
-    """Per policy, the splits its steps trained, by reason (core/drift.py): each step's
-    ``split_<reason>`` metrics, summed."""
-    query = select(StepRow.policy, StepRow.metrics)
-    if policy is not None:
-        query = query.where(StepRow.policy == policy)
-    totals: dict[str, dict[str, int]] = {}
-    for name, metrics in conn.execute(query):
-        mine = totals.setdefault(name, {})
-        for key, value in (metrics or {}).items():
-            if key.startswith("split_") and isinstance(value, int | float):
-                mine[key.removeprefix("split_")] = mine.get(key.removeprefix("split_"), 0) + int(value)
-    return totals
+    histories: dict[str, list[dict[str, Any]]] = {}
+    for policy, metrics in conn.execute(select(StepRow.policy, StepRow.metrics)):
+        histories.setdefault(policy, []).append(metrics or {})
+    splits = {policy: split_totals(history) for policy, history in histories.items()}
+    return {"trajectories": trajectories, "groups": by_state, "steps": steps, "evals": evals.for_metrics(conn), "splits": splits}

@@ -133,8 +133,9 @@ class PolicyModel:
         recorded logprobs), which says whether the samples are still on-policy enough to learn from."""
         self.model.train()
         settings = self.train
-        total = sum(sum(s.trained()[: self.train.max_seq_len]) for s, _ in items)
-        forced = sum(s.sampled for s, _ in items) - sum(sum(s.trained()) for s, _ in items)
+        trained = [s.trained() for s, _ in items]
+        total = sum(sum(mask[: self.train.max_seq_len]) for mask in trained)
+        forced = sum(s.sampled for s, _ in items) - sum(sum(mask) for mask in trained)
         sums = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
         compared = {"logprob_diff": 0.0, "outside_clip": 0.0, "tis_capped": 0.0, "tokens": 0.0}
         entropy = 0.0
