@@ -53,7 +53,7 @@ def gateway(**options: object) -> None:
     """Serve the gateway."""
     import uvicorn
 
-    from burnish_server.gateway.app import create_app
+    from burnish_server.gateway.app import check_startable, create_app
 
     settings = _settings(**options)
     logs.configure(settings.log_level, settings.log_format)
@@ -74,6 +74,10 @@ def gateway(**options: object) -> None:
     # (handed over as BURNISH_* variables), with no migration of its own to race the others.
     if settings.auto_migrate:
         asyncio.run(_migrate(settings, "head"))
+    try:
+        asyncio.run(check_startable(settings))
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
     os.environ.update(settings.environ(auto_migrate=False, workers=1))
     uvicorn.run("burnish_server.gateway.app:worker_app", factory=True, workers=settings.workers, **server)  # type: ignore[arg-type]
 

@@ -32,7 +32,10 @@ import os
 import random
 import re
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from digits import burnish_running, gateway_arguments  # noqa: I001  (examples/ is run as a folder of scripts)
 
@@ -70,57 +73,83 @@ def shaped(text: str, a: int, b: int) -> float:
     return 0.7 * right(text, a, b) + 0.3 / (1 + extra / 4)
 
 
-def ask(a: int, b: int) -> list[dict[str, str]]:
-    return [{"role": "user", "content": PROMPT.format(a=a, b=b)}]
+@dataclass(frozen=True)
+class Task:
+    """A one-turn task with a fixed train/held-out split: all the loop below knows of it.
+    examples/sweep.py defines others of different shapes on the same loop."""
+
+    name: str
+    split: Callable[[], tuple[list, list]]  # (train, held out), the same on every call
+    prompt: Callable[[Any], str]
+    right: Callable[[str, Any], float]  # the held-out score
+    exact: Callable[[str, Any], float]  # the reply is in the form asked for, and right
+    shaped: Callable[[str, Any], float]  # the train reward
+    temperature: float = TEMPERATURE
+    max_tokens: int = 16
 
 
-async def play_round(client: AsyncClient, round_no: int, tasks: list[tuple[int, int]], *, groups: int, size: int, policy: str) -> list[tuple[float, str]]:
-    """``groups`` train sums, ``size`` sampled answers each: their rewards and the version that wrote each."""
+SUMS = Task(
+    "sums", sums, lambda p: PROMPT.format(a=p[0], b=p[1]),
+    right=lambda text, p: right(text, *p), exact=lambda text, p: exact(text, *p), shaped=lambda text, p: shaped(text, *p),
+)  # fmt: skip
 
-    async def member(group, a: int, b: int, i: int) -> tuple[float, str]:
+
+def ask(task: Task, problem: Any) -> list[dict[str, str]]:
+    return [{"role": "user", "content": task.prompt(problem)}]
+
+
+async def play_round(client: AsyncClient, task: Task, round_no: int, problems: list, *, groups: int, size: int, policy: str) -> list[tuple[float, str]]:
+    """``groups`` train problems, ``size`` sampled answers each: their rewards and the version that wrote each."""
+
+    async def member(group, problem: Any, i: int) -> tuple[float, str]:
         t = group.trajectory(f"{group.id}-{i}")
         raw = await t.async_openai(max_retries=0).chat.completions.with_raw_response.create(
-            model=policy, messages=ask(a, b), temperature=TEMPERATURE, max_tokens=16, seed=round_no * 1000 + i,
+            model=policy, messages=ask(task, problem), temperature=task.temperature, max_tokens=task.max_tokens, seed=round_no * 1000 + i,
         )  # fmt: skip
-        reward = shaped(raw.parse().choices[0].message.content or "", a, b)
+        reward = task.shaped(raw.parse().choices[0].message.content or "", problem)
         await t.reward(reward)  # the last member's reward closes the group: it is ready to train
         return reward, raw.headers["x-policy-version"]
 
-    picked = [tasks[(round_no * groups + g) % len(tasks)] for g in range(groups)]
-    sets = [(client.group(size=size, id=f"r{round_no}-g{g}-{os.getpid()}"), a, b) for g, (a, b) in enumerate(picked)]
-    return list(await asyncio.gather(*(member(group, a, b, i) for group, a, b in sets for i in range(size))))
+    picked = [problems[(round_no * groups + g) % len(problems)] for g in range(groups)]
+    sets = [(client.group(size=size, id=f"{task.name}-r{round_no}-g{g}-{os.getpid()}"), problem) for g, problem in enumerate(picked)]
+    return list(await asyncio.gather(*(member(group, problem, i) for group, problem in sets for i in range(size))))
 
 
-async def evaluate(client: AsyncClient, step: int, held_out: list[tuple[int, int]], *, policy: str) -> float:
-    """The held-out sums, greedy, answered by ``policy@step`` (pinned), in one eval group: the
-    version's held-out score as the gateway keeps it, and the share of exact answers."""
-    group = client.group(id=f"eval-{policy}-{step}-{os.getpid()}", eval=True)
+async def evaluate(client: AsyncClient, task: Task, step: int, held_out: list, *, policy: str) -> tuple[float, float]:
+    """The held-out problems, greedy, answered by ``policy@step`` (pinned), in one eval group:
+    the version's held-out score as the gateway keeps it, and the share of exact answers."""
+    group = client.group(id=f"eval-{task.name}-{policy}-{step}-{os.getpid()}", eval=True)
     model = f"{policy}@{step}"
 
-    async def member(i: int, a: int, b: int) -> float:
+    async def member(i: int, problem: Any) -> float:
         t = group.trajectory(f"{group.id}-{i}")
-        reply = await t.async_openai(max_retries=0).chat.completions.create(model=model, messages=ask(a, b), temperature=0.0, max_tokens=16)
+        reply = await t.async_openai(max_retries=0).chat.completions.create(
+            model=model, messages=ask(task, problem), temperature=0.0, max_tokens=task.max_tokens
+        )
         text = reply.choices[0].message.content or ""
-        await t.reward(right(text, a, b), exact=exact(text, a, b), shaped=shaped(text, a, b))
-        return exact(text, a, b)
+        await t.reward(task.right(text, problem), exact=task.exact(text, problem), shaped=task.shaped(text, problem))
+        return task.exact(text, problem)
 
-    exacts = await asyncio.gather(*(member(i, a, b) for i, (a, b) in enumerate(held_out)))
+    exacts = await asyncio.gather(*(member(i, problem) for i, problem in enumerate(held_out)))
     scores = {entry["step"]: entry for entry in (await client.eval_scores(policy))["data"]}
     return scores[step]["score"], sum(exacts) / len(exacts)
 
 
-async def train(client: AsyncClient, rounds: int, groups: int, size: int, eval_every: int, policy: str, plot: Path | None) -> dict[str, list]:
-    train_set, held_out = sums()
+async def train(
+    client: AsyncClient, rounds: int, groups: int, size: int, eval_every: int, policy: str, plot: Path | None, task: Task = SUMS
+) -> dict[str, list]:
+    train_set, held_out = task.split()
     status = await client.status(policy)
     step, per_step = status["step"], status["train"]["groups_per_step"]
-    curve: dict[str, list] = {"round_reward": [], "eval": []}
+    curve: dict[str, list] = {"round_reward": [], "eval": [], "exact": []}
     t0 = time.monotonic()
-    base, base_exact = await evaluate(client, step, held_out, policy=policy)
+    base, base_exact = await evaluate(client, task, step, held_out, policy=policy)
     curve["eval"].append((0, step, base))
-    print(f"{policy}@{step} (before training) on {len(held_out)} held-out sums: right {base:.3f}, exact {base_exact:.3f}", flush=True)
+    curve["exact"].append(base_exact)
+    print(f"{policy}@{step} (before training) on {len(held_out)} held-out {task.name}: right {base:.3f}, exact {base_exact:.3f}", flush=True)
     trainable = 0
     for round_no in range(rounds):
-        results = await play_round(client, round_no, train_set, groups=groups, size=size, policy=policy)
+        results = await play_round(client, task, round_no, train_set, groups=groups, size=size, policy=policy)
         rewards = [r for r, _ in results]
         curve["round_reward"].append(sum(rewards) / len(rewards))
         # Only groups whose rewards differ are trained (a tie teaches nothing).
@@ -128,16 +157,17 @@ async def train(client: AsyncClient, rounds: int, groups: int, size: int, eval_e
         step = await client.wait_for_step(policy, status["step"] + trainable // per_step)
         line = f"round {round_no + 1:3d}  train reward {curve['round_reward'][-1]:.3f}  now serving {policy}@{step}  {time.monotonic() - t0:5.0f}s"
         if (round_no + 1) % eval_every == 0 or round_no + 1 == rounds:
-            score, exact_share = await evaluate(client, step, held_out, policy=policy)
+            score, exact_share = await evaluate(client, task, step, held_out, policy=policy)
             curve["eval"].append((round_no + 1, step, score))
+            curve["exact"].append(exact_share)
             line += f"  held-out: right {score:.3f}, exact {exact_share:.3f}"
         print(line, flush=True)
         if plot is not None:
-            write_plot(curve, plot)
+            write_plot(curve, plot, **({} if task is SUMS else {"title": f"SmolLM2-135M learning {task.name}"}))
     return curve
 
 
-def write_plot(curve: dict[str, list], path: Path) -> None:
+def write_plot(curve: dict[str, list], path: Path, title: str = "SmolLM2-135M learning sums: 'What is a + b?'") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -150,7 +180,7 @@ def write_plot(curve: dict[str, list], path: Path) -> None:
     ax.plot([r for r, _, _ in evals], [s for _, _, s in evals], marker="s", label="held-out score (right)")
     for r, step, s in evals:
         ax.annotate(f"@{step}", (r, s), textcoords="offset points", xytext=(0, 5), fontsize=7, ha="center")
-    ax.set(xlabel="round", ylabel="score", title="SmolLM2-135M learning sums: 'What is a + b?'", ylim=(0, 1))
+    ax.set(xlabel="round", ylabel="score", title=title, ylim=(0, 1))
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -19,7 +19,8 @@ has never had an API key and is bound to loopback or started with ``--insecure``
 key made closes it for good (``store/keys.py``). Keys are kept in memory (``KeyRing``),
 re-read every ``KEYS_REFRESH_EVERY_S``, and a secret not in memory is looked up once in the
 store, so a key made through another gateway works at once and a revoked one stops within
-that refresh.
+that refresh. A secret the store does not know is remembered as unknown for
+``UNKNOWN_KEY_TTL_S``: a client sending wrong keys costs no store read per request.
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ from burnish_server.store.models import utcnow
 log = logging.getLogger("burnish.gateway")
 
 KEYS_REFRESH_EVERY_S = 1.0
+# A secret that is no key is remembered as unknown this long, so a client that keeps sending
+# a wrong key (or random ones) costs the store no read per request. As long as the refresh:
+# a key made through another gateway works here within the same second either way.
+UNKNOWN_KEY_TTL_S = KEYS_REFRESH_EVERY_S
+# At most this many unknown secrets remembered; beyond, the oldest are forgotten.
+UNKNOWN_KEYS_MAX = 4096
 # Gateways say they are up this often; one silent for ALIVE_S no longer shares the limits.
 HEARTBEAT_EVERY_S = 2.0
 ALIVE_S = 10.0
@@ -119,7 +126,13 @@ class Limiter:
         self.in_flight: dict[str, int] = {}
 
     def admit(self, key_id: str, limits: Limits) -> None:
-        """Count a request in, or raise 429 with Retry-After."""
+        """Count a request in, or raise 429 with Retry-After. Concurrency is checked first: a
+        request refused for it spends none of the key's rate."""
+        allowed = None
+        if limits.max_parallel_requests is not None:
+            allowed = max(1, limits.max_parallel_requests // self.gateways)
+            if self.in_flight.get(key_id, 0) >= allowed:
+                raise _too_many(f"too many requests in flight: at most {limits.max_parallel_requests} for this key", "concurrency_limit_exceeded", 1.0)
         if limits.rpm_limit is not None:
             entry = self.buckets.get(key_id)
             if entry is None or entry[:2] != (limits.rpm_limit, self.gateways):
@@ -129,10 +142,7 @@ class Limiter:
             wait = entry[2].take()
             if wait > 0:
                 raise _too_many(f"rate limit reached: {limits.rpm_limit} requests a minute for this key", "rate_limit_exceeded", wait)
-        if limits.max_parallel_requests is not None:
-            allowed = max(1, limits.max_parallel_requests // self.gateways)
-            if self.in_flight.get(key_id, 0) >= allowed:
-                raise _too_many(f"too many requests in flight: at most {limits.max_parallel_requests} for this key", "concurrency_limit_exceeded", 1.0)
+        if allowed is not None:
             self.in_flight[key_id] = self.in_flight.get(key_id, 0) + 1
 
     def release(self, key_id: str, limits: Limits) -> None:
@@ -179,6 +189,8 @@ class Access:
         # Open is allowed on loopback, or anywhere when the operator said --insecure.
         self.may_be_open = is_loopback(settings.host) or settings.insecure
         self.limiter = Limiter()
+        # Hashes of secrets the store did not know, with when to ask it again (UNKNOWN_KEY_TTL_S).
+        self.unknown: dict[str, float] = {}
         self.gateway_id = f"{os.uname().nodename[:40]}-{os.getpid()}-{os.urandom(3).hex()}"
 
     @property
@@ -195,14 +207,28 @@ class Access:
         if token is None:
             raise _unauthorized("missing API key: send it as the client's api_key (Authorization: Bearer <key>)", "missing_api_key")
         secret_hash = hash_secret(token)
-        key = self.ring.by_hash.get(secret_hash)
-        if key is None and (key := await self.db.read(store.find_key, secret_hash)) is not None:
-            self.ring.add(key)  # made through another gateway since the last refresh
+        key = self.ring.by_hash.get(secret_hash) or await self._look_up(secret_hash)
         if key is None:
             raise _unauthorized("invalid API key", "invalid_api_key")
         if why := key.usable(utcnow()):
             raise _unauthorized(f"this API key is {why}", f"key_{why}")
         return Principal(key.project, key.scopes, key.id, key.limits)
+
+    async def _look_up(self, secret_hash: str) -> ApiKey | None:
+        """A key not in memory, from the store (made through another gateway since the last
+        refresh); a secret found unknown is not looked up again for UNKNOWN_KEY_TTL_S."""
+        now = time.monotonic()
+        if self.unknown.get(secret_hash, 0.0) > now:
+            return None
+        key = await self.db.read(store.find_key, secret_hash)
+        if key is not None:
+            self.ring.add(key)
+            return key
+        if len(self.unknown) >= UNKNOWN_KEYS_MAX:  # dicts keep insertion order: drop the oldest half
+            for stale in list(self.unknown)[: UNKNOWN_KEYS_MAX // 2]:
+                del self.unknown[stale]
+        self.unknown[secret_hash] = now + UNKNOWN_KEY_TTL_S
+        return None
 
     async def admit(self, headers: Iterable[tuple[bytes, bytes]], need: str) -> Principal:
         """The caller, if it may use a route that needs ``need`` (``"call|read"``: either), counted

@@ -19,6 +19,7 @@ from litestar.openapi.spec import Components
 
 from burnish_server.core import logs
 from burnish_server.core.errors import BurnishError
+from burnish_server.core.secrets import Redactor
 from burnish_server.core.settings import Settings
 from burnish_server.gateway import errors, openapi, replicas
 from burnish_server.gateway.access import BEARER, PUBLIC, SECURITY_SCHEMES, Access, KeyRing, access_middleware, follow_keys
@@ -63,6 +64,31 @@ def committed(metrics: Metrics, langfuse: LangfuseExport | None) -> Callable[[li
     return on_commit
 
 
+def refusal(access: Access, settings: Settings) -> str | None:
+    """Why the gateway must not start, if it must not: open beyond loopback, anyone who can
+    reach the address could read every trajectory and spend the upstream; closed with neither
+    keys nor an admin token, no one could ever get in."""
+    if access.may_be_open or access.ring.configured or access.admin_token is not None:
+        return None
+    return (
+        f"refusing to serve on {settings.host} without API keys: make one first "
+        "(burnish keys create --name NAME --project PROJECT), or set BURNISH_ADMIN_TOKEN to make them over /admin/keys, "
+        "or pass --insecure (BURNISH_INSECURE=true) to run open"
+    )
+
+
+async def check_startable(settings: Settings) -> None:
+    """``refusal`` before any worker starts (``burnish gateway --workers N``): a worker that
+    refuses in its lifespan is only logged by the server that supervises it."""
+    db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
+    try:
+        why = refusal(Access(settings, db, KeyRing(await db.read(load_keys))), settings)
+    finally:
+        await db.dispose()
+    if why:
+        raise RuntimeError(why)
+
+
 def create_app(settings: Settings | None = None) -> Litestar:
     settings = settings or Settings.load()
 
@@ -72,15 +98,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
         if settings.auto_migrate:
             await db.migrate()
         access = Access(settings, db, KeyRing(await db.read(load_keys)))
-        if not access.may_be_open and not access.ring.configured and access.admin_token is None:
+        if why := refusal(access, settings):
             await db.dispose()
-            # Open, anyone who can reach this address could read every trajectory and spend the
-            # upstream; closed with neither keys nor an admin token, no one could ever get in.
-            raise RuntimeError(
-                f"refusing to serve on {settings.host} without API keys: make one first "
-                "(burnish keys create --name NAME --project PROJECT), or set BURNISH_ADMIN_TOKEN to make them over /admin/keys, "
-                "or pass --insecure (BURNISH_INSECURE=true) to run open"
-            )
+            raise RuntimeError(why)
         writer = Writer(db, batch_max=settings.commit_batch_max)
         writer.start()
         upstream = Upstream(settings, replicas.initial(settings))
@@ -101,6 +121,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             judge_http=judge_http,
             metrics=metrics,
             access=access,
+            redact=Redactor.from_settings(settings),
             langfuse=langfuse,
         )
         app.state.services = svc

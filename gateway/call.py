@@ -161,6 +161,9 @@ class Call:
         error: str | None = None,
     ) -> CallRecord:
         usage = parsed.get("usage") if isinstance(parsed, dict) and isinstance(parsed.get("usage"), dict) else None
+        if status != OK:  # an upstream's words: never the gateway's secrets (core/secrets.py)
+            response = self.svc.redact(response) if response is not None else None
+            error = self.svc.redact.text(error) if error is not None else None
         return CallRecord(
             trajectory_id=self.key.trajectory_id,
             group_id=self.key.group_id,

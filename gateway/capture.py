@@ -19,6 +19,7 @@ import msgspec
 
 from burnish_server.core import records, tokens
 from burnish_server.core.records import OK, UPSTREAM_CUT, UPSTREAM_ERROR
+from burnish_server.core.secrets import Redactor
 from burnish_server.gateway.errors import anthropic_error_body, error_body
 
 _decode = msgspec.json.Decoder().decode
@@ -358,10 +359,17 @@ def _parse_event(raw: bytes) -> tuple[str | None, bytes | None]:
 class StreamCapture:
     """Cuts a byte stream into events, folds them, and holds back the terminal one."""
 
-    def __init__(self, endpoint: Endpoint, injected: Injected | None = None, listener: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        injected: Injected | None = None,
+        listener: Callable[[dict[str, Any]], None] | None = None,
+        redact: Redactor | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.injected = injected
         self.listener = listener  # sees each decoded event (a translated surface turns it into its own)
+        self.redact = redact  # masks the gateway's secrets in an upstream's error event (core/secrets.py)
         self.assembler = endpoint.assembler()
         # The bytes of an event not yet ended, as they came, and the last 3 of them (a
         # separator may straddle two reads): joined only by the read that can end it. Joined
@@ -422,20 +430,28 @@ class StreamCapture:
                 self.events += 1
                 if obj.get("error") is not None and (self.endpoint.has_choices or obj.get("type") == "error"):
                     err = obj["error"]
-                    self.error = str(err.get("message") if isinstance(err, dict) else err)
-                elif name == "error" or obj.get("type") == "error":
-                    self.error = str(obj.get("message") or obj)
-                else:
-                    try:
-                        self.assembler.add(obj)  # sees the token ids before they are scrubbed
-                        if self.listener is not None:
-                            self.listener(obj)
-                    except MALFORMED as exc:  # relayed as it came; the call is recorded as the upstream's error
-                        log.warning("unreadable %s stream event from the upstream: %r", self.endpoint.name, exc)
-                        self.error = self.error or f"the upstream sent a stream event of the wrong shape ({type(exc).__name__}: {exc})"
-                    if self.injected is not None:
-                        rewritten = b"data: " + _encode(self.injected.scrub(obj)) + b"\n\n"
+                    return self._failed(event, str(err.get("message") if isinstance(err, dict) else err))
+                if name == "error" or obj.get("type") == "error":
+                    return self._failed(event, str(obj.get("message") or obj))
+                try:
+                    self.assembler.add(obj)  # sees the token ids before they are scrubbed
+                    if self.listener is not None:
+                        self.listener(obj)
+                except MALFORMED as exc:  # relayed as it came; the call is recorded as the upstream's error
+                    log.warning("unreadable %s stream event from the upstream: %r", self.endpoint.name, exc)
+                    self.error = self.error or f"the upstream sent a stream event of the wrong shape ({type(exc).__name__}: {exc})"
+                if self.injected is not None:
+                    rewritten = b"data: " + _encode(self.injected.scrub(obj)) + b"\n\n"
         return self.endpoint.is_terminal(name, data, obj), rewritten
+
+    def _failed(self, event: bytes, message: str) -> tuple[bool, bytes | None]:
+        """An upstream's error event: its message kept as the call's error, the event relayed
+        with the gateway's secrets masked."""
+        if self.redact is None:
+            self.error = message
+            return False, None
+        self.error = self.redact.text(message)
+        return False, self.redact(event)
 
     def outcome(self) -> tuple[str, str | None]:
         """Status of the stream after the upstream closed it."""

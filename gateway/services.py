@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import httpx
 from litestar.connection import ASGIConnection
 
+from burnish_server.core.secrets import Redactor
 from burnish_server.core.settings import Settings
 from burnish_server.gateway.access import Access
 from burnish_server.gateway.metrics import Metrics
@@ -31,6 +32,8 @@ class Services:
     judge_http: httpx.AsyncClient
     metrics: Metrics
     access: Access
+    # Masks the configured secrets in the upstream's error answers (core/secrets.py).
+    redact: Redactor
     # None unless the Langfuse keys are set.
     langfuse: LangfuseExport | None = None
     # Proxied calls being served now (gateway/edge.py): a lone one commits its record at once.

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -329,6 +330,64 @@ def test_concurrency_limit(gateway: Gateway, upstream: Upstream) -> None:
         assert c.post("/v1/chat/completions", json=CHAT).status_code == 200
 
 
+def test_a_call_refused_for_concurrency_spends_none_of_the_rate(gateway: Gateway, upstream: Upstream) -> None:
+    key = make_key(gateway, scopes=["call"], rpm_limit=2, max_parallel_requests=1)
+    results: list[int] = []
+
+    def slow() -> None:
+        with gateway.client(headers={**bearer(key), "x-fault": "stall:1.0"}) as c:
+            results.append(c.post("/v1/chat/completions", json=CHAT).status_code)
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    time.sleep(0.4)
+    with gateway.client(headers=bearer(key)) as c:
+        refused = [c.post("/v1/chat/completions", json=CHAT) for _ in range(3)]
+    thread.join()
+    for r in refused:
+        _refused(r, 429, "concurrency_limit_exceeded", "/v1/chat/completions")
+    with gateway.client(headers=bearer(key)) as c:  # the second of the two a minute is still there
+        assert c.post("/v1/chat/completions", json=CHAT).status_code == 200
+        _refused(c.post("/v1/chat/completions", json=CHAT), 429, "rate_limit_exceeded", "/v1/chat/completions")
+    assert results == [200]
+
+
+def test_an_unknown_secret_is_not_looked_up_again_within_its_time(tmp_path: Path) -> None:
+    """A wrong key is looked up in the store once, then answered from memory for
+    UNKNOWN_KEY_TTL_S: with the keys' table gone, the store would fail any lookup."""
+    from burnish_server.core.access import ApiKey, Limits
+    from burnish_server.gateway.access import UNKNOWN_KEY_TTL_S, Access, KeyRing
+    from burnish_server.gateway.errors import APIError
+    from burnish_server.store.database import Database
+
+    async def run() -> None:
+        settings = Settings.load({}, data_dir=str(tmp_path), host="0.0.0.0", insecure=False)
+        db = Database(settings.resolved_database_url)
+        await db.migrate()
+        known = ApiKey(
+            id="k1", name="k", project="p", scopes=frozenset({"call"}), secret_hash=hash_secret("bsk-known"), prefix="bsk-known",
+            limits=Limits(), created_at=datetime.now(UTC),
+        )  # fmt: skip
+        access = Access(settings, db, KeyRing([known]))
+        try:
+            with pytest.raises(APIError) as first:
+                await access.principal([(b"authorization", b"Bearer bsk-wrong")])
+            assert first.value.code == "invalid_api_key"
+            await db.transaction(lambda conn: conn.exec_driver_sql("DROP TABLE api_keys"))
+            for _ in range(3):  # answered from memory: the store is not asked
+                with pytest.raises(APIError):
+                    await access.principal([(b"authorization", b"Bearer bsk-wrong")])
+            assert (await access.principal([(b"authorization", b"Bearer bsk-known")])).project == "p"
+            await asyncio.sleep(UNKNOWN_KEY_TTL_S + 0.1)
+            with pytest.raises(Exception) as asked:  # past its time, the store is asked again (and fails)
+                await access.principal([(b"authorization", b"Bearer bsk-wrong")])
+            assert not isinstance(asked.value, APIError)
+        finally:
+            await db.dispose()
+
+    asyncio.run(run())
+
+
 def test_limits_are_shared_by_the_gateways_that_are_up(make_gateway: Callable[..., Gateway], database_url: str, upstream: Upstream) -> None:
     """Two gateways on one store each allow half a key's rate: together never more than the limit."""
     one, two = make_gateway(database_url), make_gateway(database_url)
@@ -347,6 +406,9 @@ def test_refuses_to_serve_open_beyond_loopback(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "burnish_server.cli", "gateway", "--host", "0.0.0.0", "--port", str(free_port()), "--data-dir", str(tmp_path)]
     refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "refusing to serve on 0.0.0.0 without API keys" in refused.stderr
+    # Several workers: refused before any starts, with a failing exit status too.
+    refused = subprocess.run([*command, "--workers", "2"], env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "refusing to serve on 0.0.0.0 without API keys" in refused.stderr
 
     async def start(**overrides: Any) -> None:  # the same app, told otherwise, starts (it is not served here)
         app = create_app(Settings.load({}, data_dir=str(tmp_path), host="0.0.0.0", **overrides))

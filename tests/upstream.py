@@ -94,6 +94,18 @@ class Upstream:
                 return await self._json(send, 503, {"error": {"message": "busy", "type": "server_error", "code": 503}})
         if kind == "status":
             return await self._json(send, int(arg), {"error": {"message": f"fault {arg}", "type": "server_error", "code": int(arg)}})
+        if kind == "echo-key":  # an upstream quoting the credential it refused, as OpenAI's does
+            message = f"Incorrect API key provided: {headers.get('authorization', '')}"
+            if arg == "text":
+                return await self._send(send, 401, message.encode(), b"text/plain")
+            if arg == "stream":
+                await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]})
+                await send(
+                    {"type": "http.response.body", "body": _sse({"error": {"message": message, "type": "server_error", "code": 500}}), "more_body": True}
+                )
+                await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+                return
+            return await self._json(send, 401, {"error": {"message": message, "type": "invalid_request_error", "code": "invalid_api_key"}})
         if kind == "html":
             return await self._send(send, int(arg), b"<html>bad gateway</html>", b"text/html")
         if kind == "stall":

@@ -117,7 +117,10 @@ async def forward(inbound: Inbound, endpoint: Endpoint) -> ASGIResponse:
         await call.commit(call.record(OK, response.status_code, response=raw if parsed is not None else None, parsed=parsed, tokens=tokens))
         return Relayed(raw, response.status_code, headers)
 
-    # An upstream error: relayed with its status; a body that is no error JSON becomes one.
+    # An upstream error: relayed with its status (and the gateway's secrets masked); a body that
+    # is no error JSON becomes one.
+    if (masked := svc.redact(raw)) is not raw:
+        raw, parsed = masked, json_or_none(masked)
     message = upstream_message(response.status_code, parsed, raw)
     if not (isinstance(parsed, dict) and "error" in parsed):
         raw = endpoint.error_body(response.status_code, message, "upstream_error")
@@ -131,7 +134,7 @@ class StreamRelay(Relay):
 
     def __init__(self, call: Call, response: UpstreamResponse) -> None:
         super().__init__(call, response)
-        self.capture = StreamCapture(call.endpoint, call.injected)
+        self.capture = StreamCapture(call.endpoint, call.injected, redact=call.svc.redact)
 
     def _record(self, status: str, error: str | None) -> CallRecord:
         tokens, result = self.call.answer(self.capture.result())
@@ -199,6 +202,8 @@ async def models(request: Request) -> ASGIResponse:
         ]
         listing["data"] = entries + listing["data"]
         raw = _encode(listing)
+    elif response.status_code >= 400:
+        raw = svc.redact(raw)
     return ASGIResponse(body=raw, status_code=response.status_code, headers=response_headers(response))
 
 

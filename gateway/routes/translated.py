@@ -124,7 +124,7 @@ async def serve(scope: Scope, call: Call) -> ASGIResponse:
 
     # An upstream error (or a 2xx that is not a completion): in the surface's error format.
     status = response.status_code if response.status_code >= 400 else 502
-    message = upstream_message(response.status_code, completion, raw)
+    message = call.svc.redact.text(upstream_message(response.status_code, completion, raw))
     out = call.endpoint.error_body(status, message, "upstream_error")
     await call.commit(call.record(UPSTREAM_ERROR, status, response=out, error=message))
     return ASGIResponse(body=out, status_code=status, headers=headers)
@@ -137,7 +137,7 @@ class TranslatedStream(Relay):
         super().__init__(call, response)
         self.translator = translator
         self.pending: list[bytes] = []
-        self.capture = StreamCapture(CHAT, call.injected, listener=self._chunk)
+        self.capture = StreamCapture(CHAT, call.injected, listener=self._chunk, redact=call.svc.redact)
 
     def _chunk(self, chunk: dict[str, Any]) -> None:
         self.pending += self.translator.feed(chunk)
