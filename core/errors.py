@@ -1,35 +1,129 @@
-"""The domain's errors: what went wrong, in terms any caller can act on.
+"""The errors of burnish, one tree: what went wrong, in terms any caller can act on.
 
-The store and the services raise these; the gateway maps them to HTTP statuses and the
-OpenAI-style error body at its edge (``gateway/errors.py``), the trainer logs them. Each
-carries a human message, a short machine ``code`` (stable: clients match on it) and the
-``param`` it is about, if any.
+Each carries a human message, a short machine ``code`` (stable: clients match on it), the
+``param`` it is about if any, and the HTTP ``status`` it is answered with; headers where the
+answer needs some (``Retry-After``, ``WWW-Authenticate``). The store, the services, the
+gateway and its upstream client raise them; the gateway turns any of them into the surface's
+error body in one place (``gateway/errors.py``), the trainer logs them.
+
+    BurnishError
+    ├── Invalid 400            the input itself is wrong (an id, a body, a setting)
+    ├── Unauthorized 401       no key, or one that is unknown, revoked or expired
+    ├── Forbidden 403          the key lacks the route's scope
+    ├── NotFound 404           the thing named does not exist
+    ├── Conflict 409           its state refuses the change
+    ├── TooLarge 413           a body over the limit
+    ├── TooManyRequests 429    a key's rate or concurrency limit
+    ├── NotRecorded 503        the store could not take a call, so it was not completed
+    └── Unavailable 502        a service the operation needs did not answer (a judge, the store)
+        └── UpstreamError 502  the upstream (vLLM): no usable answer
+            ├── UpstreamConnectError    could not connect: nothing of the request was sent
+            ├── UpstreamProtocolError   what came back is not HTTP, or the connection closed
+            │                           before the answer began
+            ├── UpstreamReadError       the answer broke off midway
+            └── UpstreamTimeout 504     connected, then silent past its time
+                └── UpstreamPoolTimeout 504   every connection to the replica stayed busy
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 
 class BurnishError(Exception):
-    """Base of the domain's errors."""
+    """Base of burnish's errors."""
 
-    def __init__(self, message: str, code: str, param: str | None = None) -> None:
+    status: ClassVar[int] = 400
+
+    def __init__(self, message: str, code: str, param: str | None = None, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
         self.param = param
+        self.headers = dict(headers) if headers else {}
+
+
+class Invalid(BurnishError):
+    """The input itself is wrong (an id, a body, a setting out of range)."""
+
+
+class Unauthorized(BurnishError):
+    status = 401
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message, code, headers={"www-authenticate": "Bearer"})
+
+
+class Forbidden(BurnishError):
+    status = 403
 
 
 class NotFound(BurnishError):
     """The thing named does not exist (a trajectory, a group, a policy, a checkpoint)."""
 
+    status = 404
+
 
 class Conflict(BurnishError):
     """The thing exists but its state refuses the change (a closed group, a trained policy)."""
 
+    status = 409
 
-class Invalid(BurnishError):
-    """The input itself is wrong (an id, a setting out of range)."""
+
+class TooLarge(BurnishError):
+    status = 413
+
+
+class TooManyRequests(BurnishError):
+    status = 429
+
+    def __init__(self, message: str, code: str, retry_after_s: int) -> None:
+        super().__init__(message, code, headers={"retry-after": str(retry_after_s)})
+
+
+class NotRecorded(BurnishError):
+    """The call could not be recorded; it was not completed (nothing was lost: the client was
+    told before it had an answer)."""
+
+    status = 503
 
 
 class Unavailable(BurnishError):
     """A service the operation needs did not answer (a judge, the store)."""
+
+    status = 502
+
+
+class UpstreamError(Unavailable):
+    """No usable answer from the upstream. ``attempts``: how many times the call was sent."""
+
+    default_code: ClassVar[str] = "upstream_unavailable"
+
+    def __init__(self, message: str, code: str | None = None, attempts: int = 1) -> None:
+        super().__init__(message, code or self.default_code)
+        self.attempts = attempts
+
+
+class UpstreamConnectError(UpstreamError):
+    """Could not connect (refused, unreachable, connecting timed out): nothing was sent."""
+
+
+class UpstreamProtocolError(UpstreamError):
+    """The answer is not HTTP (garbage for a status line, broken framing), or the connection
+    closed before the answer began."""
+
+
+class UpstreamReadError(UpstreamError):
+    """The answer broke off midway (the connection died)."""
+
+
+class UpstreamTimeout(UpstreamError):
+    """Connected, then nothing within the time-out."""
+
+    status = 504
+    default_code = "upstream_timeout"
+
+
+class UpstreamPoolTimeout(UpstreamTimeout):
+    """Every connection to the replica stayed busy for the time-out."""

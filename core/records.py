@@ -23,12 +23,6 @@ UPSTREAM_ERROR = "upstream_error"
 CLIENT_DISCONNECTED = "client_disconnected"
 UPSTREAM_CUT = "upstream_cut"
 
-# The recorded endpoints, by their name in the store (and their path under /v1).
-CHAT = "chat.completions"
-COMPLETIONS = "completions"
-RESPONSES = "responses"
-MESSAGES = "messages"
-
 
 class CallTokens(msgspec.Struct, frozen=True):
     """A call's tokens as vLLM returned them: the prompt, and per choice the sampled ids and
@@ -50,7 +44,7 @@ class CallRecord(msgspec.Struct, kw_only=True):
     trajectory_id: str
     group_id: str | None
     group_size: int | None
-    endpoint: str
+    endpoint: str  # the surface spoken: its name (core/surfaces/: chat.completions, completions, responses, messages)
     model: str | None
     stream: bool
     status: str

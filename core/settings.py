@@ -75,7 +75,21 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     upstream_attempts: int = 3
     retry_initial_wait: float = 0.2
     retry_max_wait: float = 5.0
+    # Connections to the upstream at once, all replicas together; and to any one replica, so
+    # that a replica that stalls holds at most that many while the others keep serving.
     max_connections: int = 1024
+    max_connections_per_replica: int = 512
+    # An idle kept-alive connection is closed past this age: uvicorn (vLLM's server) closes
+    # its own after 5 s, and one closed just as a request is written fails that request.
+    upstream_idle_expiry: float = 4.0
+    # Connections the replicas' health checks use (gateway/replicas.py), apart from the
+    # proxy's: a pool full of long streams must not make a replica look down.
+    health_check_connections: int = 16
+    # TLS to an https upstream: a CA bundle (PEM) to trust instead of the system's, and a
+    # client certificate (PEM, the key in it or in upstream_client_key) to present.
+    upstream_ca_bundle: str = ""
+    upstream_client_cert: str = ""
+    upstream_client_key: str = ""
 
     # Recording. Off turns the gateway into a plain proxy (the benchmark's baseline).
     record: bool = True

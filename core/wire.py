@@ -6,8 +6,8 @@ unknown fields are ignored, because a recorded body is whatever the client sent 
 upstream accepted. Tool definitions are kept as the JSON objects they are (a JSON schema
 each): burnish forwards them, it never interprets them.
 
-``decode_request`` / ``decode_response`` pick the struct by endpoint name
-(``core/records.py``); ``core/transcript.py`` turns any of them into one conversation.
+Each surface (``core/surfaces/``) names its request and answer structs here and reads them
+into one conversation.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-
-from burnish_server.core.records import CHAT, COMPLETIONS, MESSAGES, RESPONSES
 
 
 class Wire(msgspec.Struct, omit_defaults=True):
@@ -196,23 +194,3 @@ class MessagesResponse(Wire):
 
 Request = ChatRequest | CompletionRequest | ResponsesRequest | MessagesRequest
 Response = ChatResponse | CompletionResponse | ResponsesResponse | MessagesResponse
-
-REQUESTS: dict[str, type[Request]] = {CHAT: ChatRequest, COMPLETIONS: CompletionRequest, RESPONSES: ResponsesRequest, MESSAGES: MessagesRequest}
-RESPONSES_BY_ENDPOINT: dict[str, type[Response]] = {
-    CHAT: ChatResponse,
-    COMPLETIONS: CompletionResponse,
-    RESPONSES: ResponsesResponse,
-    MESSAGES: MessagesResponse,
-}
-
-
-def decode_request(endpoint: str, raw: bytes) -> Request:
-    """A recorded request body, typed; ``msgspec.ValidationError``/``DecodeError`` if it is not one."""
-    return msgspec.json.decode(raw, type=REQUESTS[endpoint])
-
-
-def decode_response(endpoint: str, raw: bytes | None) -> Response | None:
-    """A recorded response body, typed (None for no body)."""
-    if not raw:
-        return None
-    return msgspec.json.decode(raw, type=RESPONSES_BY_ENDPOINT[endpoint])

@@ -38,8 +38,8 @@ from litestar.openapi.spec import SecurityScheme
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from burnish_server.core.access import ANONYMOUS, ROOT, ApiKey, Limits, Principal, hash_secret, is_loopback
+from burnish_server.core.errors import BurnishError, Forbidden, TooManyRequests, Unauthorized
 from burnish_server.core.settings import Settings
-from burnish_server.gateway.errors import APIError
 from burnish_server.store import keys as store
 from burnish_server.store.database import Database
 from burnish_server.store.models import utcnow
@@ -154,16 +154,8 @@ class Limiter:
                 self.in_flight.pop(key_id, None)
 
 
-def _too_many(message: str, code: str, wait_s: float) -> APIError:
-    error = APIError(429, message, code)
-    error.headers = {"retry-after": str(max(1, math.ceil(wait_s)))}
-    return error
-
-
-def _unauthorized(message: str, code: str) -> APIError:
-    error = APIError(401, message, code)
-    error.headers = {"www-authenticate": "Bearer"}
-    return error
+def _too_many(message: str, code: str, wait_s: float) -> TooManyRequests:
+    return TooManyRequests(message, code, retry_after_s=max(1, math.ceil(wait_s)))
 
 
 def credential(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
@@ -205,13 +197,13 @@ class Access:
         if self.open:
             return ANONYMOUS  # whatever key a client sends (OpenAI's clients insist on one) is ignored
         if token is None:
-            raise _unauthorized("missing API key: send it as the client's api_key (Authorization: Bearer <key>)", "missing_api_key")
+            raise Unauthorized("missing API key: send it as the client's api_key (Authorization: Bearer <key>)", "missing_api_key")
         secret_hash = hash_secret(token)
         key = self.ring.by_hash.get(secret_hash) or await self._look_up(secret_hash)
         if key is None:
-            raise _unauthorized("invalid API key", "invalid_api_key")
+            raise Unauthorized("invalid API key", "invalid_api_key")
         if why := key.usable(utcnow()):
-            raise _unauthorized(f"this API key is {why}", f"key_{why}")
+            raise Unauthorized(f"this API key is {why}", f"key_{why}")
         return Principal(key.project, key.scopes, key.id, key.limits)
 
     async def _look_up(self, secret_hash: str) -> ApiKey | None:
@@ -232,7 +224,7 @@ class Access:
 
     async def admit(self, headers: Iterable[tuple[bytes, bytes]], need: str) -> Principal:
         """The caller, if it may use a route that needs ``need`` (``"call|read"``: either), counted
-        in against its key's limits (``release`` counts it out); else ``APIError`` 401, 403 or 429."""
+        in against its key's limits (``release`` counts it out); else ``Unauthorized``, ``Forbidden`` or ``TooManyRequests``."""
         caller = await self.principal(headers)
         if not any(caller.can(s) for s in need.split("|")):
             raise self._refusal(caller, need)
@@ -245,14 +237,14 @@ class Access:
         if caller.key_id is not None and caller.limits is not None:
             self.limiter.release(caller.key_id, caller.limits)
 
-    def _refusal(self, caller: Principal, need: str) -> APIError:
+    def _refusal(self, caller: Principal, need: str) -> BurnishError:
         """Why ``caller`` may not use a route that needs ``need``."""
         if caller is not ANONYMOUS:
-            return APIError(403, f"this API key lacks the scope this route needs ({need.replace('|', ' or ')})", "insufficient_scope")
+            return Forbidden(f"this API key lacks the scope this route needs ({need.replace('|', ' or ')})", "insufficient_scope")
         # Anyone on an open gateway: only the admin token opens the admin API.
         if self.admin_token is None:
-            return _unauthorized("the admin API is closed: set BURNISH_ADMIN_TOKEN on the gateway, or use a key with the admin scope", "admin_disabled")
-        return _unauthorized("missing or wrong admin token (Authorization: Bearer <BURNISH_ADMIN_TOKEN>)", "invalid_admin_token")
+            return Unauthorized("the admin API is closed: set BURNISH_ADMIN_TOKEN on the gateway, or use a key with the admin scope", "admin_disabled")
+        return Unauthorized("missing or wrong admin token (Authorization: Bearer <BURNISH_ADMIN_TOKEN>)", "invalid_admin_token")
 
 
 def principal(scope: Scope) -> Principal:

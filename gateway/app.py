@@ -166,7 +166,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         lifespan=[lifespan],
         dependencies=DEPENDENCIES,
         exception_handlers={
-            BurnishError: errors.handle_domain_error,
+            BurnishError: errors.handle_burnish_error,
             HTTPException: errors.handle_http_exception,
             Exception: errors.handle_unexpected,
         },

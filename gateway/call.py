@@ -14,18 +14,17 @@ from time import perf_counter
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-import httpx
 import msgspec
-from litestar.response.base import ASGIResponse
 
-from burnish_server.core.access import ANONYMOUS, Principal, local
+from burnish_server.core.access import ANONYMOUS, Principal
+from burnish_server.core.errors import Invalid, NotRecorded, UpstreamError
 from burnish_server.core.policies import Route
-from burnish_server.core.records import OK, UPSTREAM_ERROR, CallRecord
+from burnish_server.core.records import OK, CallRecord
+from burnish_server.core.surfaces import Surface
 from burnish_server.gateway import keys
-from burnish_server.gateway.capture import MALFORMED, Endpoint, Injected, Tokens, extract_tokens, inject
-from burnish_server.gateway.errors import APIError
+from burnish_server.gateway.capture import MALFORMED, Injected, Tokens, extract_tokens, inject
 from burnish_server.gateway.services import Services
-from burnish_server.gateway.upstream import UpstreamFailure, UpstreamResponse
+from burnish_server.gateway.upstream import UpstreamResponse, failed
 from burnish_server.store.models import utcnow
 
 log = logging.getLogger("burnish.gateway")
@@ -47,7 +46,7 @@ _encode = msgspec.json.Encoder().encode
 
 
 def parse_head(body: bytes) -> RequestHead:
-    """``model`` and ``stream``; ``APIError`` 400 for a body that is not a JSON object.
+    """``model`` and ``stream``; ``Invalid`` (400) for a body that is not a JSON object.
 
     The rest is not decoded, but it is checked as far as the store and the upstream need:
     JSON is UTF-8 (msgspec skips the fields it does not decode without checking their
@@ -56,22 +55,22 @@ def parse_head(body: bytes) -> RequestHead:
     control character.
     """
     if not body.strip():
-        raise APIError(400, "the request body is empty; expected a JSON object", "invalid_json")
+        raise Invalid("the request body is empty; expected a JSON object", "invalid_json")
     try:
         if not body.isascii():
             body.decode()
         head = _decode_head(body)
     except msgspec.ValidationError as exc:
-        raise APIError(400, f"invalid request body: {exc}", "invalid_request") from None
+        raise Invalid(f"invalid request body: {exc}", "invalid_request") from None
     except msgspec.DecodeError as exc:
-        raise APIError(400, f"the request body is not valid JSON: {exc}", "invalid_json") from None
+        raise Invalid(f"the request body is not valid JSON: {exc}", "invalid_json") from None
     except UnicodeDecodeError as exc:
-        raise APIError(400, f"the request body is not valid JSON: it is not UTF-8 (byte {exc.start})", "invalid_json") from None
+        raise Invalid(f"the request body is not valid JSON: it is not UTF-8 (byte {exc.start})", "invalid_json") from None
     except RecursionError:
-        raise APIError(400, "the request body is not valid JSON: nested too deeply", "invalid_json") from None
+        raise Invalid("the request body is not valid JSON: nested too deeply", "invalid_json") from None
     if head.model is not None and (len(head.model) > MAX_MODEL_CHARS or _CONTROL.search(head.model)):
         message = f"invalid request body: model must be at most {MAX_MODEL_CHARS} characters, none of them a control character"
-        raise APIError(400, message, "invalid_request", "model")
+        raise Invalid(message, "invalid_request", "model")
     return head
 
 
@@ -111,10 +110,10 @@ def ms(since: float) -> float:
 class Call:
     """One call in flight: what it needs to be recorded, whatever happens to it."""
 
-    def __init__(self, svc: Services, endpoint: Endpoint, key: keys.CallKey, head: RequestHead, body: bytes, caller: Principal = ANONYMOUS) -> None:
+    def __init__(self, svc: Services, surface: Surface, key: keys.CallKey, head: RequestHead, body: bytes, caller: Principal = ANONYMOUS) -> None:
         self.svc = svc
         self.caller = caller
-        self.endpoint = endpoint
+        self.surface = surface
         self.key = key
         self.head = head
         self.body = body  # as the client sent it: that is what gets recorded
@@ -126,12 +125,13 @@ class Call:
         self.sent_at = perf_counter()
         self.attempts = 1
         self.first_byte_ms: float | None = None
+        self.http_status: int | None = None  # the upstream's answer's
 
-    def to_policy(self, endpoint: Endpoint, request: dict[str, Any]) -> None:
-        """Send vLLM the policy's served version, asking for the sampled tokens."""
+    def to_policy(self, surface: Surface, request: dict[str, Any]) -> None:
+        """Send vLLM the policy's served version (on ``surface``), asking for the sampled tokens."""
         assert self.route is not None
         request["model"] = self.route.upstream_model
-        self.injected = inject(endpoint, request)
+        self.injected = inject(surface, request)
         self.upstream_body = _encode(request)
 
     @property
@@ -145,7 +145,7 @@ class Call:
 
     def answer(self, parsed: Any) -> tuple[Tokens | None, Any]:
         """The tokens in the full answer, then the answer as the client should see it."""
-        tokens = extract_tokens(self.endpoint, parsed)
+        tokens = extract_tokens(self.surface, parsed)
         if self.injected is not None:
             parsed = self.injected.scrub(parsed)
         return tokens, parsed
@@ -169,7 +169,7 @@ class Call:
             group_id=self.key.group_id,
             group_size=self.key.group_size,
             eval=self.key.eval,
-            endpoint=self.endpoint.name,
+            endpoint=self.surface.name,
             model=self.head.model,
             stream=bool(self.head.stream),
             status=status,
@@ -194,7 +194,7 @@ class Call:
         )
 
     async def commit(self, record: CallRecord) -> None:
-        """Wait until the record is durable; raise APIError 503 if it cannot be."""
+        """Wait until the record is durable; raise ``NotRecorded`` (503) if it cannot be."""
         if not self.svc.settings.record:
             self.observe(record)
             return
@@ -203,14 +203,13 @@ class Call:
         except Exception as exc:
             log.error("call for trajectory %s not recorded: %s", self.key.trajectory_id, exc)
             self.observe(record, status=503)
-            raise APIError(503, "the gateway could not record this call; it was not completed", "record_failed") from exc
+            raise NotRecorded("the gateway could not record this call; it was not completed", "record_failed") from exc
         self.observe(record)
         if self.svc.settings.log_bodies:
-            log.debug("call %s/%s: request %s response %s", self.key.trajectory_id, self.endpoint.name, record.request[:4000], (record.response or b"")[:4000])
+            log.debug("call %s/%s: request %s response %s", self.key.trajectory_id, self.surface.name, record.request[:4000], (record.response or b"")[:4000])
 
-    async def send(self, request_headers: Any, path: str) -> UpstreamResponse | ASGIResponse:
-        """Send the upstream body; the upstream's (streaming) response, or, if it could not be
-        reached, the recorded failure as the client's answer."""
+    async def send(self, request_headers: Any, path: str) -> UpstreamResponse:
+        """Send the upstream body: the upstream's (streaming) response, or ``UpstreamError``."""
         upstream = self.svc.upstream
         try:
             response, self.attempts = await upstream.send(
@@ -221,32 +220,23 @@ class Call:
                 key=self.key.trajectory_id,
                 model=self.route.upstream_model if self.route is not None else self.head.model,
             )
-        except UpstreamFailure as failure:
+        except UpstreamError as failure:
             self.attempts = failure.attempts
-            return await self.fail(failure)
+            raise
         self.first_byte_ms = ms(self.sent_at)
+        self.http_status = response.status_code
         return response
 
-    async def read(self, response: UpstreamResponse) -> bytes | ASGIResponse:
-        """A plain response's body; or, if the upstream broke off, the recorded failure."""
+    async def read(self, response: UpstreamResponse) -> bytes:
+        """A plain response's body; ``UpstreamError`` if the upstream broke off."""
         try:
             return await response.aread()
-        except httpx.HTTPError as exc:
-            return await self.fail(UpstreamFailure.from_error(exc, "the upstream broke off its answer", self.attempts))
+        except UpstreamError as exc:
+            raise failed(exc, "the upstream broke off its answer", self.attempts) from exc
         finally:
             await response.aclose()
-
-    async def fail(self, failure: UpstreamFailure) -> ASGIResponse:
-        await self.commit(self.record(UPSTREAM_ERROR, failure.status, error=failure.message))
-        return self.error(failure.status, failure.message)
-
-    def error(self, status: int, message: str) -> ASGIResponse:
-        """The upstream could not be reached or broke off: an error in the surface's format."""
-        code = "upstream_timeout" if status == 504 else "upstream_unavailable"
-        headers = {"x-trajectory-id": local(self.key.trajectory_id), "x-policy-version": self.version}
-        return ASGIResponse(body=self.endpoint.error_body(status, message, code), status_code=status, headers=headers)
 
     def observe(self, record: CallRecord, status: int | None = None) -> None:
         """Count the call for /metrics: its whole time so far, and the upstream's part of it."""
         upstream = record.upstream_ms / 1000 if record.upstream_ms is not None else None
-        self.svc.metrics.observe_call(self.endpoint.name, status or record.http_status or 502, perf_counter() - self.sent_at, upstream)
+        self.svc.metrics.observe_call(self.surface.name, status or record.http_status or 502, perf_counter() - self.sent_at, upstream)

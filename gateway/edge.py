@@ -26,21 +26,21 @@ from litestar import Litestar
 from litestar.types import HTTPScope, Receive, Scope, Send
 
 from burnish_server.core.logs import request_id
+from burnish_server.core.surfaces import SURFACES, Surface
 from burnish_server.gateway import keys, request_ids
-from burnish_server.gateway.capture import ENDPOINTS, Endpoint
-from burnish_server.gateway.errors import asgi_error
+from burnish_server.gateway.errors import SURFACE, asgi_error
 from burnish_server.gateway.routes.proxy import Inbound, forward
 from burnish_server.gateway.services import Services
 
-_ROUTES = {f"v1/{endpoint.path}": endpoint for endpoint in ENDPOINTS}
+_ROUTES = {f"v1/{surface.path}": surface for surface in SURFACES}
 _EVAL = keys.EVAL_PREFIX + "/"
 _NO_PARAMS: dict[str, str] = {}
 
 
-def proxy_route(path: str) -> tuple[Endpoint, dict[str, str]] | None:
-    """The proxy endpoint a path names, with the keys in its prefix; None for any other path.
+def proxy_route(path: str) -> tuple[Surface, dict[str, str]] | None:
+    """The surface a path names, with the keys in its prefix; None for any other path.
 
-    The paths are ``routes/proxy.py``'s: ``[/eval][/g/{group}][/t/{trajectory}]/v1/{endpoint}``
+    The paths are ``routes/proxy.py``'s: ``[/eval][/g/{group}][/t/{trajectory}]/v1/{surface}``
     (a group only before a trajectory), each id one non-empty path segment."""
     if path.startswith(_EVAL):
         path = path[len(keys.EVAL_PREFIX) :]
@@ -57,8 +57,8 @@ def proxy_route(path: str) -> tuple[Endpoint, dict[str, str]] | None:
             return None
         params = {**params, "trajectory_id": trajectory}
         path = "/" + path
-    endpoint = _ROUTES.get(path[1:]) if path.startswith("/") else None
-    return None if endpoint is None else (endpoint, params)
+    surface = _ROUTES.get(path[1:]) if path.startswith("/") else None
+    return None if surface is None else (surface, params)
 
 
 class Gateway(Litestar):
@@ -80,29 +80,31 @@ class Gateway(Litestar):
         send = request_ids.sending_id(send, rid)
         try:
             # Under a root path, Litestar's routing strips it: the proxy's own match does not.
-            route = proxy_route(scope["path"]) if scope["method"] == "POST" and not scope.get("root_path") else None
-            if route is None:
+            route = proxy_route(scope["path"]) if not scope.get("root_path") else None
+            if route is not None:  # everything downstream asks the surface (its errors' format first)
+                scope.setdefault("state", {})[SURFACE] = route[0]
+            if route is None or scope["method"] != "POST":
                 await super().__call__(scope, receive, send)
             else:
                 await self._proxy(*route, scope, receive, send)
         finally:
             request_id.reset(token)
 
-    async def _proxy(self, endpoint: Endpoint, params: dict[str, str], scope: Scope, receive: Receive, send: Send) -> None:
+    async def _proxy(self, surface: Surface, params: dict[str, str], scope: Scope, receive: Receive, send: Send) -> None:
         # What Litestar puts in every scope, for anything below that reads it.
         scope["app"] = scope["litestar_app"] = self
         svc: Services = self.state.services
         try:
             caller = await svc.access.admit(scope["headers"], "call")
         except Exception as exc:
-            await asgi_error(exc, scope["path"])(scope, receive, send)
+            await asgi_error(exc, scope)(scope, receive, send)
             return
         svc.in_flight += 1
         try:
             try:
-                response = await forward(Inbound(svc, caller, scope, receive, params), endpoint)
+                response = await forward(Inbound(svc, caller, scope, receive, params), surface)
             except Exception as exc:  # raised before anything was sent: answered in the surface's format
-                response = asgi_error(exc, scope["path"])
+                response = asgi_error(exc, scope)
             await response(scope, receive, send)
         finally:
             svc.in_flight -= 1

@@ -13,17 +13,27 @@ parsing:
   for more (a stream's events reach the client when the upstream sent them), with flow
   control past ``HIGH_WATER`` bytes held;
 - keep-alive connections reused per origin, the most recently used first, at most
-  ``limit`` busy at once; ``https`` upstreams over the default TLS context.
+  ``limit`` busy at once and ``per_origin`` to one replica; idle ones closed past their age;
+  ``https`` upstreams over the system's TLS context, or one with a CA bundle and a client
+  certificate (``gateway/upstream.py: tls_context``).
 
-Left out, as the proxy wants none of them: redirects, cookies, proxies from the environment,
-content decoding (the gateway asks for ``identity``), ``Expect: 100-continue``, HTTP/2.
+Left out, as the proxy wants none of them: redirects, cookies, content decoding (the gateway
+asks for ``identity``), ``Expect: 100-continue``, HTTP/2. Proxies from the environment
+(``HTTPS_PROXY``...) are not spoken here: an upstream that must be reached through one is
+spoken to with httpx instead (``gateway/upstream.py``).
 
-Every failure is an ``httpx`` exception, the gateway's one vocabulary for an upstream's
-failures (``gateway/upstream.py`` decides which are retried):
+Every failure is one of burnish's upstream errors (``core/errors.py``; ``gateway/upstream.py``
+decides which are retried):
 
-- ``ConnectError`` / ``ConnectTimeout``: no connection;
-- ``RemoteProtocolError``: an answer that is not HTTP, or a connection closed before its end;
-- ``ReadTimeout``: silence past the time-out given for that wait.
+- ``UpstreamConnectError``: no connection (refused, unreachable, a name that does not resolve,
+  a TLS failure, connecting timed out): nothing was sent;
+- ``UpstreamProtocolError``: an answer that is not HTTP, or a connection closed before the
+  answer began;
+- ``UpstreamReadError``: a connection closed before the end of its answer;
+- ``UpstreamTimeout``: silence past the time-out given for that wait; ``UpstreamPoolTimeout``:
+  every connection to the replica stayed busy that long;
+- ``Invalid``: a header that cannot be sent (a name that is no HTTP token, a line break or
+  NUL in a value), refused before anything is sent.
 """
 
 from __future__ import annotations
@@ -36,7 +46,16 @@ from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 import httptools
-import httpx
+
+from burnish_server.core.errors import (
+    Invalid,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamPoolTimeout,
+    UpstreamProtocolError,
+    UpstreamReadError,
+    UpstreamTimeout,
+)
 
 HIGH_WATER = 256 * 1024  # bytes of body held before the connection stops reading
 LOW_WATER = 64 * 1024  # ... and starts again
@@ -82,7 +101,7 @@ class Connection(asyncio.Protocol):
         self.done = False
         self.until_eof = False  # a body delimited by the connection's end
         self.keep_alive = False
-        self.error: httpx.HTTPError | None = None
+        self.error: UpstreamError | None = None
         self.chunks: deque[bytes] = deque()
         self.held = 0  # bytes in chunks
         self.head_bytes = 0  # of the head so far
@@ -103,12 +122,12 @@ class Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
-            self._fail(httpx.RemoteProtocolError(f"the upstream's answer is not valid HTTP: {exc}"))
+            self._fail(UpstreamProtocolError(f"the upstream's answer is not valid HTTP: {exc}"))
             return
         if not self.head_done:  # llhttp holds a header's pieces until it ends: bounded here
             self.head_bytes += len(data)
             if self.head_bytes > MAX_HEAD_BYTES:
-                self._fail(httpx.RemoteProtocolError(f"the upstream's answer is not valid HTTP: a head over {MAX_HEAD_BYTES} bytes"))
+                self._fail(UpstreamProtocolError(f"the upstream's answer is not valid HTTP: a head over {MAX_HEAD_BYTES} bytes"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         # Also at the upstream's end of the stream: asyncio's default eof_received closes the transport.
@@ -117,8 +136,10 @@ class Connection(asyncio.Protocol):
             if self.head_done and self.until_eof and exc is None:
                 self.done = True
             else:
-                where = "before the end of its answer" if self.head_done else "before answering"
-                self.error = httpx.RemoteProtocolError(f"the upstream closed the connection {where}")
+                if self.head_done:
+                    self.error = UpstreamReadError("the upstream closed the connection before the end of its answer")
+                else:
+                    self.error = UpstreamProtocolError("the upstream closed the connection before answering")
         self._wake()
 
     # -- httptools' side -------------------------------------------------------------------
@@ -221,7 +242,7 @@ class Connection(asyncio.Protocol):
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
 
-    def _fail(self, error: httpx.HTTPError) -> None:
+    def _fail(self, error: UpstreamError) -> None:
         self.error = error
         self._close()
         self._wake()
@@ -234,7 +255,7 @@ class Connection(asyncio.Protocol):
 
 def _expire(waiter: asyncio.Future[None], timeout: float | None) -> None:
     if not waiter.done():
-        waiter.set_exception(httpx.ReadTimeout(f"the upstream sent nothing for {timeout:g} s"))
+        waiter.set_exception(UpstreamTimeout(f"the upstream sent nothing for {timeout:g} s"))
 
 
 class Response:
@@ -280,25 +301,78 @@ class Response:
             self._pool.release(self._origin, conn)
 
 
-class Pool:
-    """Keep-alive connections per origin, the most recently used first; at most ``limit`` in
-    use at once (a request beyond that waits for one to come free, for as long as it would
-    wait for its answer to begin)."""
+# What an HTTP header name may be made of (RFC 9110's token), and what a value may not hold:
+# control characters other than tab (a line break would start a header of the client's own).
+_TOKEN = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_NOT_IN_VALUES = bytes([*range(0, 9), *range(10, 32), 127])
+_VALUE_BYTES = bytes(b for b in range(256) if b not in _NOT_IN_VALUES)
 
-    def __init__(self, limit: int, connect_timeout: float | None) -> None:
+
+def _check_header(name: bytes, value: bytes) -> None:
+    """``Invalid`` for a header that cannot go on the wire as it is."""
+    if not name or name.translate(None, _TOKEN):
+        raise Invalid(f"header name {name.decode('latin-1')!r} is not an HTTP token", "invalid_header")
+    if value.translate(None, _VALUE_BYTES):
+        raise Invalid(f"header {name.decode('latin-1')!r} has a control character (a line break or NUL) in its value", "invalid_header")
+
+
+class _Origin:
+    """One origin's connections: its slots, its idle connections (most recently used last),
+    and the requests that hold or wait for one of its slots."""
+
+    __slots__ = ("slots", "idle", "users")
+
+    def __init__(self, limit: int) -> None:
+        self.slots = asyncio.Semaphore(limit)
+        self.idle: list[Connection] = []
+        self.users = 0
+
+
+async def _acquire(slots: asyncio.Semaphore, timeout: float | None, what: str) -> None:
+    if not slots.locked():
+        await slots.acquire()
+        return
+    try:
+        async with asyncio.timeout(timeout):
+            await slots.acquire()
+    except TimeoutError as exc:
+        raise UpstreamPoolTimeout(f"{what} stayed busy for {timeout:g} s") from exc
+
+
+class Pool:
+    """Keep-alive connections per origin, the most recently used first. At most ``limit`` in
+    use at once, and at most ``per_origin`` to any one origin (a replica that stalls holds no
+    more than that, and the others keep serving); a request beyond either waits for one to
+    come free, for as long as it would wait for its answer to begin. Idle connections past
+    ``idle_expiry`` are closed, and an origin with none in use and none idle (a replica that
+    left) is forgotten, at most every ``idle_expiry`` seconds. ``tls``: the context for https
+    origins (default: the system's trust store)."""
+
+    def __init__(
+        self, limit: int, connect_timeout: float | None, *, per_origin: int | None = None, idle_expiry: float = IDLE_EXPIRY_S, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.limit = limit
+        self.per_origin = min(per_origin or limit, limit)
         self.connect_timeout = connect_timeout or None
-        self._idle: dict[Origin, list[Connection]] = {}
+        self.idle_expiry = idle_expiry
+        self._origins: dict[Origin, _Origin] = {}
         self._slots: asyncio.Semaphore | None = None  # made in the running loop
         self._targets: dict[str, Target] = {}
-        self._tls: ssl.SSLContext | None = None
+        self._tls = tls
         self._closed = False
+        self._pruned_at = time.monotonic()
 
     def target(self, url: str) -> Target:
         target = self._targets.get(url)
         if target is None:
             target = self._targets[url] = Target(url)
         return target
+
+    def stats(self) -> dict[str, int]:
+        """For /metrics: connections in use and idle, and origins known."""
+        idle = sum(len(o.idle) for o in self._origins.values())
+        in_use = self.limit - self._slots._value if self._slots is not None else 0  # noqa: SLF001 (asyncio's own count)
+        return {"in_use": in_use, "idle": idle, "origins": len(self._origins)}
 
     async def request(
         self, method: bytes, base: str, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes | None, first: float | None, between: float | None
@@ -307,44 +381,52 @@ class Pool:
         sending). The body is the returned ``Response``'s to read.
 
         A kept-alive connection the upstream closes before answering at all (it gave up on
-        the connection as the request went out) is not a failure of the call: the request
-        is sent once more, on a new connection."""
+        the idle connection as the request went out) is not a failure of the call: the request
+        is sent once more, on a new connection. Only then: the upstream answered nothing, and a
+        proxied call has no effect on it but the compute of an answer."""
+        now = time.monotonic()
+        if now - self._pruned_at > self.idle_expiry:
+            self._prune(now)
         target = self.target(base)
         head = [method, b" ", target.prefix, path, b" HTTP/1.1\r\nhost: ", target.host, b"\r\n"]
         for name, value in headers:
-            if b"\n" in value or b"\r" in value:
-                raise httpx.LocalProtocolError(f"header {name.decode('latin-1')!r} has a line break in its value")
+            _check_header(name, value)
             head += (name, b": ", value, b"\r\n")
         if body is not None:
             head.append(b"content-length: %d\r\n" % len(body))
         head.append(b"\r\n")
         if body:
             head.append(body)
-
         data = b"".join(head)
 
         slots = self._slots
         if slots is None:
             slots = self._slots = asyncio.Semaphore(self.limit)
-        if slots.locked():  # every connection in use: wait, but not for ever
+        origin = self._origins.get(target.origin)
+        if origin is None:
+            origin = self._origins[target.origin] = _Origin(self.per_origin)
+        origin.users += 1
+        try:
+            await _acquire(origin.slots, first, f"all {self.per_origin} connections to {target.origin[1]}:{target.origin[2]}")
             try:
-                async with asyncio.timeout(first):
-                    await slots.acquire()
-            except TimeoutError as exc:
-                raise httpx.PoolTimeout(f"all {self.limit} connections to the upstream stayed busy for {first:g} s") from exc
-        else:
-            await slots.acquire()
+                await _acquire(slots, first, f"all {self.limit} connections to the upstream")
+            except BaseException:
+                origin.slots.release()
+                raise
+        except BaseException:
+            origin.users -= 1
+            raise
         fresh = False
         while True:
             try:
-                conn, fresh = await self._connection(target.origin, fresh)
+                conn, fresh = await self._connection(target.origin, origin, fresh)
             except BaseException:
-                slots.release()
+                self._give_back(origin)
                 raise
             try:
                 conn.send(data)
                 await conn.head(first)
-            except httpx.RemoteProtocolError:
+            except UpstreamProtocolError:
                 if fresh or conn.received:
                     self.release(target.origin, conn)
                     raise
@@ -358,25 +440,31 @@ class Pool:
 
     def release(self, origin: Origin, conn: Connection) -> None:
         """Back to the pool if its answer came whole (read or not) and both sides keep it open;
-        else closed. Gives the call's slot back."""
+        else closed. Gives the call's slots back."""
         conn.busy = False
+        state = self._origins[origin]
         if conn.reusable and not self._closed:
             conn.chunks.clear()
             conn.idle_since = time.monotonic()
-            self._idle.setdefault(origin, []).append(conn)
+            state.idle.append(conn)
         else:
             conn._close()
+        self._give_back(state)
+
+    def _give_back(self, origin: _Origin) -> None:
+        origin.users -= 1
+        origin.slots.release()
         assert self._slots is not None
         self._slots.release()
 
-    async def _connection(self, origin: Origin, fresh: bool) -> tuple[Connection, bool]:
+    async def _connection(self, origin: Origin, state: _Origin, fresh: bool) -> tuple[Connection, bool]:
         """An idle connection to ``origin`` (unless ``fresh``), else a new one; and whether it is new."""
-        idle = self._idle.get(origin)
+        idle = state.idle
         if idle and not fresh:
             now = time.monotonic()
             while idle:
                 conn = idle.pop()
-                if not conn.closed and now - conn.idle_since < IDLE_EXPIRY_S:
+                if not conn.closed and now - conn.idle_since < self.idle_expiry:
                     return conn, False
                 conn._close()
         scheme, host, port = origin
@@ -388,14 +476,29 @@ class Pool:
             async with asyncio.timeout(self.connect_timeout):
                 _, conn = await loop.create_connection(Connection, host, port, ssl=tls)
         except TimeoutError as exc:  # ours, or the kernel's (ETIMEDOUT)
-            raise httpx.ConnectTimeout(f"could not connect within {self.connect_timeout:g} s" if self.connect_timeout else "connecting timed out") from exc
+            raise UpstreamConnectError(f"could not connect within {self.connect_timeout:g} s" if self.connect_timeout else "connecting timed out") from exc
         except OSError as exc:  # refused, unreachable, a name that does not resolve, a TLS failure
-            raise httpx.ConnectError(exc.strerror or str(exc) or type(exc).__name__) from exc
+            raise UpstreamConnectError(exc.strerror or str(exc) or type(exc).__name__) from exc
         return conn, True
+
+    def _prune(self, now: float) -> None:
+        """Close idle connections past their age; forget origins with none in use or idle (a
+        replica that left), and the base URLs that named them."""
+        self._pruned_at = now
+        for key, state in list(self._origins.items()):
+            keep = [c for c in state.idle if not c.closed and now - c.idle_since < self.idle_expiry]
+            for conn in state.idle:
+                if conn not in keep:
+                    conn._close()
+            state.idle = keep
+            if not keep and state.users == 0:
+                del self._origins[key]
+        if len(self._targets) > len(self._origins):
+            self._targets = {url: t for url, t in self._targets.items() if t.origin in self._origins}
 
     async def aclose(self) -> None:
         self._closed = True  # connections released from now on are closed
-        for conns in self._idle.values():
-            for conn in conns:
+        for state in self._origins.values():
+            for conn in state.idle:
                 conn._close()
-        self._idle.clear()
+            state.idle.clear()

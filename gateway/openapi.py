@@ -45,7 +45,8 @@ from litestar.routes import HTTPRoute
 from litestar.utils.scope.state import ScopeState
 
 from burnish_server.core.ids import ID_REGEX, ID_RULE
-from burnish_server.core.records import MESSAGES
+from burnish_server.core.surfaces import SURFACES, Surface
+from burnish_server.core.surfaces.base import openai_error_body
 from burnish_server.gateway.call import MAX_MODEL_CHARS
 from burnish_server.gateway.errors import _MEANING
 from burnish_server.gateway.keys import MAX_GROUP_SIZE
@@ -114,14 +115,6 @@ def _dict_bounds(prop: Schema, kind: msgspec.inspect.DictType) -> None:
 
 _ANY = Schema()
 _NO_CONTROL = r"^[^\u0000-\u001f\u007f-\u009f]*$"  # call.py: parse_head
-# The body of each proxied surface as far as the gateway reads it: ``model`` and ``stream``
-# (routes/proxy.py, call.py: parse_head). Every other field goes to the upstream untouched.
-_SURFACES = {
-    "chat.completions": ("ChatCompletionRequest", "OpenAI's chat completion request (model, messages, tools, n, ...)"),
-    "completions": ("CompletionRequest", "OpenAI's (legacy) completion request (model, prompt, ...)"),
-    "responses": ("ResponsesRequest", "OpenAI's Responses API request (model, input, previous_response_id, ...)"),
-    "messages": ("MessagesRequest", "Anthropic's Messages API request (model, max_tokens, messages, ...)"),
-}
 
 
 def _request_schema(name: str, what: str) -> Schema:
@@ -163,7 +156,9 @@ _PROXY_ERROR = Schema(
         "status and its body as it came (a body that is no JSON error object becomes one)."
     ),
 )
-_REQUESTS = {surface: _request_schema(name, what) for surface, (name, what) in _SURFACES.items()}
+# The body of each proxied surface as far as the gateway reads it: ``model`` and ``stream``
+# (routes/proxy.py, call.py: parse_head). Every other field goes to the upstream untouched.
+_REQUESTS = {surface.name: _request_schema(surface.schema_title, surface.schema_description) for surface in SURFACES}
 
 _ID = Schema(type=OpenAPIType.STRING, pattern=ID_REGEX)
 _TRAJECTORY_HEADER = Parameter(
@@ -228,9 +223,9 @@ def _with_id_patterns(parameters: list[Parameter | Reference] | None) -> list[Pa
     return out
 
 
-def proxy_operation(surface: str) -> type[Operation]:
-    """The OpenAPI operation of a proxied surface (``Endpoint.name``), for the route decorator's ``operation_class``."""
-    body = _REQUESTS[surface]
+def proxy_operation(surface: Surface) -> type[Operation]:
+    """The OpenAPI operation of a proxied surface, for the route decorator's ``operation_class``."""
+    body = _REQUESTS[surface.name]
 
     @dataclass
     class ProxyOperation(Operation):
@@ -253,10 +248,10 @@ def proxy_operation(surface: str) -> type[Operation]:
                 },
             )
             self.responses = {"200": answer, **_errors(_PROXY_STATUSES)}
-            if surface == MESSAGES:
-                self.description = "The gateway's own errors are in Anthropic's format on this surface."
+            if surface.errors.body is not openai_error_body:
+                self.description = "The gateway's own errors are in this surface's own format (Anthropic's on /v1/messages)."
 
-    ProxyOperation.__name__ = ProxyOperation.__qualname__ = f"ProxyOperation_{surface.replace('.', '_')}"
+    ProxyOperation.__name__ = ProxyOperation.__qualname__ = f"ProxyOperation_{surface.name.replace('.', '_')}"
     return ProxyOperation
 
 

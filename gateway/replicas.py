@@ -17,9 +17,9 @@ import asyncio
 import logging
 import time
 
-import httpx
 import msgspec
 
+from burnish_server.core.errors import BurnishError
 from burnish_server.core.replicas import Replica, ReplicaSet
 from burnish_server.core.settings import Settings
 from burnish_server.gateway.upstream import Upstream
@@ -63,7 +63,7 @@ async def check(upstream: Upstream, replica: Replica, headers: list[tuple[bytes,
                 body = await response.aread()
             finally:
                 await response.aclose()
-    except (httpx.HTTPError, OSError) as exc:
+    except (BurnishError, OSError) as exc:  # an upstream error, or a header refused
         if replica.healthy:
             log.warning("replica %s is down: %s", replica.url, exc or type(exc).__name__)
         replica.healthy = False

@@ -1,5 +1,5 @@
-"""The responses the proxy answers with: a plain answer relayed whole, and the streaming
-response both the proxy and the translated surfaces relay through."""
+"""The responses the proxy answers with: a plain answer relayed whole, and a stream relayed
+event by event (``Relay``, through the call's ``Translation``)."""
 
 from __future__ import annotations
 
@@ -12,33 +12,56 @@ from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Scope, Send
 
-from burnish_server.core.records import CLIENT_DISCONNECTED, CallRecord
+from burnish_server.core.errors import NotRecorded, UpstreamError
+from burnish_server.core.records import CLIENT_DISCONNECTED, UPSTREAM_CUT
 from burnish_server.gateway.call import Call
+from burnish_server.gateway.translation import Translation
 from burnish_server.gateway.upstream import UpstreamResponse
 
 
 class Relay:
     """An upstream's stream relayed to the client (``events``) and recorded whatever way it
-    ends: ``finish`` records what arrived if nothing was recorded yet (the client left), and
-    lets the upstream's answer go. ``RelayResponse`` calls it once the response is over, so it
-    runs even for a stream that never began (``aclose`` on an async generator that never
-    started does not run its ``finally``)."""
+    ends, through the call's ``Translation`` (as it came, or translated). ``finish`` records
+    what arrived if nothing was recorded yet (the client left), and lets the upstream's answer
+    go. ``RelayResponse`` calls it once the response is over, so it runs even for a stream that
+    never began (``aclose`` on an async generator that never started does not run its
+    ``finally``)."""
 
-    def __init__(self, call: Call, response: UpstreamResponse) -> None:
+    def __init__(self, call: Call, response: UpstreamResponse, translation: Translation) -> None:
         self.call = call
         self.response = response
+        self.translation = translation
         self.recorded = False
+        translation.start()
 
-    def events(self) -> AsyncIterator[bytes]:
-        raise NotImplementedError
-
-    def _record(self, status: str, error: str | None) -> CallRecord:
-        raise NotImplementedError
+    async def events(self) -> AsyncIterator[bytes]:
+        """Each chunk's events as they arrive; once the upstream is done, the record committed,
+        then the stream's last event (held back until the record is durable)."""
+        translation = self.translation
+        assert translation.capture is not None
+        try:
+            async for chunk in self.response.aiter_bytes():
+                if out := translation.feed(chunk):
+                    yield out
+            status, error = translation.capture.outcome()
+        except UpstreamError as exc:
+            status, error = UPSTREAM_CUT, f"the upstream stream failed: {exc.message}"
+        before, last = translation.end(status, error)
+        if before:
+            yield before
+        self.recorded = True
+        try:
+            await self.call.commit(translation.record(status, error))
+        except NotRecorded as exc:
+            yield self.call.surface.error_event(exc.message)
+            return
+        if last:
+            yield last
 
     async def finish(self) -> None:
         if not self.recorded and self.call.svc.settings.record:
             # The client went away: record what arrived, without waiting on the commit.
-            record = self._record(CLIENT_DISCONNECTED, "the client disconnected before the end")
+            record = self.translation.record(CLIENT_DISCONNECTED, "the client disconnected before the end")
             self.call.svc.writer.submit(record)
             self.call.observe(record, status=499)  # nginx's "client closed request"
         with anyio.CancelScope(shield=True):

@@ -3,40 +3,57 @@
 The proxy's requests go through ``gateway/http1.py``, a lean HTTP/1.1 client (httptools'
 parser over an asyncio protocol): measured on this path, aiohttp cost ~360k instructions a
 request, httpx over aiohttp's transport twice that, and httpcore's pure-Python HTTP/1.1
-more again (docs/performance.md). httpx stays everywhere off the hot path (RULER's judge,
-the trainer, the SDK); its exception classes are this module's vocabulary for failures, so
-callers handle one kind.
+more again (docs/performance.md). Where the environment routes the upstream through a proxy
+(``HTTP_PROXY``/``HTTPS_PROXY``, not bypassed by ``NO_PROXY``), which http1 does not speak,
+the same requests go through httpx instead (``HttpxPool``), as RULER's judge and the trainer
+already do: slower, and only for deployments that need it.
 
-A request is retried (exponential backoff with jitter) on connection errors and on
-429/502/503/504, and only here, before the gateway has sent the client anything; each
-retry goes to the call's next replica. Once the first byte is on its way to the client,
-a failure is reported, never retried.
+Failures are burnish's upstream errors (``core/errors.py``), whichever client raised them.
+A call is sent again (exponential backoff with jitter, each time to the call's next replica)
+only while nothing has reached the client, and only when the upstream did nothing with it:
+it could not be connected to, its answer was not HTTP or never began, or it answered
+429/502/503/504 (busy, or a proxy in front of it could not reach it). A proxied call has no
+effect on the upstream but the compute of an answer, and the gateway records only what it
+relays, so an answer that never began costs nothing to ask for again. A time-out, or an
+answer that broke off, is reported, never retried. Besides, http1 sends a request once more
+on a new connection when the kept-alive one it reused was closed before any answer (the
+upstream closed it as idle): so a call is sent at most twice per attempt, ``upstream_attempts``
+attempts in all.
 
 Time-outs (``core/settings.py``): connecting (``upstream_connect_timeout``), the wait for
 the answer to begin (``upstream_timeout``: its head, counted from sending the request, and
 a stream's first event), and silence between reads once it has begun
-(``upstream_read_timeout``). Every failure is an ``httpx`` error: an answer that is not
-HTTP (garbage for a status line, broken headers or chunked framing) is
-``RemoteProtocolError``, a connection error like any other.
+(``upstream_read_timeout``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterable
+import ssl
+import urllib.request
+from collections.abc import AsyncIterator, Iterable
+from typing import Protocol
+from urllib.parse import urlsplit
 
 import httpx
 
+from burnish_server.core.errors import (
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamPoolTimeout,
+    UpstreamProtocolError,
+    UpstreamReadError,
+    UpstreamTimeout,
+)
 from burnish_server.core.replicas import ReplicaSet
 from burnish_server.core.settings import Settings
 from burnish_server.gateway.http1 import Pool
-from burnish_server.gateway.http1 import Response as UpstreamResponse
 from burnish_server.gateway.keys import KEY_HEADERS
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
-# The request never reached the upstream, or the connection died before any answer.
-CONNECTION_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
+# The upstream did nothing with the request: sent again (see above).
+RETRIED = (UpstreamConnectError, UpstreamProtocolError)
 
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade"})
 # Not forwarded upstream: the gateway's own headers, and what the client sets itself.
@@ -46,6 +63,53 @@ _CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
 _DROP_RESPONSE = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "date", "server", "te", "trailer", "upgrade"}
 )
+
+
+class UpstreamResponse(Protocol):
+    """An answer as either client gives it: status, headers (names in lower case), the body
+    read whole or as it arrives; ``aclose`` lets the connection go."""
+
+    status_code: int
+    headers: dict[str, str]
+
+    async def aread(self) -> bytes: ...
+
+    def aiter_bytes(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Connections(Protocol):
+    """A pool of connections to the replicas: http1's ``Pool``, or ``HttpxPool``."""
+
+    async def request(
+        self, method: bytes, base: str, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes | None, first: float | None, between: float | None
+    ) -> UpstreamResponse: ...
+
+    def stats(self) -> dict[str, int]: ...
+
+    async def aclose(self) -> None: ...
+
+
+def tls_context(settings: Settings) -> ssl.SSLContext | None:
+    """The TLS context for https replicas: the system's trust store unless a CA bundle is
+    given, with a client certificate where one is (None: the default, made when first needed)."""
+    if not (settings.upstream_ca_bundle or settings.upstream_client_cert):
+        return None
+    context = ssl.create_default_context(cafile=settings.upstream_ca_bundle or None)
+    if settings.upstream_client_cert:
+        context.load_cert_chain(settings.upstream_client_cert, settings.upstream_client_key or None)
+    return context
+
+
+def proxied(urls: Iterable[str]) -> bool:
+    """Whether the environment sends any of these URLs through a proxy (``*_PROXY``, ``NO_PROXY``)."""
+    proxies = urllib.request.getproxies_environment()
+    for url in urls:
+        parts = urlsplit(url)
+        if proxies.get(parts.scheme) and not urllib.request.proxy_bypass_environment(parts.netloc, proxies):  # type: ignore[attr-defined]
+            return True
+    return False
 
 
 class Upstream:
@@ -59,10 +123,16 @@ class Upstream:
         self.api_key = b"Bearer " + settings.upstream_api_key.encode() if settings.upstream_api_key else None
         self.first = settings.upstream_timeout or None
         self.between = settings.upstream_read_timeout or None
-        self.pool = Pool(settings.max_connections, settings.upstream_connect_timeout)
-        # The health checks' own few connections: a pool full of long streams must not make a
-        # replica look down.
-        self.checks = Pool(16, settings.upstream_connect_timeout)
+        tls = tls_context(settings)
+        self.pool: Connections
+        self.checks: Connections
+        if proxied(r.url for r in replicas.replicas) or (settings.upstream_discover and proxied([settings.upstream_discover])):
+            self.pool = HttpxPool(settings, settings.max_connections, tls)
+            self.checks = HttpxPool(settings, settings.health_check_connections, tls)
+        else:
+            limits = {"per_origin": settings.max_connections_per_replica, "idle_expiry": settings.upstream_idle_expiry, "tls": tls}
+            self.pool = Pool(settings.max_connections, settings.upstream_connect_timeout, **limits)  # type: ignore[arg-type]
+            self.checks = Pool(settings.health_check_connections, settings.upstream_connect_timeout, **limits)  # type: ignore[arg-type]
 
     async def aclose(self) -> None:
         await self.pool.aclose()
@@ -88,14 +158,14 @@ class Upstream:
         ``key`` (the trajectory id) and ``model`` choose the replica; each retry goes to the
         next choice, after a backoff, and a replica that cannot be reached is marked down
         until its next health check. After the last attempt a retryable status is returned as
-        it is (the caller relays it); a connection error or time-out becomes ``UpstreamFailure``.
+        it is (the caller relays it); a failure raises its ``UpstreamError``, saying why.
 
         The loop is written out rather than run by tenacity (used for RULER's judge): on the
         hot path tenacity's per-call machinery cost 0.026 ms, 3% of a whole proxied call.
         """
         order = self.replicas.order(key, model)
         if not order:
-            raise UpstreamFailure(502, "no upstream replica is known (upstream_discover resolved to none yet)")
+            raise UpstreamConnectError("no upstream replica is known (upstream_discover resolved to none yet)")
         attempt = 0
         while True:
             replica = order[attempt % len(order)]
@@ -104,12 +174,12 @@ class Upstream:
             attempt += 1
             try:
                 response = await self.request(method, replica.url, path, content, headers)
-            except CONNECTION_ERRORS as exc:
+            except RETRIED as exc:
                 replica.healthy = False  # until gateway/replicas.py sees it answer again
                 if attempt >= self.attempts:
-                    raise UpstreamFailure.from_error(exc, "could not reach the upstream", attempt) from exc
-            except httpx.HTTPError as exc:  # a time-out or a failure mid-request: not retried (the upstream may have it)
-                raise UpstreamFailure.from_error(exc, "could not reach the upstream", attempt) from exc
+                    raise failed(exc, "could not reach the upstream", attempt) from exc
+            except UpstreamError as exc:  # a time-out, or a failure mid-answer: not retried (the upstream may have it)
+                raise failed(exc, "could not reach the upstream", attempt) from exc
             else:
                 if response.status_code not in RETRY_STATUSES or attempt >= self.attempts:
                     return response, attempt
@@ -120,30 +190,95 @@ class Upstream:
     async def request(
         self, method: str, base: str, path: str, content: bytes | None, headers: list[tuple[bytes, bytes]], timeout: float | None = None
     ) -> UpstreamResponse:
-        """One request to ``base`` + ``path``, no retry; every failure an ``httpx`` error.
-        ``timeout``: for the head and for each read of a small exchange (a health check, on
-        its own pool), in place of the upstream's time-outs."""
+        """One request to ``base`` + ``path``, no retry. ``timeout``: for the head and for each
+        read of a small exchange (a health check, on its own pool), in place of the upstream's
+        time-outs."""
         pool, first, between = (self.checks, timeout, timeout) if timeout else (self.pool, self.first, self.between)
         return await pool.request(method.encode(), base, path.encode("latin-1"), headers, content, first, between)
 
 
-class UpstreamFailure(Exception):
-    """No usable answer from the upstream: what the client gets (502 or 504) and why."""
-
-    def __init__(self, status: int, message: str, attempts: int = 1) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.attempts = attempts
-
-    @classmethod
-    def from_error(cls, exc: httpx.HTTPError, what: str, attempts: int = 1) -> UpstreamFailure:
-        # 504 only for an upstream that connected, then went silent (or kept every connection
-        # busy past that time); a failure to connect is a 502.
-        if isinstance(exc, httpx.ReadTimeout | httpx.PoolTimeout):
-            return cls(504, "the upstream did not answer in time", attempts)
-        return cls(502, f"{what}: {exc or type(exc).__name__}", attempts)
+def failed(exc: UpstreamError, what: str, attempts: int = 1) -> UpstreamError:
+    """``exc`` as the client is told it: what the gateway was doing, and why it failed (a
+    time-out says only that: its figures are the gateway's business)."""
+    if isinstance(exc, UpstreamTimeout):
+        out: UpstreamError = type(exc)("the upstream did not answer in time", attempts=attempts)
+    else:
+        out = type(exc)(f"{what}: {exc.message}", attempts=attempts)
+    return out
 
 
 def response_headers(response: UpstreamResponse) -> dict[str, str]:
     return {k: v for k, v in response.headers.items() if k not in _DROP_RESPONSE}  # names in lower case
+
+
+def is_stream(response: UpstreamResponse) -> bool:
+    return response.status_code < 400 and response.headers.get("content-type", "").startswith("text/event-stream")
+
+
+# ---- through a proxy: httpx ----------------------------------------------------------------
+
+
+def _as_upstream_error(exc: httpx.HTTPError, received: bool) -> UpstreamError:
+    why = str(exc) or type(exc).__name__
+    if isinstance(exc, httpx.PoolTimeout):
+        return UpstreamPoolTimeout(f"every connection to the upstream stayed busy: {why}")
+    if isinstance(exc, httpx.ConnectTimeout | httpx.ConnectError | httpx.ProxyError):
+        return UpstreamConnectError(why)
+    if isinstance(exc, httpx.TimeoutException):
+        return UpstreamTimeout(why)
+    if isinstance(exc, httpx.RemoteProtocolError) and not received:
+        return UpstreamProtocolError(why)
+    return UpstreamReadError(why)
+
+
+class _HttpxResponse:
+    __slots__ = ("_response", "status_code", "headers")
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        self.status_code = response.status_code
+        self.headers = {k.lower(): v for k, v in response.headers.items()}
+
+    async def aread(self) -> bytes:
+        return b"".join([chunk async for chunk in self.aiter_bytes()])
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as exc:
+            raise _as_upstream_error(exc, received=True) from exc
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+class HttpxPool:
+    """http1's ``Pool`` interface over httpx, which honours the environment's proxies."""
+
+    def __init__(self, settings: Settings, limit: int, tls: ssl.SSLContext | None) -> None:
+        self.client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit, keepalive_expiry=settings.upstream_idle_expiry),
+            verify=tls if tls is not None else True,
+            trust_env=True,
+        )
+        self.connect_timeout = settings.upstream_connect_timeout or None
+
+    async def request(
+        self, method: bytes, base: str, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes | None, first: float | None, between: float | None
+    ) -> UpstreamResponse:
+        url = base.rstrip("/") + path.decode("latin-1")
+        # httpx has one read time-out: the answer's (upstream_timeout) bounds every read here.
+        timeout = httpx.Timeout(connect=self.connect_timeout, read=first, write=first, pool=first)
+        request = self.client.build_request(method.decode(), url, headers=headers, content=body, timeout=timeout)
+        try:
+            response = await self.client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise _as_upstream_error(exc, received=False) from exc
+        return _HttpxResponse(response)
+
+    def stats(self) -> dict[str, int]:
+        return {"in_use": 0, "idle": 0, "origins": 0}  # httpx does not say
+
+    async def aclose(self) -> None:
+        await self.client.aclose()

@@ -356,8 +356,8 @@ def test_an_unknown_secret_is_not_looked_up_again_within_its_time(tmp_path: Path
     """A wrong key is looked up in the store once, then answered from memory for
     UNKNOWN_KEY_TTL_S: with the keys' table gone, the store would fail any lookup."""
     from burnish_server.core.access import ApiKey, Limits
+    from burnish_server.core.errors import Unauthorized
     from burnish_server.gateway.access import UNKNOWN_KEY_TTL_S, Access, KeyRing
-    from burnish_server.gateway.errors import APIError
     from burnish_server.store.database import Database
 
     async def run() -> None:
@@ -370,18 +370,18 @@ def test_an_unknown_secret_is_not_looked_up_again_within_its_time(tmp_path: Path
         )  # fmt: skip
         access = Access(settings, db, KeyRing([known]))
         try:
-            with pytest.raises(APIError) as first:
+            with pytest.raises(Unauthorized) as first:
                 await access.principal([(b"authorization", b"Bearer bsk-wrong")])
             assert first.value.code == "invalid_api_key"
             await db.transaction(lambda conn: conn.exec_driver_sql("DROP TABLE api_keys"))
             for _ in range(3):  # answered from memory: the store is not asked
-                with pytest.raises(APIError):
+                with pytest.raises(Unauthorized):
                     await access.principal([(b"authorization", b"Bearer bsk-wrong")])
             assert (await access.principal([(b"authorization", b"Bearer bsk-known")])).project == "p"
             await asyncio.sleep(UNKNOWN_KEY_TTL_S + 0.1)
             with pytest.raises(Exception) as asked:  # past its time, the store is asked again (and fails)
                 await access.principal([(b"authorization", b"Bearer bsk-wrong")])
-            assert not isinstance(asked.value, APIError)
+            assert not isinstance(asked.value, Unauthorized)
         finally:
             await db.dispose()
 

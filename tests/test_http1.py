@@ -13,10 +13,9 @@ import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
-from burnish_server.gateway import http1
+from burnish_server.core.errors import Invalid, UpstreamConnectError, UpstreamPoolTimeout, UpstreamProtocolError, UpstreamReadError
 from burnish_server.gateway.http1 import HIGH_WATER, MAX_HEAD_BYTES, Pool
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
@@ -174,9 +173,12 @@ async def test_requests_beyond_the_limit_wait_for_a_connection() -> None:
 async def test_a_header_with_a_line_break_is_refused_before_anything_is_sent(pool: Pool) -> None:
     server = Server()
     url = await server.start()
-    with pytest.raises(httpx.LocalProtocolError):
-        await pool.request(b"POST", url, b"/", [(b"x-evil", b"a\r\nhost: elsewhere")], b"{}", 5, 5)
+    for name, value in [(b"x-evil", b"a\r\nhost: elsewhere"), (b"x-nul", b"a\x00b"), (b"x evil", b"a"), (b"x:evil", b"a"), (b"", b"a")]:
+        with pytest.raises(Invalid) as refused:
+            await pool.request(b"POST", url, b"/", [(name, value)], b"{}", 5, 5)
+        assert refused.value.status == 400 and refused.value.code == "invalid_header"
     assert server.connections == 0
+    assert await (await pool.request(b"POST", url, b"/", [(b"x-fine", b"tab\tand latin-1 \xe9")], b"{}", 5, 5)).aread() == b"{}"
 
 
 async def test_a_head_without_end_is_refused(pool: Pool) -> None:
@@ -187,7 +189,7 @@ async def test_a_head_without_end_is_refused(pool: Pool) -> None:
             await writer.drain()
 
     url = await Server(endless).start()
-    with pytest.raises(httpx.RemoteProtocolError, match="head over"):
+    with pytest.raises(UpstreamProtocolError, match="head over"):
         await post(pool, url)
 
 
@@ -196,7 +198,7 @@ async def test_nothing_listening_is_a_connect_error(pool: Pool) -> None:
     url = await server.start()
     server.server.close()
     await server.server.wait_closed()
-    with pytest.raises(httpx.ConnectError):
+    with pytest.raises(UpstreamConnectError):
         await post(pool, url)
 
 
@@ -217,7 +219,7 @@ async def test_an_https_upstream_is_spoken_to_over_tls(pool: Pool, tmp_path: Pat
     assert await post(pool, url) == b"{}"
     assert await post(pool, url) == b"{}"
     assert server.connections == 1 and server.heads[0].startswith(b"POST / HTTP/1.1\r\n")
-    with pytest.raises(httpx.ConnectError):  # a certificate no one trusts
+    with pytest.raises(UpstreamConnectError):  # a certificate no one trusts
         monkeypatch.delenv("SSL_CERT_FILE")
         await post(Pool(1, 5), url)
 
@@ -236,14 +238,15 @@ async def test_a_kept_alive_connection_closed_as_the_request_goes_out_is_retried
     assert server.connections == 2 and len(server.heads) == 3  # the second request went twice
 
 
-async def test_a_connection_idle_past_its_expiry_is_not_reused(pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(http1, "IDLE_EXPIRY_S", 0.05)
+async def test_a_connection_idle_past_its_expiry_is_not_reused() -> None:
+    pool = Pool(4, 5, idle_expiry=0.05)
     server = Server()
     url = await server.start()
     for _ in range(2):
         assert await post(pool, url) == b"{}"
         await asyncio.sleep(0.1)
     assert server.connections == 2
+    await pool.aclose()
 
 
 async def test_bytes_after_the_answer_are_dropped_and_the_connection_not_reused(pool: Pool) -> None:
@@ -263,7 +266,7 @@ async def test_a_chunked_answer_cut_short_is_an_error_whatever_the_case_of_its_h
 
     url = await Server(cut).start()
     response = await pool.request(b"POST", url, b"/", [], b"{}", 5, 5)
-    with pytest.raises(httpx.RemoteProtocolError, match="before the end"):
+    with pytest.raises(UpstreamReadError, match="before the end"):
         await response.aread()
 
 
@@ -281,8 +284,43 @@ async def test_waiting_for_a_busy_pool_is_bounded() -> None:
     url = await Server().start()
     pool = Pool(1, 5)
     held = await pool.request(b"POST", url, b"/", [], b"{}", 5, 5)
-    with pytest.raises(httpx.PoolTimeout):
+    with pytest.raises(UpstreamPoolTimeout) as waited:
         await pool.request(b"POST", url, b"/", [], b"{}", 0.2, 0.2)
+    assert waited.value.status == 504
     await held.aclose()
     assert await post(pool, url) == b"{}"  # the slot the timed-out wait never took is free
     await pool.aclose()
+
+
+async def test_a_stalled_replica_holds_at_most_its_share_of_the_connections() -> None:
+    """Two replicas, three connections in all, two to each: a replica whose answers never come
+    holds two, and the other still gets the third at once."""
+    stalled, healthy = Server(_never), Server()
+    slow_url, fast_url = await stalled.start(), await healthy.start()
+    pool = Pool(3, 5, per_origin=2)
+    waiting = [asyncio.ensure_future(pool.request(b"POST", slow_url, b"/", [], b"{}", 30, 30)) for _ in range(3)]
+    await asyncio.sleep(0.2)
+    assert stalled.connections == 2  # the third waits for one of the replica's own two
+    assert await asyncio.wait_for(post(pool, fast_url), 2) == b"{}"
+    with pytest.raises(UpstreamPoolTimeout, match="127.0.0.1"):  # its own share, full, says whose
+        await pool.request(b"POST", slow_url, b"/", [], b"{}", 0.1, 0.1)
+    for task in waiting:
+        task.cancel()
+    await pool.aclose()
+
+
+async def test_idle_connections_and_replicas_that_left_are_forgotten() -> None:
+    pool = Pool(4, 5, idle_expiry=0.05)
+    gone, staying = Server(), Server()
+    gone_url, staying_url = await gone.start(), await staying.start()
+    assert await post(pool, gone_url) == b"{}" and await post(pool, staying_url) == b"{}"
+    assert pool.stats() == {"in_use": 0, "idle": 2, "origins": 2}
+    await asyncio.sleep(0.1)
+    assert await post(pool, staying_url) == b"{}"  # the first request past the expiry prunes
+    assert pool.stats() == {"in_use": 0, "idle": 1, "origins": 1}
+    assert list(pool._targets) == [staying_url]  # noqa: SLF001 (the base URL of the replica that left is gone too)
+    await pool.aclose()
+
+
+async def _never(writer: asyncio.StreamWriter) -> None:
+    await asyncio.sleep(3600)

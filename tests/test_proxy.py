@@ -10,8 +10,9 @@ import httpx
 import openai
 import pytest
 
+from burnish_server.core.surfaces import CHAT
 from burnish_server.core.tokens import pack_ids
-from burnish_server.gateway.capture import CHAT, StreamCapture
+from burnish_server.gateway.capture import StreamCapture
 from burnish_server.gateway.edge import proxy_route
 from tests.conftest import Gateway
 from tests.test_trajectories import assert_openai_error

@@ -1,41 +1,43 @@
-"""The OpenAI-compatible surface: forward each call upstream, relay the answer, record it.
+"""The proxy: every surface's calls forwarded upstream, their answers relayed and recorded.
 
-Flow of one call::
+One pipeline for every call (``forward``)::
 
-    body ─ parse only model/stream ─▶ upstream (retried while nothing was sent)
-         ◀─ plain: read, record, commit, then the body
+    body ─ parse only model/stream ─ the call's Translation ─▶ upstream (retried while nothing was sent)
+         ◀─ plain: read, translate, record, commit, then the body
          ◀─ stream: each event as it arrives; record and commit; then the terminal event
+    a failure: raised once (core/errors.py), recorded, answered in the surface's error format
 
-The client's bytes go upstream untouched, and the upstream's bytes come back
-untouched: the gateway only adds ``X-Trajectory-Id``.
+The call's ``Translation`` (``gateway/translation.py``) is all that differs: a call passes
+through as it came (the gateway adds only ``X-Trajectory-Id`` and ``X-Policy-Version``,
+and for a policy asks vLLM for token ids and logprobs, which the client does not see unless
+it asked), or a policy's call on a surface vLLM returns no token ids on goes through chat
+completions.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 
-import httpx
 import msgspec
 from litestar import Request, get, post
-from litestar.exceptions import HTTPException
 from litestar.handlers import HTTPRouteHandler
 from litestar.response.base import ASGIResponse
 from litestar.types import Receive, Scope
 
-from burnish_server.core.access import ANONYMOUS, DEFAULT_PROJECT, Principal, qualify_optional
-from burnish_server.core.records import OK, UPSTREAM_CUT, UPSTREAM_ERROR, CallRecord
+from burnish_server.core.access import ANONYMOUS, DEFAULT_PROJECT, Principal, local, qualify_optional
+from burnish_server.core.errors import BurnishError, Invalid, TooLarge, UpstreamError
+from burnish_server.core.records import UPSTREAM_ERROR
+from burnish_server.core.surfaces import SURFACES, Surface
 from burnish_server.gateway import keys, openapi
 from burnish_server.gateway.access import BEARER, principal
-from burnish_server.gateway.call import Call, json_or_none, parse_head, upstream_message
-from burnish_server.gateway.capture import ENDPOINTS, Endpoint, StreamCapture
-from burnish_server.gateway.errors import BODY_TOO_LARGE, APIError, error_body
-from burnish_server.gateway.routes import translated
+from burnish_server.gateway.call import Call, json_or_none, parse_head
+from burnish_server.gateway.errors import BODY_TOO_LARGE
 from burnish_server.gateway.services import Services, services
 from burnish_server.gateway.streaming import Relay, Relayed, RelayResponse
-from burnish_server.gateway.upstream import UpstreamFailure, UpstreamResponse, response_headers
+from burnish_server.gateway.translation import translation
+from burnish_server.gateway.upstream import failed, is_stream, response_headers
 
-_decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
 # /v1/..., /t/{trajectory}/v1/... and /g/{group}/t/{trajectory}/v1/...; each also under
@@ -56,7 +58,7 @@ class Inbound:
     params: Mapping[str, str]  # the path's trajectory_id and group_id, where it has them
 
     async def body(self) -> bytes:
-        """The whole body; ``APIError`` 413 beyond ``max_body_bytes`` (counted as it arrives, so
+        """The whole body; ``TooLarge`` (413) beyond ``max_body_bytes`` (counted as it arrives, so
         a client cannot make the gateway hold more than that), 400 if the client left first."""
         limit = self.svc.settings.max_body_bytes
         chunks: list[bytes] = []
@@ -64,17 +66,18 @@ class Inbound:
         while True:
             message = await self.receive()
             if message["type"] == "http.disconnect":
-                raise APIError(400, "the client disconnected before the end of its request body", "client_disconnected")
+                raise Invalid("the client disconnected before the end of its request body", "client_disconnected")
             chunk: bytes = message.get("body", b"")  # type: ignore[assignment]
             size += len(chunk)
             if size > limit:
-                raise APIError(413, BODY_TOO_LARGE, "body_too_large")
+                raise TooLarge(BODY_TOO_LARGE, "body_too_large")
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def forward(inbound: Inbound, endpoint: Endpoint) -> ASGIResponse:
+async def forward(inbound: Inbound, surface: Surface) -> ASGIResponse:
+    """One call, whatever its surface and model: the pipeline above."""
     svc, caller, scope = inbound.svc, inbound.caller, inbound.scope
     key = keys.resolve(inbound.params, keys.key_headers(scope["headers"]), eval_path=keys.is_eval_path(scope["path"]))
     shown = key.trajectory_id
@@ -83,97 +86,42 @@ async def forward(inbound: Inbound, endpoint: Endpoint) -> ASGIResponse:
     try:
         body = await inbound.body()
         head = parse_head(body)
-    except HTTPException as exc:  # refused, but still told which trajectory it would have joined
-        exc.headers = {**(exc.headers or {}), "x-trajectory-id": shown}
+        call = Call(svc, surface, key, head, body, caller)
+        way = await translation(call)
+    except BurnishError as exc:  # refused, but still told which trajectory it would have joined
+        exc.headers["x-trajectory-id"] = shown
         raise
-    call = Call(svc, endpoint, key, head, body, caller)
-    if call.route is not None:
-        if endpoint.name in translated.SURFACES:  # Responses, Messages: served through chat completions
-            return await translated.serve(scope, call)
-        call.to_policy(endpoint, _decode(body))
-    path = f"/v1/{endpoint.path}"
-    if query := scope.get("query_string"):
-        path += "?" + query.decode("latin-1")
-
-    response = await call.send(scope["headers"], path)
-    if isinstance(response, ASGIResponse):
-        return response
-
-    headers = response_headers(response)
-    headers["x-trajectory-id"] = shown
-    headers["x-policy-version"] = call.version
-    if response.status_code < 400 and response.headers.get("content-type", "").startswith("text/event-stream"):
-        return RelayResponse(StreamRelay(call, response), response.status_code, headers)
-
-    raw = await call.read(response)
-    if isinstance(raw, ASGIResponse):
-        return raw
-
-    parsed = json_or_none(raw)
-    if response.status_code < 400:
-        tokens, parsed = call.answer(parsed)
-        if call.injected is not None and isinstance(parsed, dict):
-            raw = _encode(parsed)
-        await call.commit(call.record(OK, response.status_code, response=raw if parsed is not None else None, parsed=parsed, tokens=tokens))
-        return Relayed(raw, response.status_code, headers)
-
-    # An upstream error: relayed with its status (and the gateway's secrets masked); a body that
-    # is no error JSON becomes one.
-    if (masked := svc.redact(raw)) is not raw:
-        raw, parsed = masked, json_or_none(masked)
-    message = upstream_message(response.status_code, parsed, raw)
-    if not (isinstance(parsed, dict) and "error" in parsed):
-        raw = endpoint.error_body(response.status_code, message, "upstream_error")
-        headers["content-type"] = "application/json"
-    await call.commit(call.record(UPSTREAM_ERROR, response.status_code, response=raw, error=message))
-    return Relayed(raw, response.status_code, headers)
+    try:
+        response = await call.send(scope["headers"], way.upstream_path(scope.get("query_string")))
+        headers = way.headers(response)
+        if is_stream(response):
+            return RelayResponse(Relay(call, response, way), response.status_code, headers)
+        raw = await call.read(response)
+    except UpstreamError as failure:  # no usable answer: recorded, and answered in the surface's format
+        await call.commit(call.record(UPSTREAM_ERROR, failure.status, error=failure.message))
+        failure.headers.update({"x-trajectory-id": local(call.key.trajectory_id), "x-policy-version": call.version})
+        raise
+    out, status, record = await way.answer(response.status_code, raw, headers)
+    await call.commit(record)
+    return Relayed(out, status, headers)
 
 
-class StreamRelay(Relay):
-    """Passes a stream through event by event and records it, whatever way it ends."""
+def _proxy_handler(surface: Surface) -> HTTPRouteHandler:
+    """The surface's route in Litestar: documents it, and serves a path the entry point did
+    not take as the proxy's (``edge.py``), a trailing slash say."""
 
-    def __init__(self, call: Call, response: UpstreamResponse) -> None:
-        super().__init__(call, response)
-        self.capture = StreamCapture(call.endpoint, call.injected, redact=call.svc.redact)
-
-    def _record(self, status: str, error: str | None) -> CallRecord:
-        tokens, result = self.call.answer(self.capture.result())
-        self.recorded = True
-        return self.call.record(status, self.response.status_code, response=_encode(result), parsed=result, tokens=tokens, error=error)
-
-    async def events(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self.response.aiter_bytes():
-                if out := self.capture.feed(chunk):
-                    yield out
-            status, error = self.capture.outcome()
-        except httpx.HTTPError as exc:
-            status, error = UPSTREAM_CUT, f"the upstream stream failed: {exc or type(exc).__name__}"
-        record = self._record(status, error)
-        try:
-            await self.call.commit(record)
-        except APIError as exc:
-            yield self.call.endpoint.error_event(exc.detail)
-            return
-        if status == UPSTREAM_CUT:
-            yield self.call.endpoint.error_event(error or "the upstream stream was cut")
-        elif self.capture.held:
-            yield self.capture.held
-
-
-def _proxy_handler(endpoint: Endpoint) -> HTTPRouteHandler:
     async def handler(request: Request) -> ASGIResponse:
         inbound = Inbound(services(request), principal(request.scope), request.scope, request.receive, request.path_params)
-        return await forward(inbound, endpoint)
+        return await forward(inbound, surface)
 
-    handler.__name__ = f"proxy_{endpoint.name.replace('.', '_')}"
+    handler.__name__ = f"proxy_{surface.name.replace('.', '_')}"
     return post(
-        [f"{prefix}/v1/{endpoint.path}" for prefix in PREFIXES],
+        [f"{prefix}/v1/{surface.path}" for prefix in PREFIXES],
         name=handler.__name__,
         status_code=200,
         opt={"scope": "call"},
         security=BEARER,
-        operation_class=openapi.proxy_operation(endpoint.name),
+        operation_class=openapi.proxy_operation(surface),
     )(handler)
 
 
@@ -181,17 +129,12 @@ def _proxy_handler(endpoint: Endpoint) -> HTTPRouteHandler:
 async def models(request: Request) -> ASGIResponse:
     """The policies, then the upstream's models."""
     svc = services(request)
-    try:
-        response, _ = await svc.upstream.send(
-            "GET", "/v1/models", content=None, headers=svc.upstream.request_headers(request.scope["headers"], ours=principal(request.scope) is not ANONYMOUS)
-        )
-    except UpstreamFailure as failure:
-        return ASGIResponse(body=error_body(failure.status, failure.message, "upstream_unavailable"), status_code=failure.status)
+    headers = svc.upstream.request_headers(request.scope["headers"], ours=principal(request.scope) is not ANONYMOUS)
+    response, _ = await svc.upstream.send("GET", "/v1/models", content=None, headers=headers)
     try:
         raw = await response.aread()
-    except httpx.HTTPError as exc:
-        broken = UpstreamFailure.from_error(exc, "the upstream broke off its answer")
-        return ASGIResponse(body=error_body(broken.status, broken.message, "upstream_unavailable"), status_code=broken.status)
+    except UpstreamError as exc:
+        raise failed(exc, "the upstream broke off its answer") from exc
     finally:
         await response.aclose()
     listing = json_or_none(raw)
@@ -207,4 +150,4 @@ async def models(request: Request) -> ASGIResponse:
     return ASGIResponse(body=raw, status_code=response.status_code, headers=response_headers(response))
 
 
-route_handlers = [_proxy_handler(endpoint) for endpoint in ENDPOINTS] + [models]
+route_handlers = [_proxy_handler(surface) for surface in SURFACES] + [models]

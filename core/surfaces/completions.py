@@ -1,0 +1,78 @@
+"""OpenAI's (legacy) completions: ``POST /v1/completions``.
+
+Served to vLLM as it is, streamed as ``text_completion`` events ending in ``data: [DONE]``;
+read as the prompt in one user message and each choice's text as an answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from burnish_server.core import wire
+from burnish_server.core.conversation import Exchange, Message
+from burnish_server.core.surfaces.base import OPENAI_ERRORS, Surface, append, extend, index_of, joined
+
+
+class CompletionAssembler:
+    """``text_completion`` stream events into one ``text_completion``."""
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] = {}
+        self.choices: dict[int, dict[str, Any]] = {}
+        self.extra: dict[str, Any] = {}
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        for key in ("id", "created", "model", "system_fingerprint"):
+            if key in chunk and key not in self.head:
+                self.head[key] = chunk[key]
+        if chunk.get("usage"):
+            self.extra["usage"] = chunk["usage"]
+        for c in chunk.get("choices") or ():
+            index = index_of(c.get("index"))
+            choice = self.choices.setdefault(index, {"index": index, "text": "", "finish_reason": None, "logprobs": None})
+            append(choice, "text", c.get("text"))
+            if c.get("finish_reason") is not None:
+                choice["finish_reason"] = c["finish_reason"]
+            if c.get("stop_reason") is not None:
+                choice["stop_reason"] = c["stop_reason"]
+            if logprobs := c.get("logprobs"):
+                merged = choice["logprobs"] = choice["logprobs"] or {}
+                for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                    if logprobs.get(key) is not None:
+                        extend(merged, key, logprobs[key])
+            if c.get("token_ids") is not None:
+                extend(choice, "token_ids", c["token_ids"])
+            if c.get("prompt_token_ids") is not None:
+                choice["prompt_token_ids"] = c["prompt_token_ids"]
+
+    def result(self) -> dict[str, Any]:
+        choices = [joined(self.choices[i]) for i in sorted(self.choices)]
+        return {**self.head, "object": "text_completion", "choices": choices, **self.extra}
+
+
+def read(request: wire.CompletionRequest, response: wire.CompletionResponse | None) -> Exchange:
+    prompt = request.prompt
+    if isinstance(prompt, list):  # a batch of prompts: the first, if it is text
+        prompt = prompt[0] if prompt and isinstance(prompt[0], str) else "[token ids]" if prompt else ""
+    choices = sorted(response.choices, key=lambda c: c.index) if response else []
+    return Exchange([Message("user", prompt or "")], None, [Message("assistant", c.text) for c in choices])
+
+
+def terminal(name: str | None, data: bytes, event: Any) -> bool:
+    return data == b"[DONE]"
+
+
+COMPLETIONS = Surface(
+    name="completions",
+    path="completions",
+    request=wire.CompletionRequest,
+    response=wire.CompletionResponse,
+    read=read,
+    assembler=CompletionAssembler,
+    terminal=terminal,
+    errors=OPENAI_ERRORS,
+    has_choices=True,
+    translator=None,
+    schema_title="CompletionRequest",
+    schema_description="OpenAI's (legacy) completion request (model, prompt, ...)",
+)

@@ -1,0 +1,109 @@
+"""OpenAI's Responses API: ``POST /v1/responses``.
+
+vLLM returns no token ids on it, so a policy's call is served through chat completions
+(``core/translate/responses.py``). Streamed as typed events; the terminal one
+(``response.completed``, ``.incomplete``, ``.failed``) carries the whole response. Read as:
+instructions -> system; message items -> messages; function_call -> an assistant tool call;
+function_call_output -> a tool message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from burnish_server.core import wire
+from burnish_server.core.conversation import Exchange, Message, ToolCall, text_of
+from burnish_server.core.surfaces.base import RESPONSES_ERRORS, Surface
+from burnish_server.core.translate import responses as translator
+
+
+class ResponsesAssembler:
+    """Responses API events: the terminal event carries the whole response."""
+
+    TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+    def __init__(self) -> None:
+        self.response: dict[str, Any] | None = None
+        self.partial_text: list[str] = []
+        self.final = False
+
+    def add(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if isinstance(event.get("response"), dict):
+            self.response = event["response"]
+            self.final = kind in self.TERMINAL
+        elif kind == "response.output_text.delta":
+            self.partial_text.append(event.get("delta") or "")
+
+    def result(self) -> dict[str, Any]:
+        if self.final and self.response is not None:
+            return self.response
+        # Cut short: keep what arrived, marked as partial.
+        return {**(self.response or {"object": "response"}), "status": "incomplete", "partial_output_text": "".join(self.partial_text)}
+
+
+def _responses_items(items: list[wire.ResponsesItem]) -> list[Message]:
+    out: list[Message] = []
+    for item in items:
+        match item.type:
+            case "message":
+                out.append(Message(item.role or "user", text_of(item.content)))
+            case "function_call":
+                call = ToolCall(item.name or "", item.arguments or "", item.call_id)
+                # Calls made in one turn belong to one assistant message.
+                if out and out[-1].role == "assistant" and (out[-1].tool_calls or not out[-1].content):
+                    last = out.pop()
+                    out.append(Message("assistant", last.content, (*last.tool_calls, call)))
+                else:
+                    out.append(Message("assistant", "", (call,)))
+            case "function_call_output":
+                out.append(Message("tool", text_of(item.output), (), item.call_id))
+            case "reasoning":
+                pass  # not part of the conversation a template renders or a judge scores
+            case _:
+                out.append(Message(item.role or "user", f"[{item.type}]"))
+    return out
+
+
+def _tool_from_responses(tool: dict[str, Any]) -> dict[str, Any]:
+    """A Responses API function tool (flat) in the chat form; other tools as they are."""
+    if tool.get("type") == "function" and "function" not in tool:
+        spec = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
+        return {"type": "function", "function": spec}
+    return tool
+
+
+def read(request: wire.ResponsesRequest, response: wire.ResponsesResponse | None) -> Exchange:
+    items = request.input
+    prompt = [Message("user", items)] if isinstance(items, str) else _responses_items(items or [])
+    if request.instructions:
+        prompt.insert(0, Message("system", request.instructions))
+    tools = [_tool_from_responses(t) for t in request.tools] if request.tools else None
+    answer = _responses_items(response.output) if response else []
+    merged = Message(
+        "assistant",
+        "\n".join(m.content for m in answer if m.content),
+        tuple(c for m in answer for c in m.tool_calls),
+    )
+    return Exchange(prompt, tools, [merged] if response else [])
+
+
+def terminal(name: str | None, data: bytes, event: Any) -> bool:
+    kind = event.get("type") if isinstance(event, dict) else name
+    return kind in ResponsesAssembler.TERMINAL
+
+
+RESPONSES = Surface(
+    name="responses",
+    path="responses",
+    request=wire.ResponsesRequest,
+    response=wire.ResponsesResponse,
+    read=read,
+    assembler=ResponsesAssembler,
+    terminal=terminal,
+    errors=RESPONSES_ERRORS,
+    has_choices=False,
+    translator=translator,
+    schema_title="ResponsesRequest",
+    schema_description="OpenAI's Responses API request (model, input, previous_response_id, ...)",
+)
