@@ -110,6 +110,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
         judge_http = httpx.AsyncClient(timeout=httpx.Timeout(settings.upstream_timeout, connect=settings.connect_timeout))
         metrics = Metrics()
         metrics.record_queue.set_function(lambda: writer.pending)
+        for state in ("in_use", "idle"):
+            metrics.upstream_connections.labels(state).set_function(lambda state=state: upstream.pool.stats()[state])
+        metrics.upstream_origins.set_function(lambda: upstream.pool.stats()["origins"])
         langfuse = LangfuseExport.from_settings(settings, metrics.registry)
         writer.on_commit = committed(metrics, langfuse)
         svc = Services(

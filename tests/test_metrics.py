@@ -46,6 +46,10 @@ def test_metrics_count_known_traffic(make_gateway, upstream: Upstream, database_
     # Every call and every reward/close went through the writer's commits.
     assert m[("burnish_commit_batch_size_sum", ())] == 6 + 2 + 1
     assert m[("burnish_record_queue", ())] == 0
+    # The calls are over: their connections wait idle for the next, to the one replica.
+    assert m[("burnish_upstream_connections", (("state", "in_use"),))] == 0
+    assert m[("burnish_upstream_connections", (("state", "idle"),))] >= 1
+    assert m[("burnish_upstream_origins", ())] == 1
     assert m[("burnish_trajectories", (("state", "rewarded"),))] == 2
     assert m[("burnish_trajectories", (("state", "unrewarded"),))] == 4
     assert m[("burnish_groups", (("policy", ""), ("state", "closed")))] == 1
