@@ -9,8 +9,11 @@ Three figures a user can act on, beside the held-out score:
     distance       how far the adapter has moved the weights it adapts (||delta W|| / ||W||)
 
 and one warning, where the run looks like it is collapsing: entropy fallen below a
-fifth of where it started, or the train reward fallen below where it started by more than
-half of the first steps' spread of rewards.
+fifth of where it started, the train reward fallen below where it started by more than
+half of the first steps' spread of rewards, or most of the last groups tied (every member
+rewarded alike). Ties are read from the groups, not the steps: a tied group teaches nothing
+and is never trained, so a policy that answers alike every time stops making steps, and its
+steps' metrics stop changing just when it matters.
 """
 
 from __future__ import annotations
@@ -26,6 +29,18 @@ WINDOW = 3
 ENTROPY_FLOOR = 0.2
 # Warn when the last steps' reward is below the first steps' by this many of their spreads.
 REWARD_DROP = 0.5
+# Warn when at least this share of the last closed groups (at least TIES_MIN_GROUPS of them) tied.
+TIES_SHARE = 0.75
+TIES_MIN_GROUPS = 8
+
+
+class Ties(msgspec.Struct, frozen=True):
+    """The policy's last closed groups (held-out ones apart): how many, how many tied (every
+    member rewarded alike), and the tied ones' mean reward."""
+
+    groups: int
+    tied: int
+    tied_reward: float | None = None
 
 
 class Health(msgspec.Struct, kw_only=True):
@@ -36,6 +51,8 @@ class Health(msgspec.Struct, kw_only=True):
     entropy_first: float | None
     entropy_last: float | None
     distance_from_base: float | None  # at the last step
+    recent_groups: int = 0  # the last closed groups looked at for ties
+    recent_tied: int = 0
     warning: str | None = None
 
 
@@ -44,8 +61,8 @@ def _mean(history: Sequence[Mapping[str, Any]], key: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def health(history: Sequence[Mapping[str, Any]]) -> Health:
-    """``history``: each step's metrics, oldest first."""
+def health(history: Sequence[Mapping[str, Any]], ties: Ties | None = None) -> Health:
+    """``history``: each step's metrics, oldest first; ``ties``: the last closed groups."""
     first, last = history[:WINDOW], history[-WINDOW:]
     reward_first, reward_last = _mean(first, "reward_mean"), _mean(last, "reward_mean")
     entropy_first, entropy_last = _mean(first, "entropy"), _mean(last, "entropy")
@@ -57,10 +74,19 @@ def health(history: Sequence[Mapping[str, Any]]) -> Health:
         entropy_first=entropy_first,
         entropy_last=entropy_last,
         distance_from_base=_mean(history[-1:], "distance_from_base"),
+        recent_groups=ties.groups if ties else 0,
+        recent_tied=ties.tied if ties else 0,
     )
+    if ties is not None and ties.groups >= TIES_MIN_GROUPS and ties.tied >= TIES_SHARE * ties.groups:
+        reward = f" (their reward {ties.tied_reward:.3f})" if ties.tied_reward is not None else ""
+        out.warning = (
+            f"no contrast left: {ties.tied} of the last {ties.groups} groups rewarded every member alike{reward}, so nothing is trained. "
+            "If that reward is the best there is, the task is learned; if not, the policy has collapsed onto one answer "
+            "(sample at a higher temperature, lower the learning rate, or roll back)"
+        )
     if len(history) <= WINDOW:  # the two ends overlap: too early to say
         return out
-    if entropy_first and entropy_last is not None and entropy_last < ENTROPY_FLOOR * entropy_first:
+    if out.warning is None and entropy_first and entropy_last is not None and entropy_last < ENTROPY_FLOOR * entropy_first:
         out.warning = (
             f"collapsing: the entropy on sampled tokens fell from {entropy_first:.3f} to {entropy_last:.3f}; "
             "the policy is sampling the same tokens every time (lower the learning rate, or roll back)"

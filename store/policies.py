@@ -20,12 +20,12 @@ from sqlalchemy.engine import Connection
 
 from burnish_server.core.drift import split_totals
 from burnish_server.core.errors import Conflict, NotFound
-from burnish_server.core.health import health
+from burnish_server.core.health import Ties, health
 from burnish_server.core.policies import LoraSettings, Policy, RulerSettings, TrainSettings, adapter_name
 from burnish_server.core.views import PolicyView, ReplicaView, StepView
 from burnish_server.store import groups
 from burnish_server.store.evals import eval_scores
-from burnish_server.store.models import Group, PolicyRow, StepRow, iso, utcnow
+from burnish_server.store.models import Group, PolicyRow, StepRow, Trajectory, iso, utcnow
 from burnish_server.store.training import complete_groups, count_ready
 
 
@@ -197,6 +197,36 @@ def list_steps(conn: Connection, name: str, limit: int | None = None) -> list[St
     return [step_view(row, policy.step) for row in reversed(rows)]
 
 
+# Closed groups the health report reads for ties (core/health.py).
+RECENT_GROUPS = 16
+
+
+def recent_ties(conn: Connection, policy: str, last: int = RECENT_GROUPS) -> Ties:
+    """The policy's ``last`` closed groups (held-out ones apart), fully rewarded: how many tied."""
+    members = (
+        select(
+            Trajectory.group_id.label("group_id"),
+            func.count().label("size"),
+            func.count(Trajectory.reward).label("rewarded"),
+            func.min(Trajectory.reward).label("low"),
+            func.max(Trajectory.reward).label("high"),
+        )
+        .where(Trajectory.group_id.is_not(None))
+        .group_by(Trajectory.group_id)
+        .subquery()
+    )
+    rows = conn.execute(
+        select(members.c.low, members.c.high)
+        .select_from(Group)
+        .join(members, members.c.group_id == Group.id)
+        .where(Group.policy == policy, Group.eval.is_(False), Group.closed_at.is_not(None), members.c.size == members.c.rewarded)
+        .order_by(Group.closed_at.desc(), Group.pk.desc())
+        .limit(last)
+    ).all()
+    tied = [low for low, high in rows if low == high]
+    return Ties(groups=len(rows), tied=len(tied), tied_reward=sum(tied) / len(tied) if tied else None)
+
+
 def policy_status(conn: Connection, name: str) -> PolicyView:
     """A policy's settings and where it stands: served and head step, groups waiting, last metrics."""
     row = _row(conn, name)
@@ -228,7 +258,7 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
         last_step=last[0] if last else None,
         eval=eval_scores(conn, name, policy.step, every_version=False),
         splits=split_totals(history),
-        health=health(history),
+        health=health(history, recent_ties(conn, name)),
         train_requested_at=iso(policy.train_requested_at),
         load_error=policy.load_error,
         load_error_at=iso(row.load_error_at),

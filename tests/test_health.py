@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from burnish_server.core.health import health
+from burnish_server.core.health import Ties, health
+from tests.conftest import Gateway
 
 
 def steps(rewards: list[float], entropies: list[float], std: float = 0.2) -> list[dict[str, float]]:
@@ -30,3 +31,34 @@ def test_too_early_to_say_and_no_steps() -> None:
     assert health(steps([0.5, 0.1, 0.1], [1.0, 0.01, 0.01])).warning is None
     empty = health([])
     assert (empty.steps, empty.reward_trend, empty.warning) == (0, None, None)
+
+
+def test_most_of_the_last_groups_tied_warns_even_without_steps() -> None:
+    """A policy that answers alike every time makes tied groups, which are never trained: no
+    step shows it, the groups do."""
+    collapsed = health(steps([0.3, 0.5], [1.7, 0.8]), Ties(groups=16, tied=14, tied_reward=0.4))
+    assert collapsed.warning is not None and collapsed.warning.startswith("no contrast left: 14 of the last 16 groups") and "0.400" in collapsed.warning
+    assert (collapsed.recent_groups, collapsed.recent_tied) == (16, 14)
+    assert health([], Ties(groups=16, tied=11)).warning is None  # under three quarters
+    assert health([], Ties(groups=7, tied=7)).warning is None  # too few to say
+
+
+def test_a_policy_whose_groups_tie_says_so_in_its_status(gateway: Gateway) -> None:
+    gateway.create_policy("agent")
+    chat = {"model": "agent", "messages": [{"role": "user", "content": "hi"}]}
+
+    def group(name: str, rewards: tuple[float, float]) -> None:
+        with gateway.client() as c:
+            for i, reward in enumerate(rewards):
+                assert c.post(f"/g/{name}/t/{name}-{i}/v1/chat/completions", json=chat, headers={"x-group-size": "2"}).status_code == 200
+                assert c.post(f"/v1/trajectories/{name}-{i}/reward", json={"reward": reward}).status_code == 200
+
+    for g in range(3):
+        group(f"apart-{g}", (0.0, 1.0))
+    for g in range(5):
+        group(f"alike-{g}", (0.5, 0.5))
+    assert gateway.policy()["health"]["warning"] is None  # 5 of 8: not yet
+    for g in range(5, 10):
+        group(f"alike-{g}", (0.5, 0.5))
+    status = gateway.policy()["health"]
+    assert (status["recent_groups"], status["recent_tied"]) == (13, 10) and status["warning"].startswith("no contrast left: 10 of the last 13 groups")
