@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -64,6 +65,10 @@ def committed(metrics: Metrics, langfuse: LangfuseExport | None) -> Callable[[li
     return on_commit
 
 
+def _pool_figure(upstream: Upstream, state: str) -> float:
+    return upstream.pool.stats()[state]
+
+
 def refusal(access: Access, settings: Settings) -> str | None:
     """Why the gateway must not start, if it must not: open beyond loopback, anyone who can
     reach the address could read every trajectory and spend the upstream; closed with neither
@@ -89,7 +94,7 @@ async def check_startable(settings: Settings) -> None:
         raise RuntimeError(why)
 
 
-def create_app(settings: Settings | None = None) -> Litestar:
+def create_app(settings: Settings | None = None) -> Gateway:
     settings = settings or Settings.load()
 
     @asynccontextmanager
@@ -111,7 +116,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         metrics = Metrics()
         metrics.record_queue.set_function(lambda: writer.pending)
         for state in ("in_use", "idle"):
-            metrics.upstream_connections.labels(state).set_function(lambda state=state: upstream.pool.stats()[state])
+            metrics.upstream_connections.labels(state).set_function(functools.partial(_pool_figure, upstream, state))
         metrics.upstream_origins.set_function(lambda: upstream.pool.stats()["origins"])
         langfuse = LangfuseExport.from_settings(settings, metrics.registry)
         writer.on_commit = committed(metrics, langfuse)
@@ -158,7 +163,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
                 await asyncio.to_thread(langfuse.close)
             await db.dispose()
 
-    app = Gateway(
+    app = Litestar(
         route_handlers=[
             health,
             metrics,
@@ -189,15 +194,15 @@ def create_app(settings: Settings | None = None) -> Litestar:
         debug=False,
     )
     openapi.fix_options_handlers(app)
-    return app
+    return Gateway(app)
 
 
-def app_from_env() -> Litestar:
+def app_from_env() -> Gateway:
     """Factory for ASGI servers started by import string (``uvicorn --factory burnish_server.gateway.app:app_from_env``)."""
     return create_app(Settings.load())
 
 
-def worker_app() -> Litestar:
+def worker_app() -> Gateway:
     """The app of one of several workers (``burnish gateway --workers N``): each is a fresh
     interpreter, which takes its settings from the ``BURNISH_*`` variables its parent set."""
     settings = Settings.load()

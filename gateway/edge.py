@@ -1,5 +1,8 @@
 """The gateway's ASGI entry point: the proxy's calls go straight to the proxy, the rest to Litestar.
 
+``Gateway`` wraps the Litestar app (the standard ASGI wrapper, no subclass): Litestar has no
+public hook before its routing, and the proxy's calls skip that routing.
+
 Every HTTP request gets its request id here (``gateway/request_ids.py``). Then a ``POST`` to a
 proxy route (``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``,
 ``/v1/messages``, under any of the key prefixes: ``routes/proxy.py``) is served here::
@@ -20,6 +23,7 @@ written some other way that Litestar accepts (a trailing slash) is still served 
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from typing import cast
 
 from litestar import Litestar
@@ -61,18 +65,23 @@ def proxy_route(path: str) -> tuple[Surface, dict[str, str]] | None:
     return None if surface is None else (surface, params)
 
 
-class Gateway(Litestar):
-    """The gateway's Litestar app, whose entry point serves the proxy's calls itself."""
+class Gateway:
+    """The gateway's ASGI app: serves the proxy's calls itself, and hands everything else (the
+    lifespan included) to the Litestar app it wraps (``litestar``)."""
 
-    __slots__ = ("request_ids",)
+    __slots__ = ("litestar", "request_ids")
 
-    def __init__(self, **config: object) -> None:
-        super().__init__(**config)  # type: ignore[arg-type]
+    def __init__(self, litestar: Litestar) -> None:
+        self.litestar = litestar
         self.request_ids = request_ids.RequestIds()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # type: ignore[override]
+    def lifespan(self) -> AbstractAsyncContextManager[None]:
+        """The app's lifespan, for running it in-process (benchmarks, tests)."""
+        return self.litestar.lifespan()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # the lifespan (and websockets, which the gateway has none of)
-            await super().__call__(scope, receive, send)
+            await self.litestar(scope, receive, send)
             return
         scope = cast(HTTPScope, scope)
         rid = self.request_ids.of(scope["headers"])
@@ -84,16 +93,14 @@ class Gateway(Litestar):
             if route is not None:  # everything downstream asks the surface (its errors' format first)
                 scope.setdefault("state", {})[SURFACE] = route[0]
             if route is None or scope["method"] != "POST":
-                await super().__call__(scope, receive, send)
+                await self.litestar(scope, receive, send)
             else:
                 await self._proxy(*route, scope, receive, send)
         finally:
             request_id.reset(token)
 
     async def _proxy(self, surface: Surface, params: dict[str, str], scope: Scope, receive: Receive, send: Send) -> None:
-        # What Litestar puts in every scope, for anything below that reads it.
-        scope["app"] = scope["litestar_app"] = self
-        svc: Services = self.state.services
+        svc: Services = self.litestar.state.services
         try:
             caller = await svc.access.admit(scope["headers"], "call")
         except Exception as exc:

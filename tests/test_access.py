@@ -120,7 +120,7 @@ def test_every_route_is_in_the_matrix(gateway: Gateway) -> None:
     """Each route the app serves declares a scope, and each is tried below."""
     app = create_app(gateway.settings)
     served = set()
-    for route in app.routes:
+    for route in app.litestar.routes:
         for handler in getattr(route, "route_handlers", []):
             if handler.http_methods == {"OPTIONS"}:  # Litestar's own, public (gateway/access.py)
                 continue

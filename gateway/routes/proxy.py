@@ -23,7 +23,7 @@ import msgspec
 from litestar import Request, get, post
 from litestar.handlers import HTTPRouteHandler
 from litestar.response.base import ASGIResponse
-from litestar.types import Receive, Scope
+from litestar.types import ASGIApp, Receive, Scope
 
 from burnish_server.core.access import ANONYMOUS, DEFAULT_PROJECT, Principal, local, qualify_optional
 from burnish_server.core.errors import BurnishError, Invalid, TooLarge, UpstreamError
@@ -76,7 +76,7 @@ class Inbound:
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def forward(inbound: Inbound, surface: Surface) -> ASGIResponse:
+async def forward(inbound: Inbound, surface: Surface) -> ASGIApp:
     """One call, whatever its surface and model: the pipeline above."""
     svc, caller, scope = inbound.svc, inbound.caller, inbound.scope
     key = keys.resolve(inbound.params, keys.key_headers(scope["headers"]), eval_path=keys.is_eval_path(scope["path"]))
@@ -110,7 +110,7 @@ def _proxy_handler(surface: Surface) -> HTTPRouteHandler:
     """The surface's route in Litestar: documents it, and serves a path the entry point did
     not take as the proxy's (``edge.py``), a trailing slash say."""
 
-    async def handler(request: Request) -> ASGIResponse:
+    async def handler(request: Request) -> ASGIApp:
         inbound = Inbound(services(request), principal(request.scope), request.scope, request.receive, request.path_params)
         return await forward(inbound, surface)
 
