@@ -169,7 +169,7 @@ def create_app(settings: Settings | None = None) -> Gateway:
             metrics,
             *proxy.route_handlers,
             # The JSON APIs decode their bodies strictly; the proxy (the hot path) reads its own.
-            Router(path="/", route_handlers=[*trajectories.route_handlers, *ruler.route_handlers, admin.router], before_request=openapi.strict_body),
+            Router(path="/", route_handlers=[*trajectories.route_handlers, *ruler.route_handlers, admin.router], request_class=openapi.StrictRequest),
         ],
         lifespan=[lifespan],
         dependencies=DEPENDENCIES,
@@ -179,8 +179,8 @@ def create_app(settings: Settings | None = None) -> Gateway:
             Exception: errors.handle_unexpected,
         },
         request_max_body_size=settings.max_body_bytes,
-        plugins=[openapi.StrictStructSchemaPlugin()],
         middleware=[access_middleware],
+        before_send=[openapi.AllowEveryMethod()],
         openapi_config=OpenAPIConfig(
             title="burnish gateway",
             version="0.1.0",
@@ -193,7 +193,7 @@ def create_app(settings: Settings | None = None) -> Gateway:
         logging_config=None,
         debug=False,
     )
-    openapi.fix_options_handlers(app)
+    openapi.finish_schema(app)
     return Gateway(app)
 
 

@@ -3,7 +3,7 @@
 Litestar documents the JSON APIs from their typed handlers; three things it gets wrong or
 cannot see are put right here:
 
-- ``StrictStructSchemaPlugin``: a body struct with ``forbid_unknown_fields`` says
+- ``finish_schema``: a body struct with ``forbid_unknown_fields`` says
   ``additionalProperties: false`` (the gateway answers 400 to an unknown field), and a bound
   of 0 (``ge=0``, ``gt=0``) on an optional field is kept (Litestar drops falsy bounds there).
 - ``proxy_operation``: the proxy routes read their bodies by hand (``routes/proxy.py``), so
@@ -12,10 +12,13 @@ cannot see are put right here:
   upstream's to validate), the key headers (``gateway/keys.py``) that apply on its path, the
   answer (JSON, or ``text/event-stream`` when streamed), and every error status; an upstream's
   own error status and body are relayed as they came (``4XX``/``5XX``).
-- ``strict_body``: bodies are decoded as strictly as the schema says (Litestar's lax mode
+- ``StrictRequest``: bodies are decoded as strictly as the schema says (Litestar's lax mode
   would take ``"1.5"`` for a number).
-- ``fix_options_handlers``: Litestar 2's automatic ``OPTIONS`` answer lists only the methods
+- ``AllowEveryMethod``: Litestar 2's automatic ``OPTIONS`` answer lists only the methods
   of the first handler registered at a path (litestar-org/litestar#4169, fixed in v3 only).
+
+All through Litestar's public API: the generated schema (``app.openapi_schema``), the
+request class, a ``before_send`` hook.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 from litestar import Request
-from litestar._openapi.schema_generation.plugins.struct import StructSchemaPlugin
 from litestar.exceptions import ClientException, ValidationException
 from litestar.openapi.spec import (
     OpenAPIHeader,
@@ -40,9 +42,8 @@ from litestar.openapi.spec import (
     RequestBody,
     Schema,
 )
-from litestar.plugins.core._msgspec import kwarg_definition_from_field
 from litestar.routes import HTTPRoute
-from litestar.utils.scope.state import ScopeState
+from litestar.types import Message, Scope
 
 from burnish_server.core.ids import ID_REGEX, ID_RULE
 from burnish_server.core.surfaces import SURFACES, Surface
@@ -53,39 +54,77 @@ from burnish_server.gateway.keys import MAX_GROUP_SIZE
 
 if TYPE_CHECKING:
     from litestar import Litestar
-    from litestar._openapi.schema_generation import SchemaCreator
-    from litestar.typing import FieldDefinition
 
-__all__ = ["body_operation", "StrictStructSchemaPlugin", "fix_options_handlers", "models_operation", "proxy_operation", "strict_body"]
+__all__ = ["AllowEveryMethod", "StrictRequest", "body_operation", "finish_schema", "models_operation", "proxy_operation"]
 
 _BOUNDS = {"ge": "minimum", "gt": "exclusive_minimum", "le": "maximum", "lt": "exclusive_maximum"}
 
 
-class StrictStructSchemaPlugin(StructSchemaPlugin):
-    """Litestar's msgspec struct schemas, plus ``additionalProperties: false`` where the struct
-    forbids unknown fields, and the zero bounds Litestar drops on optional fields."""
+def finish_schema(app: Litestar) -> None:
+    """Put right, in the schema Litestar generated from the handlers, what it gets wrong for the
+    bodies' msgspec structs: ``additionalProperties: false`` where a struct forbids unknown fields
+    (the gateway answers 400 to one), the zero bounds it drops on optional fields (``ge=0``,
+    ``gt=0``), dicts' size and key constraints, fixed-length tuples. Litestar builds the schema
+    once and serves that object at ``/docs``: the fixes are made there, through
+    ``app.openapi_schema``, once, when the app is made."""
+    schema = app.openapi_schema
+    structs = _structs(app)
+    for name, component in (schema.components.schemas or {}).items() if schema.components else ():
+        kind = structs.get(name)
+        if kind is not None and isinstance(component, Schema):
+            _strict_struct(component, kind)
 
-    def to_openapi_schema(self, field_definition: FieldDefinition, schema_creator: SchemaCreator) -> Schema:
-        schema = super().to_openapi_schema(field_definition, schema_creator)
-        info = msgspec.inspect.type_info(field_definition.type_)
-        if not isinstance(info, msgspec.inspect.StructType):
-            return schema
-        if info.forbid_unknown_fields:
-            schema.additional_properties = False
-        for field in info.fields:
-            prop = (schema.properties or {}).get(field.encode_name)
-            if not isinstance(prop, Schema):
-                continue
-            kwargs = kwarg_definition_from_field(field)[0]
-            for bound, key in _BOUNDS.items():
-                if kwargs is not None and getattr(kwargs, bound, None) == 0 and getattr(prop, key) is None:
-                    setattr(prop, key, 0.0)
-            if isinstance(kind := _unwrap(field.type), msgspec.inspect.DictType):
-                _dict_bounds(prop, kind)
-        for prop in (schema.properties or {}).values():
-            if isinstance(prop, Schema) and prop.prefix_items and prop.items is None:  # a fixed-length tuple
-                prop.min_items = prop.max_items = len(prop.prefix_items)
-        return schema
+
+def _structs(app: Litestar) -> dict[str, msgspec.inspect.StructType]:
+    """Every msgspec struct a handler takes or answers (and the structs inside them), by name."""
+    found: dict[str, msgspec.inspect.StructType] = {}
+
+    def visit(kind: msgspec.inspect.Type) -> None:
+        if isinstance(kind, msgspec.inspect.StructType):
+            name = kind.cls.__name__
+            if name in found:
+                return
+            found[name] = kind
+            for field in kind.fields:
+                visit(field.type)
+        elif isinstance(kind, msgspec.inspect.UnionType):
+            for arm in kind.types:
+                visit(arm)
+        elif isinstance(kind, msgspec.inspect.Metadata):
+            visit(kind.type)
+        elif isinstance(kind, msgspec.inspect.ListType | msgspec.inspect.SetType | msgspec.inspect.FrozenSetType | msgspec.inspect.VarTupleType):
+            visit(kind.item_type)
+        elif isinstance(kind, msgspec.inspect.DictType):
+            visit(kind.value_type)
+
+    for route in app.routes:
+        for handler in getattr(route, "route_handlers", ()):
+            signature = handler.parsed_fn_signature
+            annotations = [p.annotation for p in signature.parameters.values()] + [signature.return_type.annotation]
+            for annotation in annotations:
+                try:
+                    visit(msgspec.inspect.type_info(annotation))
+                except (TypeError, ValueError):  # not a type msgspec knows (a Request, a Response)
+                    continue
+    return found
+
+
+def _strict_struct(schema: Schema, info: msgspec.inspect.StructType) -> None:
+    if info.forbid_unknown_fields:
+        schema.additional_properties = False
+    for field in info.fields:
+        prop = (schema.properties or {}).get(field.encode_name)
+        if not isinstance(prop, Schema):
+            continue
+        kind = _unwrap(field.type)
+        for bound, key in _BOUNDS.items():
+            if getattr(kind, bound, None) == 0 and getattr(prop, key) is None:
+                setattr(prop, key, 0.0)
+        if isinstance(kind, msgspec.inspect.DictType):
+            _dict_bounds(prop, kind)
+    for prop in (schema.properties or {}).values():
+        if isinstance(prop, Schema) and prop.prefix_items and prop.items is None:  # a fixed-length tuple
+            prop.min_items = prop.max_items = len(prop.prefix_items)
 
 
 def documented_as(kind: type[msgspec.Struct]) -> msgspec.Meta:
@@ -274,18 +313,25 @@ class ModelsOperation(Operation):
 models_operation = ModelsOperation
 
 
-def fix_options_handlers(app: Litestar) -> None:
-    """Point each path's automatic OPTIONS answer at the route that holds every handler of the
-    path, so its ``Allow`` lists all their methods (litestar-org/litestar#4169, Litestar 2)."""
-    for route in app.routes:
-        if not isinstance(route, HTTPRoute) or "OPTIONS" not in route.route_handler_map:
-            continue
-        fn: Any = route.route_handler_map["OPTIONS"][0].fn
-        if getattr(fn, "__qualname__", "") != "HTTPRoute.create_options_handler.<locals>.options_handler":
-            continue  # an OPTIONS handler of the app's own
-        for cell in fn.__closure__ or ():
-            if isinstance(cell.cell_contents, HTTPRoute):
-                cell.cell_contents = route
+class AllowEveryMethod:
+    """A ``before_send`` hook: Litestar 2's automatic ``OPTIONS`` answer lists only the methods
+    of the first handler registered at a path (litestar-org/litestar#4169, fixed in v3 only);
+    its ``Allow`` is set here to every method the path serves, read from the app's routes once.
+    The hook touches only OPTIONS answers (the proxy's calls never reach it)."""
+
+    def __init__(self) -> None:
+        self.allowed: dict[str, bytes] | None = None
+
+    async def __call__(self, message: Message, scope: Scope) -> None:
+        if message["type"] != "http.response.start" or scope.get("method") != "OPTIONS":
+            return
+        if self.allowed is None:
+            routes = scope["app"].routes
+            self.allowed = {r.path: ", ".join(sorted(r.methods)).encode() for r in routes if isinstance(r, HTTPRoute) and "OPTIONS" in r.methods}
+        handler = scope.get("route_handler")
+        methods = self.allowed.get(next(iter(handler.paths), "")) if handler is not None else None
+        if methods is not None:
+            message["headers"] = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"allow"] + [(b"allow", methods)]
 
 
 def _number(text: str) -> int | float:
@@ -308,8 +354,8 @@ def _first_bad_byte(body: bytes) -> int:
     return 0
 
 
-async def strict_body(request: Request[Any, Any, Any]) -> None:
-    """Decode a JSON API route's body as its schema says (the JSON API routers' ``before_request`` hook).
+class StrictRequest(Request[Any, Any, Any]):
+    """The JSON API routers' request class: a body decoded as strictly as the schema says.
 
     Litestar converts bodies in msgspec's lax mode, which takes ``"1.5"`` for a number and ``0``
     for ``false``; the schema, and so every client generated from it, says otherwise. So the
@@ -318,27 +364,27 @@ async def strict_body(request: Request[Any, Any, Any]) -> None:
     value. A body that does not fit raises the ``ValidationException`` Litestar itself raises
     (``errors.py`` maps it to the route's 400); one that is not JSON (not UTF-8, nested deeper
     than the decoder goes) Litestar's ``ClientException`` (400 ``invalid_json``)."""
-    field = request.route_handler.parsed_fn_signature.parameters.get("data")
-    if field is None:  # the proxy routes read their bodies by hand; the rest take none
-        return
-    body = await request.body()
-    if not body.strip():
-        return  # Litestar's own answer for a missing body
-    try:
-        value = _decode_json(body)
-    except msgspec.DecodeError as exc:  # errors.py answers a ClientException 400 invalid_json
-        raise ClientException(str(exc)) from None
-    except UnicodeDecodeError:  # msgspec checks UTF-8 only where it decodes text (and counts from there)
-        raise ClientException(f"it is not UTF-8 (byte {_first_bad_byte(body)})") from None
-    except RecursionError:
-        raise ClientException("nested too deeply") from None
-    try:
-        msgspec.convert(value, type=field.annotation, strict=True)
-    except msgspec.ValidationError as exc:
-        message, _, where = str(exc).partition(" - at `$")
-        key = re.sub(r"\[(\d+)\]", r".\1", where.rstrip("`")).lstrip(".") or "data"
-        raise ValidationException(detail="Validation failed", extra=[{"message": message, "key": key, "source": "body"}]) from None
-    ScopeState.from_scope(request.scope).json = value
+
+    async def json(self) -> Any:
+        field = self.route_handler.parsed_fn_signature.parameters.get("data")
+        if field is None:  # a route that takes no body
+            return await super().json()
+        body = await self.body()
+        try:
+            value = _decode_json(body)
+        except msgspec.DecodeError as exc:  # errors.py answers a ClientException 400 invalid_json
+            raise ClientException(str(exc)) from None
+        except UnicodeDecodeError:  # msgspec checks UTF-8 only where it decodes text (and counts from there)
+            raise ClientException(f"it is not UTF-8 (byte {_first_bad_byte(body)})") from None
+        except RecursionError:
+            raise ClientException("nested too deeply") from None
+        try:
+            msgspec.convert(value, type=field.annotation, strict=True)
+        except msgspec.ValidationError as exc:
+            message, _, where = str(exc).partition(" - at `$")
+            key = re.sub(r"\[(\d+)\]", r".\1", where.rstrip("`")).lstrip(".") or "data"
+            raise ValidationException(detail="Validation failed", extra=[{"message": message, "key": key, "source": "body"}]) from None
+        return value
 
 
 def body_operation(*, optional: bool = False, refused: tuple[str, ...] = ()) -> type[Operation]:

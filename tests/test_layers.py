@@ -52,3 +52,20 @@ def test_the_layer_contract_holds_and_catches_a_wrong_way_import() -> None:
         probe.unlink()
     assert broken.returncode != 0
     assert "burnish_server.core._wrong_way_probe -> burnish_server.gateway.app" in broken.stdout, broken.stdout[-3000:]
+
+
+def test_no_module_imports_litestars_private_api() -> None:
+    """Every Litestar import names public modules only (none with a segment starting ``_``):
+    the lint bans the private modules there are today; this catches any."""
+    import ast
+
+    found = []
+    for path in ROOT.glob("*/**/*.py"):
+        if path.parts[len(ROOT.parts)] in {".venv", ".tools", "tests", "bench", "examples"}:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                if name.split(".")[0] == "litestar" and any(part.startswith("_") for part in name.split(".")[1:]):
+                    found.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not found, found
