@@ -6,7 +6,6 @@ them, so `burnish gateway` never loads torch and `burnish trainer` never loads L
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import os
 import signal
@@ -197,10 +196,15 @@ def revoke_key(key_id: str, **options: object) -> None:
 @click.option("--data-dir", help="[BURNISH_DATA_DIR]")
 @click.option("--database-url", help="[BURNISH_DATABASE_URL]")
 @click.option("--worker-id", help="a name stable across restarts lets a restarted trainer release its own claims at once (default: host-pid)")
-@click.option("--keep-loaded", type=int, default=3, show_default=True, help="adapters per policy kept loaded in vLLM")
+@click.option(
+    "--keep-loaded",
+    "trainer_keep_loaded",
+    type=click.IntRange(1, None),
+    help="adapters per policy kept loaded in vLLM (default 3) [BURNISH_TRAINER_KEEP_LOADED]",
+)
 @click.option("--log-level", help="[BURNISH_LOG_LEVEL]")
 @click.option("--log-format", type=click.Choice(["text", "json"]), help="[BURNISH_LOG_FORMAT]")
-def trainer(worker_id: str | None, keep_loaded: int, **options: object) -> None:
+def trainer(worker_id: str | None, **options: object) -> None:
     """Run the trainer: GRPO steps on ready groups, adapters published to vLLM.
 
     Each policy trains with its own settings (create and change them over /admin/policies)."""
@@ -211,10 +215,7 @@ def trainer(worker_id: str | None, keep_loaded: int, **options: object) -> None:
 
     settings = _settings(**options)
     logs.configure(settings.log_level, settings.log_format)
-    worker_settings = WorkerSettings(keep_loaded=max(keep_loaded, 1))
-    if worker_id:
-        worker_settings = dataclasses.replace(worker_settings, worker_id=worker_id)
-    worker = TrainerWorker(settings, worker_settings)
+    worker = TrainerWorker(settings, WorkerSettings(worker_id=worker_id) if worker_id else WorkerSettings())
 
     async def run() -> None:
         stop = asyncio.Event()

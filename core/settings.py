@@ -1,7 +1,11 @@
 """Settings: one frozen struct, read from ``BURNISH_*`` environment variables and CLI flags.
 
 Every knob has its default here and nowhere else. ``Settings.load()`` takes the
-environment, then explicit overrides (the CLI's flags) on top.
+environment, then explicit overrides (the CLI's flags) on top. A policy's own knobs (LoRA,
+training, RULER) are per policy, in ``core/policies.py``. The module constants elsewhere are
+not knobs, and each says why where it is: a limit that is part of the API's contract
+(documented with it), a figure the docs promise, or pacing measured once whose value a
+deployment has no reason to change.
 """
 
 from __future__ import annotations
@@ -91,10 +95,26 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     upstream_client_cert: str = ""
     upstream_client_key: str = ""
 
+    # The trainer (burnish trainer). Seconds between two looks for ready groups when idle:
+    trainer_poll_every: float = 0.25
+    # A trainer's claim on the groups of a step lasts this long; past it (the trainer died
+    # mid-step) another may claim them. Longer than any step takes.
+    trainer_lease: float = 900.0
+    # Adapters kept loaded in vLLM per policy (older ones are unloaded; their checkpoints stay).
+    trainer_keep_loaded: int = 3
+    # A version vLLM failed to load is tried again after this long (a new step or rollback: at once).
+    trainer_publish_retry: float = 5.0
+    # How often every replica is checked for the versions it should hold (a replica that
+    # joined, or restarted, is caught up).
+    trainer_catch_up_every: float = 2.0
+
     # Recording. Off turns the gateway into a plain proxy (the benchmark's baseline).
     record: bool = True
     # Most records written in one commit by the group-commit writer.
     commit_batch_max: int = 1024
+    # Tries of one commit (the first included) before its calls are answered 503 record_failed:
+    # a store that is away for a moment (a PostgreSQL failover) costs a retry, not the calls.
+    commit_attempts: int = 4
     # SQLite's synchronous pragma: NORMAL survives a process crash in WAL mode;
     # FULL also survives power loss, at the price of an fsync per commit.
     sqlite_synchronous: str = "NORMAL"

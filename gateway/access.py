@@ -46,6 +46,8 @@ from burnish_server.store.models import utcnow
 
 log = logging.getLogger("burnish.gateway")
 
+# How often the key ring is re-read: a key revoked elsewhere stops working within it. A
+# constant: docs/security.md promises 'within a second', and nothing is gained by waiting longer.
 KEYS_REFRESH_EVERY_S = 1.0
 # A secret that is no key is remembered as unknown this long, so a client that keeps sending
 # a wrong key (or random ones) costs the store no read per request. As long as the refresh:
@@ -53,7 +55,8 @@ KEYS_REFRESH_EVERY_S = 1.0
 UNKNOWN_KEY_TTL_S = KEYS_REFRESH_EVERY_S
 # At most this many unknown secrets remembered; beyond, the oldest are forgotten.
 UNKNOWN_KEYS_MAX = 4096
-# Gateways say they are up this often; one silent for ALIVE_S no longer shares the limits.
+# Gateways say they are up this often; one silent for ALIVE_S no longer shares the limits
+# (constants: the figures docs/security.md states for the fleet's shares).
 HEARTBEAT_EVERY_S = 2.0
 ALIVE_S = 10.0
 PUBLIC = "public"

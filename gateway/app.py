@@ -106,7 +106,7 @@ def create_app(settings: Settings | None = None) -> Gateway:
         if why := refusal(access, settings):
             await db.dispose()
             raise RuntimeError(why)
-        writer = Writer(db, batch_max=settings.commit_batch_max)
+        writer = Writer(db, batch_max=settings.commit_batch_max, attempts=settings.commit_attempts)
         writer.start()
         upstream = Upstream(settings, replicas.initial(settings))
         if replicas.watched(settings):  # learn who is up and serves what before the first call

@@ -18,6 +18,7 @@ from burnish_server.store.policies import load_policies
 log = logging.getLogger("burnish.gateway")
 
 # How often a gateway re-reads the policies table: the most a new version waits to be routed to.
+# A constant: part of the adapter swap's budget (under 1 s), and a read of one small table.
 REFRESH_EVERY_S = 0.25
 
 

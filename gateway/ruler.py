@@ -59,6 +59,7 @@ Answer with JSON only: an object with one key per trajectory id shown, each \
 TRAJECTORY_CHAR_BUDGET = 24_000
 # The shared prefix, likewise (system prompt, task, tool definitions the agents share).
 CONTEXT_CHAR_BUDGET = 16_000
+# A verdict's explanation is kept to this (the judge's schema says so too).
 EXPLANATION_MAX_CHARS = 500
 # A verdict is a short JSON object; a larger answer is not read further (and is retried).
 MAX_ANSWER_BYTES = 4 * 1024 * 1024

@@ -35,6 +35,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 log = logging.getLogger("burnish.store")
 
+# How long a SQLite connection waits for another's lock (the writer, a migration, another
+# process): long enough for any commit, so a busy store slows a call rather than failing it.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # WAL checkpoints: SQLite's auto-checkpoint copies the WAL back into the database file and
 # syncs it inside whichever commit takes the WAL past its limit (1000 pages by default: on the

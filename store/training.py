@@ -26,11 +26,13 @@ from sqlalchemy import Select, and_, case, func, or_, select, update
 from sqlalchemy.engine import Connection
 
 from burnish_server.core.records import OK, CallRecord
+from burnish_server.core.settings import Settings
 from burnish_server.store import groups
 from burnish_server.store.calls import to_record
 from burnish_server.store.models import Call, Group, PolicyRow, Reward, Trajectory, utcnow
 
-DEFAULT_LEASE_S = 900.0
+# A claim's lease when the caller names none: the trainer's own default (core/settings.py: trainer_lease).
+DEFAULT_LEASE_S = Settings().trainer_lease
 
 
 def call_rewards() -> Any:

@@ -62,15 +62,10 @@ log = logging.getLogger("burnish.trainer")
 
 @dataclass(frozen=True)
 class WorkerSettings:
+    """Who this trainer is (its claims on groups carry it); what it does is in ``Settings``
+    (``trainer_*``)."""
+
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
-    poll_s: float = 0.25
-    lease_s: float = 900.0
-    # Adapters kept loaded in vLLM per policy (older ones are unloaded; their checkpoints stay).
-    keep_loaded: int = 3
-    # A version vLLM failed to load is tried again after this long (a new step or rollback: at once).
-    publish_retry_s: float = 5.0
-    # How often every replica is checked for the versions it should hold (catch_up).
-    catch_up_s: float = 2.0
 
 
 class TrainerWorker:
@@ -108,7 +103,7 @@ class TrainerWorker:
         while not stop.is_set():
             if not await self.run_once():
                 try:
-                    await asyncio.wait_for(stop.wait(), self.worker.poll_s)
+                    await asyncio.wait_for(stop.wait(), self.settings.trainer_poll_every)
                 except TimeoutError:
                     pass
 
@@ -119,7 +114,7 @@ class TrainerWorker:
             await self.publish_pending(policy)
             if not policy.paused:
                 trained |= await self.train_once(policy)
-        if time.monotonic() - self.caught_up_at >= self.worker.catch_up_s:
+        if time.monotonic() - self.caught_up_at >= self.settings.trainer_catch_up_every:
             await self.catch_up()
         return trained
 
@@ -136,7 +131,7 @@ class TrainerWorker:
         if released:
             log.info("released %d groups left claimed by an earlier run", released)
         for policy in await self.policies():
-            if await self.db.read(other_trainer_busy, policy.name, self.worker.worker_id, self.worker.lease_s):
+            if await self.db.read(other_trainer_busy, policy.name, self.worker.worker_id, self.settings.trainer_lease):
                 continue  # another trainer is mid-step on it: what looks unrecorded may be its step
             self.checkpoints.tidy(policy.name, await self.db.read(last_step, policy.name))
 
@@ -145,7 +140,7 @@ class TrainerWorker:
         if policy.head == policy.step:
             return
         failed = self.failed_publish.get(policy.name)
-        if failed is not None and failed[0] == policy.head and time.monotonic() - failed[1] < self.worker.publish_retry_s:
+        if failed is not None and failed[0] == policy.head and time.monotonic() - failed[1] < self.settings.trainer_publish_retry:
             return
         try:
             seconds = await asyncio.to_thread(self.publish, policy, policy.head)
@@ -163,7 +158,7 @@ class TrainerWorker:
         t0 = time.perf_counter()
         requested = policy.train_requested_at is not None
         count = policy.train.groups_per_step
-        ids = await self.db.transaction(claim_groups, policy.name, self.worker.worker_id, count, self.worker.lease_s, 1 if requested else count)
+        ids = await self.db.transaction(claim_groups, policy.name, self.worker.worker_id, count, self.settings.trainer_lease, 1 if requested else count)
         if not ids:
             if requested:  # asked for, but the groups went to another trainer
                 await self.db.transaction(clear_training_request, policy.name)
@@ -272,7 +267,7 @@ class TrainerWorker:
     def unload_old(self, vllm: VLLMAdapters, name: str, serving: int) -> None:
         """Keep the served adapter and the newest others, keep_loaded in all; unload the rest."""
         others = [step for step in vllm.loaded_steps(name) if step != serving]
-        for old in others[max(self.worker.keep_loaded - 1, 0) :]:
+        for old in others[max(self.settings.trainer_keep_loaded - 1, 0) :]:
             vllm.unload(adapter_name(name, old))
 
     async def catch_up(self) -> None:
@@ -297,7 +292,7 @@ class TrainerWorker:
         wanted: dict[str, list[int]] = {}
         for policy in policies:
             held = {step for ids in reachable.values() for step in steps_of(policy.name, ids)}
-            steps = sorted(held | ({policy.step} if policy.step > 0 else set()), reverse=True)[: self.worker.keep_loaded]
+            steps = sorted(held | ({policy.step} if policy.step > 0 else set()), reverse=True)[: self.settings.trainer_keep_loaded]
             wanted[policy.name] = [s for s in steps if self.checkpoints.adapter(policy.name, s).exists()]
 
         def bring(vllm: VLLMAdapters) -> dict[str, tuple[list[int], str | None]]:
@@ -311,7 +306,7 @@ class TrainerWorker:
                     if step in holds:
                         continue
                     refused = self.refused.get((vllm.url, name))
-                    if refused is not None and time.monotonic() - refused[1] < self.worker.publish_retry_s:
+                    if refused is not None and time.monotonic() - refused[1] < self.settings.trainer_publish_retry:
                         error = error or refused[0]
                         continue
                     try:

@@ -37,6 +37,8 @@ from burnish_server.store import ruler as store
 from burnish_server.telemetry.langfuse_export import Score
 
 log = logging.getLogger("burnish.ruler")
+# How often closed groups are looked for to judge (ruler.auto): the most one waits for its
+# judge. A constant: a policy's RULER settings say whether and how; this is only pacing.
 AUTO_EVERY_S = 1.0
 
 
