@@ -188,3 +188,24 @@ def test_options_lists_every_method_of_a_path(gateway: Gateway) -> None:
         ):
             r = c.options(path)
             assert r.status_code == 204 and r.headers["allow"] == methods, (path, r.headers)
+
+
+def test_every_prefix_of_a_surface_documents_one_shape(gateway: Gateway) -> None:
+    """/v1/..., /t/{t}/v1/..., /g/{g}/t/{t}/v1/... and each under /eval: the same body, answers
+    and error statuses; the key headers only where the path does not carry the keys."""
+    from burnish_server.core.surfaces import SURFACES
+    from burnish_server.gateway.routes.proxy import PREFIXES
+
+    with gateway.client() as c:
+        paths = c.get("/docs/openapi.json").json()["paths"]
+    for surface in SURFACES:
+        shapes = set()
+        for prefix in PREFIXES:
+            template = f"{prefix}/v1/{surface.path}".replace(":str}", "}")
+            op = paths[template]["post"]
+            headers = tuple(sorted(p["name"] for p in op["parameters"] if p["in"] == "header"))
+            expected = ("X-Eval",) if "trajectory_id" in template and "group_id" not in template else None
+            if expected is not None:
+                assert headers == expected, (template, headers)
+            shapes.add((str(sorted(op["responses"])), str(op["requestBody"])))
+        assert len(shapes) == 1, (surface.name, shapes)
