@@ -17,6 +17,7 @@ import arithmetic  # noqa: E402
 import calculator  # noqa: E402
 import digits  # noqa: E402
 import lookup_agent  # noqa: E402
+import sweep  # noqa: E402
 
 
 def test_calculator_agent_plays_two_turns_with_a_tool(make_gateway, vllm: VLLMServer) -> None:
@@ -71,6 +72,22 @@ def test_the_demo_holds_out_sums_it_never_trains_on_and_scores_them_exactly() ->
     # train reward: right and short > right and long > wrong and short > wrong and long
     scores = [arithmetic.shaped(t, 13, 14) for t in ("27", "13 + 14 = 27", "26", "13 + 14 = 26, a classic")]
     assert scores == sorted(scores, reverse=True) and scores[0] == 1.0
+
+
+def test_the_sweeps_tasks_hold_out_problems_and_score_as_their_docs_say() -> None:
+    for task in sweep.TASKS.values():
+        train, held_out = task.split()
+        assert len(held_out) == arithmetic.HELD_OUT and not set(train) & set(held_out) and task.split() == (train, held_out)
+    larger, parity = sweep.LARGER, sweep.PARITY
+    assert larger.right("52 is the larger number.", (47, 52)) == 1.0 and larger.right("52 is larger than 47", (47, 52)) == 0.0
+    assert larger.exact("52.", (47, 52)) == 1.0 and larger.exact("52 is the larger number.", (47, 52)) == 0.0
+    assert parity.right("The answer is neither even nor odd.", 633) == 0.0 and parity.right("Odd.", 633) == 1.0
+    for task, problem, texts in (
+        (larger, (47, 52), ("52", "52 is the larger number.", "47", "47 is the larger one, as it is")),
+        (parity, 10, ("even", "It is even.", "odd", "It is odd, I think")),
+    ):
+        scores = [task.shaped(t, problem) for t in texts]  # right and short > right and long > wrong and short > wrong and long
+        assert scores == sorted(scores, reverse=True) and scores[0] == 1.0
 
 
 def test_the_agent_demo_holds_out_words_and_scores_an_episode_as_its_docs_say(tmp_path: Path) -> None:
