@@ -188,14 +188,19 @@ def write_plot(curve: dict[str, list], path: Path, title: str = "SmolLM2-135M le
     plt.close(fig)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    gateway_arguments(parser, plot="arithmetic.png")
+def loop_arguments(parser: argparse.ArgumentParser) -> None:
+    """The loop's options (``train``), shared with examples/sweep.py."""
     parser.add_argument("--policy", default="agent")
     parser.add_argument("--rounds", type=int, default=24)
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--size", type=int, default=8)
     parser.add_argument("--eval-every", type=int, default=4)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    gateway_arguments(parser, plot="arithmetic.png")
+    loop_arguments(parser)
     args = parser.parse_args()
 
     async def run() -> dict[str, list]:

@@ -30,7 +30,7 @@ import random
 import re
 import time
 
-from arithmetic import HELD_OUT, SPLIT_SEED, Task, train  # noqa: I001  (examples/ is run as a folder of scripts)
+from arithmetic import HELD_OUT, SPLIT_SEED, Task, loop_arguments, train  # noqa: I001  (examples/ is run as a folder of scripts)
 from digits import burnish_running, gateway_arguments
 
 from burnish import AsyncClient
@@ -106,11 +106,7 @@ def main() -> None:
     parser.add_argument("--task", choices=sorted(TASKS), required=True)
     parser.add_argument("--set", type=setting, action="append", default=[], help="a train setting, name=value")
     parser.add_argument("--temperature", type=float, help="of the train answers (default: the task's, 0.7)")
-    parser.add_argument("--policy", default="agent")
-    parser.add_argument("--rounds", type=int, default=24)
-    parser.add_argument("--groups", type=int, default=4)
-    parser.add_argument("--size", type=int, default=8)
-    parser.add_argument("--eval-every", type=int, default=4)
+    loop_arguments(parser)
     args = parser.parse_args()
     task = TASKS[args.task]
     if args.temperature is not None:

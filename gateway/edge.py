@@ -27,6 +27,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import cast
 
 from litestar import Litestar
+from litestar.datastructures import State
 from litestar.types import HTTPScope, Receive, Scope, Send
 
 from burnish_server.core.logs import request_id
@@ -78,6 +79,11 @@ class Gateway:
     def lifespan(self) -> AbstractAsyncContextManager[None]:
         """The app's lifespan, for running it in-process (benchmarks, tests)."""
         return self.litestar.lifespan()
+
+    @property
+    def state(self) -> State:
+        """The Litestar app's state, where the lifespan keeps the services."""
+        return self.litestar.state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # the lifespan (and websockets, which the gateway has none of)

@@ -25,8 +25,8 @@ from burnish_server.core.policies import LoraSettings, Policy, RulerSettings, Tr
 from burnish_server.core.views import PolicyView, ReplicaView, StepView
 from burnish_server.store import groups
 from burnish_server.store.evals import eval_scores
-from burnish_server.store.models import Group, PolicyRow, StepRow, Trajectory, iso, utcnow
-from burnish_server.store.training import complete_groups, count_ready
+from burnish_server.store.models import Group, PolicyRow, StepRow, iso, utcnow
+from burnish_server.store.training import complete_groups, count_ready, group_members
 
 
 def to_policy(row: Any) -> Policy:
@@ -203,18 +203,7 @@ RECENT_GROUPS = 16
 
 def recent_ties(conn: Connection, policy: str, last: int = RECENT_GROUPS) -> Ties:
     """The policy's ``last`` closed groups (held-out ones apart), fully rewarded: how many tied."""
-    members = (
-        select(
-            Trajectory.group_id.label("group_id"),
-            func.count().label("size"),
-            func.count(Trajectory.reward).label("rewarded"),
-            func.min(Trajectory.reward).label("low"),
-            func.max(Trajectory.reward).label("high"),
-        )
-        .where(Trajectory.group_id.is_not(None))
-        .group_by(Trajectory.group_id)
-        .subquery()
-    )
+    members = group_members()
     rows = conn.execute(
         select(members.c.low, members.c.high)
         .select_from(Group)

@@ -41,16 +41,11 @@ def call_rewards() -> Any:
     return select(Reward.call_pk, Reward.reward).where(Reward.pk.in_(newest)).subquery()
 
 
-def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S) -> Select:
-    """Ids of the policy's ready, unclaimed groups, oldest closed first."""
-    posted = call_rewards()
-    credited = (
-        select(Trajectory.group_id.label("group_id"))
-        .join(Call, Call.trajectory_id == Trajectory.id)
-        .join(posted, posted.c.call_pk == Call.pk)
-        .where(posted.c.reward != 0)
-    )
-    members = (
+def group_members() -> Any:
+    """Per group, as a subquery: its members (``size``), how many have a reward
+    (``rewarded``), the lowest and highest (``low``, ``high``: equal when the group tied), and
+    how many are held out (``held_out``)."""
+    return (
         select(
             Trajectory.group_id.label("group_id"),
             func.count().label("size"),
@@ -63,6 +58,18 @@ def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S
         .group_by(Trajectory.group_id)
         .subquery()
     )
+
+
+def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S) -> Select:
+    """Ids of the policy's ready, unclaimed groups, oldest closed first."""
+    posted = call_rewards()
+    credited = (
+        select(Trajectory.group_id.label("group_id"))
+        .join(Call, Call.trajectory_id == Trajectory.id)
+        .join(posted, posted.c.call_pk == Call.pk)
+        .where(posted.c.reward != 0)
+    )
+    members = group_members()
     return (
         select(Group.id)
         .join(members, members.c.group_id == Group.id)
