@@ -80,9 +80,10 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     retry_initial_wait: float = 0.2
     retry_max_wait: float = 5.0
     # Connections to the upstream at once, all replicas together; and to any one replica, so
-    # that a replica that stalls holds at most that many while the others keep serving.
+    # that a replica that stalls holds at most that many while the others keep serving. 0:
+    # all of max_connections for a single replica, half of it with several (or discovery).
     max_connections: int = 1024
-    max_connections_per_replica: int = 512
+    max_connections_per_replica: int = 0
     # An idle kept-alive connection is closed past this age: uvicorn (vLLM's server) closes
     # its own after 5 s, and one closed just as a request is written fails that request.
     upstream_idle_expiry: float = 4.0

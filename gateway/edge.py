@@ -94,11 +94,13 @@ class Gateway:
         token = request_id.set(rid.decode())
         send = request_ids.sending_id(send, rid)
         try:
-            # Under a root path, Litestar's routing strips it: the proxy's own match does not.
-            route = proxy_route(scope["path"]) if not scope.get("root_path") else None
+            # Under a root path Litestar's routing strips it and serves the call; the proxy's own
+            # match does not, but the surface is known either way.
+            root = scope.get("root_path") or ""
+            route = proxy_route(scope["path"].removeprefix(root))
             if route is not None:  # everything downstream asks the surface (its errors' format first)
                 scope.setdefault("state", {})[SURFACE] = route[0]
-            if route is None or scope["method"] != "POST":
+            if route is None or scope["method"] != "POST" or root:
                 await self.litestar(scope, receive, send)
             else:
                 await self._proxy(*route, scope, receive, send)

@@ -225,7 +225,7 @@ class Connection(asyncio.Protocol):
     @property
     def reusable(self) -> bool:
         """The answer came whole (read or not) and both sides keep the connection open."""
-        return self.done and self.keep_alive and not self.closed and self.error is None
+        return self.done and self.keep_alive and not self.closed and self.error is None and not self.paused
 
     async def _wait(self, deadline: float | None, timeout: float | None) -> None:
         loop = asyncio.get_running_loop()
@@ -308,7 +308,7 @@ _NOT_IN_VALUES = bytes([*range(0, 9), *range(10, 32), 127])
 _VALUE_BYTES = bytes(b for b in range(256) if b not in _NOT_IN_VALUES)
 
 
-def _check_header(name: bytes, value: bytes) -> None:
+def check_header(name: bytes, value: bytes) -> None:
     """``Invalid`` for a header that cannot go on the wire as it is."""
     if not name or name.translate(None, _TOKEN):
         raise Invalid(f"header name {name.decode('latin-1')!r} is not an HTTP token", "invalid_header")
@@ -390,7 +390,7 @@ class Pool:
         target = self.target(base)
         head = [method, b" ", target.prefix, path, b" HTTP/1.1\r\nhost: ", target.host, b"\r\n"]
         for name, value in headers:
-            _check_header(name, value)
+            check_header(name, value)
             head += (name, b": ", value, b"\r\n")
         if body is not None:
             head.append(b"content-length: %d\r\n" % len(body))

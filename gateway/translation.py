@@ -163,9 +163,12 @@ class ThroughChat(Translation):
         if status < 400 and (answer := read_answer(self.translator.answer, completion)) is not None:
             out = _encode(answer)
             return out, status, call.record(OK, status, response=out, parsed=completion, tokens=extract_tokens(CHAT, completion))
-        # An upstream error (or a 2xx that is not a completion): in the surface's error format.
+        # An upstream error (or a 2xx that is not a completion): in the surface's error format,
+        # the gateway's secrets masked before the message is cut to its length.
+        if (masked := call.svc.redact(raw)) is not raw:
+            raw, completion = masked, json_or_none(masked)
+        message = upstream_message(status, completion, raw)
         status = status if status >= 400 else 502
-        message = call.svc.redact.text(upstream_message(status, completion, raw))
         out = call.surface.error_body(status, message, "upstream_error")
         return out, status, call.record(UPSTREAM_ERROR, status, response=out, error=message)
 

@@ -48,7 +48,7 @@ from burnish_server.core.errors import (
 )
 from burnish_server.core.replicas import ReplicaSet
 from burnish_server.core.settings import Settings
-from burnish_server.gateway.http1 import Pool
+from burnish_server.gateway.http1 import Pool, check_header
 from burnish_server.gateway.keys import KEY_HEADERS
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -121,6 +121,8 @@ class Upstream:
         self.attempts = max(1, settings.upstream_attempts)
         self.initial_wait, self.max_wait = settings.retry_initial_wait, settings.retry_max_wait
         self.api_key = b"Bearer " + settings.upstream_api_key.encode() if settings.upstream_api_key else None
+        if self.api_key is not None:  # a key with a line break would fail every call, as the client's fault
+            check_header(b"authorization", self.api_key)
         self.first = settings.upstream_timeout or None
         self.between = settings.upstream_read_timeout or None
         tls = tls_context(settings)
@@ -130,7 +132,9 @@ class Upstream:
             self.pool = HttpxPool(settings, settings.max_connections, tls)
             self.checks = HttpxPool(settings, settings.health_check_connections, tls)
         else:
-            limits = {"per_origin": settings.max_connections_per_replica, "idle_expiry": settings.upstream_idle_expiry, "tls": tls}
+            several = len(replicas.replicas) > 1 or bool(settings.upstream_discover)
+            per_replica = settings.max_connections_per_replica or (settings.max_connections // 2 if several else settings.max_connections)
+            limits = {"per_origin": per_replica, "idle_expiry": settings.upstream_idle_expiry, "tls": tls}
             self.pool = Pool(settings.max_connections, settings.upstream_connect_timeout, **limits)  # type: ignore[arg-type]
             self.checks = Pool(settings.health_check_connections, settings.upstream_connect_timeout, **limits)  # type: ignore[arg-type]
 
@@ -237,7 +241,10 @@ class _HttpxResponse:
     def __init__(self, response: httpx.Response) -> None:
         self._response = response
         self.status_code = response.status_code
-        self.headers = {k.lower(): v for k, v in response.headers.items()}
+        self.headers: dict[str, str] = {}
+        for k, v in response.headers.raw:  # as they came, as http1 gives them: latin-1, joined
+            key, value = k.decode("latin-1").lower(), v.decode("latin-1")
+            self.headers[key] = f"{self.headers[key]}, {value}" if key in self.headers else value
 
     async def aread(self) -> bytes:
         return b"".join([chunk async for chunk in self.aiter_bytes()])

@@ -26,7 +26,7 @@ from burnish_server.core.views import PolicyView, ReplicaView, StepView
 from burnish_server.store import groups
 from burnish_server.store.evals import eval_scores
 from burnish_server.store.models import Group, PolicyRow, StepRow, iso, utcnow
-from burnish_server.store.training import complete_groups, count_ready, group_members
+from burnish_server.store.training import complete_groups, count_ready, credited_groups, group_members
 
 
 def to_policy(row: Any) -> Policy:
@@ -202,17 +202,26 @@ RECENT_GROUPS = 16
 
 
 def recent_ties(conn: Connection, policy: str, last: int = RECENT_GROUPS) -> Ties:
-    """The policy's ``last`` closed groups (held-out ones apart), fully rewarded: how many tied."""
+    """The policy's ``last`` closed groups (held-out ones apart), fully rewarded: how many tied,
+    as readiness sees it (``store/training.py: ready_groups``): every trajectory rewarded alike
+    and no call's credit to train on."""
     members = group_members()
+    credited = Group.id.in_(credited_groups())
     rows = conn.execute(
-        select(members.c.low, members.c.high)
+        select(members.c.low, members.c.high, credited)
         .select_from(Group)
         .join(members, members.c.group_id == Group.id)
-        .where(Group.policy == policy, Group.eval.is_(False), Group.closed_at.is_not(None), members.c.size == members.c.rewarded)
+        .where(
+            Group.policy == policy,
+            Group.eval.is_(False),
+            Group.closed_at.is_not(None),
+            members.c.size == members.c.rewarded,
+            members.c.held_out == 0,
+        )
         .order_by(Group.closed_at.desc(), Group.pk.desc())
         .limit(last)
     ).all()
-    tied = [low for low, high in rows if low == high]
+    tied = [low for low, high, has_credit in rows if low == high and not has_credit]
     return Ties(groups=len(rows), tied=len(tied), tied_reward=sum(tied) / len(tied) if tied else None)
 
 

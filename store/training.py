@@ -60,15 +60,21 @@ def group_members() -> Any:
     )
 
 
-def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S) -> Select:
-    """Ids of the policy's ready, unclaimed groups, oldest closed first."""
+def credited_groups() -> Select:
+    """Ids of the groups with a non-zero reward posted for one of their calls: trainable
+    however their trajectories' rewards compare (credit per turn)."""
     posted = call_rewards()
-    credited = (
+    return (
         select(Trajectory.group_id.label("group_id"))
         .join(Call, Call.trajectory_id == Trajectory.id)
         .join(posted, posted.c.call_pk == Call.pk)
         .where(posted.c.reward != 0)
     )
+
+
+def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S) -> Select:
+    """Ids of the policy's ready, unclaimed groups, oldest closed first."""
+    credited = credited_groups()
     members = group_members()
     return (
         select(Group.id)

@@ -321,3 +321,18 @@ def test_recording_off_still_proxies(make_gateway, upstream: Upstream) -> None:
     r = httpx.post(gw.url + "/t/off/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES})
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
     assert httpx.get(gw.url + "/v1/trajectories/off").status_code == 404
+
+
+def test_behind_a_root_path_each_surface_still_answers_in_its_own_format(gateway: Gateway, upstream: Upstream) -> None:
+    """Served under a root path (a reverse proxy that strips ``/api``), Litestar routes the
+    proxy's calls; the surface, and so Anthropic's error format on /v1/messages, is known all
+    the same."""
+    from burnish_server.gateway.app import create_app
+    from tests.servers import ServerThread
+
+    with ServerThread(create_app(gateway.settings), root_path="/api") as server, httpx.Client(base_url=server.url, timeout=30) as c:
+        refused = c.post("/v1/messages", content=b"not json", headers={"content-type": "application/json"})
+        assert refused.status_code == 400 and refused.json()["type"] == "error", refused.text
+        assert c.post("/v1/chat/completions", content=b"not json").json()["error"]["code"] == "invalid_json"
+        served = c.post("/t/rooted/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
+        assert served.status_code == 200 and served.headers["x-trajectory-id"] == "rooted"

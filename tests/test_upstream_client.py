@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from burnish_server.core.errors import UpstreamConnectError, UpstreamProtocolError
+from burnish_server.core.errors import Invalid, UpstreamConnectError, UpstreamProtocolError
 from burnish_server.core.replicas import ReplicaSet
 from burnish_server.core.settings import Settings
 from burnish_server.gateway.http1 import Pool
@@ -69,6 +69,18 @@ async def test_tls_with_the_operators_ca_bundle_and_client_certificate(tmp_path:
 
 def _fields(settings: Settings) -> dict[str, object]:
     return {f: getattr(settings, f) for f in ("upstream", "upstream_attempts", "upstream_ca_bundle", "upstream_client_cert", "upstream_client_key")}
+
+
+def test_an_upstream_key_that_cannot_be_sent_is_refused_at_start() -> None:
+    with pytest.raises(Invalid, match="control character"):
+        Upstream(Settings.load({}, upstream_api_key="sk-abc\ndef"), ReplicaSet(["http://127.0.0.1:1"]))
+
+
+def test_one_replica_may_use_every_connection_and_several_share_them() -> None:
+    one = Upstream(Settings.load({}, max_connections=10), ReplicaSet(["http://127.0.0.1:1"]))
+    two = Upstream(Settings.load({}, max_connections=10), ReplicaSet(["http://127.0.0.1:1", "http://127.0.0.1:2"]))
+    assert isinstance(one.pool, Pool) and isinstance(two.pool, Pool)
+    assert (one.pool.per_origin, two.pool.per_origin) == (10, 5)
 
 
 class ForwardProxy:

@@ -96,6 +96,8 @@ class Upstream:
             return await self._json(send, int(arg), {"error": {"message": f"fault {arg}", "type": "server_error", "code": int(arg)}})
         if kind == "echo-key":  # an upstream quoting the credential it refused, as OpenAI's does
             message = f"Incorrect API key provided: {headers.get('authorization', '')}"
+            if arg == "late":  # the key straddles the 500th byte, where an error's message is cut
+                message = "x" * 480 + message
             if arg == "text":
                 return await self._send(send, 401, message.encode(), b"text/plain")
             if arg == "stream":

@@ -98,8 +98,12 @@ async def forward(inbound: Inbound, surface: Surface) -> ASGIApp:
             return RelayResponse(Relay(call, response, way), response.status_code, headers)
         raw = await call.read(response)
     except UpstreamError as failure:  # no usable answer: recorded, and answered in the surface's format
+        failure.message = svc.redact.text(failure.message)
         await call.commit(call.record(UPSTREAM_ERROR, failure.status, error=failure.message))
         failure.headers.update({"x-trajectory-id": local(call.key.trajectory_id), "x-policy-version": call.version})
+        raise
+    except Invalid as refused:  # a header that cannot be forwarded: refused before anything was sent
+        refused.headers.update({"x-trajectory-id": local(call.key.trajectory_id), "x-policy-version": call.version})
         raise
     out, status, record = await way.answer(response.status_code, raw, headers)
     await call.commit(record)
