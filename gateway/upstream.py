@@ -29,6 +29,7 @@ a stream's first event), and silence between reads once it has begun
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import ssl
 import urllib.request
@@ -50,6 +51,8 @@ from burnish_server.core.replicas import ReplicaSet
 from burnish_server.core.settings import Settings
 from burnish_server.gateway.http1 import Pool, check_header
 from burnish_server.gateway.keys import KEY_HEADERS
+
+log = logging.getLogger("burnish.gateway")
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 # The upstream did nothing with the request: sent again (see above).
@@ -129,6 +132,9 @@ class Upstream:
         self.pool: Connections
         self.checks: Connections
         if proxied(r.url for r in replicas.replicas) or (settings.upstream_discover and proxied([settings.upstream_discover])):
+            log.warning(
+                "the upstream is reached through the environment's proxy (HTTP_PROXY/HTTPS_PROXY): calls go through httpx, at more CPU each; set NO_PROXY to reach it directly"
+            )
             self.pool = HttpxPool(settings, settings.max_connections, tls)
             self.checks = HttpxPool(settings, settings.health_check_connections, tls)
         else:

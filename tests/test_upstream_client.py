@@ -113,7 +113,7 @@ class ForwardProxy:
         writer.close()
 
 
-async def test_an_upstream_behind_the_environments_proxy_is_reached_through_it(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_an_upstream_behind_the_environments_proxy_is_reached_through_it(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     server = Server(OK, per_connection=1)  # it closes after its answer, as the proxy asked
     url = await server.start()
     proxy = ForwardProxy()
@@ -123,6 +123,7 @@ async def test_an_upstream_behind_the_environments_proxy_is_reached_through_it(m
     assert proxied([url])
     upstream = Upstream(Settings.load({}, upstream=url, upstream_attempts=1), ReplicaSet([url]))
     assert isinstance(upstream.pool, HttpxPool)
+    assert any("environment's proxy" in r.getMessage() for r in caplog.records)  # said at start, with how to avoid it
     assert await _send(upstream) == b"{}"
     assert proxy.seen == [f"POST {url}/v1/chat/completions HTTP/1.1".encode()]
     await upstream.aclose()
