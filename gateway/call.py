@@ -150,6 +150,12 @@ class Call:
             parsed = self.injected.scrub(parsed)
         return tokens, parsed
 
+    def masked(self, raw: bytes, parsed: Any) -> tuple[bytes, Any]:
+        """An upstream's error answer with the gateway's secrets masked (core/secrets.py), and
+        what it decodes to (decoded again only where something was masked)."""
+        masked = self.svc.redact(raw)
+        return (raw, parsed) if masked is raw else (masked, json_or_none(masked))
+
     def record(
         self,
         status: str,
@@ -161,9 +167,6 @@ class Call:
         error: str | None = None,
     ) -> CallRecord:
         usage = parsed.get("usage") if isinstance(parsed, dict) and isinstance(parsed.get("usage"), dict) else None
-        if status != OK:  # an upstream's words: never the gateway's secrets (core/secrets.py)
-            response = self.svc.redact(response) if response is not None else None
-            error = self.svc.redact.text(error) if error is not None else None
         return CallRecord(
             trajectory_id=self.key.trajectory_id,
             group_id=self.key.group_id,

@@ -328,15 +328,17 @@ class _Origin:
         self.users = 0
 
 
-async def _acquire(slots: asyncio.Semaphore, timeout: float | None, what: str) -> None:
+async def _acquire(slots: asyncio.Semaphore, timeout: float | None) -> bool:
+    """A slot, waiting at most ``timeout`` when none is free; False if none came."""
     if not slots.locked():
         await slots.acquire()
-        return
+        return True
     try:
         async with asyncio.timeout(timeout):
             await slots.acquire()
-    except TimeoutError as exc:
-        raise UpstreamPoolTimeout(f"{what} stayed busy for {timeout:g} s") from exc
+    except TimeoutError:
+        return False
+    return True
 
 
 class Pool:
@@ -361,6 +363,7 @@ class Pool:
         self._tls = tls
         self._closed = False
         self._pruned_at = time.monotonic()
+        self.in_use = 0  # connections held by requests now
 
     def target(self, url: str) -> Target:
         target = self._targets.get(url)
@@ -371,8 +374,7 @@ class Pool:
     def stats(self) -> dict[str, int]:
         """For /metrics: connections in use and idle, and origins known."""
         idle = sum(len(o.idle) for o in self._origins.values())
-        in_use = self.limit - self._slots._value if self._slots is not None else 0  # noqa: SLF001 (asyncio's own count)
-        return {"in_use": in_use, "idle": idle, "origins": len(self._origins)}
+        return {"in_use": self.in_use, "idle": idle, "origins": len(self._origins)}
 
     async def request(
         self, method: bytes, base: str, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes | None, first: float | None, between: float | None
@@ -407,15 +409,18 @@ class Pool:
             origin = self._origins[target.origin] = _Origin(self.per_origin)
         origin.users += 1
         try:
-            await _acquire(origin.slots, first, f"all {self.per_origin} connections to {target.origin[1]}:{target.origin[2]}")
+            if not await _acquire(origin.slots, first):
+                raise UpstreamPoolTimeout(f"all {self.per_origin} connections to {target.origin[1]}:{target.origin[2]} stayed busy for {first:g} s")
             try:
-                await _acquire(slots, first, f"all {self.limit} connections to the upstream")
+                if not await _acquire(slots, first):
+                    raise UpstreamPoolTimeout(f"all {self.limit} connections to the upstream stayed busy for {first:g} s")
             except BaseException:
                 origin.slots.release()
                 raise
         except BaseException:
             origin.users -= 1
             raise
+        self.in_use += 1
         fresh = False
         while True:
             try:
@@ -452,6 +457,7 @@ class Pool:
         self._give_back(state)
 
     def _give_back(self, origin: _Origin) -> None:
+        self.in_use -= 1
         origin.users -= 1
         origin.slots.release()
         assert self._slots is not None

@@ -42,7 +42,7 @@ class Relay:
                     yield out
             status, error = translation.capture.outcome()
         except UpstreamError as exc:
-            status, error = UPSTREAM_CUT, f"the upstream stream failed: {exc.message}"
+            status, error = UPSTREAM_CUT, f"the upstream stream failed: {self.call.svc.redact.text(exc.message)}"
         before, last = translation.end(status, error)
         if before:
             yield before

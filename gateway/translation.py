@@ -34,7 +34,7 @@ from burnish_server.core.translate import common as translate
 from burnish_server.core.translate import messages, responses
 from burnish_server.gateway.call import Call, json_or_none, read_answer, upstream_message
 from burnish_server.gateway.capture import StreamCapture, extract_tokens
-from burnish_server.gateway.upstream import UpstreamResponse, is_stream, response_headers
+from burnish_server.gateway.upstream import UpstreamResponse, response_headers
 from burnish_server.store.responses import stored_response
 
 _decode = msgspec.json.Decoder().decode
@@ -53,7 +53,7 @@ class Translation:
     def upstream_path(self, query: bytes | None) -> str:
         raise NotImplementedError
 
-    def headers(self, response: UpstreamResponse) -> dict[str, str]:
+    def headers(self, response: UpstreamResponse, streams: bool) -> dict[str, str]:
         """The answer's headers, the gateway's own among them."""
         raise NotImplementedError
 
@@ -77,8 +77,10 @@ class Translation:
     def record(self, status: str, error: str | None) -> CallRecord:
         raise NotImplementedError
 
-    def _ours(self) -> dict[str, str]:
-        return {"x-trajectory-id": local(self.call.key.trajectory_id), "x-policy-version": self.call.version}
+    def _ours(self, headers: dict[str, str]) -> dict[str, str]:
+        headers["x-trajectory-id"] = local(self.call.key.trajectory_id)
+        headers["x-policy-version"] = self.call.version
+        return headers
 
 
 class PassThrough(Translation):
@@ -93,8 +95,8 @@ class PassThrough(Translation):
         path = f"/v1/{self.call.surface.path}"
         return f"{path}?{query.decode('latin-1')}" if query else path
 
-    def headers(self, response: UpstreamResponse) -> dict[str, str]:
-        return {**response_headers(response), **self._ours()}
+    def headers(self, response: UpstreamResponse, streams: bool) -> dict[str, str]:
+        return self._ours(response_headers(response))
 
     async def answer(self, status: int, raw: bytes, headers: dict[str, str]) -> tuple[bytes, int, CallRecord]:
         call = self.call
@@ -106,8 +108,7 @@ class PassThrough(Translation):
             return raw, status, call.record(OK, status, response=raw if parsed is not None else None, parsed=parsed, tokens=tokens)
         # An upstream error: relayed with its status (the gateway's secrets masked); a body that
         # is no error JSON becomes one in the surface's format.
-        if (masked := call.svc.redact(raw)) is not raw:
-            raw, parsed = masked, json_or_none(masked)
+        raw, parsed = call.masked(raw, parsed)
         message = upstream_message(status, parsed, raw)
         if not (isinstance(parsed, dict) and "error" in parsed):
             raw = call.surface.error_body(status, message, "upstream_error")
@@ -153,9 +154,8 @@ class ThroughChat(Translation):
     def upstream_path(self, query: bytes | None) -> str:
         return "/v1/chat/completions"
 
-    def headers(self, response: UpstreamResponse) -> dict[str, str]:
-        kind = "text/event-stream; charset=utf-8" if is_stream(response) else "application/json"
-        return {**self._ours(), "content-type": kind}
+    def headers(self, response: UpstreamResponse, streams: bool) -> dict[str, str]:
+        return self._ours({"content-type": "text/event-stream; charset=utf-8" if streams else "application/json"})
 
     async def answer(self, status: int, raw: bytes, headers: dict[str, str]) -> tuple[bytes, int, CallRecord]:
         call = self.call
@@ -165,8 +165,7 @@ class ThroughChat(Translation):
             return out, status, call.record(OK, status, response=out, parsed=completion, tokens=extract_tokens(CHAT, completion))
         # An upstream error (or a 2xx that is not a completion): in the surface's error format,
         # the gateway's secrets masked before the message is cut to its length.
-        if (masked := call.svc.redact(raw)) is not raw:
-            raw, completion = masked, json_or_none(masked)
+        raw, completion = call.masked(raw, completion)
         message = upstream_message(status, completion, raw)
         status = status if status >= 400 else 502
         out = call.surface.error_body(status, message, "upstream_error")

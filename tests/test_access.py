@@ -310,9 +310,8 @@ def test_rate_limit_answers_429_with_retry_after(gateway: Gateway, upstream: Ups
         assert c.post("/v1/chat/completions", json=CHAT).status_code == 200
 
 
-def test_concurrency_limit(gateway: Gateway, upstream: Upstream) -> None:
-    key = make_key(gateway, scopes=["call"], max_parallel_requests=1)
-    results: list[int] = []
+def _slow_call(gateway: Gateway, key: str, results: list[int]) -> threading.Thread:
+    """A call that the upstream holds for a second, started and in flight when this returns."""
 
     def slow() -> None:
         with gateway.client(headers={**bearer(key), "x-fault": "stall:1.0"}) as c:
@@ -321,6 +320,13 @@ def test_concurrency_limit(gateway: Gateway, upstream: Upstream) -> None:
     thread = threading.Thread(target=slow)
     thread.start()
     time.sleep(0.4)
+    return thread
+
+
+def test_concurrency_limit(gateway: Gateway, upstream: Upstream) -> None:
+    key = make_key(gateway, scopes=["call"], max_parallel_requests=1)
+    results: list[int] = []
+    thread = _slow_call(gateway, key, results)
     with gateway.client(headers=bearer(key)) as c:
         second = c.post("/v1/chat/completions", json=CHAT)
     thread.join()
@@ -333,14 +339,7 @@ def test_concurrency_limit(gateway: Gateway, upstream: Upstream) -> None:
 def test_a_call_refused_for_concurrency_spends_none_of_the_rate(gateway: Gateway, upstream: Upstream) -> None:
     key = make_key(gateway, scopes=["call"], rpm_limit=2, max_parallel_requests=1)
     results: list[int] = []
-
-    def slow() -> None:
-        with gateway.client(headers={**bearer(key), "x-fault": "stall:1.0"}) as c:
-            results.append(c.post("/v1/chat/completions", json=CHAT).status_code)
-
-    thread = threading.Thread(target=slow)
-    thread.start()
-    time.sleep(0.4)
+    thread = _slow_call(gateway, key, results)
     with gateway.client(headers=bearer(key)) as c:
         refused = [c.post("/v1/chat/completions", json=CHAT) for _ in range(3)]
     thread.join()

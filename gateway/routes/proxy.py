@@ -25,7 +25,7 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.response.base import ASGIResponse
 from litestar.types import ASGIApp, Receive, Scope
 
-from burnish_server.core.access import ANONYMOUS, DEFAULT_PROJECT, Principal, local, qualify_optional
+from burnish_server.core.access import ANONYMOUS, DEFAULT_PROJECT, Principal, qualify_optional
 from burnish_server.core.errors import BurnishError, Invalid, TooLarge, UpstreamError
 from burnish_server.core.records import UPSTREAM_ERROR
 from burnish_server.core.surfaces import SURFACES, Surface
@@ -93,17 +93,16 @@ async def forward(inbound: Inbound, surface: Surface) -> ASGIApp:
         raise
     try:
         response = await call.send(scope["headers"], way.upstream_path(scope.get("query_string")))
-        headers = way.headers(response)
-        if is_stream(response):
+        streams = is_stream(response)
+        headers = way.headers(response, streams)
+        if streams:
             return RelayResponse(Relay(call, response, way), response.status_code, headers)
         raw = await call.read(response)
-    except UpstreamError as failure:  # no usable answer: recorded, and answered in the surface's format
-        failure.message = svc.redact.text(failure.message)
-        await call.commit(call.record(UPSTREAM_ERROR, failure.status, error=failure.message))
-        failure.headers.update({"x-trajectory-id": local(call.key.trajectory_id), "x-policy-version": call.version})
-        raise
-    except Invalid as refused:  # a header that cannot be forwarded: refused before anything was sent
-        refused.headers.update({"x-trajectory-id": local(call.key.trajectory_id), "x-policy-version": call.version})
+    except (UpstreamError, Invalid) as failure:  # answered in the surface's format, naming the call
+        if isinstance(failure, UpstreamError):  # no usable answer: recorded (a refused header: nothing was sent)
+            failure.message = svc.redact.text(failure.message)
+            await call.commit(call.record(UPSTREAM_ERROR, failure.status, error=failure.message))
+        failure.headers.update({"x-trajectory-id": shown, "x-policy-version": call.version})
         raise
     out, status, record = await way.answer(response.status_code, raw, headers)
     await call.commit(record)
