@@ -22,7 +22,7 @@ from burnish_server.core.policies import Route
 from burnish_server.core.records import OK, CallRecord
 from burnish_server.core.surfaces import Surface
 from burnish_server.gateway import keys
-from burnish_server.gateway.capture import MALFORMED, Injected, Tokens, extract_tokens, inject
+from burnish_server.gateway.capture import Injected, Tokens, extract_tokens, inject
 from burnish_server.gateway.services import Services
 from burnish_server.gateway.upstream import UpstreamResponse, failed
 from burnish_server.store.models import utcnow
@@ -89,8 +89,8 @@ def read_answer(read: Callable[[dict[str, Any]], T], answer: Any) -> T | None:
         return None
     try:
         return read(answer)
-    except MALFORMED as exc:
-        log.warning("an answer of the wrong shape from the upstream: %r", exc)
+    except msgspec.ValidationError as exc:
+        log.warning("an answer of the wrong shape from the upstream: %s", exc)
         return None
 
 

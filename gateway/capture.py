@@ -17,17 +17,15 @@ from typing import Any
 
 import msgspec
 
-from burnish_server.core import tokens
+from burnish_server.core import answers, tokens
 from burnish_server.core.records import OK, UPSTREAM_CUT, UPSTREAM_ERROR
 from burnish_server.core.secrets import Redactor
 from burnish_server.core.surfaces import CHAT, Surface
 
 _decode = msgspec.json.Decoder().decode
+_convert = msgspec.convert
 # What msgspec raises for bytes that are no JSON: malformed, not UTF-8, nested too deeply.
 UNDECODABLE = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
-# What reading a JSON value of the wrong shape raises (a number where a list was due, ...):
-# an upstream's fault, reported as such, never the gateway's 500.
-MALFORMED = (TypeError, AttributeError, KeyError, IndexError, ValueError, ArithmeticError)
 _encode = msgspec.json.Encoder().encode
 log = logging.getLogger("burnish.gateway")
 
@@ -101,12 +99,12 @@ class StreamCapture:
         self,
         surface: Surface,
         injected: Injected | None = None,
-        listener: Callable[[dict[str, Any]], None] | None = None,
+        listener: Callable[[Any], None] | None = None,
         redact: Redactor | None = None,
     ) -> None:
         self.surface = surface
         self.injected = injected
-        self.listener = listener  # sees each decoded event (a translated surface turns it into its own)
+        self.listener = listener  # sees each event, typed (a translated surface turns it into its own)
         self.redact = redact  # masks the gateway's secrets in an upstream's error event (core/secrets.py)
         self.assembler = surface.assembler()
         # The bytes of an event not yet ended, as they came, and the last 3 of them (a
@@ -171,13 +169,17 @@ class StreamCapture:
                     return self._failed(event, str(err.get("message") if isinstance(err, dict) else err))
                 if name == "error" or obj.get("type") == "error":
                     return self._failed(event, str(obj.get("message") or obj))
+                # Read as the surface's event (core/answers.py) before any of it is read: an event
+                # of the wrong shape is relayed as it came, and the call recorded as the
+                # upstream's error. Only that is caught: an error in the gateway's own code is its bug.
                 try:
-                    self.assembler.add(obj)  # sees the token ids before they are scrubbed
+                    typed = _convert(obj, self.surface.event)
+                    self.assembler.add(typed)  # sees the token ids before they are scrubbed
                     if self.listener is not None:
-                        self.listener(obj)
-                except MALFORMED as exc:  # relayed as it came; the call is recorded as the upstream's error
-                    log.warning("unreadable %s stream event from the upstream: %r", self.surface.name, exc)
-                    self.error = self.error or f"the upstream sent a stream event of the wrong shape ({type(exc).__name__}: {exc})"
+                        self.listener(typed)
+                except msgspec.ValidationError as exc:
+                    log.warning("a %s stream event of the wrong shape from the upstream: %s", self.surface.name, exc)
+                    self.error = self.error or f"the upstream sent a stream event of the wrong shape: {exc}"
                 if self.injected is not None:
                     rewritten = b"data: " + _encode(self.injected.scrub(obj)) + b"\n\n"
         return self.surface.terminal(name, data, obj), rewritten
@@ -211,47 +213,47 @@ class Tokens:
     completion_lengths: bytes | None = None
 
 
-def _choice_logprobs(choice: dict[str, Any]) -> list[float] | None:
-    logprobs = choice.get("logprobs")
-    if not isinstance(logprobs, dict):
+def _sampled_logprobs(logprobs: answers.TokenLogprobs | None) -> list[float] | None:
+    """A choice's sampled tokens' logprobs; None where it has none, or lacks one of them."""
+    if logprobs is None:
         return None
-    if isinstance(logprobs.get("content"), list):  # chat
-        return [entry.get("logprob") for entry in logprobs["content"]]
-    if isinstance(logprobs.get("token_logprobs"), list):  # completions
-        return logprobs["token_logprobs"]
-    return None
+    if logprobs.content is not None:  # chat
+        values = [entry.logprob for entry in logprobs.content]
+    elif logprobs.token_logprobs is not None:  # completions
+        values = logprobs.token_logprobs
+    else:
+        return None
+    floats = [v for v in values if v is not None]
+    return floats if len(floats) == len(values) else None
 
 
 def extract_tokens(surface: Surface, body: Any) -> Tokens | None:
     """Token ids and sampled-token logprobs, where the upstream returned them (vLLM's fields);
     None where it did not, or returned them in the wrong shape (the call is then not trained on)."""
+    if not surface.has_choices or not isinstance(body, dict):
+        return None
     try:
-        return _extract_tokens(surface, body)
-    except MALFORMED as exc:
-        log.warning("token ids of the wrong shape from the upstream (%s): %r", surface.name, exc)
+        answer = _convert(body, answers.TokenAnswer)
+    except msgspec.ValidationError as exc:
+        log.warning("token ids of the wrong shape from the upstream (%s): %s", surface.name, exc)
         return None
-
-
-def _extract_tokens(surface: Surface, body: Any) -> Tokens | None:
-    if not surface.has_choices or not isinstance(body, dict) or not isinstance(body.get("choices"), list):
-        return None
-    choices = sorted((c for c in body["choices"] if isinstance(c, dict)), key=lambda c: c.get("index", 0))
+    choices = sorted(answer.choices, key=lambda c: c.index)
     if not choices:
         return None
-    prompt = body.get("prompt_token_ids") or choices[0].get("prompt_token_ids")
-    ids: list[Any] = [c.get("token_ids") for c in choices]
-    lps: list[Any] = [_choice_logprobs(c) for c in choices]
-    have_ids = all(isinstance(x, list) for x in ids)
-    have_lps = all(isinstance(x, list) and None not in x for x in lps)
-    if have_ids and have_lps and any(len(a) != len(b) for a, b in zip(ids, lps)):
-        have_lps = False  # not aligned with the sampled tokens: keep the ids only
-    lengths = [len(x) for x in (ids if have_ids else lps)] if (have_ids or have_lps) else None
+    prompt = answer.prompt_token_ids or choices[0].prompt_token_ids
+    every_ids = [c.token_ids for c in choices if c.token_ids is not None]
+    every_lps = [x for c in choices if (x := _sampled_logprobs(c.logprobs)) is not None]
+    ids = every_ids if len(every_ids) == len(choices) else None
+    lps = every_lps if len(every_lps) == len(choices) else None
+    if ids is not None and lps is not None and any(len(a) != len(b) for a, b in zip(ids, lps)):
+        lps = None  # not aligned with the sampled tokens: keep the ids only
+    counted = ids if ids is not None else lps
     out = Tokens(
-        prompt_token_ids=tokens.pack_ids(prompt) if isinstance(prompt, list) else None,
-        completion_token_ids=tokens.pack_ids([t for x in ids for t in x]) if have_ids else None,
-        completion_logprobs=tokens.pack_floats([v for x in lps for v in x]) if have_lps else None,
-        completion_lengths=tokens.pack_ids(lengths) if lengths is not None else None,
+        prompt_token_ids=tokens.pack_ids(prompt),
+        completion_token_ids=tokens.pack_ids([t for x in ids for t in x]) if ids is not None else None,
+        completion_logprobs=tokens.pack_floats([v for x in lps for v in x]) if lps is not None else None,
+        completion_lengths=tokens.pack_ids([len(x) for x in counted]) if counted is not None else None,
     )
-    if out.prompt_token_ids is None and lengths is None:
+    if out.prompt_token_ids is None and counted is None:
         return None
     return out

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from burnish_server.core import wire
+from burnish_server.core import answers, wire
 from burnish_server.core.access import local
 from burnish_server.core.errors import Invalid
 from burnish_server.core.records import OK, UPSTREAM_CUT, UPSTREAM_ERROR, CallRecord
@@ -174,7 +174,7 @@ class ThroughChat(Translation):
     def start(self) -> None:
         self.capture = StreamCapture(CHAT, self.call.injected, listener=self._chunk, redact=self.call.svc.redact)
 
-    def _chunk(self, chunk: dict[str, Any]) -> None:
+    def _chunk(self, chunk: answers.ChatChunk) -> None:
         self.pending += self.translator.feed(chunk)
 
     def feed(self, chunk: bytes) -> bytes:

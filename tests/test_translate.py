@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from burnish_server.core import wire
+from burnish_server.core import answers, wire
 from burnish_server.core.translate import messages, responses
 
 CHUNKS: list[dict[str, Any]] = [
@@ -49,8 +49,13 @@ def parse(raw: list[bytes]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def feed(translator: Any, chunk: dict[str, Any]) -> list[bytes]:
+    """A chunk as the gateway feeds it to a translator: read as a chat completion chunk."""
+    return translator.feed(msgspec.convert(chunk, answers.ChatChunk))
+
+
 def run(translator: Any) -> list[tuple[str, dict[str, Any]]]:
-    raw = [e for chunk in CHUNKS for e in translator.feed(chunk)]
+    raw = [e for chunk in CHUNKS for e in feed(translator, chunk)]
     closing, terminal = translator.finish()
     return parse([*raw, *closing, terminal])
 
@@ -112,7 +117,7 @@ def test_a_plain_answer_is_the_stream_added_up() -> None:
 
 def test_responses_cut_by_length_is_incomplete() -> None:
     translator = responses_translator()
-    translator.feed({"choices": [{"index": 0, "delta": {"content": "abc"}, "finish_reason": "length"}]})
+    feed(translator, {"choices": [{"index": 0, "delta": {"content": "abc"}, "finish_reason": "length"}]})
     closing, terminal = translator.finish()
     kind, data = parse([terminal])[0]
     assert kind == "response.incomplete" and data["response"]["status"] == "incomplete"
@@ -210,7 +215,7 @@ def test_messages_tool_arguments_that_are_no_object_stream_as_the_answer_holds_t
         {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": "121E"}}]}}]},
         {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "67"}}]}, "finish_reason": "tool_calls"}]},
     ]
-    raw = [e for chunk in chunks for e in translator.feed(chunk)]
+    raw = [e for chunk in chunks for e in feed(translator, chunk)]
     closing, _ = translator.finish()
     deltas = [data["delta"] for kind, data in parse(raw + closing) if kind == "content_block_delta"]
     assert deltas == [{"type": "input_json_delta", "partial_json": '{"_raw":"121E67"}'}]
@@ -302,10 +307,10 @@ def test_a_long_answer_adds_up_piece_by_piece() -> None:
     chunks = long_stream(n)
 
     translator = responses_translator()
-    events = [e for chunk in chunks[: 2 * n] for e in translator.feed(chunk)]
+    events = [e for chunk in chunks[: 2 * n] for e in feed(translator, chunk)]
     midway = msgspec.to_builtins(translator.result())["output"]  # a stream cut here is recorded with this
     assert [item["content"][0]["text"] for item in midway] == [reasoning, text]
-    events += [e for chunk in chunks[2 * n :] for e in translator.feed(chunk)]
+    events += [e for chunk in chunks[2 * n :] for e in feed(translator, chunk)]
     closing, terminal = translator.finish()
     done = {kind: data for kind, data in parse([*events, *closing])}
     assert done["response.reasoning_text.done"]["text"] == reasoning and done["response.output_text.done"]["text"] == text
@@ -315,7 +320,7 @@ def test_a_long_answer_adds_up_piece_by_piece() -> None:
 
     translator = messages_translator()
     for chunk in chunks:
-        translator.feed(chunk)
+        feed(translator, chunk)
     translator.finish()
     blocks = msgspec.to_builtins(translator.result())["content"]
     assert (blocks[0]["thinking"], blocks[1]["text"], blocks[2]["input"]) == (reasoning, text, {"_raw": arguments})

@@ -8,7 +8,7 @@ edge (the error body and the stream's error event), the transcript (the reader),
 schema (the request's name and description), and the translated surfaces (the translator).
 
 Also here, the pieces the protocols' stream assemblers share: streamed strings joined once,
-lists grown in place, indexes checked.
+lists grown in place.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ _encode = msgspec.json.Encoder().encode
 
 
 class Assembler(Protocol):
-    """Folds a stream's decoded events into the protocol's plain answer, as they pass."""
+    """Folds a stream's events (as ``Surface.event``, core/answers.py) into the protocol's
+    plain answer, as they pass."""
 
-    def add(self, event: dict[str, Any]) -> None: ...
+    def add(self, event: Any) -> None: ...
 
     def result(self) -> dict[str, Any]: ...
 
@@ -112,6 +113,9 @@ class Surface:
     path: str  # under /v1
     request: type[msgspec.Struct]  # its request and answer as the readers see them (core/wire.py)
     response: type[msgspec.Struct]
+    # One stream event as the assembler reads it (core/answers.py): each event is converted
+    # to it before it is read, so an event of the wrong shape fails there, as the upstream's.
+    event: type[msgspec.Struct]
     read: Callable[[Any, Any], Exchange]  # a request and its answer as one exchange in chat form
     assembler: Callable[[], Assembler]  # a stream's events into the plain answer
     terminal: Callable[[str | None, bytes, Any], bool]  # whether an event (its name, data, decoded) ends the stream
@@ -148,8 +152,8 @@ class Pieces(list[str]):
     8,000-token stream took 0.3 s of the loop's time to assemble that way)."""
 
 
-def append(target: dict[str, Any], key: str, piece: Any) -> None:
-    if isinstance(piece, str):
+def append(target: dict[str, Any], key: str, piece: str | None) -> None:
+    if piece is not None:
         pieces = target.get(key)
         if isinstance(pieces, Pieces):
             pieces.append(piece)
@@ -165,25 +169,13 @@ def joined(target: dict[str, Any]) -> dict[str, Any]:
     return target
 
 
-def extend(target: dict[str, Any], key: str, items: Any) -> None:
+def extend(target: dict[str, Any], key: str, items: list[Any] | None) -> None:
     """Add a chunk's list (token ids, logprobs) to ``target[key]``, in place: a new list per
     chunk would copy all the earlier ones again (quadratic, as for strings above)."""
-    if not isinstance(items, list):
-        raise TypeError(f"{key} is {type(items).__name__}, not a list")
+    if items is None:
+        return
     current = target.get(key)
     if current is None:
         target[key] = list(items)  # our own: the chunk's list is not ours to grow
     else:
         current.extend(items)
-
-
-# Choices, tool calls and content blocks per answer: an index beyond is the upstream's error.
-MAX_INDEX = 10_000
-
-
-def index_of(value: Any, default: int = 0) -> int:
-    """The index of a choice, tool call or content block: a small non-negative integer."""
-    found = default if value is None else value
-    if type(found) is not int or not 0 <= found < MAX_INDEX:
-        raise ValueError(f"index {value!r} is not an integer from 0 to {MAX_INDEX - 1}")
-    return found

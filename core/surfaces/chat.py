@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from burnish_server.core import wire
+from msgspec import UNSET
+
+from burnish_server.core import answers, wire
 from burnish_server.core.conversation import Exchange, Message, ToolCall, text_of
-from burnish_server.core.surfaces.base import OPENAI_ERRORS, Surface, append, extend, index_of, joined
+from burnish_server.core.surfaces.base import OPENAI_ERRORS, Surface, append, extend, joined
 
 
 class ChatAssembler:
@@ -21,50 +23,52 @@ class ChatAssembler:
         self.choices: dict[int, dict[str, Any]] = {}
         self.extra: dict[str, Any] = {}
 
-    def add(self, chunk: dict[str, Any]) -> None:
-        for key in ("id", "created", "model", "system_fingerprint", "service_tier"):
-            if key in chunk and key not in self.head:
-                self.head[key] = chunk[key]
-        if chunk.get("usage"):
-            self.extra["usage"] = chunk["usage"]
-        if chunk.get("prompt_token_ids") is not None:  # vLLM's return_token_ids
-            self.extra["prompt_token_ids"] = chunk["prompt_token_ids"]
-        for c in chunk.get("choices") or ():
-            index = index_of(c.get("index"))
+    def add(self, chunk: answers.ChatChunk) -> None:
+        for key in answers.CHUNK_HEAD:
+            if key not in self.head and (value := getattr(chunk, key)) is not UNSET:
+                self.head[key] = value
+        if chunk.usage:
+            self.extra["usage"] = chunk.usage
+        if chunk.prompt_token_ids is not None:  # vLLM's return_token_ids
+            self.extra["prompt_token_ids"] = chunk.prompt_token_ids
+        for c in chunk.choices or ():
             choice = self.choices.setdefault(
-                index,
-                {"index": index, "message": {"role": "assistant", "content": None}, "finish_reason": None, "logprobs": None},
+                c.index,
+                {"index": c.index, "message": {"role": "assistant", "content": None}, "finish_reason": None, "logprobs": None},
             )
-            message = choice["message"]
-            delta = c.get("delta") or {}
-            if delta.get("role"):
-                message["role"] = delta["role"]
-            for key in ("content", "reasoning_content", "reasoning", "refusal"):
-                append(message, key, delta.get(key))
-            for call in delta.get("tool_calls") or ():
-                calls = message.setdefault("tool_calls", [])
-                index = index_of(call.get("index"), len(calls))
-                while len(calls) <= index:
-                    calls.append({"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
-                slot = calls[index]
-                if call.get("id"):
-                    slot["id"] = call["id"]
-                if call.get("type"):
-                    slot["type"] = call["type"]
-                function = call.get("function") or {}
-                append(slot["function"], "name", function.get("name"))
-                append(slot["function"], "arguments", function.get("arguments"))
-            if c.get("finish_reason") is not None:
-                choice["finish_reason"] = c["finish_reason"]
-            if c.get("stop_reason") is not None:
-                choice["stop_reason"] = c["stop_reason"]
-            if logprobs := c.get("logprobs"):
+            if c.delta is not None:
+                self._delta(choice["message"], c.delta)
+            if c.finish_reason is not None:
+                choice["finish_reason"] = c.finish_reason
+            if c.stop_reason is not None:
+                choice["stop_reason"] = c.stop_reason
+            if c.logprobs is not None:
                 merged = choice["logprobs"] = choice["logprobs"] or {"content": None}
-                for key in ("content", "refusal"):
-                    if logprobs.get(key) is not None:
-                        extend(merged, key, logprobs[key])
-            if c.get("token_ids") is not None:
-                extend(choice, "token_ids", c["token_ids"])
+                extend(merged, "content", c.logprobs.content)
+                extend(merged, "refusal", c.logprobs.refusal)
+            extend(choice, "token_ids", c.token_ids)
+
+    @staticmethod
+    def _delta(message: dict[str, Any], delta: answers.ChatDelta) -> None:
+        if delta.role:
+            message["role"] = delta.role
+        append(message, "content", delta.content)
+        append(message, "reasoning_content", delta.reasoning_content)
+        append(message, "reasoning", delta.reasoning)
+        append(message, "refusal", delta.refusal)
+        for call in delta.tool_calls or ():
+            calls = message.setdefault("tool_calls", [])
+            index = len(calls) if call.index is None else call.index
+            while len(calls) <= index:
+                calls.append({"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+            slot = calls[index]
+            if call.id:
+                slot["id"] = call.id
+            if call.type:
+                slot["type"] = call.type
+            if call.function is not None:
+                append(slot["function"], "name", call.function.name)
+                append(slot["function"], "arguments", call.function.arguments)
 
     def result(self) -> dict[str, Any]:
         choices = [self.choices[i] for i in sorted(self.choices)]
@@ -95,6 +99,7 @@ CHAT = Surface(
     path="chat/completions",
     request=wire.ChatRequest,
     response=wire.ChatResponse,
+    event=answers.ChatChunk,
     read=read,
     assembler=ChatAssembler,
     terminal=terminal,

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from burnish_server.core import wire
+from msgspec import UNSET
+
+from burnish_server.core import answers, wire
 from burnish_server.core.conversation import Exchange, Message
-from burnish_server.core.surfaces.base import OPENAI_ERRORS, Surface, append, extend, index_of, joined
+from burnish_server.core.surfaces.base import OPENAI_ERRORS, Surface, append, extend, joined
+
+_HEAD = ("id", "created", "model", "system_fingerprint")
 
 
 class CompletionAssembler:
@@ -21,29 +25,28 @@ class CompletionAssembler:
         self.choices: dict[int, dict[str, Any]] = {}
         self.extra: dict[str, Any] = {}
 
-    def add(self, chunk: dict[str, Any]) -> None:
-        for key in ("id", "created", "model", "system_fingerprint"):
-            if key in chunk and key not in self.head:
-                self.head[key] = chunk[key]
-        if chunk.get("usage"):
-            self.extra["usage"] = chunk["usage"]
-        for c in chunk.get("choices") or ():
-            index = index_of(c.get("index"))
-            choice = self.choices.setdefault(index, {"index": index, "text": "", "finish_reason": None, "logprobs": None})
-            append(choice, "text", c.get("text"))
-            if c.get("finish_reason") is not None:
-                choice["finish_reason"] = c["finish_reason"]
-            if c.get("stop_reason") is not None:
-                choice["stop_reason"] = c["stop_reason"]
-            if logprobs := c.get("logprobs"):
+    def add(self, chunk: answers.CompletionChunk) -> None:
+        for key in _HEAD:
+            if key not in self.head and (value := getattr(chunk, key)) is not UNSET:
+                self.head[key] = value
+        if chunk.usage:
+            self.extra["usage"] = chunk.usage
+        for c in chunk.choices or ():
+            choice = self.choices.setdefault(c.index, {"index": c.index, "text": "", "finish_reason": None, "logprobs": None})
+            append(choice, "text", c.text)
+            if c.finish_reason is not None:
+                choice["finish_reason"] = c.finish_reason
+            if c.stop_reason is not None:
+                choice["stop_reason"] = c.stop_reason
+            if c.logprobs is not None:
                 merged = choice["logprobs"] = choice["logprobs"] or {}
-                for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
-                    if logprobs.get(key) is not None:
-                        extend(merged, key, logprobs[key])
-            if c.get("token_ids") is not None:
-                extend(choice, "token_ids", c["token_ids"])
-            if c.get("prompt_token_ids") is not None:
-                choice["prompt_token_ids"] = c["prompt_token_ids"]
+                extend(merged, "tokens", c.logprobs.tokens)
+                extend(merged, "token_logprobs", c.logprobs.token_logprobs)
+                extend(merged, "top_logprobs", c.logprobs.top_logprobs)
+                extend(merged, "text_offset", c.logprobs.text_offset)
+            extend(choice, "token_ids", c.token_ids)
+            if c.prompt_token_ids is not None:
+                choice["prompt_token_ids"] = c.prompt_token_ids
 
     def result(self) -> dict[str, Any]:
         choices = [joined(self.choices[i]) for i in sorted(self.choices)]
@@ -67,6 +70,7 @@ COMPLETIONS = Surface(
     path="completions",
     request=wire.CompletionRequest,
     response=wire.CompletionResponse,
+    event=answers.CompletionChunk,
     read=read,
     assembler=CompletionAssembler,
     terminal=terminal,

@@ -12,9 +12,9 @@ from typing import Any
 
 import msgspec
 
-from burnish_server.core import wire
+from burnish_server.core import answers, wire
 from burnish_server.core.conversation import Exchange, Message, ToolCall, text_of
-from burnish_server.core.surfaces.base import ANTHROPIC_ERRORS, Surface, append, index_of, joined
+from burnish_server.core.surfaces.base import ANTHROPIC_ERRORS, Surface, append, joined
 from burnish_server.core.translate import messages as translator
 
 _decode = msgspec.json.Decoder().decode
@@ -27,47 +27,52 @@ class MessagesAssembler:
 
     def __init__(self) -> None:
         self.message: dict[str, Any] = {"type": "message", "role": "assistant", "content": []}
+        self.usage: dict[str, Any] | None = None
         self.blocks: dict[int, dict[str, Any]] = {}
         self.partial_json: dict[int, list[str]] = {}
 
-    def add(self, event: dict[str, Any]) -> None:
-        kind = event.get("type")
-        if kind == "message_start":
-            self.message = {**event.get("message", {}), "content": []}
-        elif kind == "content_block_start":
-            self.blocks[index_of(event.get("index"))] = dict(event.get("content_block") or {})
-        elif kind == "content_block_delta":
-            index = index_of(event.get("index"))
-            block = self.blocks.setdefault(index, {})
-            delta = event.get("delta") or {}
-            match delta.get("type"):
-                case "text_delta":
-                    append(block, "text", delta.get("text"))
-                case "thinking_delta":
-                    append(block, "thinking", delta.get("thinking"))
-                case "signature_delta":
-                    block["signature"] = delta.get("signature")
-                case "input_json_delta":
-                    self.partial_json.setdefault(index, []).append(delta.get("partial_json") or "")
-                case "citations_delta":
-                    block.setdefault("citations", []).append(delta.get("citation"))
-        elif kind == "content_block_stop":
-            index = index_of(event.get("index"))
-            if index in self.partial_json:
-                text = "".join(self.partial_json.pop(index))
+    def add(self, event: answers.MessagesEvent) -> None:
+        match event.type:
+            case "message_start":
+                started = msgspec.convert(event.message or {}, answers.MessageStart)  # its usage is merged into
+                self.message = {**(event.message or {}), "content": []}
+                self.usage = started.usage
+            case "content_block_start":
+                msgspec.convert(event.content_block or {}, answers.ContentBlock)  # its text is added to
+                self.blocks[event.index] = dict(event.content_block or {})
+            case "content_block_delta":
+                self._delta(self.blocks.setdefault(event.index, {}), event.index, msgspec.convert(event.delta or {}, answers.ContentDelta))
+            case "content_block_stop" if event.index in self.partial_json:
+                text = "".join(self.partial_json.pop(event.index))
                 try:
-                    self.blocks.setdefault(index, {})["input"] = _decode(text) if text else {}
+                    self.blocks.setdefault(event.index, {})["input"] = _decode(text) if text else {}
                 except _UNDECODABLE:
-                    self.blocks.setdefault(index, {})["input"] = text
-        elif kind == "message_delta":
-            self.message.update(event.get("delta") or {})
-            if event.get("usage"):
-                self.message["usage"] = {**(self.message.get("usage") or {}), **event["usage"]}
+                    self.blocks.setdefault(event.index, {})["input"] = text
+            case "message_delta":
+                self.message.update(event.delta or {})
+                if event.usage:
+                    self.usage = {**(self.usage or {}), **event.usage}
+
+    def _delta(self, block: dict[str, Any], index: int, delta: answers.ContentDelta) -> None:
+        match delta.type:
+            case "text_delta":
+                append(block, "text", delta.text)
+            case "thinking_delta":
+                append(block, "thinking", delta.thinking)
+            case "signature_delta":
+                block["signature"] = delta.signature
+            case "input_json_delta":
+                self.partial_json.setdefault(index, []).append(delta.partial_json or "")
+            case "citations_delta":
+                block.setdefault("citations", []).append(delta.citation)
 
     def result(self) -> dict[str, Any]:
         for index, pieces in self.partial_json.items():  # a stream cut inside a tool_use block
             self.blocks.setdefault(index, {})["input"] = "".join(pieces)
-        return {**self.message, "content": [joined(self.blocks[i]) for i in sorted(self.blocks)]}
+        message = {**self.message, "content": [joined(self.blocks[i]) for i in sorted(self.blocks)]}
+        if self.usage is not None:
+            message["usage"] = self.usage
+        return message
 
 
 def _blocks_to_messages(role: str, content: str | list[wire.Block]) -> list[Message]:
@@ -122,6 +127,7 @@ MESSAGES = Surface(
     path="messages",
     request=wire.MessagesRequest,
     response=wire.MessagesResponse,
+    event=answers.MessagesEvent,
     read=read,
     assembler=MessagesAssembler,
     terminal=terminal,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from burnish_server.core import wire
+from burnish_server.core import answers, wire
 from burnish_server.core.conversation import Exchange, Message, ToolCall, text_of
 from burnish_server.core.surfaces.base import RESPONSES_ERRORS, Surface
 from burnish_server.core.translate import responses as translator
@@ -27,13 +27,12 @@ class ResponsesAssembler:
         self.partial_text: list[str] = []
         self.final = False
 
-    def add(self, event: dict[str, Any]) -> None:
-        kind = event.get("type")
-        if isinstance(event.get("response"), dict):
-            self.response = event["response"]
-            self.final = kind in self.TERMINAL
-        elif kind == "response.output_text.delta":
-            self.partial_text.append(event.get("delta") or "")
+    def add(self, event: answers.ResponsesEvent) -> None:
+        if event.response is not None:
+            self.response = event.response
+            self.final = event.type in self.TERMINAL
+        elif event.type == "response.output_text.delta" and event.delta:
+            self.partial_text.append(event.delta)
 
     def result(self) -> dict[str, Any]:
         if self.final and self.response is not None:
@@ -98,6 +97,7 @@ RESPONSES = Surface(
     path="responses",
     request=wire.ResponsesRequest,
     response=wire.ResponsesResponse,
+    event=answers.ResponsesEvent,
     read=read,
     assembler=ResponsesAssembler,
     terminal=terminal,

@@ -8,6 +8,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from burnish_server.core import answers
 from burnish_server.core.errors import Invalid
 
 _encode = msgspec.json.Encoder().encode
@@ -39,34 +40,37 @@ class Delta:
     stop_reason: str | int | None = None
 
 
-def delta_of(chunk: dict[str, Any]) -> Delta:
-    """The choice-0 delta of a ``chat.completion.chunk`` (vLLM's field names)."""
+def delta_of(chunk: answers.ChatChunk) -> Delta:
+    """The choice-0 delta of a chat completion chunk (vLLM's field names)."""
     out = Delta()
-    for choice in chunk.get("choices") or ():
-        if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+    for choice in chunk.choices or ():
+        if choice.index != 0:
             continue
-        delta = choice.get("delta") or {}
-        out.reasoning += delta.get("reasoning_content") or delta.get("reasoning") or ""
-        out.content += delta.get("content") or ""
-        for call in delta.get("tool_calls") or ():
-            function = call.get("function") or {}
-            out.tool_calls.append(ToolCallDelta(call.get("index", 0), call.get("id"), function.get("name"), function.get("arguments") or ""))
-        out.finish_reason = choice.get("finish_reason") or out.finish_reason
-        out.stop_reason = choice.get("stop_reason") if choice.get("stop_reason") is not None else out.stop_reason
+        if (delta := choice.delta) is not None:
+            out.reasoning += delta.reasoning_content or delta.reasoning or ""
+            out.content += delta.content or ""
+            for call in delta.tool_calls or ():
+                name, arguments = (call.function.name, call.function.arguments) if call.function else (None, None)
+                out.tool_calls.append(ToolCallDelta(call.index or 0, call.id, name, arguments or ""))
+        out.finish_reason = choice.finish_reason or out.finish_reason
+        out.stop_reason = choice.stop_reason if choice.stop_reason is not None else out.stop_reason
     return out
 
 
-def completion_as_chunk(completion: dict[str, Any]) -> dict[str, Any]:
+def usage_of(chunk: answers.ChatChunk) -> answers.Usage | None:
+    """The chunk's token counts, where it carries them (the last chunk of a stream)."""
+    return msgspec.convert(chunk.usage, answers.Usage) if chunk.usage is not None else None
+
+
+def completion_as_chunk(completion: answers.ChatCompletion) -> answers.ChatChunk:
     """A whole chat completion as one chunk, so a plain answer takes the stream's code path."""
     choices = []
-    for choice in completion.get("choices") or ():
-        message = choice.get("message") or {}
-        calls = [{**c, "index": i} for i, c in enumerate(message.get("tool_calls") or ())]
-        delta = {k: message.get(k) for k in ("content", "reasoning_content", "reasoning")}
-        choices.append(
-            {"index": choice.get("index", 0), "delta": {**delta, "tool_calls": calls}, **{k: choice.get(k) for k in ("finish_reason", "stop_reason")}}
-        )
-    return {"choices": choices, "usage": completion.get("usage"), "prompt_token_ids": completion.get("prompt_token_ids")}
+    for choice in completion.choices:
+        message = choice.message or answers.ChatMessage()
+        calls = [answers.ToolCallDelta(i, c.id, c.type, c.function) for i, c in enumerate(message.tool_calls or ())]
+        delta = answers.ChatDelta(content=message.content, reasoning_content=message.reasoning_content, reasoning=message.reasoning, tool_calls=calls)
+        choices.append(answers.ChatChunkChoice(choice.index, delta, choice.finish_reason, choice.stop_reason))
+    return answers.ChatChunk(usage=completion.usage, prompt_token_ids=completion.prompt_token_ids, choices=choices)
 
 
 Answer = TypeVar("Answer")
@@ -99,7 +103,7 @@ class Translator(ABC, Generic[Answer]):
     """Chat completion chunks in, a surface's events out; ``result()`` is what they add up to."""
 
     @abstractmethod
-    def feed(self, chunk: dict[str, Any]) -> list[bytes]:
+    def feed(self, chunk: answers.ChatChunk) -> list[bytes]:
         """The events one chat completion chunk makes (the first call also opens the answer)."""
 
     @abstractmethod
@@ -112,8 +116,9 @@ class Translator(ABC, Generic[Answer]):
         """What the stream added up to so far (all of it once ``finish`` ran)."""
 
     def answer(self, completion: dict[str, Any]) -> Answer:
-        """A plain (non-streamed) chat completion, through the stream's code path as one chunk."""
-        self.feed(completion_as_chunk(completion))
+        """A plain (non-streamed) chat completion, through the stream's code path as one chunk;
+        ``msgspec.ValidationError`` if it is not one."""
+        self.feed(completion_as_chunk(msgspec.convert(completion, answers.ChatCompletion)))
         self.finish()
         return self.result()
 

@@ -29,9 +29,9 @@ from typing import Any
 
 import msgspec
 
-from burnish_server.core import wire
+from burnish_server.core import answers, wire
 from burnish_server.core.errors import Invalid
-from burnish_server.core.translate.common import Pieces, ToolCallDelta, check_tool, delta_of, sse, unsupported
+from burnish_server.core.translate.common import Pieces, ToolCallDelta, check_tool, delta_of, sse, unsupported, usage_of
 from burnish_server.core.translate.common import Translator as Base
 
 # ---- the answer's shapes ------------------------------------------------------------------
@@ -214,13 +214,13 @@ class Translator(Base[Message]):
 
     # -- the stream
 
-    def feed(self, chunk: dict[str, Any]) -> list[bytes]:
+    def feed(self, chunk: answers.ChatChunk) -> list[bytes]:
         out: list[bytes] = []
-        if isinstance(chunk.get("prompt_token_ids"), list):  # vLLM sends the prompt with the first chunk
-            self.input_tokens = len(chunk["prompt_token_ids"])
-        if isinstance(chunk.get("usage"), dict):
-            self.input_tokens = int(chunk["usage"].get("prompt_tokens") or self.input_tokens)
-            self.output_tokens = int(chunk["usage"].get("completion_tokens") or 0)
+        if chunk.prompt_token_ids is not None:  # vLLM sends the prompt with the first chunk
+            self.input_tokens = len(chunk.prompt_token_ids)
+        if (usage := usage_of(chunk)) is not None:
+            self.input_tokens = usage.prompt_tokens or self.input_tokens
+            self.output_tokens = usage.completion_tokens or 0
         if not self.started:
             self.started = True
             start = Message(self.id, self.model, [], None, None, Usage(self.input_tokens, self.output_tokens))
@@ -296,7 +296,7 @@ class Translator(Base[Message]):
 
     def finish(self) -> tuple[list[bytes], bytes]:
         if not self.started:
-            self.feed({})
+            self.feed(answers.ChatChunk())
         out = self._stop()
         reason, sequence = self._reason()
         delta = {

@@ -30,9 +30,9 @@ from typing import Any
 
 import msgspec
 
-from burnish_server.core import wire
+from burnish_server.core import answers, wire
 from burnish_server.core.errors import Invalid
-from burnish_server.core.translate.common import Pieces, ToolCallDelta, check_tool, delta_of, sse, unsupported
+from burnish_server.core.translate.common import Pieces, ToolCallDelta, check_tool, delta_of, sse, unsupported, usage_of
 from burnish_server.core.translate.common import Translator as Base
 
 # ---- the answer's shapes ------------------------------------------------------------------
@@ -280,14 +280,14 @@ class Translator(Base[Response]):
 
     # -- the stream
 
-    def feed(self, chunk: dict[str, Any]) -> list[bytes]:
+    def feed(self, chunk: answers.ChatChunk) -> list[bytes]:
         out: list[bytes] = []
         if not self.started:
             self.started = True
             skeleton = self._response(status="in_progress")
             out += [self._event("response.created", response=skeleton), self._event("response.in_progress", response=skeleton)]
-        if isinstance(chunk.get("usage"), dict):
-            self.usage = _usage(chunk["usage"])
+        if (usage := usage_of(chunk)) is not None:
+            self.usage = _usage(usage)
         delta = delta_of(chunk)
         if delta.reasoning:
             out += self._reasoning(delta.reasoning)
@@ -363,7 +363,7 @@ class Translator(Base[Response]):
 
     def finish(self) -> tuple[list[bytes], bytes]:
         if not self.started:
-            self.feed({})
+            self.feed(answers.ChatChunk())
         out = self._close_reasoning() + self._close_text()
         self.pieces.settle()
         for item in self.calls.values():
@@ -409,10 +409,10 @@ class Translator(Base[Response]):
         )
 
 
-def _usage(usage: dict[str, Any]) -> Usage:
-    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    return Usage(prompt, completion, prompt + completion, InputDetails(int(cached)))
+def _usage(usage: answers.Usage) -> Usage:
+    prompt, completion = usage.prompt_tokens or 0, usage.completion_tokens or 0
+    cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else None
+    return Usage(prompt, completion, prompt + completion, InputDetails(cached or 0))
 
 
 def input_json(value: Any) -> list[Any]:
