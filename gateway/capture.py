@@ -155,7 +155,7 @@ class StreamCapture:
         name, data = _parse_event(event)
         if data is None:
             return False, None
-        obj = None
+        typed = None  # the event as the surface reads it (core/answers.py), if it is one
         rewritten = None
         if data != b"[DONE]":
             try:
@@ -182,7 +182,7 @@ class StreamCapture:
                     self.error = self.error or f"the upstream sent a stream event of the wrong shape: {exc}"
                 if self.injected is not None:
                     rewritten = b"data: " + _encode(self.injected.scrub(obj)) + b"\n\n"
-        return self.surface.terminal(name, data, obj), rewritten
+        return self.surface.terminal(name, data, typed), rewritten
 
     def _failed(self, event: bytes, message: str) -> tuple[bool, bytes | None]:
         """An upstream's error event: its message kept as the call's error, the event relayed

@@ -545,6 +545,42 @@ def test_a_stream_of_the_wrong_shape_is_relayed_and_recorded_as_the_upstreams_er
     assert gw.trajectory("shape-resp")["calls"][0]["status"] == "upstream_error"
 
 
+RESPONSES_WRONG_SHAPE = [
+    SSE_HEAD
+    + chunk(b'event: response.created\ndata: {"type":"response.created","response":{"id":"r","status":"in_progress"}}\n\n')
+    + chunk(b'event: response.output_text.delta\ndata: {"type":["response.output_text.delta"],"delta":5}\n\n')
+    + chunk(b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"r","status":"completed","output":[]}}\n\n')
+    + b"0\r\n\r\n"
+]
+MESSAGES_WRONG_SHAPE = [
+    SSE_HEAD
+    + chunk(b'event: message_start\ndata: {"type":"message_start","message":{"id":"m","usage":5}}\n\n')
+    + chunk(b'event: content_block_delta\ndata: {"type":"content_block_delta","index":"a","delta":{"type":"text_delta","text":[1]}}\n\n')
+    + chunk(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+    + b"0\r\n\r\n"
+]
+
+
+@pytest.mark.parametrize(
+    ("surface", "script", "payload", "last"),
+    [
+        ("responses", RESPONSES_WRONG_SHAPE, {"input": "hi"}, '"status":"completed","output":[]}}\n\n'),
+        ("messages", MESSAGES_WRONG_SHAPE, {"max_tokens": 5, "messages": MESSAGES}, '{"type":"message_stop"}\n\n'),
+    ],
+)
+def test_a_passed_through_stream_of_the_wrong_shape_is_relayed_to_its_end(
+    make_gateway, raw_upstream, surface: str, script: list[bytes], payload: dict, last: str
+) -> None:
+    """On the surfaces that go as they came (a model that is no policy): each event is relayed
+    as the upstream sent it, the terminal one too, and the call is recorded as the upstream's error."""
+    gw = make_gateway(upstream=raw_upstream(script).url)
+    with httpx.stream("POST", gw.url + f"/t/shape-{surface}/v1/{surface}", json={"model": "tiny", "stream": True, **payload}) as r:
+        text = r.read().decode()
+    assert r.status_code == 200 and text.endswith(last), text
+    (call,) = gw.trajectory(f"shape-{surface}")["calls"]
+    assert call["status"] == "upstream_error" and "wrong shape" in call["error"]
+
+
 @pytest.mark.parametrize(
     "body",
     [b'{"id":"x","choices":"nope","usage":5}', b'{"id":"x","choices":[5,{"index":"a"}]}', b'{"choices":[{"index":0,"token_ids":["a"],"message":5}]}'],

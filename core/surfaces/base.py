@@ -118,7 +118,9 @@ class Surface:
     event: type[msgspec.Struct]
     read: Callable[[Any, Any], Exchange]  # a request and its answer as one exchange in chat form
     assembler: Callable[[], Assembler]  # a stream's events into the plain answer
-    terminal: Callable[[str | None, bytes, Any], bool]  # whether an event (its name, data, decoded) ends the stream
+    # Whether an event ends the stream, from its name, its data and itself as ``event`` (None
+    # where it is not one: no JSON, or of the wrong shape).
+    terminal: Callable[[str | None, bytes, Any], bool]
     errors: ErrorFormat
     # vLLM returns token ids and logprobs on it (``choices``): a policy call is served as it
     # is; otherwise it is served through chat completions by ``translator``.

@@ -117,8 +117,8 @@ def read(request: wire.MessagesRequest, response: wire.MessagesResponse | None) 
     return Exchange(prompt, tools, answers)
 
 
-def terminal(name: str | None, data: bytes, event: Any) -> bool:
-    kind = event.get("type") if isinstance(event, dict) else name
+def terminal(name: str | None, data: bytes, event: answers.MessagesEvent | None) -> bool:
+    kind = event.type if event is not None else name
     return kind == "message_stop"
 
 

@@ -87,8 +87,8 @@ def read(request: wire.ResponsesRequest, response: wire.ResponsesResponse | None
     return Exchange(prompt, tools, [merged] if response else [])
 
 
-def terminal(name: str | None, data: bytes, event: Any) -> bool:
-    kind = event.get("type") if isinstance(event, dict) else name
+def terminal(name: str | None, data: bytes, event: answers.ResponsesEvent | None) -> bool:
+    kind = event.type if event is not None else name
     return kind in ResponsesAssembler.TERMINAL
 
 
