@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Literal
+from zlib import crc32
 
 import msgspec
 from msgspec import Meta
@@ -99,6 +100,35 @@ class RulerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     combine: Literal["set", "add"] = "set"
 
 
+class PromotionSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """When a trained version serves (core/promotion.py has the test; docs/trainer.md, "Promotion")."""
+
+    # immediate: every step serves all of the policy's traffic once vLLM answered with it.
+    # canary: a step is a candidate, serving `canary_share` of the unpinned trajectories, until
+    #   the test on their rewards against the served version's promotes or rejects it.
+    # eval: a candidate serves only calls pinned to it (`<policy>@<step>`, as the SDK's
+    #   held-out runs are); the test on held-out rewards decides.
+    # manual: a candidate serves only pinned calls until an admin promotes or rejects it.
+    rule: Literal["immediate", "canary", "eval", "manual"] = "immediate"
+    # The share of unpinned trajectories a canary serves, sticky per trajectory.
+    canary_share: Annotated[float, Meta(gt=0, lt=1)] = 0.1
+    # How much worse (in mean reward) a candidate may be and still serve.
+    margin: Annotated[float, Meta(ge=0)] = 0.0
+    # Of each one-sided bound of the test (0.95: a wrong decision at most 5% of the time).
+    confidence: Annotated[float, Meta(ge=0.5, le=0.99)] = 0.95
+    # Rewarded trajectories needed on each side before anything is decided ...
+    min_trajectories: Annotated[int, Meta(ge=2, le=1_000_000)] = 30
+    # ... and after which a candidate still undecided is rejected.
+    max_trajectories: Annotated[int, Meta(ge=2, le=1_000_000)] = 2000
+    # What the step after a rejected candidate trains from: the served version, or the
+    # rejected candidate (its checkpoint is kept either way).
+    train_from: Literal["served", "candidate"] = "served"
+    # Roll back by itself when the served version's latest `rollback_window` rewarded
+    # trajectories are worse than the version it replaced by more than the margin.
+    rollback: bool = True
+    rollback_window: Annotated[int, Meta(ge=2, le=1_000_000)] = 100
+
+
 class Policy(msgspec.Struct, frozen=True, kw_only=True):
     """A policy as stored: what it is, how it trains, and where it stands."""
 
@@ -110,12 +140,17 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     lora: LoraSettings = LoraSettings()
     train: TrainSettings = TrainSettings()
     ruler: RulerSettings = RulerSettings()
+    promotion: PromotionSettings = PromotionSettings()
     paused: bool = False
     # The version being served (0: the base model).
     step: int = 0
     # The checkpoint the next step trains from, and the version that should be served:
     # the newest step, or the one rolled back to. The trainer publishes it when it differs from `step`.
     head: int = 0
+    # The version on trial (promotion other than immediate): served to a share of the
+    # trajectories (canary) or to pinned calls only, until it is promoted or rejected.
+    candidate: int | None = None
+    candidate_since: datetime | None = None
     train_requested_at: datetime | None = None
     load_error: str | None = None
 
@@ -148,12 +183,22 @@ def route(policy: Policy, step: int | None = None) -> Route:
     return Route(policy.name, step, served_name(policy, step))
 
 
-def resolve(policies: dict[str, Policy], model: str | None) -> Route | None:
-    """The route of a request's ``model``: a policy, a pinned ``policy@step``, or None (pass through)."""
+def in_canary(policy: Policy, trajectory_id: str) -> bool:
+    """Whether a trajectory's unpinned calls go to the policy's canary: a hash of the trajectory
+    (and of the candidate, so that each candidate is tried on different trajectories) below
+    its share. Every call of a trajectory lands alike, so a trajectory is one version's."""
+    if policy.candidate is None or policy.promotion.rule != "canary":
+        return False
+    return crc32(f"{policy.candidate}:{trajectory_id}".encode()) < policy.promotion.canary_share * 2**32
+
+
+def resolve(policies: dict[str, Policy], model: str | None, trajectory_id: str = "") -> Route | None:
+    """The route of a request's ``model``: a policy (its served version, or its canary for the
+    trajectories in its share), a pinned ``policy@step``, or None (pass through)."""
     if model is None:
         return None
     if (policy := policies.get(model)) is not None:
-        return route(policy)
+        return route(policy, policy.candidate if in_canary(policy, trajectory_id) else None)
     name, at, step = model.rpartition("@")
     # ASCII digits, and few enough for the store's integer ("agent@١" is no pin, nor is a 20-digit step).
     if at and step.isascii() and step.isdigit() and len(step) <= 9 and (policy := policies.get(name)) is not None:

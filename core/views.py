@@ -15,7 +15,8 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from burnish_server.core.health import Health
-from burnish_server.core.policies import LoraSettings, RulerSettings, TrainSettings
+from burnish_server.core.policies import LoraSettings, PromotionSettings, RulerSettings, TrainSettings
+from burnish_server.core.promotion import Comparison
 
 
 class View(msgspec.Struct):
@@ -132,6 +133,24 @@ class StepView(View, kw_only=True):
     # reward_mean, reward_std, loss, kl, clip_fraction, grad_norm, tokens, sequences, sequence_splits,
     # untokenized_calls, seconds, ... (docs/trainer.md)
     metrics: dict[str, Any] | UnsetType = UNSET
+    # Whether it served after its trial (docs/trainer.md, "Promotion"): promoted, rejected,
+    # rolled_back; null while undecided or under the immediate rule. The evidence: the test's
+    # figures (core/promotion.py: Comparison) and who decided.
+    decision: str | None = None
+    decided_at: str | None = None
+    evidence: dict[str, Any] | None = None
+
+
+class CandidateView(View, kw_only=True):
+    """The version on trial and the evidence so far."""
+
+    step: int
+    version: str
+    since: str | None
+    rule: str
+    share: float | None  # of unpinned trajectories (canary); null: pinned calls only
+    # The test as it stands (null under manual): counts, means, bounds, decision if any.
+    test: Comparison | None
 
 
 class EvalScore(View, kw_only=True):
@@ -171,8 +190,10 @@ class PolicyView(View, kw_only=True):
     train: TrainSettings
     ruler: RulerSettings
     paused: bool
+    promotion: PromotionSettings = PromotionSettings()
     step: int  # the version served (0: the base model)
     head: int  # the version to serve and to train from next
+    candidate: CandidateView | None = None
     served_version: str
     pending_version: str | None  # a trained or rolled-back version not switched to yet
     # Groups the policy trains on (held-out groups are not among them: they never wait for training).

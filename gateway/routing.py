@@ -31,8 +31,8 @@ class Registry:
     def replace(self, policies: Iterable[Policy]) -> None:
         self.policies = {p.name: p for p in policies}
 
-    def resolve(self, model: str | None) -> Route | None:
-        return resolve(self.policies, model)
+    def resolve(self, model: str | None, trajectory_id: str = "") -> Route | None:
+        return resolve(self.policies, model, trajectory_id)
 
 
 async def follow(db: Database, registry: Registry, every_s: float = REFRESH_EVERY_S) -> None:

@@ -178,10 +178,15 @@ class PolicyRow(Base):
     train: Mapped[dict[str, Any]] = mapped_column(JSON)
     # core.policies.RulerSettings; None for a policy made before RULER existed (defaults).
     ruler: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # core.policies.PromotionSettings; None for a policy made before promotion existed (defaults).
+    promotion: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     paused: Mapped[bool] = mapped_column(Boolean, default=False)
     # The version served, and the one the next step trains from (and that should be served).
     step: Mapped[int] = mapped_column(Integer, default=0)
     head: Mapped[int] = mapped_column(Integer, default=0)
+    # The version on trial (core/promotion.py), and since when it serves.
+    candidate: Mapped[int | None] = mapped_column(Integer)
+    candidate_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # POST /admin/policies/{name}/train: train on what is ready, even short of groups_per_step.
     train_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # The last failure to load a version into vLLM; cleared when one loads.
@@ -214,6 +219,11 @@ class StepRow(Base):
     # When vLLM first served it, and how long loading and checking took.
     published_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     publish_seconds: Mapped[float | None] = mapped_column(Float)
+    # Whether it served: "promoted", "rejected", "rolled_back" (None: not decided, or never
+    # tried); when, and the test's figures (core.promotion.Comparison) or an admin's word.
+    decision: Mapped[str | None] = mapped_column(String(16))
+    decided_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    evidence: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class RulerVerdict(Base):

@@ -21,9 +21,9 @@ from sqlalchemy.engine import Connection
 from burnish_server.core.drift import split_totals
 from burnish_server.core.errors import Conflict, NotFound
 from burnish_server.core.health import Ties, health
-from burnish_server.core.policies import LoraSettings, Policy, RulerSettings, TrainSettings, adapter_name
-from burnish_server.core.views import PolicyView, ReplicaView, StepView
-from burnish_server.store import groups
+from burnish_server.core.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, TrainSettings, adapter_name
+from burnish_server.core.views import CandidateView, PolicyView, ReplicaView, StepView
+from burnish_server.store import groups, promotion
 from burnish_server.store.evals import eval_scores
 from burnish_server.store.models import Group, PolicyRow, StepRow, iso, utcnow
 from burnish_server.store.training import complete_groups, count_ready, credited_groups, group_members
@@ -37,9 +37,12 @@ def to_policy(row: Any) -> Policy:
         lora=msgspec.convert(row.lora, LoraSettings),
         train=msgspec.convert(row.train, TrainSettings),
         ruler=msgspec.convert(row.ruler or {}, RulerSettings),
+        promotion=msgspec.convert(row.promotion or {}, PromotionSettings),
         paused=row.paused,
         step=row.step,
         head=row.head,
+        candidate=row.candidate,
+        candidate_since=row.candidate_since,
         train_requested_at=row.train_requested_at,
         load_error=row.load_error,
     )
@@ -80,6 +83,7 @@ def create_policy(conn: Connection, policy: Policy) -> Policy:
             lora=msgspec.to_builtins(policy.lora),
             train=msgspec.to_builtins(policy.train),
             ruler=msgspec.to_builtins(policy.ruler),
+            promotion=msgspec.to_builtins(policy.promotion),
             paused=policy.paused,
             step=0,
             head=0,
@@ -118,10 +122,20 @@ def request_training(conn: Connection, name: str) -> int:
 
 
 def request_rollback(conn: Connection, name: str, step: int) -> Policy:
-    """Make ``step`` the version to serve and to train from; the trainer loads it and switches."""
-    get_policy(conn, name)
-    if step != 0 and conn.execute(select(StepRow.pk).where(StepRow.policy == name, StepRow.step == step)).first() is None:
+    """Make ``step`` the version to serve and to train from; the trainer loads it and switches.
+    A candidate on trial is rejected; a rejected version rolled back to counts as promoted by
+    the admin (it serves outright, not on trial)."""
+    policy = get_policy(conn, name)
+    target = conn.execute(select(StepRow.decision).where(StepRow.policy == name, StepRow.step == step)).one_or_none()
+    if step != 0 and target is None:
         raise NotFound(f"policy {name!r} has no checkpoint at step {step}", "checkpoint_not_found", "step")
+    word = {"by": "admin", "reason": f"an admin rolled back to step {step}"}
+    if policy.candidate is not None and policy.candidate != step:
+        promotion.decide(conn, policy, policy.candidate, promotion.REJECTED, word)
+    if target is not None and target.decision == promotion.REJECTED:
+        conn.execute(
+            update(StepRow).where(StepRow.policy == name, StepRow.step == step).values(decision=promotion.PROMOTED, decided_at=utcnow(), evidence=word)
+        )
     # A new intent: an error from loading the version it replaces no longer applies.
     conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(head=step, load_error=None, load_error_at=None, updated_at=utcnow()))
     return get_policy(conn, name)
@@ -187,6 +201,9 @@ def step_view(row: Any, served: int) -> StepView:
         checkpoint=row.checkpoint,
         trainer=row.trainer,
         metrics=row.metrics,
+        decision=row.decision,
+        decided_at=iso(row.decided_at),
+        evidence=row.evidence,
     )
 
 
@@ -225,6 +242,20 @@ def recent_ties(conn: Connection, policy: str, last: int = RECENT_GROUPS) -> Tie
     return Ties(groups=len(rows), tied=len(tied), tied_reward=sum(tied) / len(tied) if tied else None)
 
 
+def _candidate(conn: Connection, policy: Policy) -> CandidateView | None:
+    if policy.candidate is None:
+        return None
+    rule = policy.promotion.rule
+    return CandidateView(
+        step=policy.candidate,
+        version=adapter_name(policy.name, policy.candidate),
+        since=iso(policy.candidate_since),
+        rule=rule,
+        share=policy.promotion.canary_share if rule == "canary" else None,
+        test=promotion.evidence(conn, policy),
+    )
+
+
 def policy_status(conn: Connection, name: str) -> PolicyView:
     """A policy's settings and where it stands: served and head step, groups waiting, last metrics."""
     row = _row(conn, name)
@@ -245,8 +276,10 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
         train=policy.train,
         ruler=policy.ruler,
         paused=policy.paused,
+        promotion=policy.promotion,
         step=policy.step,
         head=policy.head,
+        candidate=_candidate(conn, policy),
         served_version=adapter_name(name, policy.step),
         pending_version=adapter_name(name, policy.head) if policy.head != policy.step else None,
         groups_ready=count_ready(conn, name),

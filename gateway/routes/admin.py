@@ -22,7 +22,7 @@ from litestar.params import JSONBody, Parameter
 from burnish_server.core.access import PRINTABLE, SCOPES, KeyName, Limits, ProjectName, Scope
 from burnish_server.core.errors import Conflict, Invalid
 from burnish_server.core.ids import ID_REGEX
-from burnish_server.core.policies import LoraSettings, Policy, RulerSettings, TrainSettings
+from burnish_server.core.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, TrainSettings
 from burnish_server.core.views import EvalList, KeyList, KeyView, MetricsList, NewKeyView, PolicyList, PolicyView, StepList
 from burnish_server.gateway import openapi
 from burnish_server.gateway.access import ACCESS_ERRORS as ACCESS
@@ -30,7 +30,7 @@ from burnish_server.gateway.access import BEARER
 from burnish_server.gateway.errors import responses
 from burnish_server.gateway.routes.common import PolicyName
 from burnish_server.gateway.services import Services
-from burnish_server.store import evals
+from burnish_server.store import evals, promotion
 from burnish_server.store import keys as key_store
 from burnish_server.store import policies as store
 
@@ -46,17 +46,19 @@ class PolicyIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     lora: LoraSettings = LoraSettings()
     train: TrainSettings = TrainSettings()
     ruler: RulerSettings = RulerSettings()
+    promotion: PromotionSettings = PromotionSettings()
     paused: bool = False
 
 
 class PolicyPatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Fields left out stay as they are; ``lora``, ``train`` and ``ruler`` are merged key by key."""
+    """Fields left out stay as they are; ``lora``, ``train``, ``ruler`` and ``promotion`` are merged key by key."""
 
     base_model: BaseModel | msgspec.UnsetType = msgspec.UNSET
     model_path: ModelPath | None | msgspec.UnsetType = msgspec.UNSET
     lora: Annotated[dict[str, Any], openapi.documented_as(LoraSettings)] | msgspec.UnsetType = msgspec.UNSET
     train: Annotated[dict[str, Any], openapi.documented_as(TrainSettings)] | msgspec.UnsetType = msgspec.UNSET
     ruler: Annotated[dict[str, Any], openapi.documented_as(RulerSettings)] | msgspec.UnsetType = msgspec.UNSET
+    promotion: Annotated[dict[str, Any], openapi.documented_as(PromotionSettings)] | msgspec.UnsetType = msgspec.UNSET
     paused: bool | msgspec.UnsetType = msgspec.UNSET
 
 
@@ -80,7 +82,14 @@ async def _status(svc: Services, name: str) -> PolicyView:
 async def create_policy(data: JSONBody[PolicyIn], svc: NamedDependency[Services]) -> PolicyView:
     """Create a policy: a trainable model over a base model, with LoRA, training and RULER settings."""
     policy = Policy(
-        name=data.name, base_model=data.base_model, model_path=data.model_path, lora=data.lora, train=data.train, ruler=data.ruler, paused=data.paused
+        name=data.name,
+        base_model=data.base_model,
+        model_path=data.model_path,
+        lora=data.lora,
+        train=data.train,
+        ruler=data.ruler,
+        promotion=data.promotion,
+        paused=data.paused,
     )
     await _write(svc, store.create_policy, policy)
     return await _status(svc, data.name)
@@ -116,7 +125,7 @@ def _patch(conn: Any, name: str, data: JSONBody[PolicyPatch]) -> Any:
     store.lock_policy(conn, name)
     current = store.get_policy(conn, name)
     values: dict[str, Any] = {k: getattr(data, k) for k in ("base_model", "model_path", "paused") if getattr(data, k) is not msgspec.UNSET}
-    for key, kind in (("lora", LoraSettings), ("train", TrainSettings), ("ruler", RulerSettings)):
+    for key, kind in (("lora", LoraSettings), ("train", TrainSettings), ("ruler", RulerSettings), ("promotion", PromotionSettings)):
         if (changes := getattr(data, key)) is not msgspec.UNSET:
             values[key] = _merge(getattr(current, key), changes, kind, key)
     return store.update_policy(conn, name, **values)
@@ -158,6 +167,25 @@ async def checkpoints(name: PolicyName, svc: NamedDependency[Services]) -> StepL
 async def rollback(name: PolicyName, data: JSONBody[RollbackIn], svc: NamedDependency[Services]) -> PolicyView:
     """Serve (and train on from) an earlier step; 0 is the base model. The trainer loads and switches."""
     await _write(svc, store.request_rollback, name, data.step)
+    return await _status(svc, name)
+
+
+def _decide(conn: Any, name: str, decision: str) -> Any:
+    store.lock_policy(conn, name)
+    return promotion.admin_decide(conn, store.get_policy(conn, name), decision)
+
+
+@post("/policies/{name:str}/promote", status_code=200, responses=responses(400, *ACCESS, 404, 409))
+async def promote(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
+    """Serve the candidate on trial to every trajectory now, whatever its evidence (409 if none)."""
+    await _write(svc, _decide, name, promotion.PROMOTED)
+    return await _status(svc, name)
+
+
+@post("/policies/{name:str}/reject", status_code=200, responses=responses(400, *ACCESS, 404, 409))
+async def reject(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
+    """End the candidate's trial: the served version keeps serving (409 if there is no candidate)."""
+    await _write(svc, _decide, name, promotion.REJECTED)
     return await _status(svc, name)
 
 
@@ -247,6 +275,8 @@ router = Router(
         train_now,
         checkpoints,
         rollback,
+        promote,
+        reject,
         metrics,
         eval_scores,
         create_key,

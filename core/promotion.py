@@ -1,0 +1,111 @@
+"""Whether a candidate version may serve: the test that decides it, on trajectories' rewards.
+
+A trained version under the ``canary`` or ``eval`` rule (``core/policies.py:
+PromotionSettings``) is a *candidate*: it serves a share of the policy's trajectories (or
+only pinned held-out ones), and it is compared with the version served. The comparison is a
+one-sided non-inferiority test on the difference of mean rewards, d = candidate - served,
+with Welch's t interval (unequal variances, unequal counts):
+
+    promote  when the interval's lower bound is above  -margin  (not worse by more than it)
+    reject   when the interval's upper bound is below  -margin  (worse by more than it)
+    wait     otherwise, until each side has more rewarded trajectories
+
+Each bound is one-sided at ``confidence``: with confidence 0.95, a candidate truly worse by
+more than the margin is promoted at most 5% of the times it is tested, and one truly not
+worse is rejected at most 5%. Nothing is decided with fewer than ``min_trajectories`` on
+either side. A candidate still undecided with ``max_trajectories`` on both sides is rejected:
+a tie that much evidence cannot break is not worth the risk of a new version.
+
+The same test, on a window of the served version's latest rewards against the version it
+replaced, decides an automatic rollback (``regressed``).
+
+Pure functions of counts, means and variances: the store computes those in SQL
+(``store/promotion.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+from typing import Literal
+
+import msgspec
+
+Decision = Literal["promote", "reject"]
+
+
+class Sample(msgspec.Struct, frozen=True):
+    """Rewarded trajectories of one version: how many, their mean reward and its variance
+    (the sample variance, n - 1 in the denominator; 0 for fewer than two)."""
+
+    n: int
+    mean: float | None
+    variance: float
+
+    @classmethod
+    def of(cls, rewards: list[float]) -> Sample:
+        n = len(rewards)
+        mean = sum(rewards) / n if n else None
+        variance = sum((r - mean) ** 2 for r in rewards) / (n - 1) if n > 1 and mean is not None else 0.0
+        return cls(n, mean, variance)
+
+
+class Comparison(msgspec.Struct, frozen=True):
+    """The test's figures, as the status and the metrics history show them."""
+
+    served: Sample
+    candidate: Sample
+    margin: float
+    confidence: float
+    difference: float | None = None  # candidate's mean minus served's
+    lower: float | None = None  # the one-sided bounds of the difference at `confidence`
+    upper: float | None = None
+    degrees_of_freedom: float | None = None
+    decision: Decision | None = None
+    reason: str = ""
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Student's t quantile at ``p`` for ``df`` degrees of freedom: the normal quantile
+    corrected by the Cornish-Fisher expansion (Abramowitz and Stegun 26.7.5), within 0.1% of
+    the table for p up to 0.99 and 4 or more degrees of freedom (tests/test_promotion.py)."""
+    z = NormalDist().inv_cdf(p)
+    if math.isinf(df):
+        return z
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160
+    return z + g1 / df + g2 / df**2 + g3 / df**3 + g4 / df**4
+
+
+def compare(served: Sample, candidate: Sample, *, margin: float, confidence: float, min_n: int, max_n: int | None = None) -> Comparison:
+    """The non-inferiority test of ``candidate`` against ``served`` (see the module's text)."""
+    base = Comparison(served, candidate, margin, confidence)
+    if served.n < min_n or candidate.n < min_n or served.mean is None or candidate.mean is None:
+        return msgspec.structs.replace(base, reason=f"waiting for {min_n} rewarded trajectories on each side ({candidate.n} candidate, {served.n} served)")
+    difference = candidate.mean - served.mean
+    a, b = served.variance / served.n, candidate.variance / candidate.n
+    se = math.sqrt(a + b)
+    if se == 0:  # every reward on each side alike: the difference is exact
+        df, half = math.inf, 0.0
+    else:
+        # Welch-Satterthwaite; a side with no spread contributes no uncertainty.
+        df = (a + b) ** 2 / ((a * a / (served.n - 1) if a else 0.0) + (b * b / (candidate.n - 1) if b else 0.0))
+        half = t_quantile(confidence, max(df, 1.0)) * se
+    lower, upper = difference - half, difference + half
+    figures = msgspec.structs.replace(base, difference=difference, lower=lower, upper=upper, degrees_of_freedom=None if math.isinf(df) else df)
+    if lower > -margin:
+        return msgspec.structs.replace(figures, decision="promote", reason=f"not worse by more than {margin:g}: the lower bound {lower:+.4f} > {-margin:+.4f}")
+    if upper < -margin:
+        return msgspec.structs.replace(figures, decision="reject", reason=f"worse by more than {margin:g}: the upper bound {upper:+.4f} < {-margin:+.4f}")
+    if max_n is not None and served.n >= max_n and candidate.n >= max_n:
+        return msgspec.structs.replace(figures, decision="reject", reason=f"undecided after {max_n} rewarded trajectories on each side")
+    return msgspec.structs.replace(figures, reason=f"undecided: {-margin:+.4f} lies between the bounds {lower:+.4f} and {upper:+.4f}")
+
+
+def regressed(before: Sample, now: Sample, *, margin: float, confidence: float, min_n: int) -> Comparison:
+    """Whether the served version (``now``) is worse than the one it replaced (``before``) by
+    more than the margin: the same test, where only its rejection counts (a rollback)."""
+    result = compare(before, now, margin=margin, confidence=confidence, min_n=min_n)
+    return result if result.decision == "reject" else msgspec.structs.replace(result, decision=None)

@@ -1,0 +1,184 @@
+"""Candidates in the store: the evidence for one, and the decisions that end its trial.
+
+A step trained under a promotion rule other than ``immediate`` is published to vLLM as the
+policy's *candidate* (``mark_candidate``); the trainer compares it with the served version
+on each pass (``evidence``, then ``core/promotion.py: compare``) and ``decide`` promotes it
+(it becomes the served version) or rejects it (the served version stays; the next step
+trains from the served version or from the candidate, as the policy says). An admin may
+decide at any time (``admin_decide``). Every decision is written on the step's row with its
+figures, so the step list, the metrics history and the status show it.
+
+A trajectory's *version* is the step that answered its ok calls to the policy; one whose calls
+span versions counts for neither. Under ``canary`` both sides count the trajectories begun
+since the candidate went live (the same days, the same traffic: a fair comparison); under
+``eval`` only held-out trajectories count, the candidate's (pinned to it) against the served
+version's.
+
+These are sync functions of a ``Connection``, run with ``Database.read`` or ``.transaction``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import msgspec
+from sqlalchemy import func, select, true, update
+from sqlalchemy.engine import Connection
+
+from burnish_server.core.errors import Conflict
+from burnish_server.core.policies import Policy
+from burnish_server.core.promotion import Comparison, Sample, compare, regressed
+from burnish_server.core.records import OK
+from burnish_server.store.models import Call, PolicyRow, StepRow, Trajectory, utcnow
+
+PROMOTED, REJECTED, ROLLED_BACK = "promoted", "rejected", "rolled_back"
+
+
+def samples(conn: Connection, policy: str, steps: list[int], *, since: datetime | None = None, held_out: bool = False) -> dict[int, Sample]:
+    """Rewarded trajectories per version among ``steps``: count, mean and variance of rewards."""
+    versions = (
+        select(Call.trajectory_id.label("id"), func.min(Call.policy_step).label("low"), func.max(Call.policy_step).label("high"))
+        .where(Call.policy == policy, Call.policy_step.in_(steps), Call.status == OK, *([Call.started_at >= since] if since else []))
+        .group_by(Call.trajectory_id)
+        .subquery()
+    )
+    reward = Trajectory.reward
+    query = (
+        select(versions.c.high, func.count(), func.avg(reward), func.sum(reward * reward))
+        .join(Trajectory, Trajectory.id == versions.c.id)
+        .where(versions.c.low == versions.c.high, reward.is_not(None), *([Trajectory.eval == true()] if held_out else []))
+        .group_by(versions.c.high)
+    )
+    out = {step: Sample(0, None, 0.0) for step in steps}
+    for step, n, mean, squares in conn.execute(query):
+        # The sample variance from the sums (clamped: rounding may leave it a hair below 0).
+        variance = max((squares - n * mean * mean) / (n - 1), 0.0) if n > 1 else 0.0
+        out[step] = Sample(n, float(mean), variance)
+    return out
+
+
+def evidence(conn: Connection, policy: Policy) -> Comparison | None:
+    """The test of the policy's candidate against its served version, on the evidence so far
+    (None without a candidate, or under ``manual``, which no figure decides)."""
+    rule = policy.promotion
+    if policy.candidate is None or rule.rule not in ("canary", "eval"):
+        return None
+    steps = [policy.step, policy.candidate]
+    if rule.rule == "canary":
+        found = samples(conn, policy.name, steps, since=policy.candidate_since)
+    else:
+        found = samples(conn, policy.name, steps, held_out=True)
+    return compare(
+        found[policy.step],
+        found[policy.candidate],
+        margin=rule.margin,
+        confidence=rule.confidence,
+        min_n=rule.min_trajectories,
+        max_n=rule.max_trajectories,
+    )
+
+
+def regression(conn: Connection, policy: Policy) -> tuple[int, Comparison] | None:
+    """Whether the served version has fallen below the one it replaced: its latest
+    ``rollback_window`` rewarded trajectories against the replaced version's last as many.
+    Returns the version to go back to and the test, or None."""
+    rule = policy.promotion
+    if not rule.rollback or rule.rule == "immediate" or policy.step == 0 or policy.head != policy.step:
+        return None
+    # Only a version that won its trial, and whose promotion is the policy's latest decision:
+    # after a rollback, the version served again is not itself compared with its own parent.
+    row = conn.execute(
+        select(StepRow.step, StepRow.parent, StepRow.decision)
+        .where(StepRow.policy == policy.name, StepRow.decision.is_not(None))
+        .order_by(StepRow.decided_at.desc(), StepRow.pk.desc())
+        .limit(1)
+    ).one_or_none()
+    if row is None or row.step != policy.step or row.decision != PROMOTED:
+        return None
+    before, now = (_latest(conn, policy.name, step, rule.rollback_window) for step in (row.parent, policy.step))
+    result = regressed(before, now, margin=rule.margin, confidence=rule.confidence, min_n=rule.min_trajectories)
+    return (row.parent, result) if result.decision == "reject" else None
+
+
+def _latest(conn: Connection, policy: str, step: int, window: int) -> Sample:
+    """The newest ``window`` rewarded trajectories that version ``step`` alone answered."""
+    versions = (
+        select(Call.trajectory_id.label("id"))
+        .where(Call.policy == policy, Call.status == OK)
+        .group_by(Call.trajectory_id)
+        .having(func.min(Call.policy_step) == step, func.max(Call.policy_step) == step)
+        .subquery()
+    )
+    rewards = conn.execute(
+        select(Trajectory.reward)
+        .join(versions, versions.c.id == Trajectory.id)
+        .where(Trajectory.reward.is_not(None))
+        .order_by(Trajectory.rewarded_at.desc(), Trajectory.pk.desc())
+        .limit(window)
+    ).scalars()
+    return Sample.of([float(r) for r in rewards if r is not None])
+
+
+def mark_candidate(conn: Connection, name: str, step: int, seconds: float | None) -> None:
+    """vLLM serves ``step`` (loaded and checked): its trial begins, if it is still the head."""
+    now = utcnow()
+    conn.execute(
+        update(PolicyRow).where(PolicyRow.name == name, PolicyRow.head == step).values(candidate=step, candidate_since=now, load_error=None, updated_at=now)
+    )
+    conn.execute(
+        update(StepRow).where(StepRow.policy == name, StepRow.step == step, StepRow.published_at.is_(None)).values(published_at=now, publish_seconds=seconds)
+    )
+
+
+def decide(conn: Connection, policy: Policy, step: int, decision: str, evidence: dict[str, Any]) -> bool:
+    """End ``step``'s trial: ``promoted`` (it serves) or ``rejected`` (the served version stays;
+    the head goes back to it unless the policy trains from candidates). Only if it is still the
+    candidate: a decision made elsewhere meanwhile stands. Returns whether this one was made."""
+    now = utcnow()
+    values: dict[str, Any] = {"candidate": None, "candidate_since": None, "updated_at": now}
+    if decision == PROMOTED:
+        values["step"] = step
+    elif policy.promotion.train_from == "served":
+        values["head"] = PolicyRow.step
+    moved = conn.execute(update(PolicyRow).where(PolicyRow.name == policy.name, PolicyRow.candidate == step).values(**values)).rowcount
+    if moved:
+        conn.execute(update(StepRow).where(StepRow.policy == policy.name, StepRow.step == step).values(decision=decision, decided_at=now, evidence=evidence))
+    return bool(moved)
+
+
+def admin_decide(conn: Connection, policy: Policy, decision: str) -> Policy:
+    """An admin promotes or rejects the candidate, with the evidence as it stands."""
+    if policy.candidate is None:
+        raise Conflict(f"policy {policy.name!r} has no candidate on trial", "no_candidate")
+    figures = evidence(conn, policy)
+    record = {"by": "admin", "reason": f"{decision} by an admin"} | ({"test": msgspec.to_builtins(figures)} if figures else {})
+    decide(conn, policy, policy.candidate, decision, record)
+    return policy
+
+
+def roll_back(conn: Connection, policy: Policy, to: int, evidence: dict[str, Any]) -> bool:
+    """The served version regressed: serve ``to`` again (the trainer loads it) and say why."""
+    now = utcnow()
+    moved = conn.execute(
+        update(PolicyRow).where(PolicyRow.name == policy.name, PolicyRow.step == policy.step, PolicyRow.head == policy.head).values(head=to, updated_at=now)
+    ).rowcount
+    if moved:
+        conn.execute(
+            update(StepRow).where(StepRow.policy == policy.name, StepRow.step == policy.step).values(decision=ROLLED_BACK, decided_at=now, evidence=evidence)
+        )
+    return bool(moved)
+
+
+def goes_on_trial(conn: Connection, policy: Policy) -> bool | None:
+    """How the policy's head is published: on trial as the candidate (True), served outright
+    (False), or not at all (None: a rejected candidate kept only to train from). A step goes
+    on trial under every rule but ``immediate`` when it never served nor was decided; a
+    version served before (a rollback's target, the base model) serves outright."""
+    if policy.head == 0:
+        return False
+    row = conn.execute(select(StepRow.decision, StepRow.published_at).where(StepRow.policy == policy.name, StepRow.step == policy.head)).one_or_none()
+    if row is not None and row.decision == REJECTED:
+        return None
+    fresh = row is None or (row.decision is None and row.published_at is None)
+    return policy.promotion.rule != "immediate" and fresh
