@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from hashlib import blake2b
 from typing import Annotated, Literal
-from zlib import crc32
 
 import msgspec
 from msgspec import Meta
@@ -189,7 +189,9 @@ def in_canary(policy: Policy, trajectory_id: str) -> bool:
     its share. Every call of a trajectory lands alike, so a trajectory is one version's."""
     if policy.candidate is None or policy.promotion.rule != "canary":
         return False
-    return crc32(f"{policy.candidate}:{trajectory_id}".encode()) < policy.promotion.canary_share * 2**32
+    # blake2b, not crc32: crc32 is linear, so two candidates' shares overlapped far more than chance.
+    digest = blake2b(f"{policy.candidate}:{trajectory_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest) < policy.promotion.canary_share * 2**64
 
 
 def resolve(policies: dict[str, Policy], model: str | None, trajectory_id: str = "") -> Route | None:

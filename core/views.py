@@ -133,12 +133,13 @@ class StepView(View, kw_only=True):
     # reward_mean, reward_std, loss, kl, clip_fraction, grad_norm, tokens, sequences, sequence_splits,
     # untokenized_calls, seconds, ... (docs/trainer.md)
     metrics: dict[str, Any] | UnsetType = UNSET
-    # Whether it served after its trial (docs/trainer.md, "Promotion"): promoted, rejected,
-    # rolled_back; null while undecided or under the immediate rule. The evidence: the test's
-    # figures (core/promotion.py: Comparison) and who decided.
+    # Whether it served after its trial (docs/trainer.md, "Promotion"): the latest decision,
+    # promoted, rejected or rolled_back (null while undecided, or under the immediate rule),
+    # and every decision in order: {decision, decided_at, by (test, admin, rule), reason,
+    # test (core/promotion.py: Comparison, where a test decided)}.
     decision: str | None = None
     decided_at: str | None = None
-    evidence: dict[str, Any] | None = None
+    decisions: list[dict[str, Any]] = []
 
 
 class CandidateView(View, kw_only=True):

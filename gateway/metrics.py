@@ -52,6 +52,10 @@ class Metrics:
             ["policy", "reason"],
             registry=r,
         )
+        # Promotion (store/promotion.py): decisions so far by kind, and the version on trial (-1: none).
+        self.decisions = Gauge("burnish_policy_decisions", "Versions of the policy promoted, rejected or rolled back", ["policy", "decision"], registry=r)
+        self.candidate = Gauge("burnish_policy_candidate_step", "The policy's version on trial (-1 when none)", ["policy"], registry=r)
+        self.served = Gauge("burnish_policy_served_step", "The policy's version served", ["policy"], registry=r)
         self.eval_trajectories = Gauge(
             "burnish_eval_trajectories", "Rewarded eval (held-out) trajectories a policy version answered", ["policy", "step"], registry=r
         )
@@ -70,7 +74,8 @@ class Metrics:
             timings[1].observe(max(total_s - upstream_s, 0.0))
 
     def set_store_state(self, state: dict[str, Any]) -> None:
-        for gauge in (self.trajectories, self.groups, self.steps, self.step_seconds, self.reward, self.eval_score, self.eval_trajectories, self.splits):
+        gauges = (self.trajectories, self.groups, self.steps, self.step_seconds, self.reward, self.eval_score, self.eval_trajectories, self.splits)
+        for gauge in (*gauges, self.decisions, self.candidate, self.served):
             gauge.clear()  # a policy or state that vanished must not linger
         for name, count in state["trajectories"].items():
             self.trajectories.labels(name).set(count)
@@ -88,6 +93,11 @@ class Metrics:
         for (policy, step), (count, score) in state["evals"].items():
             self.eval_trajectories.labels(policy, str(step)).set(count)
             self.eval_score.labels(policy, str(step)).set(score)
+        for (policy, decision), count in state["decisions"].items():
+            self.decisions.labels(policy, decision).set(count)
+        for policy, (served, candidate) in state["versions"].items():
+            self.served.labels(policy).set(served)
+            self.candidate.labels(policy).set(-1 if candidate is None else candidate)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

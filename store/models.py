@@ -219,11 +219,12 @@ class StepRow(Base):
     # When vLLM first served it, and how long loading and checking took.
     published_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     publish_seconds: Mapped[float | None] = mapped_column(Float)
-    # Whether it served: "promoted", "rejected", "rolled_back" (None: not decided, or never
-    # tried); when, and the test's figures (core.promotion.Comparison) or an admin's word.
+    # Whether it served: the latest decision, "promoted", "rejected" or "rolled_back" (None:
+    # not decided, or never tried), and when; every decision in order, each with who made
+    # it, why, and the test's figures (core.promotion.Comparison) where a test made it.
     decision: Mapped[str | None] = mapped_column(String(16))
     decided_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    evidence: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    decisions: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
 
 
 class RulerVerdict(Base):

@@ -203,7 +203,7 @@ def step_view(row: Any, served: int) -> StepView:
         metrics=row.metrics,
         decision=row.decision,
         decided_at=iso(row.decided_at),
-        evidence=row.evidence,
+        decisions=row.decisions or [],
     )
 
 

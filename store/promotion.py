@@ -131,7 +131,7 @@ def mark_candidate(conn: Connection, name: str, step: int, seconds: float | None
     )
 
 
-def decide(conn: Connection, policy: Policy, step: int, decision: str, evidence: dict[str, Any]) -> bool:
+def decide(conn: Connection, policy: Policy, step: int, decision: str, record: dict[str, Any]) -> bool:
     """End ``step``'s trial: ``promoted`` (it serves) or ``rejected`` (the served version stays;
     the head goes back to it unless the policy trains from candidates). Only if it is still the
     candidate: a decision made elsewhere meanwhile stands. Returns whether this one was made."""
@@ -143,8 +143,16 @@ def decide(conn: Connection, policy: Policy, step: int, decision: str, evidence:
         values["head"] = PolicyRow.step
     moved = conn.execute(update(PolicyRow).where(PolicyRow.name == policy.name, PolicyRow.candidate == step).values(**values)).rowcount
     if moved:
-        conn.execute(update(StepRow).where(StepRow.policy == policy.name, StepRow.step == step).values(decision=decision, decided_at=now, evidence=evidence))
+        note(conn, policy.name, step, decision, record)
     return bool(moved)
+
+
+def note(conn: Connection, policy: str, step: int, decision: str, record: dict[str, Any]) -> None:
+    """Write a decision on the step's row: the latest, and added to its list."""
+    now = utcnow()
+    earlier = conn.execute(select(StepRow.decisions).where(StepRow.policy == policy, StepRow.step == step)).scalar() or []
+    entry = {"decision": decision, "decided_at": now.isoformat(), **record}
+    conn.execute(update(StepRow).where(StepRow.policy == policy, StepRow.step == step).values(decision=decision, decided_at=now, decisions=[*earlier, entry]))
 
 
 def admin_decide(conn: Connection, policy: Policy, decision: str) -> Policy:
@@ -157,16 +165,14 @@ def admin_decide(conn: Connection, policy: Policy, decision: str) -> Policy:
     return policy
 
 
-def roll_back(conn: Connection, policy: Policy, to: int, evidence: dict[str, Any]) -> bool:
+def roll_back(conn: Connection, policy: Policy, to: int, record: dict[str, Any]) -> bool:
     """The served version regressed: serve ``to`` again (the trainer loads it) and say why."""
     now = utcnow()
     moved = conn.execute(
         update(PolicyRow).where(PolicyRow.name == policy.name, PolicyRow.step == policy.step, PolicyRow.head == policy.head).values(head=to, updated_at=now)
     ).rowcount
     if moved:
-        conn.execute(
-            update(StepRow).where(StepRow.policy == policy.name, StepRow.step == policy.step).values(decision=ROLLED_BACK, decided_at=now, evidence=evidence)
-        )
+        note(conn, policy.name, policy.step, ROLLED_BACK, record)
     return bool(moved)
 
 

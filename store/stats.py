@@ -9,7 +9,7 @@ from sqlalchemy.engine import Connection
 
 from burnish_server.core.drift import split_totals
 from burnish_server.store import evals, groups
-from burnish_server.store.models import Group, StepRow, Trajectory
+from burnish_server.store.models import Group, PolicyRow, StepRow, Trajectory
 
 
 def store_state(conn: Connection) -> dict[str, Any]:
@@ -28,4 +28,18 @@ def store_state(conn: Connection) -> dict[str, Any]:
     for policy, metrics in conn.execute(select(StepRow.policy, StepRow.metrics)):
         histories.setdefault(policy, []).append(metrics or {})
     splits = {policy: split_totals(history) for policy, history in histories.items()}
-    return {"trajectories": trajectories, "groups": by_state, "steps": steps, "evals": evals.for_metrics(conn), "splits": splits}
+    decisions: dict[tuple[str, str], int] = {}  # every decision made, a promotion later rolled back included
+    for policy, made in conn.execute(select(StepRow.policy, StepRow.decisions).where(StepRow.decisions.is_not(None))):
+        for entry in made or ():
+            key = (policy, entry["decision"])
+            decisions[key] = decisions.get(key, 0) + 1
+    versions = {name: (step, candidate) for name, step, candidate in conn.execute(select(PolicyRow.name, PolicyRow.step, PolicyRow.candidate))}
+    return {
+        "trajectories": trajectories,
+        "groups": by_state,
+        "steps": steps,
+        "evals": evals.for_metrics(conn),
+        "splits": splits,
+        "decisions": decisions,
+        "versions": versions,
+    }

@@ -95,7 +95,18 @@ class Step:
     recorded_at: datetime
 
 
-Item = CallRecord | Score | Step
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A candidate promoted or rejected, or a served version rolled back (store/promotion.py)."""
+
+    policy: str
+    step: int
+    decision: str
+    record: dict[str, Any]  # who decided, why, and the test's figures
+    decided_at: datetime
+
+
+Item = CallRecord | Score | Step | Decision
 
 
 @dataclass(slots=True)
@@ -255,7 +266,8 @@ class LangfuseExport:
             if isinstance(item, Score):
                 batch.scores.append(_score(item))
                 return
-            batch.spans.append(self._span(*(_generation(item) if isinstance(item, CallRecord) else _step_event(item))))
+            event = _generation(item) if isinstance(item, CallRecord) else _step_event(item) if isinstance(item, Step) else _decision_event(item)
+            batch.spans.append(self._span(*event))
             batch.kinds[_kind(item)] = batch.kinds.get(_kind(item), 0) + 1
         except Exception:  # one odd record must not stop the thread
             log.exception("could not turn a %s into Langfuse data", _kind(item))
@@ -380,6 +392,22 @@ def _step_event(step: Step) -> tuple[str, str, datetime, datetime, dict[str, Any
     }
     # An event is a moment: when the step was recorded (its duration is in the metrics, "seconds").
     return trace_id(f"{session}@{step.step}"), "training step", step.recorded_at, step.recorded_at, attributes
+
+
+def _decision_event(decision: Decision) -> tuple[str, str, datetime, datetime, dict[str, Any]]:
+    """In the trace of the step it decides, beside that step's event."""
+    session = f"train:{decision.policy}"
+    version = f"{decision.policy}@{decision.step}"
+    attributes = {
+        "langfuse.trace.name": f"train {version}",
+        "session.id": session,
+        "langfuse.trace.metadata": {"policy": decision.policy, "step": decision.step},
+        "langfuse.observation.type": "event",
+        "langfuse.observation.output": decision.record,
+        "langfuse.observation.metadata": {"policy": decision.policy, "step": decision.step, "decision": decision.decision},
+        "langfuse.version": version,
+    }
+    return trace_id(f"{session}@{decision.step}"), decision.decision, decision.decided_at, decision.decided_at, attributes
 
 
 def _trace_attributes(trajectory_id: str, group_id: str | None, policy: str | None, version: str | None, *, held_out: bool = False) -> dict[str, Any]:

@@ -39,6 +39,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -48,11 +49,12 @@ from burnish_server.core.settings import Settings
 from burnish_server.core.views import ReplicaView
 from burnish_server.serving.adapters import AdapterError, VLLMAdapters, steps_of
 from burnish_server.serving.fleet import UNREACHABLE, Fleet
+from burnish_server.store import promotion
 from burnish_server.store.database import Database
 from burnish_server.store.models import iso, utcnow
 from burnish_server.store.policies import clear_training_request, get_policy, last_step, load_policies, mark_load_error, mark_replicas, mark_served, record_step
 from burnish_server.store.training import TrainingCall, claim_groups, group_calls, other_trainer_busy, release_groups
-from burnish_server.telemetry.langfuse_export import LangfuseExport, Step
+from burnish_server.telemetry.langfuse_export import Decision, LangfuseExport, Step
 from burnish_server.trainer.checkpoints import Checkpoints
 from burnish_server.trainer.policy_model import PolicyModel
 from burnish_server.trainer.sequences import training_batch
@@ -108,11 +110,15 @@ class TrainerWorker:
                     pass
 
     async def run_once(self) -> bool:
-        """One pass over the policies: serve what should be served, train what is ready. Trained anything?"""
+        """One pass over the policies: serve what should be served, decide candidates' trials,
+        train what is ready. Trained anything?"""
         trained = False
         for policy in await self.policies():
             await self.publish_pending(policy)
-            if not policy.paused:
+            policy = await self.review(policy)
+            # One candidate at a time: the next step waits for its trial's end, so that steps
+            # never outrun the evidence that would let any of them serve.
+            if not policy.paused and policy.candidate is None:
                 trained |= await self.train_once(policy)
         if time.monotonic() - self.caught_up_at >= self.settings.trainer_catch_up_every:
             await self.catch_up()
@@ -136,8 +142,12 @@ class TrainerWorker:
             self.checkpoints.tidy(policy.name, await self.db.read(last_step, policy.name))
 
     async def publish_pending(self, policy: Policy) -> None:
-        """Serve the policy's head if it is not served yet (a new step, a rollback, a crash between the two)."""
-        if policy.head == policy.step:
+        """Serve the policy's head if it is not served yet (a new step, a rollback, a crash between
+        the two); under a promotion rule other than immediate, a new step goes on trial instead."""
+        if policy.head in (policy.step, policy.candidate):
+            return
+        trial = await self.db.read(promotion.goes_on_trial, policy)
+        if trial is None:  # a rejected candidate, kept as the head only to train from
             return
         failed = self.failed_publish.get(policy.name)
         if failed is not None and failed[0] == policy.head and time.monotonic() - failed[1] < self.settings.trainer_publish_retry:
@@ -150,9 +160,46 @@ class TrainerWorker:
             await self.db.transaction(mark_load_error, policy.name, f"{policy.name}@{policy.head}: {exc}")
             return
         self.failed_publish.pop(policy.name, None)
-        await self.db.transaction(mark_served, policy.name, policy.head, seconds)
-        log.info("%s now serves %s@%d (loaded and checked in %.3fs)", policy.name, policy.name, policy.head, seconds)
+        if trial:
+            await self.db.transaction(promotion.mark_candidate, policy.name, policy.head, seconds)
+            log.info("%s@%d is on trial under %s (loaded and checked in %.3fs)", policy.name, policy.head, policy.promotion.rule, seconds)
+        else:
+            await self.db.transaction(mark_served, policy.name, policy.head, seconds)
+            log.info("%s now serves %s@%d (loaded and checked in %.3fs)", policy.name, policy.name, policy.head, seconds)
         self.caught_up_at = float("-inf")  # report where each replica stands at the next pass
+
+    async def review(self, policy: Policy) -> Policy:
+        """Decide the candidate's trial where its evidence does (core/promotion.py), and roll the
+        served version back where it regressed; return the policy as it then stands."""
+        if policy.candidate is not None:
+            step = policy.candidate
+            record: dict[str, Any]
+            if policy.promotion.rule == "immediate":  # the rule changed during the trial
+                decision, record = promotion.PROMOTED, {"by": "rule", "reason": "the promotion rule became immediate"}
+            else:
+                comparison = await self.db.read(promotion.evidence, policy)
+                if comparison is None or comparison.decision is None:
+                    return policy
+                decision = promotion.PROMOTED if comparison.decision == "promote" else promotion.REJECTED
+                record = {"by": "test", "reason": comparison.reason, "test": msgspec.to_builtins(comparison)}
+            if await self.db.transaction(promotion.decide, policy, step, decision, record):
+                log.info("%s@%d %s: %s", policy.name, step, decision, record["reason"])
+                self.record_decision(policy.name, step, decision, record)
+            return await self.db.read(get_policy, policy.name)
+        found = await self.db.read(promotion.regression, policy)
+        if found is not None:
+            to, comparison = found
+            record = {"by": "test", "reason": f"regressed against step {to}: {comparison.reason}", "test": msgspec.to_builtins(comparison)}
+            if await self.db.transaction(promotion.roll_back, policy, to, record):
+                log.warning("%s@%d rolled back to step %d: %s", policy.name, policy.step, to, record["reason"])
+                self.record_decision(policy.name, policy.step, promotion.ROLLED_BACK, record)
+            return await self.db.read(get_policy, policy.name)
+        return policy
+
+    def record_decision(self, policy: str, step: int, decision: str, record: dict[str, Any]) -> None:
+        """A decision, where the policy's steps are watched beyond the store (Langfuse)."""
+        if self.langfuse is not None:
+            self.langfuse.put(Decision(policy, step, decision, record, utcnow()))
 
     async def train_once(self, policy: Policy) -> bool:
         t0 = time.perf_counter()

@@ -201,7 +201,8 @@ async def metrics(name: PolicyName, svc: NamedDependency[Services]) -> MetricsLi
     for s in steps:
         score = scores.get(s.step)
         held_out = {"eval_score": score.score if score else None, "eval_trajectories": score.trajectories if score else None}
-        data.append({"step": s.step, "created_at": s.created_at, "published_at": s.published_at, **(s.metrics or {}), **held_out})
+        decided = {"decision": s.decision, "decided_at": s.decided_at, "decisions": s.decisions}
+        data.append({"step": s.step, "created_at": s.created_at, "published_at": s.published_at, **(s.metrics or {}), **held_out, **decided})
     return MetricsList(data=data)
 
 

@@ -1,4 +1,4 @@
-"""Promotion: a policy's rule and its candidate on trial; each step's decision and its evidence
+"""Promotion: a policy's rule and its candidate on trial; each step's decisions, with their figures
 
 Revision ID: 0011
 Revises: 0010
@@ -23,11 +23,11 @@ def upgrade() -> None:
     op.add_column("policies", sa.Column("candidate_since", sa.DateTime(timezone=True), nullable=True))
     op.add_column("steps", sa.Column("decision", sa.String(16), nullable=True))
     op.add_column("steps", sa.Column("decided_at", sa.DateTime(timezone=True), nullable=True))
-    op.add_column("steps", sa.Column("evidence", sa.JSON(), nullable=True))
+    op.add_column("steps", sa.Column("decisions", sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
-    for column in ("evidence", "decided_at", "decision"):
+    for column in ("decisions", "decided_at", "decision"):
         op.drop_column("steps", column)
     for column in ("candidate_since", "candidate", "promotion"):
         op.drop_column("policies", column)

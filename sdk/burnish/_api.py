@@ -102,18 +102,19 @@ class Routes:
     # ---- the admin API ---------------------------------------------------------------
 
     def create_policy(self, name: str, base_model: str, **fields: Any) -> Any:
-        """Fields: model_path, lora, train, ruler (dicts of settings), paused."""
+        """Fields: model_path, lora, train, ruler, promotion (dicts of settings), paused."""
         return self._send(Call("POST", "/admin/policies", {"name": name, "base_model": base_model, **fields}, admin=True))
 
     def policies(self) -> Any:
         return self._send(Call("GET", "/admin/policies", admin=True))
 
     def status(self, policy: str) -> Any:
-        """Step served, head, groups ready and open, the last step's metrics, load errors."""
+        """Step served, head, the candidate on trial and its test, groups ready and open, the
+        last step's metrics, load errors."""
         return self._send(Call("GET", f"/admin/policies/{policy}", admin=True))
 
     def update_policy(self, policy: str, **fields: Any) -> Any:
-        """Change settings: lora, train and ruler dicts are merged key by key."""
+        """Change settings: lora, train, ruler and promotion dicts are merged key by key."""
         return self._send(Call("PATCH", f"/admin/policies/{policy}", fields, admin=True))
 
     def pause(self, policy: str) -> Any:
@@ -129,6 +130,14 @@ class Routes:
     def rollback(self, policy: str, step: int) -> Any:
         """Serve (and train on from) an earlier step; 0 is the base model."""
         return self._send(Call("POST", f"/admin/policies/{policy}/rollback", {"step": step}, admin=True))
+
+    def promote(self, policy: str) -> Any:
+        """Serve the candidate on trial to every trajectory now (409 ``no_candidate`` if none)."""
+        return self._send(Call("POST", f"/admin/policies/{policy}/promote", admin=True))
+
+    def reject(self, policy: str) -> Any:
+        """End the candidate's trial; the served version keeps serving."""
+        return self._send(Call("POST", f"/admin/policies/{policy}/reject", admin=True))
 
     def checkpoints(self, policy: str) -> Any:
         return self._send(Call("GET", f"/admin/policies/{policy}/checkpoints", admin=True))
@@ -158,6 +167,30 @@ def comparison(evals: Any, policy: str, base: int, step: int | None) -> dict[str
     before, now = at(base), at(step)
     delta = None if before["score"] is None or now["score"] is None else now["score"] - before["score"]
     return {"policy": policy, "base": before, "current": now, "delta": delta}
+
+
+def trial_step(status: Any, step: int | None) -> int:
+    """The version a held-out run goes to: ``step``, else the policy's candidate on trial."""
+    if step is not None:
+        return step
+    candidate = status.get("candidate")
+    if candidate is None:
+        raise ValueError(f"policy {status.get('name')!r} has no candidate on trial: name the step to run against")
+    return int(candidate["step"])
+
+
+def trial_report(status: Any, policy: str, step: int, rewards: list[float]) -> dict[str, Any]:
+    """What a held-out run reports: the run's own rewards, and the candidate's test as the
+    gateway now sees it (the served version's held-out trajectories against the candidate's)."""
+    candidate = status.get("candidate") or {}
+    mean = sum(rewards) / len(rewards) if rewards else None
+    return {
+        "policy": policy,
+        "step": step,
+        "trajectories": len(rewards),
+        "mean": mean,
+        "test": candidate.get("test") if candidate.get("step") == step else None,
+    }
 
 
 def served_step(models: Any, policy: str) -> int | None:

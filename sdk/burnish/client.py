@@ -9,6 +9,7 @@
     with client.group(size=4, eval=True) as held_out:  # recorded and rewarded, never trained on
         ...
     client.compare("agent")                      # held-out score: base (step 0) against the served step
+    client.run_held_out("agent", tasks, agent)   # held-out tasks against the candidate on trial (pinned)
 
 The async forms are the same with ``async with`` and ``await``.
 """
@@ -17,13 +18,29 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 import httpx
 
-from burnish._api import BurnishError, Call, OpenAIClients, Routes, StepTimeout, TrajectoryKeys, answer, comparison, keep_waiting, new_id, served_step
+from burnish._api import (
+    BurnishError,
+    Call,
+    OpenAIClients,
+    Routes,
+    StepTimeout,
+    TrajectoryKeys,
+    answer,
+    comparison,
+    keep_waiting,
+    new_id,
+    served_step,
+    trial_report,
+    trial_step,
+)
 
 DEFAULT_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
+T = TypeVar("T")
 
 
 class _Settings:
@@ -72,6 +89,22 @@ class Client(Routes):
         ``eval_scores`` entries for step ``base`` (the base model by default) and ``step`` (the served
         version by default); delta is current's score less base's, None unless both have one."""
         return comparison(self.eval_scores(policy), policy, base, step)
+
+    def run_held_out(self, policy: str, tasks: Iterable[T], agent: Callable[[Trajectory, str, T], float], step: int | None = None) -> dict[str, Any]:
+        """Run each task as a held-out trajectory pinned to ``step`` (default: the policy's
+        candidate on trial), and report. ``agent(trajectory, model, task)`` runs one task with
+        ``trajectory.openai()`` and ``model`` (``"<policy>@<step>"``) and returns its reward,
+        which is posted. Under the ``eval`` promotion rule this is the candidate's evidence;
+        the report carries the test as it then stands ({"policy", "step", "trajectories",
+        "mean", "test"}). Needs the admin token (it reads the policy's status)."""
+        step = trial_step(self.status(policy), step)
+        rewards = []
+        for task in tasks:
+            trajectory = self.trajectory(eval=True)
+            reward = float(agent(trajectory, f"{policy}@{step}", task))
+            trajectory.reward(reward)
+            rewards.append(reward)
+        return trial_report(self.status(policy), policy, step, rewards)
 
     def wait_for_step(self, policy: str, step: int, timeout: float = 600.0, poll: float = 0.5) -> int:
         """Wait until the gateway routes ``policy`` to ``step`` or later (as its /v1/models says,
@@ -161,6 +194,19 @@ class AsyncClient(Routes):
 
     async def compare(self, policy: str, base: int = 0, step: int | None = None) -> dict[str, Any]:
         return comparison(await self.eval_scores(policy), policy, base, step)
+
+    async def run_held_out(
+        self, policy: str, tasks: Iterable[T], agent: Callable[[AsyncTrajectory, str, T], Awaitable[float]], step: int | None = None
+    ) -> dict[str, Any]:
+        """``Client.run_held_out``, the tasks run one after another; ``agent`` is a coroutine function."""
+        step = trial_step(await self.status(policy), step)
+        rewards = []
+        for task in tasks:
+            trajectory = self.trajectory(eval=True)
+            reward = float(await agent(trajectory, f"{policy}@{step}", task))
+            await trajectory.reward(reward)
+            rewards.append(reward)
+        return trial_report(await self.status(policy), policy, step, rewards)
 
     async def wait_for_step(self, policy: str, step: int, timeout: float = 600.0, poll: float = 0.5) -> int:
         deadline = time.monotonic() + timeout
