@@ -107,6 +107,8 @@ ROUTES: list[tuple[str, str, str, dict[str, Any] | None]] = [
     ("admin", "POST", "/admin/policies/agent/train", None),
     ("admin", "GET", "/admin/policies/agent/checkpoints", None),
     ("admin", "POST", "/admin/policies/agent/rollback", {"step": 0}),
+    ("admin", "POST", "/admin/policies/agent/promote", None),
+    ("admin", "POST", "/admin/policies/agent/reject", None),
     ("admin", "GET", "/admin/policies/agent/metrics", None),
     ("admin", "GET", "/admin/policies/agent/evals", None),
     ("admin", "POST", "/admin/keys", {"name": "x"}),
