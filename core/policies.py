@@ -141,6 +141,10 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     train: TrainSettings = TrainSettings()
     ruler: RulerSettings = RulerSettings()
     promotion: PromotionSettings = PromotionSettings()
+    # The project it belongs to, and the others an admin shared it with: only their keys call
+    # it and only their groups train it. None: shared by every project.
+    project: str | None = None
+    shared_with: tuple[str, ...] = ()
     paused: bool = False
     # The version being served (0: the base model).
     step: int = 0
@@ -181,6 +185,11 @@ def served_name(policy: Policy, step: int) -> str:
 def route(policy: Policy, step: int | None = None) -> Route:
     step = policy.step if step is None else step
     return Route(policy.name, step, served_name(policy, step))
+
+
+def open_to(policy: Policy, project: str) -> bool:
+    """Whether ``project``'s keys may call the policy, and its groups train it."""
+    return policy.project is None or policy.project == project or project in policy.shared_with
 
 
 def in_canary(policy: Policy, trajectory_id: str) -> bool:

@@ -192,6 +192,8 @@ class PolicyView(View, kw_only=True):
     ruler: RulerSettings
     paused: bool
     promotion: PromotionSettings = PromotionSettings()
+    project: str | None = None  # the project it belongs to; null: shared by every project
+    shared_with: list[str] = []  # other projects an admin shared it with
     step: int  # the version served (0: the base model)
     head: int  # the version to serve and to train from next
     candidate: CandidateView | None = None

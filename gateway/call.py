@@ -118,7 +118,7 @@ class Call:
         self.head = head
         self.body = body  # as the client sent it: that is what gets recorded
         self.upstream_body = body
-        self.route: Route | None = svc.policies.resolve(head.model, key.trajectory_id)
+        self.route: Route | None = svc.policies.resolve(head.model, key.trajectory_id, caller)
         self.injected: Injected | None = None
         self.response_id: str | None = None  # a Responses answer served for a policy, to continue later
         self.started_at = utcnow()

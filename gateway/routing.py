@@ -11,7 +11,9 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from burnish_server.core.policies import Policy, Route, resolve
+from burnish_server.core.access import ROOT, Principal
+from burnish_server.core.errors import NotFound
+from burnish_server.core.policies import Policy, Route, open_to, resolve
 from burnish_server.store.database import Database
 from burnish_server.store.policies import load_policies
 
@@ -31,8 +33,22 @@ class Registry:
     def replace(self, policies: Iterable[Policy]) -> None:
         self.policies = {p.name: p for p in policies}
 
-    def resolve(self, model: str | None, trajectory_id: str = "") -> Route | None:
-        return resolve(self.policies, model, trajectory_id)
+    def resolve(self, model: str | None, trajectory_id: str = "", caller: Principal = ROOT) -> Route | None:
+        """Where a call to ``model`` goes; ``NotFound`` (404 model_not_found) for a policy the
+        caller's project may not use, as if it did not exist (pinned or not)."""
+        route = resolve(self.policies, model, trajectory_id)
+        if route is not None and not self.open_to(self.policies[route.policy], caller):
+            raise NotFound(f"The model `{model}` does not exist or you do not have access to it.", "model_not_found", "model")
+        return route
+
+    @staticmethod
+    def open_to(policy: Policy, caller: Principal) -> bool:
+        """Whether the caller may call the policy: an admin any, a key its project's and those shared with it."""
+        return caller.can("admin") or open_to(policy, caller.project)
+
+    def listed(self, caller: Principal) -> list[Policy]:
+        """The policies ``/v1/models`` shows the caller."""
+        return [p for p in self.policies.values() if self.open_to(p, caller)]
 
 
 async def follow(db: Database, registry: Registry, every_s: float = REFRESH_EVERY_S) -> None:

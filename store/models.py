@@ -178,6 +178,10 @@ class PolicyRow(Base):
     train: Mapped[dict[str, Any]] = mapped_column(JSON)
     # core.policies.RulerSettings; None for a policy made before RULER existed (defaults).
     ruler: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # The project it belongs to (None: shared by every project) and the other projects an
+    # admin shared it with (a JSON list of names).
+    project: Mapped[str | None] = mapped_column(String(64))
+    shared_with: Mapped[list[str] | None] = mapped_column(JSON)
     # core.policies.PromotionSettings; None for a policy made before promotion existed (defaults).
     promotion: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     paused: Mapped[bool] = mapped_column(Boolean, default=False)

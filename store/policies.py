@@ -38,6 +38,8 @@ def to_policy(row: Any) -> Policy:
         train=msgspec.convert(row.train, TrainSettings),
         ruler=msgspec.convert(row.ruler or {}, RulerSettings),
         promotion=msgspec.convert(row.promotion or {}, PromotionSettings),
+        project=row.project,
+        shared_with=tuple(row.shared_with or ()),
         paused=row.paused,
         step=row.step,
         head=row.head,
@@ -84,6 +86,8 @@ def create_policy(conn: Connection, policy: Policy) -> Policy:
             train=msgspec.to_builtins(policy.train),
             ruler=msgspec.to_builtins(policy.ruler),
             promotion=msgspec.to_builtins(policy.promotion),
+            project=policy.project,
+            shared_with=list(policy.shared_with),
             paused=policy.paused,
             step=0,
             head=0,
@@ -106,7 +110,7 @@ def update_policy(conn: Connection, name: str, **values: Any) -> Policy:
     if trained and any(key in values and values[key] != getattr(current, key) for key in ("base_model", "model_path", "lora")):
         # The checkpoints were trained on this base with this adapter shape.
         raise Conflict("base_model, model_path and lora cannot change once a policy has trained (or is training); create a new policy", "policy_trained")
-    values = {k: msgspec.to_builtins(v) if isinstance(v, msgspec.Struct) else v for k, v in values.items()}
+    values = {k: msgspec.to_builtins(v) if isinstance(v, msgspec.Struct | tuple) else v for k, v in values.items()}
     conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(**values, updated_at=utcnow()))
     return get_policy(conn, name)
 
@@ -277,6 +281,8 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
         ruler=policy.ruler,
         paused=policy.paused,
         promotion=policy.promotion,
+        project=policy.project,
+        shared_with=list(policy.shared_with),
         step=policy.step,
         head=policy.head,
         candidate=_candidate(conn, policy),

@@ -72,8 +72,18 @@ def credited_groups() -> Select:
     )
 
 
-def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S) -> Select:
-    """Ids of the policy's ready, unclaimed groups, oldest closed first."""
+def training_projects(conn: Connection, policy: str) -> list[str] | None:
+    """The projects whose groups may train the policy: its own and those it is shared with;
+    None for a policy shared by every project (core/policies.py: open_to)."""
+    row = conn.execute(select(PolicyRow.project, PolicyRow.shared_with).where(PolicyRow.name == policy)).one_or_none()
+    if row is None or row.project is None:
+        return None
+    return [row.project, *(row.shared_with or ())]
+
+
+def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S, projects: list[str] | None = None) -> Select:
+    """Ids of the policy's ready, unclaimed groups, oldest closed first; only ``projects``' where
+    given (a group of a project the policy was unshared from waits, untrained)."""
     credited = credited_groups()
     members = group_members()
     return (
@@ -87,13 +97,14 @@ def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S
             members.c.size == members.c.rewarded,
             or_(members.c.high > members.c.low, Group.id.in_(credited)),
             members.c.held_out == 0,
+            *([Group.project.in_(projects)] if projects is not None else []),
         )
         .order_by(Group.closed_at, Group.pk)
     )
 
 
 def count_ready(conn: Connection, policy: str, lease_s: float = DEFAULT_LEASE_S) -> int:
-    query = ready_groups(policy, now=utcnow(), lease_s=lease_s).subquery()
+    query = ready_groups(policy, now=utcnow(), lease_s=lease_s, projects=training_projects(conn, policy)).subquery()
     return conn.execute(select(func.count()).select_from(query)).scalar_one()
 
 
@@ -108,7 +119,8 @@ def claim_groups(conn: Connection, policy: str, worker: str, count: int, lease_s
     conn.execute(select(PolicyRow.pk).where(PolicyRow.name == policy).with_for_update())
     if other_trainer_busy(conn, policy, worker, lease_s):
         return []
-    query = ready_groups(policy, now=now, lease_s=lease_s).limit(count).with_for_update(skip_locked=True, of=Group)
+    projects = training_projects(conn, policy)
+    query = ready_groups(policy, now=now, lease_s=lease_s, projects=projects).limit(count).with_for_update(skip_locked=True, of=Group)
     ids = list(conn.execute(query).scalars())
     if not ids or len(ids) < (count if minimum is None else minimum):
         return []

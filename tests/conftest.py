@@ -103,6 +103,7 @@ def upstream_server() -> Iterator[tuple[Upstream, str]]:
 def upstream(upstream_server: tuple[Upstream, str]) -> Upstream:
     app, _ = upstream_server
     app.requests.clear()
+    app.models = ["tiny"]
     return app
 
 

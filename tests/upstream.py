@@ -65,6 +65,7 @@ class Upstream:
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
         self.fault_hits: Counter[str] = Counter()
+        self.models = ["tiny"]  # what GET /v1/models lists (vLLM lists its adapters there too)
 
     # ---- ASGI -------------------------------------------------------------------------
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -114,7 +115,7 @@ class Upstream:
             await asyncio.sleep(float(arg))
 
         if scope["method"] == "GET" and path == "/v1/models":
-            return await self._json(send, 200, {"object": "list", "data": [{"id": "tiny", "object": "model", "owned_by": "test"}]})
+            return await self._json(send, 200, {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "test"} for m in self.models]})
         try:
             req = json.loads(body)
         except ValueError:

@@ -47,6 +47,10 @@ class PolicyIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     train: TrainSettings = TrainSettings()
     ruler: RulerSettings = RulerSettings()
     promotion: PromotionSettings = PromotionSettings()
+    # The project it belongs to (its keys alone call it, its groups alone train it), and the
+    # other projects it is shared with; none: shared by every project.
+    project: ProjectName | None = None
+    shared_with: Annotated[list[ProjectName], msgspec.Meta(max_length=1000)] = []
     paused: bool = False
 
 
@@ -59,6 +63,8 @@ class PolicyPatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     train: Annotated[dict[str, Any], openapi.documented_as(TrainSettings)] | msgspec.UnsetType = msgspec.UNSET
     ruler: Annotated[dict[str, Any], openapi.documented_as(RulerSettings)] | msgspec.UnsetType = msgspec.UNSET
     promotion: Annotated[dict[str, Any], openapi.documented_as(PromotionSettings)] | msgspec.UnsetType = msgspec.UNSET
+    project: ProjectName | None | msgspec.UnsetType = msgspec.UNSET
+    shared_with: Annotated[list[ProjectName], msgspec.Meta(max_length=1000)] | msgspec.UnsetType = msgspec.UNSET
     paused: bool | msgspec.UnsetType = msgspec.UNSET
 
 
@@ -89,6 +95,8 @@ async def create_policy(data: JSONBody[PolicyIn], svc: NamedDependency[Services]
         train=data.train,
         ruler=data.ruler,
         promotion=data.promotion,
+        project=data.project,
+        shared_with=tuple(dict.fromkeys(data.shared_with)),
         paused=data.paused,
     )
     await _write(svc, store.create_policy, policy)
@@ -124,7 +132,9 @@ def _patch(conn: Any, name: str, data: JSONBody[PolicyPatch]) -> Any:
     """Merge inside the write transaction, on the locked row, so two PATCHes of different keys both stand."""
     store.lock_policy(conn, name)
     current = store.get_policy(conn, name)
-    values: dict[str, Any] = {k: getattr(data, k) for k in ("base_model", "model_path", "paused") if getattr(data, k) is not msgspec.UNSET}
+    values: dict[str, Any] = {k: getattr(data, k) for k in ("base_model", "model_path", "project", "paused") if getattr(data, k) is not msgspec.UNSET}
+    if data.shared_with is not msgspec.UNSET:
+        values["shared_with"] = list(dict.fromkeys(data.shared_with))
     for key, kind in (("lora", LoraSettings), ("train", TrainSettings), ("ruler", RulerSettings), ("promotion", PromotionSettings)):
         if (changes := getattr(data, key)) is not msgspec.UNSET:
             values[key] = _merge(getattr(current, key), changes, kind, key)

@@ -142,11 +142,13 @@ async def models(request: Request) -> ASGIResponse:
         await response.aclose()
     listing = json_or_none(raw)
     if response.status_code == 200 and isinstance(listing, dict) and isinstance(listing.get("data"), list) and svc.policies.policies:
-        entries = [
-            {"id": p.name, "object": "model", "owned_by": "burnish", "root": p.base_model, "parent": p.base_model, "step": p.step}
-            for p in svc.policies.policies.values()
-        ]
-        listing["data"] = entries + listing["data"]
+        caller = principal(request.scope)
+        shown = svc.policies.listed(caller)
+        entries = [{"id": p.name, "object": "model", "owned_by": "burnish", "root": p.base_model, "parent": p.base_model, "step": p.step} for p in shown]
+        # vLLM lists each policy's adapters (<policy>@<step>): another project's are not shown.
+        hidden = {p.name for p in svc.policies.policies.values()} - {p.name for p in shown}
+        upstream = [m for m in listing["data"] if not (isinstance(m, dict) and str(m.get("id", "")).rpartition("@")[0] in hidden)]
+        listing["data"] = entries + upstream
         raw = _encode(listing)
     elif response.status_code >= 400:
         raw = svc.redact(raw)

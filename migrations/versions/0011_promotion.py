@@ -1,4 +1,5 @@
-"""Promotion: a policy's rule and its candidate on trial; each step's decisions, with their figures
+"""Promotion: a policy's rule and its candidate on trial; each step's decisions, with their
+figures; the project a policy belongs to and the projects it is shared with
 
 Revision ID: 0011
 Revises: 0010
@@ -21,6 +22,9 @@ def upgrade() -> None:
     op.add_column("policies", sa.Column("promotion", sa.JSON(), nullable=True))
     op.add_column("policies", sa.Column("candidate", sa.Integer(), nullable=True))
     op.add_column("policies", sa.Column("candidate_since", sa.DateTime(timezone=True), nullable=True))
+    # NULL: the policy is shared by every project, as every policy was before projects owned them.
+    op.add_column("policies", sa.Column("project", sa.String(64), nullable=True))
+    op.add_column("policies", sa.Column("shared_with", sa.JSON(), nullable=True))
     op.add_column("steps", sa.Column("decision", sa.String(16), nullable=True))
     op.add_column("steps", sa.Column("decided_at", sa.DateTime(timezone=True), nullable=True))
     op.add_column("steps", sa.Column("decisions", sa.JSON(), nullable=True))
@@ -29,5 +33,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     for column in ("decisions", "decided_at", "decision"):
         op.drop_column("steps", column)
-    for column in ("candidate_since", "candidate", "promotion"):
+    for column in ("shared_with", "project", "candidate_since", "candidate", "promotion"):
         op.drop_column("policies", column)
