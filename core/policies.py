@@ -77,6 +77,11 @@ class TrainSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     seed: int = 0
 
 
+# Text the store keeps: PostgreSQL's text cannot hold a NUL character.
+NO_NUL = r"^[^\x00]*$"
+# A model name: no control character.
+MODEL_NAME = r"^[^\x00-\x1f\x7f]*$(?!\n)"
+
 # A judge's base URL: http or https, a host, an optional path; no query, fragment or space
 # (the gateway appends /chat/completions to it).
 JUDGE_URL_PATTERN = r"^https?://[^/?#\s]+(/[^?#\s]*)?$"
@@ -90,9 +95,9 @@ class RulerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # user reward is left alone under combine "set").
     auto: bool = False
     # None: the default rubric (DEFAULT_RUBRIC in gateway/ruler.py).
-    rubric: Annotated[str, Meta(max_length=20_000)] | None = None
+    rubric: Annotated[str, Meta(max_length=20_000, pattern=NO_NUL)] | None = None
     # None: BURNISH_JUDGE_MODEL, else the policy's base model.
-    judge_model: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
+    judge_model: Annotated[str, Meta(min_length=1, max_length=256, pattern=MODEL_NAME)] | None = None
     # None: BURNISH_JUDGE_BASE_URL, else the gateway's upstream. An http(s) base URL with no
     # query or fragment; BURNISH_JUDGE_ALLOWED_URLS, where set, lists the ones allowed.
     judge_base_url: Annotated[str, Meta(min_length=1, max_length=700, pattern=JUDGE_URL_PATTERN)] | None = None

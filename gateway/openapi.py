@@ -122,6 +122,8 @@ def _strict_struct(schema: Schema, info: msgspec.inspect.StructType) -> None:
                 setattr(prop, key, 0.0)
         if isinstance(kind, msgspec.inspect.DictType):
             _dict_bounds(prop, kind)
+        elif isinstance(kind, msgspec.inspect.ListType):
+            _list_items(prop, kind)
     for prop in (schema.properties or {}).values():
         if isinstance(prop, Schema) and prop.prefix_items and prop.items is None:  # a fixed-length tuple
             prop.min_items = prop.max_items = len(prop.prefix_items)
@@ -150,6 +152,16 @@ def _dict_bounds(prop: Schema, kind: msgspec.inspect.DictType) -> None:
     key = _unwrap(kind.key_type)
     if isinstance(key, msgspec.inspect.StrType) and (key.min_length is not None or key.max_length is not None or key.pattern is not None):
         prop.property_names = Schema(type=OpenAPIType.STRING, min_length=key.min_length, max_length=key.max_length, pattern=key.pattern)
+
+
+def _list_items(prop: Schema, kind: msgspec.inspect.ListType) -> None:
+    """A list's items' constraints (a pattern, a length), which Litestar leaves out."""
+    item = _unwrap(kind.item_type)
+    if not isinstance(item, msgspec.inspect.StrType) or (item.min_length is None and item.max_length is None and item.pattern is None):
+        return
+    for arm in [prop, *(a for a in prop.one_of or () if isinstance(a, Schema))]:
+        if isinstance(arm.items, Schema):
+            arm.items = Schema(type=OpenAPIType.STRING, min_length=item.min_length, max_length=item.max_length, pattern=item.pattern)
 
 
 _ANY = Schema()

@@ -203,8 +203,9 @@ def parse_verdict(content: str | None, ids: Sequence[str]) -> dict[str, Score]:
     for t, e in verdict.items():
         if not math.isfinite(e.score) or not 0 <= e.score <= 1:
             raise JudgeOutputError(f"the judge's score for {t!r} is outside 0..1")
-    # The schema bounds an explanation; a judge that ignores it is cut, not trusted.
-    return {t: Score(float(e.score), e.explanation[:EXPLANATION_MAX_CHARS]) for t, e in verdict.items()}
+    # The schema bounds an explanation; a judge that ignores it is cut, not trusted. A NUL
+    # character is dropped: PostgreSQL's text cannot hold one, and no explanation needs it.
+    return {t: Score(float(e.score), e.explanation[:EXPLANATION_MAX_CHARS].replace("\x00", "")) for t, e in verdict.items()}
 
 
 class _Retry(Exception):

@@ -458,3 +458,17 @@ def test_the_judge_sees_each_multi_turn_tool_trajectory_in_order(gw: Gateway, ju
         assert f"try {i}. ok" in member[order[1] : order[2]], member  # the call with its arguments
         assert member.rfind("[assistant]\nYou said:") > order[-1], member  # the answer to the result comes last
     assert {t: gw.trajectory(t)["reward"] for t in ids} == {ids[0]: 0.3, ids[1]: 0.7}
+
+
+def test_a_nul_in_a_judges_explanation_or_a_request_is_no_500(gw: Gateway, judge: Judge) -> None:
+    """PostgreSQL's text cannot hold a NUL character (found by the schema fuzz on PostgreSQL): a
+    request's judge_model or rubric with one is refused 400; a judge's explanation loses it."""
+    ids = play(gw, "nul", ["try a", "try b"])
+    for body in ({"judge_model": "judge\x00"}, {"rubric": "be fair\x00"}):
+        r = ruler(gw, "nul", **body)
+        assert r.status_code == 400 and r.json()["error"]["param"] in ("judge_model", "rubric"), r.text
+    judge.script = [lambda got: json.dumps({t: {"explanation": f"{t}\x00 judged", "score": 0.5 + 0.1 * i} for i, t in enumerate(got)})]
+    r = ruler(gw, "nul")
+    assert r.status_code == 200, r.text
+    with gw.client() as c:
+        assert c.get(f"/v1/trajectories/{ids[0]}").json()["rewards"][-1]["explanation"] == f"{ids[0]} judged"

@@ -24,7 +24,7 @@ from litestar.params import JSONBody
 
 from burnish_server.core.access import Principal, local
 from burnish_server.core.errors import BurnishError, Conflict, Invalid, Unavailable
-from burnish_server.core.policies import JUDGE_URL_PATTERN, RulerSettings
+from burnish_server.core.policies import JUDGE_URL_PATTERN, MODEL_NAME, NO_NUL, RulerSettings
 from burnish_server.core.transcript import conversation
 from burnish_server.core.views import JudgeView, RulerView, ScoreView
 from burnish_server.gateway import openapi
@@ -58,8 +58,8 @@ class RulerIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Every field is optional: the policy's RULER settings, then the gateway's, fill the rest.
     The judge's endpoint and key are the server's to choose, never a request's."""
 
-    rubric: Annotated[str, msgspec.Meta(max_length=20_000)] | None = None
-    judge_model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
+    rubric: Annotated[str, msgspec.Meta(max_length=20_000, pattern=NO_NUL)] | None = None
+    judge_model: Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=MODEL_NAME)] | None = None
     combine: Literal["set", "add"] | None = None
     # Refused whatever their value: fields rather than unknown keys, to answer with the setting to use.
     judge_base_url: Annotated[Any, msgspec.Meta(description=_REFUSED_DOC.format(why=_REFUSED["judge_base_url"][0], code=_REFUSED["judge_base_url"][1]))] = (
