@@ -95,8 +95,8 @@ def delta_norm(model: PolicyModel) -> float:
     """||delta W|| / ||W|| over the adapted layers, the slow way: peft's merged weights."""
     moved = base = 0.0
     for module in model.model.modules():
-        if hasattr(module, "get_delta_weight") and "default" in getattr(module, "lora_A", {}):
-            moved += float(module.get_delta_weight("default").pow(2).sum())
+        if hasattr(module, "get_delta_weight") and model.adapter in getattr(module, "lora_A", {}):
+            moved += float(module.get_delta_weight(model.adapter).pow(2).sum())
             base += float(module.base_layer.weight.pow(2).sum())
     return (moved / base) ** 0.5
 
@@ -131,3 +131,56 @@ def test_a_resumed_model_trains_with_the_policys_current_settings(tiny: Path, tm
     resumed = PolicyModel(str(tiny), LoraSettings(rank=8, alpha=16), TrainSettings(learning_rate=1e-4, weight_decay=0.01))
     resumed.load(tmp_path / "ckpt")
     assert {(g["lr"], g["weight_decay"]) for g in resumed.optimizer.param_groups} == {(1e-4, 0.01)}
+
+
+def _items(model: PolicyModel, seed: int) -> list[tuple[Sequence, float]]:
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for advantage in (1.0, -1.0, 0.5, -0.5):
+        prompt = torch.randint(5, 200, (6,), generator=generator).tolist()
+        completion = torch.randint(5, 200, (5,), generator=generator).tolist()
+        seq = Sequence()
+        seq.add(prompt, completion, None)
+        out.append((seq, advantage))
+    return out
+
+
+def _adapter(model: PolicyModel) -> dict[str, torch.Tensor]:
+    from peft.utils import get_peft_model_state_dict
+
+    return {k: v.clone() for k, v in get_peft_model_state_dict(model.model, adapter_name=model.adapter).items()}
+
+
+def test_policies_on_one_base_train_as_each_would_alone(tiny: Path, tmp_path: Path) -> None:
+    """trainer/base_model.py: several policies' adapters on one base model in memory. A step of
+    one leaves the others untouched, and each ends where it would have on a base of its own."""
+    from burnish_server.trainer.base_model import SharedBase
+
+    settings = TrainSettings(learning_rate=5e-3)
+    alone = PolicyModel(str(tiny), LoraSettings(rank=8, alpha=16), settings, owner="a")
+    for _ in range(2):
+        alone.step(_items(alone, 0))
+    expected = _adapter(alone)
+
+    shared = SharedBase(str(tiny))
+    a = PolicyModel(shared, LoraSettings(rank=8, alpha=16), settings, owner="a")
+    b = PolicyModel(shared, LoraSettings(rank=4, alpha=8, target_modules=("q_proj", "v_proj")), TrainSettings(learning_rate=1e-2, seed=1), owner="b.v2")
+    assert a.model is b.model and shared.adapters == {"a": a.adapter, "b.v2": b.adapter}
+    before_b = _adapter(b)
+    a.step(_items(a, 0))
+    assert all(torch.equal(before_b[k], v) for k, v in _adapter(b).items())  # a's step moved none of b's weights
+    b.step(_items(b, 1))
+    a.step(_items(a, 0))  # after b's step, a's adapter is the active one again
+    got = _adapter(a)
+    assert got.keys() == expected.keys() and all(torch.allclose(got[k], expected[k], atol=1e-6) for k in got)
+    # Each saves and resumes on its own; a policy dropped leaves the rest, the last leaves the base bare.
+    b.save(tmp_path / "b")
+    saved = _adapter(b)
+    b.close()
+    assert list(shared.adapters) == ["a"]
+    again = PolicyModel(shared, LoraSettings(rank=4, alpha=8, target_modules=("q_proj", "v_proj")), TrainSettings(seed=1), owner="b.v2")
+    again.load(tmp_path / "b")
+    assert all(torch.equal(saved[k], v) for k, v in _adapter(again).items()) and _adapter(again).keys() == saved.keys()
+    a.close()
+    again.close()
+    assert shared.peft is None and not shared.adapters

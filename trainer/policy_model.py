@@ -1,4 +1,4 @@
-"""The model being trained: a base model with a peft LoRA adapter, its optimizer, one GRPO step.
+"""The model being trained: a policy's peft LoRA adapter on its base model, its optimizer, one GRPO step.
 
 Read top to bottom: the batch (sequences padded into tensors), the forward pass
 (per-token logprobs), the step (loss, backward, clip, AdamW), checkpoints. Every knob
@@ -17,6 +17,7 @@ import msgspec
 import torch
 
 from burnish_server.core.policies import LoraSettings, TrainSettings
+from burnish_server.trainer.base_model import SharedBase
 from burnish_server.trainer.grpo import grpo_loss
 from burnish_server.trainer.sequences import Sequence
 
@@ -64,24 +65,35 @@ def micro_batches(items: list[tuple[Sequence, float]], max_tokens: int, max_len:
 
 
 class PolicyModel:
-    def __init__(self, base_model: str, lora: LoraSettings = LoraSettings(), train: TrainSettings = TrainSettings()) -> None:
-        from peft import LoraConfig, get_peft_model
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    """A policy's adapter on its base model (``trainer/base_model.py``: a base may hold several
+    policies' adapters), its optimizer, and the step."""
 
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        # bf16 on a GPU; fp32 on the CPU, where bf16 matmuls are slow or missing.
-        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        self.tokenizer = AutoTokenizer.from_pretrained(base_model)
-        base = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype).to(self.device)  # type: ignore[arg-type]  # transformers' stubs type .to oddly
+    def __init__(
+        self, base_model: str | SharedBase, lora: LoraSettings = LoraSettings(), train: TrainSettings = TrainSettings(), owner: str = "policy"
+    ) -> None:
+        from peft import LoraConfig
+
+        self.base = base_model if isinstance(base_model, SharedBase) else SharedBase(base_model)
+        self.owner = owner
+        self.device = self.base.device
+        self.tokenizer = self.base.tokenizer
         config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
-        torch.manual_seed(train.seed)  # LoRA's A matrices start random: the same seed, the same start
-        self.model = get_peft_model(base, config)
+        self.model, self.adapter = self.base.attach(owner, config, train.seed)
         self.lora, self.train = lora, train
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad], lr=train.learning_rate, betas=train.adam_betas, weight_decay=train.weight_decay
-        )
+        # This adapter's weights alone (peft names them ...lora_A.<adapter>.weight).
+        self.params = [p for n, p in self.model.named_parameters() if f".{self.adapter}." in n]
+        self.optimizer = torch.optim.AdamW(self.params, lr=train.learning_rate, betas=train.adam_betas, weight_decay=train.weight_decay)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.step_count = 0
+
+    def activate(self) -> None:
+        """Make this policy's adapter the one the forward pass uses (and the only one trained)."""
+        if self.model.active_adapter != self.adapter:
+            self.model.set_adapter(self.adapter)
+
+    def close(self) -> None:
+        """Take the adapter off the base (the base stays loaded for the other policies on it)."""
+        self.base.detach(self.owner)
 
     def configure(self, train: TrainSettings) -> None:
         """New training settings for the next steps; the optimizer keeps its state."""
@@ -97,6 +109,7 @@ class PolicyModel:
         (transformers' ``logits_to_keep``): an agent's prompt is most of its tokens, and
         [rows, positions, vocabulary] fp32 logits are the step's largest tensor (a 152k
         vocabulary: 0.6 MB per position)."""
+        self.activate()
         predicts = batch.sampled[:, 1:].any(0).nonzero().squeeze(-1)  # position t predicts token t + 1
         logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=predicts).logits.float()
         targets = batch.input_ids[:, predicts + 1]
@@ -118,10 +131,10 @@ class PolicyModel:
         moved = base = 0.0
         for module in self.model.modules():
             layer: Any = module  # peft's layers type their adapters loosely
-            if not isinstance(module, LoraLayer) or "default" not in layer.lora_A:
+            if not isinstance(module, LoraLayer) or self.adapter not in layer.lora_A:
                 continue
-            a, b = layer.lora_A["default"].weight.float(), layer.lora_B["default"].weight.float()
-            moved += float(layer.scaling["default"] ** 2 * torch.trace((b.T @ b) @ (a @ a.T)))
+            a, b = layer.lora_A[self.adapter].weight.float(), layer.lora_B[self.adapter].weight.float()
+            moved += float(layer.scaling[self.adapter] ** 2 * torch.trace((b.T @ b) @ (a @ a.T)))
             base += float(layer.base_layer.weight.float().pow(2).sum())
         return (moved / base) ** 0.5 if base else 0.0
 
@@ -131,6 +144,7 @@ class PolicyModel:
         Besides the loss it reports how far the trainer's logprobs of the sampled tokens are
         from those vLLM recorded (``logprob_diff``, ``outside_clip``: over the tokens that have
         recorded logprobs), which says whether the samples are still on-policy enough to learn from."""
+        self.activate()
         self.model.train()
         settings = self.train
         trained = [s.trained() for s, _ in items]
@@ -160,7 +174,7 @@ class PolicyModel:
             compared["tokens"] += float((batch.sampled * batch.has_behaviour[:, None]).sum().item())
             for name in ("logprob_diff", "outside_clip", "tis_capped"):
                 compared[name] += getattr(parts, name).item()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.grad_clip).item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.train.grad_clip).item()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step_count += 1
@@ -182,8 +196,19 @@ class PolicyModel:
 
     def save(self, directory: Path) -> None:
         """Adapter (what vLLM loads), optimizer and trainer state: enough to resume exactly."""
-        directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(str(directory / "adapter"))
+        from peft.utils import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        adapter = directory / "adapter"
+        adapter.mkdir(parents=True, exist_ok=True)
+        # As peft's save_pretrained writes an adapter (its keys without the adapter's name),
+        # for this adapter alone whatever else the base holds.
+        weights = {k: v.contiguous() for k, v in get_peft_model_state_dict(self.model, adapter_name=self.adapter).items()}
+        save_file(weights, str(adapter / "adapter_model.safetensors"), metadata={"format": "pt"})
+        config = self.model.peft_config[self.adapter]
+        inference_mode, config.inference_mode = config.inference_mode, True
+        config.save_pretrained(str(adapter))
+        config.inference_mode = inference_mode
         torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
         state = {"step": self.step_count, "lora": msgspec.to_builtins(self.lora), "train": msgspec.to_builtins(self.train)}
         (directory / "trainer_state.json").write_text(json.dumps(state, indent=2))
@@ -192,7 +217,9 @@ class PolicyModel:
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
-        set_peft_model_state_dict(self.model, load_file(directory / "adapter" / "adapter_model.safetensors", device=str(self.device)))
+        set_peft_model_state_dict(
+            self.model, load_file(directory / "adapter" / "adapter_model.safetensors", device=str(self.device)), adapter_name=self.adapter
+        )
         self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location=self.device))
         self.configure(self.train)  # the saved state carries the old lr/betas: the policy's settings win
         self.step_count = json.loads((directory / "trainer_state.json").read_text())["step"]

@@ -55,6 +55,7 @@ from burnish_server.store.models import iso, utcnow
 from burnish_server.store.policies import clear_training_request, get_policy, last_step, load_policies, mark_load_error, mark_replicas, mark_served, record_step
 from burnish_server.store.training import TrainingCall, claim_groups, group_calls, other_trainer_busy, release_groups
 from burnish_server.telemetry.langfuse_export import Decision, LangfuseExport, Step
+from burnish_server.trainer.base_model import SharedBase
 from burnish_server.trainer.checkpoints import Checkpoints
 from burnish_server.trainer.policy_model import PolicyModel
 from burnish_server.trainer.sequences import training_batch
@@ -75,6 +76,7 @@ class TrainerWorker:
         self.settings, self.worker = settings, worker
         self.db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
         self.models: dict[str, PolicyModel] = {}
+        self.bases: dict[str, SharedBase] = {}  # by model path: one in memory for all its policies
         self.checkpoints = Checkpoints(settings.data_path)
         self.fleet = Fleet(settings)
         self.steps_done = 0
@@ -85,16 +87,29 @@ class TrainerWorker:
         self.langfuse = LangfuseExport.from_settings(settings)  # each step as an event, when keys are set
 
     def model(self, policy: Policy) -> PolicyModel:
-        """The in-memory model at the policy's head: kept between steps, rebuilt after a rollback."""
+        """The in-memory model at the policy's head: kept between steps, rebuilt after a rollback.
+        Policies on the same base share it (trainer/base_model.py): each is an adapter on it."""
         model = self.models.get(policy.name)
         if model is None or model.step_count != policy.head or model.lora != policy.lora:
-            model = PolicyModel(policy.model_path or policy.base_model, policy.lora, policy.train)
+            self.forget(policy.name)
+            path = policy.model_path or policy.base_model
+            base = self.bases.get(path) or self.bases.setdefault(path, SharedBase(path))
+            model = PolicyModel(base, policy.lora, policy.train, owner=policy.name)
             if policy.head > 0:  # resume: adapter and optimizer state of that step
                 model.load(self.checkpoints.step(policy.name, policy.head))
             self.models[policy.name] = model
         elif model.train != policy.train:
             model.configure(policy.train)
         return model
+
+    def forget(self, policy: str) -> None:
+        """Drop a policy's model (its adapter off the base; the base too, if no policy is left on it)."""
+        model = self.models.pop(policy, None)
+        if model is None:
+            return
+        model.close()
+        if not model.base.adapters:
+            self.bases.pop(model.base.path, None)
 
     async def policies(self) -> list[Policy]:
         return await self.db.read(load_policies)
@@ -227,7 +242,7 @@ class TrainerWorker:
             )
         except Exception:
             log.exception("step for %s failed; its groups wait again", policy.name)
-            self.models.pop(policy.name, None)  # the in-memory model may hold the failed step
+            self.forget(policy.name)  # the in-memory model may hold the failed step
             await self.db.transaction(release_groups, self.worker.worker_id, ids)
             return False
         if not became_head:
