@@ -108,6 +108,9 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     # How often every replica is checked for the versions it should hold (a replica that
     # joined, or restarted, is caught up).
     trainer_catch_up_every: float = 2.0
+    # How often a candidate's trial and a promoted version's watch for a regression are
+    # tested (core/promotion.py): each test reads the policy's rewarded trajectories.
+    trainer_review_every: float = 5.0
 
     # Recording. Off turns the gateway into a plain proxy (the benchmark's baseline).
     record: bool = True

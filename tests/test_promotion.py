@@ -140,7 +140,7 @@ async def follow() -> None:
 @pytest.fixture
 def trial(make_gateway, vllm: VLLMServer, tiny_model: Path, database_url: str):
     gw = make_gateway(database_url=database_url, upstream=vllm.url, upstream_timeout=120)
-    settings = Settings.load({}, data_dir=gw.settings.data_dir, database_url=database_url, upstream=vllm.url)
+    settings = Settings.load({}, data_dir=gw.settings.data_dir, database_url=database_url, upstream=vllm.url, trainer_review_every=0)
     worker = TrainerWorker(settings, WorkerSettings(worker_id="promotion-test"))
     yield gw, worker, tiny_model
     asyncio.run(worker.close())

@@ -84,6 +84,7 @@ class TrainerWorker:
         self.refused: dict[tuple[str, str], tuple[str, float]] = {}  # (replica, adapter) -> (its error, when)
         self.replica_views: dict[str, list[ReplicaView]] = {}  # policy -> as last written to the store
         self.caught_up_at = float("-inf")
+        self.reviewed_at: dict[str, float] = {}  # policy -> when its trial or watch was last tested
         self.langfuse = LangfuseExport.from_settings(settings)  # each step as an event, when keys are set
 
     def model(self, policy: Policy) -> PolicyModel:
@@ -185,7 +186,15 @@ class TrainerWorker:
 
     async def review(self, policy: Policy) -> Policy:
         """Decide the candidate's trial where its evidence does (core/promotion.py), and roll the
-        served version back where it regressed; return the policy as it then stands."""
+        served version back where it regressed; return the policy as it then stands. Tested
+        every ``trainer_review_every`` seconds at most, and only where there is something to test."""
+        watched = policy.promotion.rule != "immediate" and policy.promotion.rollback
+        if policy.candidate is None and not watched:
+            return policy
+        now = time.monotonic()
+        if now - self.reviewed_at.get(policy.name, float("-inf")) < self.settings.trainer_review_every:
+            return policy
+        self.reviewed_at[policy.name] = now
         if policy.candidate is not None:
             step = policy.candidate
             record: dict[str, Any]
