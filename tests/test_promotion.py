@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import msgspec
 import pytest
+from langfuse import Langfuse as LangfuseClient
 
 from burnish import Client
 from burnish_server.core.policies import Policy, PromotionSettings, in_canary
@@ -28,7 +30,8 @@ from burnish_server.core.settings import Settings
 from burnish_server.gateway.routing import REFRESH_EVERY_S
 from burnish_server.serving.process import VLLMServer
 from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
-from tests.conftest import ADMIN_TOKEN, Gateway
+from tests.conftest import ADMIN_TOKEN, Gateway, langfuse_settings
+from tests.langfuse_server import Langfuse as LangfuseStandIn
 from tests.test_trainer_recovery import TINY, ready_group
 
 # ---- the test ---------------------------------------------------------------------------------
@@ -138,11 +141,13 @@ async def follow() -> None:
 
 
 @pytest.fixture
-def trial(make_gateway, vllm: VLLMServer, tiny_model: Path, database_url: str):
+def trial(make_gateway, vllm: VLLMServer, tiny_model: Path, database_url: str, langfuse: LangfuseStandIn, langfuse_server):
     gw = make_gateway(database_url=database_url, upstream=vllm.url, upstream_timeout=120)
-    settings = Settings.load({}, data_dir=gw.settings.data_dir, database_url=database_url, upstream=vllm.url, trainer_review_every=0)
+    # The trainer also sends each decision to Langfuse, as an event in the trace of the step it decides.
+    lf = langfuse_settings(langfuse_server[1])
+    settings = Settings.load({}, data_dir=gw.settings.data_dir, database_url=database_url, upstream=vllm.url, trainer_review_every=0, **lf)
     worker = TrainerWorker(settings, WorkerSettings(worker_id="promotion-test"))
-    yield gw, worker, tiny_model
+    yield gw, worker, tiny_model, langfuse
     asyncio.run(worker.close())
 
 
@@ -155,7 +160,7 @@ async def step_to_candidate(gw: Gateway, worker: TrainerWorker, prefix: str) -> 
 
 
 async def test_a_worse_candidate_is_rejected_a_good_one_promoted_and_a_regression_rolled_back(trial) -> None:
-    gw, worker, tiny_model = trial
+    gw, worker, tiny_model, langfuse = trial
     gw.create_policy("agent", "tiny", model_path=str(tiny_model), promotion={"rule": "canary", **RULE}, **TINY)
     await worker.recover()
     admin = gw.admin()
@@ -216,9 +221,22 @@ async def test_a_worse_candidate_is_rejected_a_good_one_promoted_and_a_regressio
         assert f'burnish_policy_decisions{{decision="{decision}",policy="agent"}} 1.0' in text, decision
     assert 'burnish_policy_candidate_step{policy="agent"} -1.0' in text
 
+    # In Langfuse: each decision an event in its step's trace, with who decided, why and the figures.
+    def decisions() -> dict[tuple[int, str], dict[str, Any]]:
+        return {(meta["step"], meta["decision"]): e for e in langfuse.events() if "decision" in (meta := e["attributes"]["langfuse.observation.metadata"])}
+
+    deadline = time.monotonic() + 15
+    while len(decisions()) < 3 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    decided = decisions()
+    assert set(decided) == {(1, "rejected"), (2, "promoted"), (2, "rolled_back")}
+    rejected = decided[(1, "rejected")]
+    assert rejected["traceId"] == LangfuseClient.create_trace_id(seed="train:agent@1")
+    assert rejected["attributes"]["langfuse.observation.output"]["test"]["decision"] == "reject"
+
 
 async def test_eval_gates_on_held_out_scores_and_manual_waits_for_an_admin(trial) -> None:
-    gw, worker, tiny_model = trial
+    gw, worker, tiny_model, _ = trial
     gw.create_policy("agent", "tiny", model_path=str(tiny_model), promotion={"rule": "eval", **RULE}, **TINY)
     await worker.recover()
     status = await step_to_candidate(gw, worker, "e1")
