@@ -378,36 +378,37 @@ def _generation(call: CallRecord) -> tuple[str, str, datetime, datetime, dict[st
     return trace_id(call.trajectory_id), call.endpoint, call.started_at, call.finished_at, attributes
 
 
-def _step_event(step: Step) -> tuple[str, str, datetime, datetime, dict[str, Any]]:
-    session = f"train:{step.policy}"
+def _training_event(policy: str, step: int, name: str, at: datetime, fields: dict[str, Any]) -> tuple[str, str, datetime, datetime, dict[str, Any]]:
+    """An event in the trace of one step of a policy (its session: the policy's training). An
+    event is a moment: when it was recorded (a step's duration is in its metrics, "seconds")."""
+    session = f"train:{policy}"
     attributes = {
-        "langfuse.trace.name": f"train {step.policy}@{step.step}",
+        "langfuse.trace.name": f"train {policy}@{step}",
         "session.id": session,
-        "langfuse.trace.metadata": {"policy": step.policy, "step": step.step},
+        "langfuse.trace.metadata": {"policy": policy, "step": step},
         "langfuse.observation.type": "event",
+        "langfuse.version": f"{policy}@{step}",
+        **fields,
+    }
+    return trace_id(f"{session}@{step}"), name, at, at, attributes
+
+
+def _step_event(step: Step) -> tuple[str, str, datetime, datetime, dict[str, Any]]:
+    fields = {
         "langfuse.observation.input": {"parent": step.parent, "groups": step.groups},
         "langfuse.observation.output": step.metrics,
         "langfuse.observation.metadata": {"policy": step.policy, "step": step.step, "parent": step.parent},
-        "langfuse.version": f"{step.policy}@{step.step}",
     }
-    # An event is a moment: when the step was recorded (its duration is in the metrics, "seconds").
-    return trace_id(f"{session}@{step.step}"), "training step", step.recorded_at, step.recorded_at, attributes
+    return _training_event(step.policy, step.step, "training step", step.recorded_at, fields)
 
 
 def _decision_event(decision: Decision) -> tuple[str, str, datetime, datetime, dict[str, Any]]:
     """In the trace of the step it decides, beside that step's event."""
-    session = f"train:{decision.policy}"
-    version = f"{decision.policy}@{decision.step}"
-    attributes = {
-        "langfuse.trace.name": f"train {version}",
-        "session.id": session,
-        "langfuse.trace.metadata": {"policy": decision.policy, "step": decision.step},
-        "langfuse.observation.type": "event",
+    fields = {
         "langfuse.observation.output": decision.record,
         "langfuse.observation.metadata": {"policy": decision.policy, "step": decision.step, "decision": decision.decision},
-        "langfuse.version": version,
     }
-    return trace_id(f"{session}@{decision.step}"), decision.decision, decision.decided_at, decision.decided_at, attributes
+    return _training_event(decision.policy, decision.step, decision.decision, decision.decided_at, fields)
 
 
 def _trace_attributes(trajectory_id: str, group_id: str | None, policy: str | None, version: str | None, *, held_out: bool = False) -> dict[str, Any]:
