@@ -130,7 +130,8 @@ class TrainerWorker:
         train what is ready. Trained anything?"""
         trained = False
         for policy in await self.policies():
-            await self.publish_pending(policy)
+            if await self.publish_pending(policy):  # it may have put a candidate on trial
+                policy = await self.db.read(get_policy, policy.name)
             policy = await self.review(policy)
             # One candidate at a time: the next step waits for its trial's end, so that steps
             # never outrun the evidence that would let any of them serve.
@@ -157,24 +158,25 @@ class TrainerWorker:
                 continue  # another trainer is mid-step on it: what looks unrecorded may be its step
             self.checkpoints.tidy(policy.name, await self.db.read(last_step, policy.name))
 
-    async def publish_pending(self, policy: Policy) -> None:
+    async def publish_pending(self, policy: Policy) -> bool:
         """Serve the policy's head if it is not served yet (a new step, a rollback, a crash between
-        the two); under a promotion rule other than immediate, a new step goes on trial instead."""
+        the two); under a promotion rule other than immediate, a new step goes on trial instead.
+        Returns whether it published one."""
         if policy.head in (policy.step, policy.candidate):
-            return
+            return False
         trial = await self.db.read(promotion.goes_on_trial, policy)
         if trial is None:  # a rejected candidate, kept as the head only to train from
-            return
+            return False
         failed = self.failed_publish.get(policy.name)
         if failed is not None and failed[0] == policy.head and time.monotonic() - failed[1] < self.settings.trainer_publish_retry:
-            return
+            return False
         try:
             seconds = await asyncio.to_thread(self.publish, policy, policy.head)
         except Exception as exc:
             log.error("%s@%d is not served: %s", policy.name, policy.head, exc)
             self.failed_publish[policy.name] = (policy.head, time.monotonic())
             await self.db.transaction(mark_load_error, policy.name, f"{policy.name}@{policy.head}: {exc}")
-            return
+            return False
         self.failed_publish.pop(policy.name, None)
         if trial:
             await self.db.transaction(promotion.mark_candidate, policy.name, policy.head, seconds)
@@ -183,6 +185,7 @@ class TrainerWorker:
             await self.db.transaction(mark_served, policy.name, policy.head, seconds)
             log.info("%s now serves %s@%d (loaded and checked in %.3fs)", policy.name, policy.name, policy.head, seconds)
         self.caught_up_at = float("-inf")  # report where each replica stands at the next pass
+        return True
 
     async def review(self, policy: Policy) -> Policy:
         """Decide the candidate's trial where its evidence does (core/promotion.py), and roll the
