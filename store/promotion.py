@@ -35,19 +35,31 @@ from burnish_server.store.models import Call, PolicyRow, StepRow, Trajectory, ut
 PROMOTED, REJECTED, ROLLED_BACK = "promoted", "rejected", "rolled_back"
 
 
-def samples(conn: Connection, policy: str, steps: list[int], *, since: datetime | None = None, held_out: bool = False) -> dict[int, Sample]:
-    """Rewarded trajectories per version among ``steps``: count, mean and variance of rewards."""
-    versions = (
+def _versions(policy: str, since: datetime | None = None) -> Any:
+    """Per trajectory that called the policy (since ``since``), the lowest and highest step
+    its ok calls were answered by (``id``, ``low``, ``high``), as a subquery: it is one
+    version's when the two are equal."""
+    return (
         select(Call.trajectory_id.label("id"), func.min(Call.policy_step).label("low"), func.max(Call.policy_step).label("high"))
-        .where(Call.policy == policy, Call.policy_step.in_(steps), Call.status == OK, *([Call.started_at >= since] if since else []))
+        .where(Call.policy == policy, Call.status == OK, *([Call.started_at >= since] if since else []))
         .group_by(Call.trajectory_id)
         .subquery()
     )
+
+
+def samples(conn: Connection, policy: str, steps: list[int], *, since: datetime | None = None, held_out: bool = False) -> dict[int, Sample]:
+    """Rewarded trajectories per version among ``steps``: count, mean and variance of rewards."""
+    versions = _versions(policy, since)
     reward = Trajectory.reward
     query = (
         select(versions.c.high, func.count(), func.avg(reward), func.sum(reward * reward))
         .join(Trajectory, Trajectory.id == versions.c.id)
-        .where(versions.c.low == versions.c.high, reward.is_not(None), *([Trajectory.eval == true()] if held_out else []))
+        .where(
+            versions.c.low == versions.c.high,
+            versions.c.high.in_(steps),
+            reward.is_not(None),
+            *([Trajectory.eval == true()] if held_out else []),
+        )
         .group_by(versions.c.high)
     )
     out = {step: Sample(0, None, 0.0) for step in steps}
@@ -103,17 +115,11 @@ def regression(conn: Connection, policy: Policy) -> tuple[int, Comparison] | Non
 
 def _latest(conn: Connection, policy: str, step: int, window: int) -> Sample:
     """The newest ``window`` rewarded trajectories that version ``step`` alone answered."""
-    versions = (
-        select(Call.trajectory_id.label("id"))
-        .where(Call.policy == policy, Call.status == OK)
-        .group_by(Call.trajectory_id)
-        .having(func.min(Call.policy_step) == step, func.max(Call.policy_step) == step)
-        .subquery()
-    )
+    versions = _versions(policy)
     rewards = conn.execute(
         select(Trajectory.reward)
         .join(versions, versions.c.id == Trajectory.id)
-        .where(Trajectory.reward.is_not(None))
+        .where(versions.c.low == step, versions.c.high == step, Trajectory.reward.is_not(None))
         .order_by(Trajectory.rewarded_at.desc(), Trajectory.pk.desc())
         .limit(window)
     ).scalars()
@@ -155,14 +161,13 @@ def note(conn: Connection, policy: str, step: int, decision: str, record: dict[s
     conn.execute(update(StepRow).where(StepRow.policy == policy, StepRow.step == step).values(decision=decision, decided_at=now, decisions=[*earlier, entry]))
 
 
-def admin_decide(conn: Connection, policy: Policy, decision: str) -> Policy:
+def admin_decide(conn: Connection, policy: Policy, decision: str) -> None:
     """An admin promotes or rejects the candidate, with the evidence as it stands."""
     if policy.candidate is None:
         raise Conflict(f"policy {policy.name!r} has no candidate on trial", "no_candidate")
     figures = evidence(conn, policy)
     record = {"by": "admin", "reason": f"{decision} by an admin"} | ({"test": msgspec.to_builtins(figures)} if figures else {})
     decide(conn, policy, policy.candidate, decision, record)
-    return policy
 
 
 def roll_back(conn: Connection, policy: Policy, to: int, record: dict[str, Any]) -> bool:
