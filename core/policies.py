@@ -26,6 +26,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from burnish_server.core.access import PRINTABLE
+
 
 class LoraSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     # vLLM must be started with --max-lora-rank at least this (burnish up: 16).
@@ -79,8 +81,6 @@ class TrainSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 # Text the store keeps: PostgreSQL's text cannot hold a NUL character.
 NO_NUL = r"^[^\x00]*$"
-# A model name: no control character.
-MODEL_NAME = r"^[^\x00-\x1f\x7f]*$(?!\n)"
 
 # A judge's base URL: http or https, a host, an optional path; no query, fragment or space
 # (the gateway appends /chat/completions to it).
@@ -97,7 +97,7 @@ class RulerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # None: the default rubric (DEFAULT_RUBRIC in gateway/ruler.py).
     rubric: Annotated[str, Meta(max_length=20_000, pattern=NO_NUL)] | None = None
     # None: BURNISH_JUDGE_MODEL, else the policy's base model.
-    judge_model: Annotated[str, Meta(min_length=1, max_length=256, pattern=MODEL_NAME)] | None = None
+    judge_model: Annotated[str, Meta(min_length=1, max_length=256, pattern=PRINTABLE)] | None = None
     # None: BURNISH_JUDGE_BASE_URL, else the gateway's upstream. An http(s) base URL with no
     # query or fragment; BURNISH_JUDGE_ALLOWED_URLS, where set, lists the ones allowed.
     judge_base_url: Annotated[str, Meta(min_length=1, max_length=700, pattern=JUDGE_URL_PATTERN)] | None = None

@@ -22,9 +22,9 @@ from litestar import post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from burnish_server.core.access import Principal, local
+from burnish_server.core.access import PRINTABLE, Principal, local
 from burnish_server.core.errors import BurnishError, Conflict, Invalid, Unavailable
-from burnish_server.core.policies import JUDGE_URL_PATTERN, MODEL_NAME, NO_NUL, RulerSettings
+from burnish_server.core.policies import JUDGE_URL_PATTERN, NO_NUL, RulerSettings
 from burnish_server.core.transcript import conversation
 from burnish_server.core.views import JudgeView, RulerView, ScoreView
 from burnish_server.gateway import openapi
@@ -59,7 +59,7 @@ class RulerIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     The judge's endpoint and key are the server's to choose, never a request's."""
 
     rubric: Annotated[str, msgspec.Meta(max_length=20_000, pattern=NO_NUL)] | None = None
-    judge_model: Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=MODEL_NAME)] | None = None
+    judge_model: Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=PRINTABLE)] | None = None
     combine: Literal["set", "add"] | None = None
     # Refused whatever their value: fields rather than unknown keys, to answer with the setting to use.
     judge_base_url: Annotated[Any, msgspec.Meta(description=_REFUSED_DOC.format(why=_REFUSED["judge_base_url"][0], code=_REFUSED["judge_base_url"][1]))] = (
