@@ -111,6 +111,9 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     # How often a candidate's trial and a promoted version's watch for a regression are
     # tested (core/promotion.py): each test reads the policy's rewarded trajectories.
     trainer_review_every: float = 5.0
+    # A policy that has not trained for this long leaves the trainer's memory (its adapter and
+    # optimizer state; the base too, with its last policy). Its next step reloads its checkpoint.
+    trainer_idle_unload: float = 1800.0
 
     # Recording. Off turns the gateway into a plain proxy (the benchmark's baseline).
     record: bool = True

@@ -11,6 +11,7 @@ import shutil
 import time
 from pathlib import Path
 
+import torch
 from langfuse import Langfuse
 
 from burnish_server.core.settings import Settings
@@ -104,3 +105,26 @@ async def test_train_now_pause_rollback_and_a_failed_load(
         admin.close()
         await worker.close()
         unload(vllm, (1, 2, 3))
+
+
+async def test_an_idle_policy_leaves_the_trainers_memory_and_its_next_step_resumes(make_gateway, vllm: VLLMServer, tiny_model: Path) -> None:
+    gw = make_gateway(upstream=vllm.url, upstream_timeout=120)
+    gw.create_policy("agent", "tiny", model_path=str(tiny_model), lora={"rank": 8, "alpha": 16}, train={"learning_rate": 5e-3, "groups_per_step": 1})
+    settings = Settings.load({}, data_dir=gw.settings.data_dir, upstream=vllm.url, trainer_idle_unload=1.0)
+    worker = TrainerWorker(settings, WorkerSettings(worker_id="idle-test"))
+    await worker.recover()
+    try:
+        await ready_group(gw, "a")
+        assert await worker.run_once()
+        assert set(worker.models) == {"agent"} and len(worker.bases) == 1
+        await asyncio.sleep(1.1)
+        assert not await worker.run_once()
+        assert worker.models == {} and worker.bases == {}  # the adapter, its optimizer and the base: gone
+        # The next step loads the base again and resumes from step 1's checkpoint, optimizer included.
+        await ready_group(gw, "b")
+        assert await worker.run_once()
+        assert worker.models["agent"].step_count == 2 and gw.policy()["last_step"]["parent"] == 1
+        state = torch.load(worker.checkpoints.step("agent", 2) / "optimizer.pt")["state"]
+        assert {float(s["step"]) for s in state.values()} == {2.0}  # AdamW's second step, not a first again
+    finally:
+        await worker.close()

@@ -3,11 +3,14 @@
 The test itself (core/promotion.py) is checked against Student's t table and, by simulation,
 against its stated error rates. Then the whole trial runs on the tiny model through vLLM, the
 gateway and the trainer (in this process, one pass at a time, as tests/test_admin_training.py
-does), on SQLite and PostgreSQL: a candidate serves its share of trajectories, sticky; the
-agent's rewards for it decide (the agent here scores the candidate's answers lower, or alike:
-what a reward bug or a good step would make it post); a rejected candidate never serves more
-than its share; a promoted one serves everyone; a regression of the served version is rolled
-back by itself; under ``eval`` the SDK's held-out run decides; under ``manual``, an admin.
+does), on SQLite and PostgreSQL:
+- a step trained on inverted rewards (a reward bug) writes worse answers; the agent's true
+  rewards reject it, and it never serves more than its share; a step trained on the true
+  rewards is promoted;
+- the mechanics, with rewards the agent posts per version: a candidate serves its share of
+  trajectories, sticky; a rejected one serves no one; a promoted one serves everyone; a
+  regression of the served version is rolled back by itself; under ``eval`` the SDK's held-out
+  run decides; under ``manual``, an admin.
 """
 
 from __future__ import annotations
@@ -233,6 +236,93 @@ async def test_a_worse_candidate_is_rejected_a_good_one_promoted_and_a_regressio
     rejected = decided[(1, "rejected")]
     assert rejected["traceId"] == LangfuseClient.create_trace_id(seed="train:agent@1")
     assert rejected["attributes"]["langfuse.observation.output"]["test"]["decision"] == "reject"
+
+
+# The task: answer in words, no digits; the reward is the share of characters that are not digits.
+# The tiny model writes ~7% digits (top_k 50, 16 tokens). One step at lr 0.1 on 4 groups of 8
+# trained on the inverted reward (a bug that pays for digits) takes that to ~13% through vLLM
+# (rewards 0.93 against 0.87); one on the true reward leaves it as it was. A margin of 0.02
+# tells them apart within a few dozen trajectories on each side.
+NO_DIGITS = [{"role": "user", "content": "Write some words."}]
+LEARNS = {"lora": {"rank": 8, "alpha": 16}, "train": {"learning_rate": 0.1, "groups_per_step": 4}}
+STRICT = {"rule": "canary", "canary_share": 0.5, "min_trajectories": 16, "margin": 0.02}
+
+
+def no_digits(text: str) -> float:
+    return 1 - sum(ch.isdigit() for ch in text) / max(len(text), 1)
+
+
+async def answer(client: httpx.AsyncClient, path: str, seed: int, model: str = "agent", **headers: str) -> tuple[str, str]:
+    body = {"model": model, "messages": NO_DIGITS, "max_tokens": 16, "temperature": 1.0, "top_k": 50, "seed": seed}
+    r = await client.post(f"{path}/v1/chat/completions", json=body, headers=headers)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"] or "", r.headers["x-policy-version"]
+
+
+async def task_groups(gw: Gateway, prefix: str, count: int, *, inverted: bool) -> None:
+    """``count`` groups of 8 answers to the task, rewarded truly or inverted (the reward bug)."""
+    async with httpx.AsyncClient(base_url=gw.url, timeout=120) as client:
+        for g in range(count):
+            for i in range(8):
+                trajectory = f"{prefix}-{g}-{i}"
+                text, _ = await answer(client, f"/g/{prefix}-{g}/t/{trajectory}", seed=100 * g + i, **{"x-group-size": "8"})
+                value = 1 - no_digits(text) if inverted else no_digits(text)
+                assert (await client.post(f"/v1/trajectories/{trajectory}/reward", json={"reward": value})).status_code == 200
+
+
+async def until_decided(gw: Gateway, worker: TrainerWorker, prefix: str, candidate: str) -> tuple[dict[str, Any], list[str]]:
+    """The agent at work, rewarded truly, 16 trajectories at a time, until the trial is decided;
+    returns the policy's status then and the version each trajectory was served by."""
+    versions: list[str] = []
+    async with httpx.AsyncClient(base_url=gw.url, timeout=120) as client:
+        while gw.policy()["candidate"] is not None:
+            assert len(versions) < 400, (versions.count(candidate), gw.policy()["candidate"]["test"])
+            for _ in range(16):
+                trajectory = f"{prefix}-{len(versions)}"
+                text, version = await answer(client, f"/t/{trajectory}", seed=len(versions))
+                assert (await client.post(f"/v1/trajectories/{trajectory}/reward", json={"reward": no_digits(text)})).status_code == 200
+                versions.append(version)
+            await worker.run_once()
+    return gw.policy(), versions
+
+
+def history_reason(admin: httpx.Client) -> str:
+    return admin.get("/admin/policies/agent/metrics").json()["data"][-1]["decisions"][-1]["reason"]
+
+
+async def test_a_step_trained_on_inverted_rewards_is_rejected_and_one_on_true_rewards_promoted(trial) -> None:
+    gw, worker, tiny_model, _ = trial
+    gw.create_policy("agent", "tiny", model_path=str(tiny_model), promotion=STRICT, **LEARNS)
+    await worker.recover()
+    admin = gw.admin()
+
+    # A reward bug: step 1 trains on groups scored for their digits. It goes on trial.
+    await task_groups(gw, "bug", 4, inverted=True)
+    assert await worker.run_once()
+    await follow()
+    assert gw.policy()["candidate"]["step"] == 1
+    status, versions = await until_decided(gw, worker, "after-bug", "agent@1")
+    (step,) = [s for s in admin.get("/admin/policies/agent/checkpoints").json()["data"] if s["step"] == 1]
+    test = step["decisions"][-1]["test"]
+    assert step["decision"] == "rejected", test
+    assert status["step"] == 0 and test["upper"] < -0.02, test
+    # It served its share of the trajectories while on trial, never more, and no one after.
+    assert 0.3 < versions.count("agent@1") / len(versions) < 0.7, versions
+    print(f"rejected after {len(versions)} trajectories: {test['reason']}")
+    await follow()
+    async with httpx.AsyncClient(base_url=gw.url, timeout=120) as client:
+        assert {(await answer(client, f"/t/later-{i}", seed=i))[1] for i in range(8)} == {"agent@0"}
+
+    # The bug fixed: step 2 trains from the served version on the true rewards, and is promoted.
+    await task_groups(gw, "fixed", 4, inverted=False)
+    assert await worker.run_once()
+    await follow()
+    assert (gw.policy()["candidate"]["step"], gw.policy()["last_step"]["parent"]) == (2, 0)
+    status, versions = await until_decided(gw, worker, "after-fix", "agent@2")
+    print(f"promoted after {len(versions)} trajectories: {history_reason(admin)}")
+    history = admin.get("/admin/policies/agent/metrics").json()["data"]
+    assert [(h["step"], h["decision"]) for h in history] == [(1, "rejected"), (2, "promoted")], history[-1]["decisions"]
+    assert status["step"] == 2
 
 
 async def test_eval_gates_on_held_out_scores_and_manual_waits_for_an_admin(trial) -> None:

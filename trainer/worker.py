@@ -85,6 +85,7 @@ class TrainerWorker:
         self.replica_views: dict[str, list[ReplicaView]] = {}  # policy -> as last written to the store
         self.caught_up_at = float("-inf")
         self.reviewed_at: dict[str, float] = {}  # policy -> when its trial or watch was last tested
+        self.used_at: dict[str, float] = {}  # policy -> when its model last trained (or was loaded)
         self.langfuse = LangfuseExport.from_settings(settings)  # each step as an event, when keys are set
 
     def model(self, policy: Policy) -> PolicyModel:
@@ -101,11 +102,13 @@ class TrainerWorker:
             self.models[policy.name] = model
         elif model.train != policy.train:
             model.configure(policy.train)
+        self.used_at[policy.name] = time.monotonic()
         return model
 
     def forget(self, policy: str) -> None:
         """Drop a policy's model (its adapter off the base; the base too, if no policy is left on it)."""
         model = self.models.pop(policy, None)
+        self.used_at.pop(policy, None)
         if model is None:
             return
         model.close()
@@ -139,7 +142,16 @@ class TrainerWorker:
                 trained |= await self.train_once(policy)
         if time.monotonic() - self.caught_up_at >= self.settings.trainer_catch_up_every:
             await self.catch_up()
+        self.unload_idle()
         return trained
+
+    def unload_idle(self) -> None:
+        """Free the memory of the policies that have not trained for ``trainer_idle_unload``
+        seconds: a trainer of many projects' policies holds only those that are training."""
+        now = time.monotonic()
+        for name in [name for name, at in self.used_at.items() if now - at >= self.settings.trainer_idle_unload]:
+            log.info("%s has not trained for %.0fs: its model leaves memory until its next step", name, now - self.used_at[name])
+            self.forget(name)
 
     async def close(self) -> None:
         if self.langfuse is not None:
