@@ -77,7 +77,7 @@ async def run(swaps: int, data: Path, vllm_url: str, gateway_url: str, model: Pa
             await ready_group(client, f"{policy}-swap{n}", policy)
             ids = await worker.db.transaction(claim_groups, policy, "bench", 1)
             current = await worker.db.read(get_policy, policy)
-            metrics = await asyncio.to_thread(worker.train_and_save, current, await worker.db.read(group_calls, ids), n)
+            metrics = await asyncio.to_thread(worker.held.step, current, await worker.db.read(group_calls, ids), n)
             t0 = time.perf_counter()  # checkpoint saved
             await worker.db.transaction(record_step, policy, n, n - 1, ids, "bench", metrics, str(worker.checkpoints.step(policy, n)))
             t1 = time.perf_counter()

@@ -9,6 +9,7 @@ import asyncio
 import functools
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from typing import TypeVar
@@ -202,20 +203,54 @@ def revoke_key(key_id: str, **options: object) -> None:
     type=click.IntRange(1, None),
     help="adapters per policy kept loaded in vLLM (default 3) [BURNISH_TRAINER_KEEP_LOADED]",
 )
+@click.option(
+    "--nproc", "trainer_nproc", type=click.IntRange(1, None), help="ranks on this machine, one per GPU, run under torchrun (default 1) [BURNISH_TRAINER_NPROC]"
+)
+@click.option(
+    "--parallel",
+    "trainer_parallel",
+    type=click.Choice(["ddp", "fsdp"]),
+    help="each rank holds the whole base (ddp) or a shard of it (fsdp) [BURNISH_TRAINER_PARALLEL]",
+)
 @click.option("--log-level", help="[BURNISH_LOG_LEVEL]")
 @click.option("--log-format", type=click.Choice(["text", "json"]), help="[BURNISH_LOG_FORMAT]")
 def trainer(worker_id: str | None, **options: object) -> None:
     """Run the trainer: GRPO steps on ready groups, adapters published to vLLM.
 
-    Each policy trains with its own settings (create and change them over /admin/policies)."""
+    Each policy trains with its own settings (create and change them over /admin/policies).
+    With --nproc N it starts itself N times under torchrun; on several machines, run
+    `torchrun ... -m burnish_server.cli trainer` on each (docs/deploy.md)."""
     try:
+        from burnish_server.trainer.distributed import Ranks
+        from burnish_server.trainer.models import Models
         from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
     except ImportError as exc:
         raise click.ClickException(f"{exc}: install the trainer's dependencies (pip install 'burnish[train]')") from None
 
     settings = _settings(**options)
     logs.configure(settings.log_level, settings.log_format)
-    worker = TrainerWorker(settings, WorkerSettings(worker_id=worker_id) if worker_id else WorkerSettings())
+    if settings.trainer_nproc > 1 and "LOCAL_RANK" not in os.environ:
+        # The shortcut: this same command, N times on this machine, under torchrun. A worker
+        # id stable across torchrun's restarts lets a restarted rank 0 release its claims at once.
+        # The settings travel as BURNISH_* variables (torchrun would read the options as its own).
+        worker_id = worker_id or f"{socket.gethostname()}-torchrun-{os.getpid()}"
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={settings.trainer_nproc}"]
+        command = [*torchrun, f"--max-restarts={settings.trainer_max_restarts}", "-m", "burnish_server.cli", "trainer", "--worker-id", worker_id]
+        os.execve(sys.executable, command, {**os.environ, **settings.environ()})
+    ranks = Ranks.from_env(settings.trainer_parallel)
+    if not ranks.main:  # the other ranks do what rank 0 says (trainer/models.py)
+        from burnish_server.trainer.checkpoints import Checkpoints
+
+        # Ctrl-C and torchrun's SIGTERM stop rank 0, which then tells the others to stop:
+        # a rank that left on its own would fail rank 0's last word.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            Models(settings, Checkpoints(settings.data_path), ranks).follow()
+        finally:
+            ranks.close()
+        return
+    worker = TrainerWorker(settings, WorkerSettings(worker_id=worker_id) if worker_id else WorkerSettings(), ranks)
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -226,6 +261,7 @@ def trainer(worker_id: str | None, **options: object) -> None:
             await worker.run(stop)
         finally:
             await worker.close()
+            ranks.close()
 
     asyncio.run(run())
 

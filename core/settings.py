@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
 
 from burnish_server.core.replicas import discover, parse_upstreams
 
@@ -114,6 +115,19 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     # A policy that has not trained for this long leaves the trainer's memory (its adapter and
     # optimizer state; the base too, with its last policy). Its next step reloads its checkpoint.
     trainer_idle_unload: float = 1800.0
+    # Ranks on this node (`burnish trainer --nproc N` runs N under torchrun; several nodes run
+    # torchrun themselves: docs/deploy.md), and how they hold the base: ddp, each rank the
+    # whole base; fsdp, each rank a shard of it (FSDP2). trainer/distributed.py says more.
+    trainer_nproc: Annotated[int, Meta(ge=1)] = 1
+    trainer_parallel: Literal["ddp", "fsdp"] = "ddp"
+    # torchrun's restarts of every rank after one failed (burnish trainer --nproc only).
+    trainer_max_restarts: Annotated[int, Meta(ge=0)] = 3
+    # How a base is held (trainer/base_model.py: Holding): its dtype (auto: bf16 on a GPU,
+    # fp32 on the CPU), activation checkpointing (auto: on on a GPU), and sequences packed
+    # without padding where the model allows.
+    trainer_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    trainer_checkpointing: Literal["auto", "on", "off"] = "auto"
+    trainer_packing: bool = True
 
     # Recording. Off turns the gateway into a plain proxy (the benchmark's baseline).
     record: bool = True

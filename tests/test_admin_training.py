@@ -116,14 +116,14 @@ async def test_an_idle_policy_leaves_the_trainers_memory_and_its_next_step_resum
     try:
         await ready_group(gw, "a")
         assert await worker.run_once()
-        assert set(worker.models) == {"agent"} and len(worker.bases) == 1
+        assert set(worker.held.models) == {"agent"} and len(worker.held.bases) == 1
         await asyncio.sleep(1.1)
         assert not await worker.run_once()
-        assert worker.models == {} and worker.bases == {}  # the adapter, its optimizer and the base: gone
+        assert worker.held.models == {} and worker.held.bases == {}  # the adapter, its optimizer and the base: gone
         # The next step loads the base again and resumes from step 1's checkpoint, optimizer included.
         await ready_group(gw, "b")
         assert await worker.run_once()
-        assert worker.models["agent"].step_count == 2 and gw.policy()["last_step"]["parent"] == 1
+        assert worker.held.models["agent"].step_count == 2 and gw.policy()["last_step"]["parent"] == 1
         state = torch.load(worker.checkpoints.step("agent", 2) / "optimizer.pt")["state"]
         assert {float(s["step"]) for s in state.values()} == {2.0}  # AdamW's second step, not a first again
     finally:

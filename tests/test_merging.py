@@ -237,7 +237,7 @@ def test_the_step_metrics_count_splits_and_untokenized_calls(tokenizer: Any, tin
     settings = Settings.load({}, database_url=f"sqlite+aiosqlite:///{tmp_path / 'b.db'}", data_dir=str(tmp_path / "data"), upstream="http://127.0.0.1:9")
     worker = TrainerWorker(settings)
     policy = Policy(name="agent", base_model="tiny", model_path=str(tiny_model), lora=LoraSettings(rank=8, alpha=16))
-    metrics = worker.train_and_save(policy, rows, 1)
+    metrics = worker.held.step(policy, rows, 1)
     worker.fleet.close()
     assert metrics["sequence_splits"] == 2 and metrics["untokenized_calls"] == 1
     assert metrics["split_reasoning_dropped"] == 2 and metrics["split_tool_call_rerendered"] == 0

@@ -31,13 +31,13 @@ SIZE = 2
 TINY = {"lora": {"rank": 8, "alpha": 16}, "train": {"learning_rate": 5e-3, "groups_per_step": 2}}
 
 
-async def ready_group(gw: Gateway, name: str) -> None:
+async def ready_group(gw: Gateway, name: str, policy: str = "agent") -> None:
     """A group of SIZE policy calls with rewards 0, 1, ...: closed by its last reward, and ready."""
     async with httpx.AsyncClient(base_url=gw.url, timeout=120) as client:
         for i in range(SIZE):
             r = await client.post(
                 f"/g/{name}/t/{name}-{i}/v1/chat/completions",
-                json={"model": "agent", "messages": [{"role": "user", "content": "digits"}], "max_tokens": 8},
+                json={"model": policy, "messages": [{"role": "user", "content": "digits"}], "max_tokens": 8},
                 headers={"x-group-size": str(SIZE)},
             )
             assert r.status_code == 200
@@ -123,7 +123,7 @@ async def test_killed_trainer_resumes_without_loss_or_repeat(make_gateway, vllm:
     await first.recover()
     ids = await first.db.transaction(claim_groups, "agent", "w1", 2)
     policy = await first.db.read(get_policy, "agent")
-    first.train_and_save(policy, await first.db.read(group_calls, ids), 1)
+    first.held.step(policy, await first.db.read(group_calls, ids), 1)
     assert (ckpts / "1").exists()
     await first.close()
 
@@ -135,7 +135,7 @@ async def test_killed_trainer_resumes_without_loss_or_repeat(make_gateway, vllm:
 
     # 2. Killed after recording step 1, before switching the policy to it.
     ids = await second.db.transaction(claim_groups, "agent", "w1", 2)
-    metrics = second.train_and_save(policy, await second.db.read(group_calls, ids), 1)
+    metrics = second.held.step(policy, await second.db.read(group_calls, ids), 1)
     assert await second.db.transaction(record_step, "agent", 1, 0, ids, "w1", metrics, str(ckpts / "1"))
     assert served_step(gw) == 0 and gw.policy()["pending_version"] == "agent@1"
     await second.close()

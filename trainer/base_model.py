@@ -11,26 +11,76 @@ base per policy.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
+
+from burnish_server.trainer.distributed import Ranks
+
+
+@dataclass(frozen=True)
+class Holding:
+    """How the trainer holds a base model (``BURNISH_TRAINER_*`` in core/settings.py)."""
+
+    # The base's weights and activations: bf16 on a GPU; fp32 on the CPU, where bf16 matmuls
+    # are slow or missing. LoRA's weights and optimizer state are fp32 whatever this says.
+    dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    # Activation (gradient) checkpointing: each layer's activations recomputed in the backward
+    # pass instead of kept, about a third more compute for memory that no longer grows with
+    # layers x tokens. On by default on a GPU, where agent-length sequences hit the limit.
+    checkpointing: Literal["auto", "on", "off"] = "auto"
+    # A micro-batch's sequences packed into one row without padding (position ids per
+    # sequence; transformers masks each to itself), where the model does so faithfully.
+    packing: bool = True
 
 
 class SharedBase:
     """A base model, and the adapter of each policy attached to it."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, ranks: Ranks | None = None, holding: Holding = Holding()) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.path = path
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        # bf16 on a GPU; fp32 on the CPU, where bf16 matmuls are slow or missing.
-        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.ranks = ranks or Ranks()
+        self.device = self.ranks.device
+        gpu = self.device.type == "cuda"
+        dtype = {"auto": torch.bfloat16 if gpu else torch.float32, "bfloat16": torch.bfloat16, "float32": torch.float32}[holding.dtype]
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device)  # type: ignore[arg-type]  # transformers' stubs type .to oddly
+        self.model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        if holding.checkpointing == "on" or (holding.checkpointing == "auto" and gpu):
+            # Non-reentrant: the variant that composes with FSDP2 and with frozen inputs.
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self.ranks.sharded:
+            self.ranks.shard(self.model)  # FSDP2 places each rank's shards on its device
+        else:
+            self.model.to(self.device)  # type: ignore[arg-type]  # transformers' stubs type .to oddly
+        self.checkpointing = bool(self.model.is_gradient_checkpointing)
+        self.packs = holding.packing and self.packing_is_faithful()
         self.peft: Any = None  # the PeftModel, once an adapter is attached
         self.adapters: dict[str, str] = {}  # owner (a policy) -> its adapter's name in peft
         self._made = 0
+        self._norms: dict[int, float] = {}  # id(a frozen base layer) -> its weight's squared norm
+
+    @torch.no_grad()
+    def packing_is_faithful(self) -> bool:
+        """Whether two sequences packed in one row (position ids restarting) get the logits each
+        gets alone: transformers builds the per-sequence mask from the position ids for the
+        models that use its masking (Llama, Qwen2, Mistral, ...); a model that does not would
+        let packed sequences see each other, and is trained padded instead."""
+        first, second = [1, 2, 3, 4, 5], [6, 7, 8]
+        self.model.eval()
+        alone = torch.cat([self.model(input_ids=torch.tensor([ids], device=self.device)).logits[0] for ids in (first, second)]).float()
+        positions = torch.tensor([list(range(len(first))) + list(range(len(second)))], device=self.device)
+        packed = self.model(input_ids=torch.tensor([first + second], device=self.device), position_ids=positions).logits[0].float()
+        tolerance = 1e-4 if self.model.dtype == torch.float32 else 3e-2  # bf16 rounds to ~3 digits
+        return bool((packed - alone).abs().max() <= tolerance * max(float(alone.abs().max()), 1.0))
+
+    def squared_norm(self, layer: Any) -> float:
+        """A frozen base layer's squared weight norm, computed once (under FSDP2 it takes a collective)."""
+        if id(layer) not in self._norms:
+            self._norms[id(layer)] = self.ranks.squared_norm(layer.weight)
+        return self._norms[id(layer)]
 
     def attach(self, owner: str, config: Any, seed: int) -> tuple[Any, str]:
         """A new adapter for ``owner`` (LoRA's A matrices drawn from ``seed``: the same seed, the

@@ -8,7 +8,7 @@ and its default is in ``core/policies.py`` (LoraSettings, TrainSettings).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,44 +24,65 @@ from burnish_server.trainer.sequences import Sequence
 
 @dataclass
 class Batch:
-    input_ids: torch.Tensor  # [B, T]
-    attention_mask: torch.Tensor  # [B, T]
+    input_ids: torch.Tensor  # [B, T]; packed: [1, total tokens]
+    attention_mask: torch.Tensor | None  # [B, T]; packed: None (the position ids say where each sequence starts)
+    position_ids: torch.Tensor | None  # packed: [1, total tokens], restarting at 0 for each sequence
     sampled: torch.Tensor  # [B, T], 1 on tokens to train on
     behaviour_logprobs: torch.Tensor  # [B, T]
-    has_behaviour: torch.Tensor  # [B], False: no recorded logprobs, taken as on-policy (ratio 1)
+    has_behaviour: torch.Tensor  # [B, T], False: no recorded logprobs, taken as on-policy (ratio 1)
     advantages: torch.Tensor  # [B, T]: the sequence's advantage, plus each call's credit per turn
 
 
-def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, device: torch.device) -> Batch:
-    width = min(max(len(s.tokens) for s, _ in items), max_len)
+def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, device: torch.device, packed: bool = False) -> Batch:
+    """The micro-batch's tensors: one row per sequence, padded to the longest, or (``packed``)
+    every sequence in one row, none padded. Sequences are cut at ``max_len``."""
 
-    def padded(values: list, fill: float | int) -> list:
-        values = values[:width]
-        return values + [fill] * (width - len(values))
+    def rows(values: Callable[[Sequence, float], list]) -> list[list]:
+        return [values(s, a)[:max_len] for s, a in items]
 
+    def tensor(values: list[list], fill: float | int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        if packed:
+            return torch.tensor([[v for row in values for v in row]], device=device, dtype=dtype)
+        width = max(len(row) for row in values)
+        return torch.tensor([row + [fill] * (width - len(row)) for row in values], device=device, dtype=dtype)
+
+    tokens = rows(lambda s, a: s.tokens)
     return Batch(
-        input_ids=torch.tensor([padded(s.tokens, pad_id) for s, _ in items], device=device),
-        attention_mask=torch.tensor([padded([1] * len(s.tokens), 0) for s, _ in items], device=device),
-        sampled=torch.tensor([padded(s.trained(), 0) for s, _ in items], device=device),
-        behaviour_logprobs=torch.tensor([padded(s.behaviour_logprobs, 0.0) for s, _ in items], device=device, dtype=torch.float32),
-        has_behaviour=torch.tensor([s.has_behaviour_logprobs for s, _ in items], device=device),
-        advantages=torch.tensor([padded([a + c for c in s.credit], a) for s, a in items], device=device, dtype=torch.float32),
+        input_ids=tensor(tokens, pad_id),
+        attention_mask=None if packed else tensor([[1] * len(row) for row in tokens], 0),
+        position_ids=tensor([list(range(len(row))) for row in tokens], 0) if packed else None,
+        sampled=tensor(rows(lambda s, a: s.trained()), 0),
+        behaviour_logprobs=tensor(rows(lambda s, a: s.behaviour_logprobs), 0.0, torch.float32),
+        has_behaviour=tensor(rows(lambda s, a: [s.has_behaviour_logprobs] * len(s.tokens)), False),
+        advantages=tensor(rows(lambda s, a: [a + c for c in s.credit]), 0.0, torch.float32),
     )
 
 
-def micro_batches(items: list[tuple[Sequence, float]], max_tokens: int, max_len: int) -> Iterator[list[tuple[Sequence, float]]]:
-    """Longest first, packed greedily so that rows x longest row <= max_tokens."""
+def micro_batches(items: list[tuple[Sequence, float]], max_tokens: int, max_len: int, packed: bool = False) -> Iterator[list[tuple[Sequence, float]]]:
+    """Longest first, packed greedily so that a micro-batch holds at most ``max_tokens``: its
+    rows x its longest row, padded; the sum of its sequences' lengths, packed."""
     ordered = sorted(items, key=lambda item: len(item[0].tokens), reverse=True)
     chunk: list[tuple[Sequence, float]] = []
+    total = 0  # the chunk's tokens, unpadded
     for item in ordered:
+        length = min(len(item[0].tokens), max_len)
         if chunk:
             longest = min(len(chunk[0][0].tokens), max_len)  # the first is the longest
-            if (len(chunk) + 1) * longest > max_tokens:
+            if (total + length if packed else (len(chunk) + 1) * longest) > max_tokens:
                 yield chunk
-                chunk = []
+                chunk, total = [], 0
         chunk.append(item)
+        total += length
     if chunk:
         yield chunk
+
+
+# Under FSDP2 a rank with fewer micro-batches than the others runs empty ones (trainer/distributed.py):
+# one pad token of context and one "sampled", with a zero advantage and its loss multiplied by 0.
+def filler(pad_id: int) -> list[tuple[Sequence, float]]:
+    sequence = Sequence()
+    sequence.add([pad_id], [pad_id], None)
+    return [(sequence, 0.0)]
 
 
 class PolicyModel:
@@ -111,7 +132,9 @@ class PolicyModel:
         vocabulary: 0.6 MB per position)."""
         self.activate()
         predicts = batch.sampled[:, 1:].any(0).nonzero().squeeze(-1)  # position t predicts token t + 1
-        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=predicts).logits.float()
+        logits = self.model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, logits_to_keep=predicts
+        ).logits.float()
         targets = batch.input_ids[:, predicts + 1]
         normaliser = logits.logsumexp(-1)
         picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - normaliser
@@ -129,13 +152,13 @@ class PolicyModel:
         from peft.tuners.lora import LoraLayer
 
         moved = base = 0.0
-        for module in self.model.modules():
+        for module in self.model.modules():  # in the same order on every rank: squared_norm may be a collective
             layer: Any = module  # peft's layers type their adapters loosely
             if not isinstance(module, LoraLayer) or self.adapter not in layer.lora_A:
                 continue
             a, b = layer.lora_A[self.adapter].weight.float(), layer.lora_B[self.adapter].weight.float()
             moved += float(layer.scaling[self.adapter] ** 2 * torch.trace((b.T @ b) @ (a @ a.T)))
-            base += float(layer.base_layer.weight.float().pow(2).sum())
+            base += self.base.squared_norm(layer.base_layer)
         return (moved / base) ** 0.5 if base else 0.0
 
     def step(self, items: list[tuple[Sequence, float]]) -> dict[str, float]:
@@ -146,34 +169,49 @@ class PolicyModel:
         recorded logprobs), which says whether the samples are still on-policy enough to learn from."""
         self.activate()
         self.model.train()
-        settings = self.train
+        settings, ranks, packed = self.train, self.base.ranks, self.base.packs
         trained = [s.trained() for s, _ in items]
-        total = sum(sum(mask[: self.train.max_seq_len]) for mask in trained)
+        total = sum(sum(mask[: self.train.max_seq_len]) for mask in trained)  # over every rank's share
         forced = sum(s.sampled for s, _ in items) - sum(sum(mask) for mask in trained)
+        # This rank's share of the sequences (all of them, on one rank), in micro-batches; under
+        # FSDP2 every rank runs as many as the busiest, the others' extra ones empty.
+        mine = ranks.share(items, [min(len(s.tokens), self.train.max_seq_len) for s, _ in items])
+        chunks = list(micro_batches(mine, self.train.micro_batch_tokens, self.train.max_seq_len, packed))
+        passes = ranks.most(len(chunks)) if ranks.sharded else len(chunks)
         sums = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
         compared = {"logprob_diff": 0.0, "outside_clip": 0.0, "tis_capped": 0.0, "tokens": 0.0}
         entropy = 0.0
-        for chunk in micro_batches(items, self.train.micro_batch_tokens, self.train.max_seq_len):
-            batch = make_batch(chunk, self.pad_id, self.train.max_seq_len, self.device)
+        for index in range(passes):
+            real = index < len(chunks)
+            batch = make_batch(chunks[index] if real else filler(self.pad_id), self.pad_id, self.train.max_seq_len, self.device, packed)
             spread: list[torch.Tensor] = []
             logprobs = self.token_logprobs(batch, spread)
-            entropy += float((spread[0] * batch.sampled).sum())
             # Without recorded behaviour logprobs the step is on-policy: ratio 1.
-            behaviour = torch.where(batch.has_behaviour[:, None], batch.behaviour_logprobs, logprobs.detach())
+            behaviour = torch.where(batch.has_behaviour, batch.behaviour_logprobs, logprobs.detach())
             reference = None
             if settings.kl_coef > 0:
                 with torch.no_grad(), self.model.disable_adapter():
                     reference = self.token_logprobs(batch)
             parts = grpo_loss(logprobs, behaviour, batch.advantages, batch.sampled, settings, reference, normaliser=total)
-            parts.loss.backward()
+            (parts.loss if real else parts.loss * 0).backward()
+            if not real:
+                continue
             # Normalised by the step's token count, the micro-batches' terms add up to the step's.
+            entropy += float((spread[0] * batch.sampled).sum())
             sums["loss"] += parts.loss.item()
             sums["kl"] += parts.kl.item()
             sums["clip_fraction"] += parts.clip_fraction.item() * parts.tokens / max(total, 1)
             # Rows without recorded logprobs compare with themselves (a gap of 0): left out.
-            compared["tokens"] += float((batch.sampled * batch.has_behaviour[:, None]).sum().item())
+            compared["tokens"] += float((batch.sampled * batch.has_behaviour).sum().item())
             for name in ("logprob_diff", "outside_clip", "tis_capped"):
                 compared[name] += getattr(parts, name).item()
+        # Every rank's gradients and figures, summed: the step's, as one rank would have them.
+        ranks.sum_gradients(self.params)
+        names = [*sums, *compared]
+        summed = ranks.sum([*sums.values(), *compared.values(), entropy])
+        sums.update(zip(sums, summed[: len(sums)]))
+        compared.update(zip(compared, summed[len(sums) : len(names)]))
+        entropy = summed[-1]
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.train.grad_clip).item()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -203,7 +241,10 @@ class PolicyModel:
         adapter.mkdir(parents=True, exist_ok=True)
         # As peft's save_pretrained writes an adapter (its keys without the adapter's name),
         # for this adapter alone whatever else the base holds.
-        weights = {k: v.contiguous() for k, v in get_peft_model_state_dict(self.model, adapter_name=self.adapter).items()}
+        # From the adapter's own parameters: the model's whole state dict would hold the base's
+        # FSDP2 shards too.
+        mine = {n: p.detach() for n, p in self.model.named_parameters() if f".{self.adapter}." in n}
+        weights = {k: v.contiguous() for k, v in get_peft_model_state_dict(self.model, state_dict=mine, adapter_name=self.adapter).items()}
         save_file(weights, str(adapter / "adapter_model.safetensors"), metadata={"format": "pt"})
         config = self.model.peft_config[self.adapter]
         inference_mode, config.inference_mode = config.inference_mode, True
@@ -213,13 +254,25 @@ class PolicyModel:
         state = {"step": self.step_count, "lora": msgspec.to_builtins(self.lora), "train": msgspec.to_builtins(self.train)}
         (directory / "trainer_state.json").write_text(json.dumps(state, indent=2))
 
-    def load(self, directory: Path) -> None:
-        from peft import set_peft_model_state_dict
+    @staticmethod
+    def read(directory: Path) -> dict[str, Any]:
+        """A checkpoint in memory: adapter weights, optimizer state, step. Rank 0 reads it and
+        sends it to the other ranks (trainer/models.py), which need not see the data directory."""
         from safetensors.torch import load_file
 
-        set_peft_model_state_dict(
-            self.model, load_file(directory / "adapter" / "adapter_model.safetensors", device=str(self.device)), adapter_name=self.adapter
-        )
-        self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location=self.device))
+        return {
+            "adapter": load_file(directory / "adapter" / "adapter_model.safetensors"),
+            "optimizer": torch.load(directory / "optimizer.pt", map_location="cpu"),
+            "step": json.loads((directory / "trainer_state.json").read_text())["step"],
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(self.model, {k: v.to(self.device) for k, v in state["adapter"].items()}, adapter_name=self.adapter)
+        self.optimizer.load_state_dict(state["optimizer"])  # moves the state to the parameters' device
         self.configure(self.train)  # the saved state carries the old lr/betas: the policy's settings win
-        self.step_count = json.loads((directory / "trainer_state.json").read_text())["step"]
+        self.step_count = state["step"]
+
+    def load(self, directory: Path) -> None:
+        self.restore(self.read(directory))

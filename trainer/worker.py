@@ -38,12 +38,10 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from burnish_server.core.drift import REASONS
 from burnish_server.core.policies import Policy, adapter_name, served_name
 from burnish_server.core.settings import Settings
 from burnish_server.core.views import ReplicaView
@@ -53,12 +51,11 @@ from burnish_server.store import promotion
 from burnish_server.store.database import Database
 from burnish_server.store.models import iso, utcnow
 from burnish_server.store.policies import clear_training_request, get_policy, last_step, load_policies, mark_load_error, mark_replicas, mark_served, record_step
-from burnish_server.store.training import TrainingCall, claim_groups, group_calls, other_trainer_busy, release_groups
+from burnish_server.store.training import claim_groups, group_calls, other_trainer_busy, release_groups
 from burnish_server.telemetry.langfuse_export import Decision, LangfuseExport, Step
-from burnish_server.trainer.base_model import SharedBase
 from burnish_server.trainer.checkpoints import Checkpoints
-from burnish_server.trainer.policy_model import PolicyModel
-from burnish_server.trainer.sequences import training_batch
+from burnish_server.trainer.distributed import Ranks
+from burnish_server.trainer.models import Models
 
 log = logging.getLogger("burnish.trainer")
 
@@ -72,12 +69,12 @@ class WorkerSettings:
 
 
 class TrainerWorker:
-    def __init__(self, settings: Settings, worker: WorkerSettings = WorkerSettings()) -> None:
+    def __init__(self, settings: Settings, worker: WorkerSettings = WorkerSettings(), ranks: Ranks | None = None) -> None:
         self.settings, self.worker = settings, worker
         self.db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
-        self.models: dict[str, PolicyModel] = {}
-        self.bases: dict[str, SharedBase] = {}  # by model path: one in memory for all its policies
         self.checkpoints = Checkpoints(settings.data_path)
+        # The models in memory, on this rank and (under torchrun) on every other (trainer/models.py).
+        self.held = Models(settings, self.checkpoints, ranks)
         self.fleet = Fleet(settings)
         self.steps_done = 0
         self.failed_publish: dict[str, tuple[int, float]] = {}  # policy -> (step, when it failed)
@@ -85,35 +82,7 @@ class TrainerWorker:
         self.replica_views: dict[str, list[ReplicaView]] = {}  # policy -> as last written to the store
         self.caught_up_at = float("-inf")
         self.reviewed_at: dict[str, float] = {}  # policy -> when its trial or watch was last tested
-        self.used_at: dict[str, float] = {}  # policy -> when its model last trained (or was loaded)
         self.langfuse = LangfuseExport.from_settings(settings)  # each step as an event, when keys are set
-
-    def model(self, policy: Policy) -> PolicyModel:
-        """The in-memory model at the policy's head: kept between steps, rebuilt after a rollback.
-        Policies on the same base share it (trainer/base_model.py): each is an adapter on it."""
-        model = self.models.get(policy.name)
-        if model is None or model.step_count != policy.head or model.lora != policy.lora:
-            self.forget(policy.name)
-            path = policy.model_path or policy.base_model
-            base = self.bases.get(path) or self.bases.setdefault(path, SharedBase(path))
-            model = PolicyModel(base, policy.lora, policy.train, owner=policy.name)
-            if policy.head > 0:  # resume: adapter and optimizer state of that step
-                model.load(self.checkpoints.step(policy.name, policy.head))
-            self.models[policy.name] = model
-        elif model.train != policy.train:
-            model.configure(policy.train)
-        self.used_at[policy.name] = time.monotonic()
-        return model
-
-    def forget(self, policy: str) -> None:
-        """Drop a policy's model (its adapter off the base; the base too, if no policy is left on it)."""
-        model = self.models.pop(policy, None)
-        self.used_at.pop(policy, None)
-        if model is None:
-            return
-        model.close()
-        if not model.base.adapters:
-            self.bases.pop(model.base.path, None)
 
     async def policies(self) -> list[Policy]:
         return await self.db.read(load_policies)
@@ -121,8 +90,11 @@ class TrainerWorker:
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
         await self.recover()
+        ranks = self.held.ranks
+        log.info("trainer %s started: %s", self.worker.worker_id, f"rank 0 of {ranks.world} ({ranks.parallel})" if ranks.world > 1 else "one rank")
         while not stop.is_set():
             if not await self.run_once():
+                self.held.keep_alive()
                 try:
                     await asyncio.wait_for(stop.wait(), self.settings.trainer_poll_every)
                 except TimeoutError:
@@ -142,18 +114,11 @@ class TrainerWorker:
                 trained |= await self.train_once(policy)
         if time.monotonic() - self.caught_up_at >= self.settings.trainer_catch_up_every:
             await self.catch_up()
-        self.unload_idle()
+        self.held.unload_idle()
         return trained
 
-    def unload_idle(self) -> None:
-        """Free the memory of the policies that have not trained for ``trainer_idle_unload``
-        seconds: a trainer of many projects' policies holds only those that are training."""
-        now = time.monotonic()
-        for name in [name for name, at in self.used_at.items() if now - at >= self.settings.trainer_idle_unload]:
-            log.info("%s has not trained for %.0fs: its model leaves memory until its next step", name, now - self.used_at[name])
-            self.forget(name)
-
     async def close(self) -> None:
+        self.held.stop()
         if self.langfuse is not None:
             await asyncio.to_thread(self.langfuse.close)
         self.fleet.close()
@@ -258,7 +223,7 @@ class TrainerWorker:
             step = 1 + await self.db.read(last_step, policy.name)
             log.info("%s step %d: claimed %d groups, training from step %d", policy.name, step, len(ids), policy.head)
             read_s = time.perf_counter() - t0
-            metrics = await asyncio.to_thread(self.train_and_save, policy, rows, step)
+            metrics = await asyncio.to_thread(self.held.step, policy, rows, step)
             metrics["seconds_read"] = read_s
             metrics["groups"] = len(ids)
             became_head = await self.db.transaction(
@@ -266,8 +231,10 @@ class TrainerWorker:
             )
         except Exception:
             log.exception("step for %s failed; its groups wait again", policy.name)
-            self.forget(policy.name)  # the in-memory model may hold the failed step
             await self.db.transaction(release_groups, self.worker.worker_id, ids)
+            if self.held.ranks.world > 1:
+                raise  # the ranks are out of step (one may be dead): torchrun restarts them all, from the last checkpoint
+            self.held.forget(policy.name)  # the in-memory model may hold the failed step
             return False
         if not became_head:
             log.warning("%s was rolled back during step %d: the step is kept but not served", policy.name, step)
@@ -276,50 +243,6 @@ class TrainerWorker:
         self.steps_done += 1
         await self.publish_pending(await self.db.read(get_policy, policy.name))
         return True
-
-    def train_and_save(self, policy: Policy, rows: list[TrainingCall], step: int) -> dict[str, float]:
-        """One GRPO step from ``policy.head``, saved as checkpoint ``step``. Returns its metrics."""
-        t0 = time.perf_counter()
-        model = self.model(policy)
-        t1 = time.perf_counter()
-        batch = training_batch(rows, policy.train, head=policy.head)
-        t2 = time.perf_counter()
-        metrics = model.step(batch.items)
-        t3 = time.perf_counter()
-        model.step_count = step
-        n = len(batch.rewards)  # 0 if every claimed group turned out held out (marked after the claim)
-        mean = sum(batch.rewards) / n if n else 0.0
-        std = (sum((r - mean) ** 2 for r in batch.rewards) / (n - 1)) ** 0.5 if n > 1 else 0.0
-        metrics.update(
-            reward_mean=mean,
-            reward_std=std,
-            untokenized_calls=batch.untokenized,
-            sequence_splits=batch.splits,
-            stale_calls=batch.stale,
-            call_rewards=batch.call_rewards,
-            # Why each split happened (core/drift.py): split_<reason>, every reason present, 0 if none.
-            **{f"split_{reason}": float(batch.split_reasons.get(reason, 0)) for reason in REASONS},
-        )
-        ages = batch.staleness or [0]
-        metrics.update(staleness_mean=sum(ages) / len(ages), staleness_max=max(ages))
-
-        def fill(directory: Path) -> None:
-            model.save(directory)
-            metrics.update(seconds_load=t1 - t0, seconds_batch=t2 - t1, seconds_step=t3 - t2, seconds_save=time.perf_counter() - t3)
-            metrics["seconds"] = time.perf_counter() - t0
-            (directory / "metrics.json").write_bytes(msgspec.json.encode(metrics))
-
-        self.checkpoints.write(policy.name, step, fill)
-        log.info(
-            "%s step %d: reward %.3f±%.3f loss %.4f kl %.4f entropy %.3f from-base %.1e tokens %d |logp-vllm| %.1e outside-clip %.3f "
-            "staleness %.1f/%d splits %d untokenized %d stale %d; load %.2fs batch %.2fs step %.2fs save %.2fs",
-            policy.name, step, metrics["reward_mean"], metrics["reward_std"], metrics["loss"], metrics["kl"], metrics["entropy"],
-            metrics["distance_from_base"], metrics["tokens"],
-            metrics["logprob_diff_mean"], metrics["outside_clip_fraction"], metrics["staleness_mean"], metrics["staleness_max"],
-            metrics["sequence_splits"], metrics["untokenized_calls"], metrics["stale_calls"],
-            metrics["seconds_load"], metrics["seconds_batch"], metrics["seconds_step"], metrics["seconds_save"],
-        )  # fmt: skip
-        return metrics
 
     def publish(self, policy: Policy, step: int) -> float:
         """Load ``<name>@<step>`` into every replica and check that each answers with it; return

@@ -1,0 +1,178 @@
+"""The policies' models a trainer holds in memory, and the step each takes: the same on every rank.
+
+Rank 0 (trainer/worker.py) decides what trains and when. Each of its calls here is first
+said to the other ranks (trainer/distributed.py: ``Ranks.broadcast``), which do the same in
+``follow``: every rank holds the same models and takes every step. Only rank 0 reads and
+writes checkpoints; a checkpoint it reads is sent to the others with the step.
+
+    step(policy, calls, n)   the model at the policy's head (built, or restored from its checkpoint)
+                             -> (sequence, advantage) pairs (trainer/sequences.py)
+                             -> one GRPO step (trainer/policy_model.py), each rank on its share
+                             -> rank 0 saves checkpoint n (trainer/checkpoints.py)
+    forget(policy)           its adapter and optimizer off the base (the base too, with its last policy)
+    keep_alive()             rank 0 idle: a word now and then, so that the others do not time out
+    stop()                   the others return from ``follow``
+
+With one rank every call is local and nothing is said.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from burnish_server.core.drift import REASONS
+from burnish_server.core.policies import Policy
+from burnish_server.core.settings import Settings
+from burnish_server.store.training import TrainingCall
+from burnish_server.trainer.base_model import Holding, SharedBase
+from burnish_server.trainer.checkpoints import Checkpoints
+from burnish_server.trainer.distributed import Ranks
+from burnish_server.trainer.policy_model import PolicyModel
+from burnish_server.trainer.sequences import training_batch
+
+log = logging.getLogger("burnish.trainer")
+
+# Rank 0, idle, speaks at least this often (distributed.py: COMMAND_TIMEOUT is far longer).
+KEEP_ALIVE_S = 60.0
+
+
+class Models:
+    def __init__(self, settings: Settings, checkpoints: Checkpoints, ranks: Ranks | None = None) -> None:
+        self.settings, self.checkpoints = settings, checkpoints
+        self.ranks = ranks or Ranks()
+        self.holding = Holding(settings.trainer_dtype, settings.trainer_checkpointing, settings.trainer_packing)
+        self.models: dict[str, PolicyModel] = {}
+        self.bases: dict[str, SharedBase] = {}  # by model path: one in memory for all its policies
+        self.used_at: dict[str, float] = {}  # policy -> when its model last trained (or was loaded)
+        self.spoke_at = time.monotonic()
+
+    # ---- rank 0's calls, each said to the other ranks first ----------------------------------
+
+    def step(self, policy: Policy, rows: list[TrainingCall], step: int) -> dict[str, float]:
+        """One GRPO step from ``policy.head``, saved as checkpoint ``step``. Returns its metrics."""
+        self.say("step", policy, rows, step)
+        return self.train(policy, rows, step)
+
+    def forget(self, policy: str) -> None:
+        self.say("forget", policy)
+        self.drop(policy)
+
+    def unload_idle(self) -> None:
+        """Free the memory of the policies that have not trained for ``trainer_idle_unload``
+        seconds: a trainer of many projects' policies holds only those that are training."""
+        now = time.monotonic()
+        for name in [name for name, at in self.used_at.items() if now - at >= self.settings.trainer_idle_unload]:
+            log.info("%s has not trained for %.0fs: its model leaves memory until its next step", name, now - self.used_at[name])
+            self.forget(name)
+
+    def keep_alive(self) -> None:
+        if self.ranks.world > 1 and time.monotonic() - self.spoke_at >= KEEP_ALIVE_S:
+            self.say("alive")
+
+    def stop(self) -> None:
+        try:
+            self.say("stop")
+        except RuntimeError as exc:  # torch.distributed's error: a rank is gone already
+            log.warning("the other ranks did not hear the stop: %s", exc)
+
+    def say(self, *command: Any) -> None:
+        if self.ranks.world > 1:
+            self.ranks.broadcast(command)
+            self.spoke_at = time.monotonic()
+
+    # ---- the other ranks -------------------------------------------------------------------
+
+    def follow(self) -> None:
+        """Do what rank 0 says, until it says stop (or dies: then the collective fails, and
+        torchrun ends every rank)."""
+        while True:
+            match self.ranks.broadcast():
+                case ("step", policy, rows, step):
+                    self.train(policy, rows, step)
+                case ("forget", name):
+                    self.drop(name)
+                case ("stop",):
+                    return
+                case ("alive",):
+                    pass
+
+    # ---- what every rank does ------------------------------------------------------------------
+
+    def model(self, policy: Policy) -> PolicyModel:
+        """The in-memory model at the policy's head: kept between steps, rebuilt after a rollback.
+        Policies on the same base share it (trainer/base_model.py): each is an adapter on it."""
+        model = self.models.get(policy.name)
+        if model is None or model.step_count != policy.head or model.lora != policy.lora:
+            self.drop(policy.name)
+            path = policy.model_path or policy.base_model
+            base = self.bases.get(path) or self.bases.setdefault(path, SharedBase(path, self.ranks, self.holding))
+            model = PolicyModel(base, policy.lora, policy.train, owner=policy.name)
+            if policy.head > 0:  # resume: adapter and optimizer state of that step, as rank 0 read it
+                directory = self.checkpoints.step(policy.name, policy.head)
+                model.restore(self.ranks.broadcast(PolicyModel.read(directory) if self.ranks.main else None))
+            self.models[policy.name] = model
+        elif model.train != policy.train:
+            model.configure(policy.train)
+        self.used_at[policy.name] = time.monotonic()
+        return model
+
+    def drop(self, policy: str) -> None:
+        """Drop a policy's model (its adapter off the base; the base too, if no policy is left on it)."""
+        model = self.models.pop(policy, None)
+        self.used_at.pop(policy, None)
+        if model is None:
+            return
+        model.close()
+        if not model.base.adapters:
+            self.bases.pop(model.base.path, None)
+
+    def train(self, policy: Policy, rows: list[TrainingCall], step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        model = self.model(policy)
+        t1 = time.perf_counter()
+        batch = training_batch(rows, policy.train, head=policy.head)
+        t2 = time.perf_counter()
+        metrics = model.step(batch.items)
+        t3 = time.perf_counter()
+        model.step_count = step
+        if not self.ranks.main:
+            return metrics
+        n = len(batch.rewards)  # 0 if every claimed group turned out held out (marked after the claim)
+        mean = sum(batch.rewards) / n if n else 0.0
+        std = (sum((r - mean) ** 2 for r in batch.rewards) / (n - 1)) ** 0.5 if n > 1 else 0.0
+        metrics.update(
+            reward_mean=mean,
+            reward_std=std,
+            untokenized_calls=batch.untokenized,
+            sequence_splits=batch.splits,
+            stale_calls=batch.stale,
+            call_rewards=batch.call_rewards,
+            ranks=self.ranks.world,
+            # Why each split happened (core/drift.py): split_<reason>, every reason present, 0 if none.
+            **{f"split_{reason}": float(batch.split_reasons.get(reason, 0)) for reason in REASONS},
+        )
+        ages = batch.staleness or [0]
+        metrics.update(staleness_mean=sum(ages) / len(ages), staleness_max=max(ages))
+
+        def fill(directory: Path) -> None:
+            model.save(directory)
+            metrics.update(seconds_load=t1 - t0, seconds_batch=t2 - t1, seconds_step=t3 - t2, seconds_save=time.perf_counter() - t3)
+            metrics["seconds"] = time.perf_counter() - t0
+            (directory / "metrics.json").write_bytes(msgspec.json.encode(metrics))
+
+        self.checkpoints.write(policy.name, step, fill)
+        log.info(
+            "%s step %d: reward %.3f±%.3f loss %.4f kl %.4f entropy %.3f from-base %.1e tokens %d |logp-vllm| %.1e outside-clip %.3f "
+            "staleness %.1f/%d splits %d untokenized %d stale %d; load %.2fs batch %.2fs step %.2fs save %.2fs",
+            policy.name, step, metrics["reward_mean"], metrics["reward_std"], metrics["loss"], metrics["kl"], metrics["entropy"],
+            metrics["distance_from_base"], metrics["tokens"],
+            metrics["logprob_diff_mean"], metrics["outside_clip_fraction"], metrics["staleness_mean"], metrics["staleness_max"],
+            metrics["sequence_splits"], metrics["untokenized_calls"], metrics["stale_calls"],
+            metrics["seconds_load"], metrics["seconds_batch"], metrics["seconds_step"], metrics["seconds_save"],
+        )  # fmt: skip
+        return metrics
