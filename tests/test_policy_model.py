@@ -184,3 +184,70 @@ def test_policies_on_one_base_train_as_each_would_alone(tiny: Path, tmp_path: Pa
     a.close()
     again.close()
     assert shared.peft is None and not shared.adapters
+
+
+def _varied(seed: int) -> list[tuple[Sequence, float]]:
+    """Sequences of different lengths, some of two turns: what packing must keep apart."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for i, advantage in enumerate((1.0, -1.0, 0.5, -0.5, 0.25)):
+        seq = Sequence()
+        seq.add(torch.randint(5, 200, (3 + 2 * i,), generator=generator).tolist(), torch.randint(5, 200, (2 + i,), generator=generator).tolist(), None)
+        if i % 2:
+            seq.add(torch.randint(5, 200, (2,), generator=generator).tolist(), torch.randint(5, 200, (3,), generator=generator).tolist(), None)
+        out.append((seq, advantage))
+    return out
+
+
+def test_packed_sequences_train_as_padded_ones(tiny: Path) -> None:
+    """Sequences packed into one row (position ids per sequence; transformers masks each to
+    itself) give the padded batch's logprobs, and a step that leaves the same adapter."""
+    from burnish_server.trainer.base_model import Holding, SharedBase
+    from burnish_server.trainer.policy_model import make_batch
+
+    packed, padded = (SharedBase(str(tiny), holding=Holding(packing=on)) for on in (True, False))
+    assert packed.packs and not padded.packs  # the tiny model (Qwen2) masks packed sequences faithfully
+    models = [PolicyModel(base, LoraSettings(rank=8, alpha=16), TrainSettings(learning_rate=5e-3)) for base in (packed, padded)]
+    items = _varied(0)
+    with torch.no_grad():
+        one_row = make_batch(items, 0, 64, models[0].device, packed=True)
+        rows = make_batch(items, 0, 64, models[1].device)
+        assert one_row.input_ids.shape == (1, sum(len(s.tokens) for s, _ in items)) and rows.input_ids.shape[0] == len(items)
+        got, expected = models[0].token_logprobs(one_row), models[1].token_logprobs(rows)
+    torch.testing.assert_close(got[one_row.sampled.bool()], expected[rows.sampled.bool()], atol=1e-5, rtol=1e-5)
+    for model in models:
+        model.step(items)
+        model.step(_varied(1))
+    for key, value in _adapter(models[0]).items():
+        torch.testing.assert_close(value, _adapter(models[1])[key], atol=2e-5, rtol=1e-4)
+
+
+def test_activation_checkpointing_changes_memory_not_the_step(tiny: Path) -> None:
+    from burnish_server.trainer.base_model import Holding, SharedBase
+
+    adapters = []
+    for checkpointing in ("on", "off"):
+        base = SharedBase(str(tiny), holding=Holding(checkpointing=checkpointing))
+        assert base.checkpointing is (checkpointing == "on")
+        model = PolicyModel(base, LoraSettings(rank=8, alpha=16), TrainSettings(learning_rate=5e-3))
+        model.step(_varied(0))
+        adapters.append(_adapter(model))
+    for key, value in adapters[0].items():
+        torch.testing.assert_close(value, adapters[1][key], atol=1e-6, rtol=1e-5)
+
+
+def test_the_gpus_paths_run_on_the_cpu(tiny: Path, tmp_path: Path) -> None:
+    """What a GPU runs by default (a bf16 base, activation checkpointing, packing), on the CPU:
+    it steps, moves the adapter (kept in fp32), saves and resumes."""
+    from burnish_server.trainer.base_model import Holding, SharedBase
+
+    base = SharedBase(str(tiny), holding=Holding(dtype="bfloat16", checkpointing="on"))
+    assert base.model.dtype == torch.bfloat16 and base.checkpointing and base.packs
+    model = PolicyModel(base, LoraSettings(rank=8, alpha=16), TrainSettings(learning_rate=5e-3))
+    assert {p.dtype for p in model.params} == {torch.float32}
+    metrics = model.step(_varied(0))
+    assert metrics["tokens"] > 0 and metrics["distance_from_base"] > 0 and torch.isfinite(torch.tensor(metrics["loss"]))
+    model.save(tmp_path / "bf16")
+    resumed = PolicyModel(SharedBase(str(tiny), holding=Holding(dtype="bfloat16")), LoraSettings(rank=8, alpha=16), TrainSettings(learning_rate=5e-3))
+    resumed.load(tmp_path / "bf16")
+    assert all(torch.equal(v, _adapter(resumed)[k]) for k, v in _adapter(model).items())

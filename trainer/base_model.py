@@ -70,9 +70,10 @@ class SharedBase:
         let packed sequences see each other, and is trained padded instead."""
         first, second = [1, 2, 3, 4, 5], [6, 7, 8]
         self.model.eval()
-        alone = torch.cat([self.model(input_ids=torch.tensor([ids], device=self.device)).logits[0] for ids in (first, second)]).float()
+        alone = torch.cat([self.model(input_ids=torch.tensor([ids], device=self.device), use_cache=False).logits[0] for ids in (first, second)]).float()
         positions = torch.tensor([list(range(len(first))) + list(range(len(second)))], device=self.device)
-        packed = self.model(input_ids=torch.tensor([first + second], device=self.device), position_ids=positions).logits[0].float()
+        # As the step calls it (policy_model.py), without a cache: with one transformers reads no packing.
+        packed = self.model(input_ids=torch.tensor([first + second], device=self.device), position_ids=positions, use_cache=False).logits[0].float()
         tolerance = 1e-4 if self.model.dtype == torch.float32 else 3e-2  # bf16 rounds to ~3 digits
         return bool((packed - alone).abs().max() <= tolerance * max(float(alone.abs().max()), 1.0))
 

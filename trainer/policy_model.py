@@ -133,7 +133,11 @@ class PolicyModel:
         self.activate()
         predicts = batch.sampled[:, 1:].any(0).nonzero().squeeze(-1)  # position t predicts token t + 1
         logits = self.model(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, logits_to_keep=predicts
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            logits_to_keep=predicts,
+            use_cache=False,  # nothing to cache in training; and with a cache transformers reads no packing from position ids
         ).logits.float()
         targets = batch.input_ids[:, predicts + 1]
         normaliser = logits.logsumexp(-1)

@@ -1,0 +1,229 @@
+"""The trainer on several ranks: speed of 2 ranks against 1, memory per rank under FSDP2 against
+DDP, and how long a sequence fits with activation checkpointing against without.
+
+Run from the repository root (a few minutes on SmolLM2-135M, on the CPU with gloo)::
+
+    .venv/bin/python bench/distributed.py [--model smollm2] [--rows 16 --tokens 256]
+    python3 bench/distributed.py --model qwen2.5-1.5b --nproc 8   # on a node of GPUs: a random model of that shape
+
+Each setup runs under torchrun in fresh processes, one after another (``PolicyModel.step``,
+trainer/policy_model.py, as ``burnish trainer --nproc N`` runs it, on a seeded random batch of
+``--rows`` sequences of ``--tokens`` tokens, half of them sampled; LoRA r=16 on every linear):
+
+* ``speed``: sampled tokens per second of one step, 1 rank against N under DDP, median of
+  ``--steps`` timed steps after one warm-up. On the CPU, N ranks share the machine's cores
+  with one rank (each rank gets cores / N threads), so the ratio says what splitting the
+  batch and summing gradients cost, not what N devices gain: that takes a GPU per rank.
+* ``memory``: bytes each rank holds, measured on its tensors (``to_local()`` of FSDP2's
+  shards): parameters (the base's, the adapter's), gradients and optimizer state, after a
+  step, under DDP and under FSDP2 on N ranks.
+* ``length``: the bytes the forward pass keeps for the backward (every tensor autograd saves,
+  counted once per storage, the weights left out), with and without activation
+  checkpointing, per token of a single sequence; and the longest sequence that fits the
+  memory one 2,048-token sequence takes without checkpointing, with it.
+
+Prints one JSON line per setup and a summary; writes bench/results/distributed.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+RESULTS = ROOT / "bench" / "results" / "distributed.json"
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def build(args: argparse.Namespace, checkpointing: str = "off"):
+    """This rank's model, as the trainer builds it."""
+    from burnish_server.core.policies import LoraSettings, TrainSettings
+    from burnish_server.trainer.base_model import Holding, SharedBase
+    from burnish_server.trainer.distributed import Ranks
+    from burnish_server.trainer.policy_model import PolicyModel
+
+    ranks = Ranks.from_env(args.parallel)
+    train = TrainSettings(learning_rate=1e-5, micro_batch_tokens=args.rows * args.tokens, max_seq_len=max(args.tokens, 32768))
+    base = SharedBase(args.path, ranks, Holding(checkpointing=checkpointing))  # type: ignore[arg-type]
+    return PolicyModel(base, LoraSettings(rank=16, alpha=32, target_modules=LORA_TARGETS), train), ranks
+
+
+def batch(vocab: int, rows: int, tokens: int, seed: int = 0) -> list:
+    import torch
+
+    from burnish_server.trainer.sequences import Sequence
+
+    generator = torch.Generator().manual_seed(seed)
+    items = []
+    for row in range(rows):
+        ids = torch.randint(5, vocab, (tokens,), generator=generator).tolist()
+        sequence = Sequence()
+        sequence.add(ids[: tokens // 2], ids[tokens // 2 :], None)
+        items.append((sequence, 1.0 if row % 2 else -1.0))
+    return items
+
+
+def synchronize() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def speed(args: argparse.Namespace) -> dict:
+    model, ranks = build(args)
+    items = batch(model.model.config.vocab_size, args.rows, args.tokens)
+    model.step(items)
+    seconds = []
+    for _ in range(args.steps):
+        synchronize()
+        t0 = time.perf_counter()
+        model.step(items)
+        synchronize()
+        seconds.append(time.perf_counter() - t0)
+    sampled = sum(s.sampled for s, _ in items)
+    return {"ranks": ranks.world, "parallel": ranks.parallel, "step_s": statistics.median(seconds), "tokens_per_s": sampled / statistics.median(seconds)}
+
+
+def memory(args: argparse.Namespace) -> dict:
+    from torch.distributed.tensor import DTensor
+
+    model, ranks = build(args)
+    model.step(batch(model.model.config.vocab_size, args.rows, args.tokens))
+    model.step(batch(model.model.config.vocab_size, args.rows, args.tokens, seed=1))
+
+    def nbytes(t) -> int:
+        local = t.to_local() if isinstance(t, DTensor) else t
+        return local.numel() * local.element_size()
+
+    seen: set[int] = set()
+    params = {"base": 0, "adapter": 0}
+    for p in model.model.parameters():
+        if id(p) in seen:  # tied weights, once
+            continue
+        seen.add(id(p))
+        params["adapter" if p.requires_grad else "base"] += nbytes(p)
+    # The gradients as a step holds them before its optimizer step: one more forward and backward.
+    from burnish_server.trainer.policy_model import make_batch
+
+    b = make_batch(batch(model.model.config.vocab_size, args.rows, args.tokens, seed=2), model.pad_id, args.tokens, model.device, model.base.packs)
+    model.token_logprobs(b).sum().backward()
+    ranks.sum_gradients(model.params)
+    grads = sum(nbytes(p.grad) for p in model.model.parameters() if p.grad is not None)
+    state = sum(nbytes(v) for s in model.optimizer.state.values() for v in s.values() if hasattr(v, "numel") and v.dim() > 0)
+    return {"ranks": ranks.world, "parallel": ranks.parallel, "rank": ranks.rank, "base_bytes": params["base"], "adapter_bytes": params["adapter"],
+            "grad_bytes": grads, "optimizer_bytes": state}  # fmt: skip
+
+
+def kept(args: argparse.Namespace) -> dict:
+    """Bytes the forward keeps for the backward, per token, with checkpointing off and on."""
+    import torch
+
+    out = {}
+    for checkpointing in ("off", "on"):
+        model, _ = build(args, checkpointing)
+        weights = {p.untyped_storage().data_ptr() for p in model.model.parameters()}
+        storages: dict[int, int] = {}
+
+        def pack(t):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in weights:
+                storages[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        per_token = []
+        for tokens in (args.length_probe, 2 * args.length_probe):
+            from burnish_server.trainer.policy_model import make_batch
+
+            storages.clear()
+            b = make_batch(batch(model.model.config.vocab_size, 1, tokens), model.pad_id, tokens, model.device, model.base.packs)
+            model.model.train()
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                logprobs = model.token_logprobs(b)
+            per_token.append(sum(storages.values()))
+            (logprobs.sum() * 0).backward()
+            model.optimizer.zero_grad(set_to_none=True)
+        # Two lengths: the slope is what a token costs, the intercept what every step keeps.
+        slope = (per_token[1] - per_token[0]) / args.length_probe
+        out[checkpointing] = {"bytes_per_token": slope, "fixed_bytes": per_token[0] - slope * args.length_probe}
+    budget = out["off"]["fixed_bytes"] + out["off"]["bytes_per_token"] * 2048
+    longest = (budget - out["on"]["fixed_bytes"]) / out["on"]["bytes_per_token"]
+    return {"kept": out, "budget_bytes": budget, "tokens_without": 2048, "tokens_with": int(longest)}
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1"))))
+    result = {"speed": speed, "memory": memory, "length": kept}[args.worker](args)
+    if int(os.environ.get("RANK", "0")) == 0 or args.worker == "memory":
+        print("RESULT " + json.dumps(result), flush=True)
+
+
+def torchrun(args: argparse.Namespace, what: str, nproc: int, parallel: str, path: Path) -> list[dict]:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", __file__, "--worker", what]
+    command += ["--parallel", parallel, "--path", str(path), "--rows", str(args.rows), "--tokens", str(args.tokens), "--steps", str(args.steps)]
+    command += ["--length-probe", str(args.length_probe)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc))})
+    if done.returncode:
+        raise SystemExit(f"{what} on {nproc} ranks ({parallel}) failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line]
+
+
+def main() -> None:
+    from adapters import model_path
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2", help="smollm2, qwen2.5-1.5b, qwen2.5-7b (random weights) or a local path")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks to compare with one")
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--length-probe", type=int, default=512, help="the shorter of the two lengths the kept bytes are measured at")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--worker", choices=["speed", "memory", "length"], help=argparse.SUPPRESS)
+    parser.add_argument("--parallel", default="ddp", help=argparse.SUPPRESS)
+    parser.add_argument("--path", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-distributed-") as work:
+        path = model_path(args.model, Path(work))
+        one = torchrun(args, "speed", 1, "ddp", path)[0]
+        print(json.dumps(one), flush=True)
+        many = torchrun(args, "speed", args.nproc, "ddp", path)[0]
+        print(json.dumps(many), flush=True)
+        ddp = torchrun(args, "memory", args.nproc, "ddp", path)
+        fsdp = torchrun(args, "memory", args.nproc, "fsdp", path)
+        print(json.dumps(ddp[0]), json.dumps(fsdp[0]), sep="\n", flush=True)
+        length = torchrun(args, "length", 1, "ddp", path)[0]
+        print(json.dumps(length), flush=True)
+    summary = {
+        "model": args.model,
+        "batch": f"{args.rows} x {args.tokens} tokens",
+        f"tokens_per_s_{args.nproc}_over_1": round(many["tokens_per_s"] / one["tokens_per_s"], 3),
+        "tokens_per_s": {"1": round(one["tokens_per_s"], 1), str(args.nproc): round(many["tokens_per_s"], 1)},
+        "per_rank_mb": {
+            name: {k: round(max(r[k] for r in runs) / 2**20, 2) for k in ("base_bytes", "adapter_bytes", "grad_bytes", "optimizer_bytes")}
+            for name, runs in (("ddp", ddp), ("fsdp", fsdp))
+        },
+        "kept_bytes_per_token": {k: round(v["bytes_per_token"]) for k, v in length["kept"].items()},
+        "tokens_at_the_memory_of_2048_without_checkpointing": length["tokens_with"],
+    }
+    print(json.dumps(summary, indent=2))
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps({"summary": summary, "runs": {"one": one, "many": many, "ddp": ddp, "fsdp": fsdp, "length": length}}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
