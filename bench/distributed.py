@@ -133,7 +133,7 @@ def kept(args: argparse.Namespace) -> dict:
         weights = {p.untyped_storage().data_ptr() for p in model.model.parameters()}
         storages: dict[int, int] = {}
 
-        def pack(t):
+        def pack(t, weights=weights, storages=storages):
             storage = t.untyped_storage()
             if storage.data_ptr() not in weights:
                 storages[storage.data_ptr()] = storage.nbytes()
