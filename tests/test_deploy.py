@@ -50,7 +50,7 @@ def docker_compose(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_docker_compose_config_accepts_the_file() -> None:
-    done = docker_compose("config", "--format", "json", BURNISH_ADMIN_TOKEN="t0ken", VLLM_GPU="0", TRAINER_GPU="1")
+    done = docker_compose("config", "--format", "json", BURNISH_ADMIN_TOKEN="t0ken", VLLM_GPU="0", TRAINER_GPU="1,2", TRAINER_NPROC="2", TRAINER_PARALLEL="fsdp")
     assert done.returncode == 0, done.stderr
     resolved = json.loads(done.stdout)
     services = resolved["services"]
@@ -62,7 +62,10 @@ def test_docker_compose_config_accepts_the_file() -> None:
     mounts = {name: [(v["source"], v["target"]) for v in services[name]["volumes"]] for name in ("vllm", "trainer")}
     assert ("data", "/data") in mounts["vllm"] and ("data", "/data") in mounts["trainer"]
     gpus = {n: s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] for n, s in services.items() if "deploy" in s}
-    assert gpus == {"vllm": ["0"], "trainer": ["1"]}
+    assert gpus == {"vllm": ["0"], "trainer": ["1,2"]}
+    # A trainer of N GPUs: N ranks under torchrun, each holding a shard of the base.
+    assert (services["trainer"]["environment"]["BURNISH_TRAINER_NPROC"], services["trainer"]["environment"]["BURNISH_TRAINER_PARALLEL"]) == ("2", "fsdp")
+    assert services["trainer"]["environment"]["BURNISH_DATA_DIR"] == services["gateway"]["environment"]["BURNISH_DATA_DIR"]
 
 
 def test_docker_compose_config_names_the_missing_admin_token() -> None:
@@ -95,7 +98,12 @@ def test_kubernetes_wires_what_burnish_needs() -> None:
     claim = next(d for d in MANIFESTS if d["kind"] == "PersistentVolumeClaim")
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # vLLM and the trainer mount it from two pods
     for name in ("vllm", "burnish-trainer"):
-        assert deployments[name]["containers"][0]["volumeMounts"] == [{"name": "data", "mountPath": "/data"}]
+        assert {"name": "data", "mountPath": "/data"} in deployments[name]["containers"][0]["volumeMounts"]
+    # The trainer: as many ranks as GPUs, and shared memory for NCCL between them.
+    trainer = deployments["burnish-trainer"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in trainer["env"]}
+    assert env["BURNISH_TRAINER_NPROC"] == str(trainer["resources"]["limits"]["nvidia.com/gpu"])
+    assert {"name": "shm", "mountPath": "/dev/shm"} in trainer["volumeMounts"]
     vllm = deployments["vllm"]["containers"][0]
     assert "--enable-lora" in vllm["args"] and {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"} in vllm["env"]
     # Several vLLM pods behind a headless Service, which the gateways and the trainer resolve.
