@@ -50,7 +50,9 @@ def docker_compose(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_docker_compose_config_accepts_the_file() -> None:
-    done = docker_compose("config", "--format", "json", BURNISH_ADMIN_TOKEN="t0ken", VLLM_GPU="0", TRAINER_GPU="1,2", TRAINER_NPROC="2", TRAINER_PARALLEL="fsdp")
+    done = docker_compose(
+        "config", "--format", "json", BURNISH_ADMIN_TOKEN="t0ken", VLLM_GPU="0", TRAINER_GPU="1,2", TRAINER_NPROC="2", TRAINER_PARALLEL="fsdp"
+    )
     assert done.returncode == 0, done.stderr
     resolved = json.loads(done.stdout)
     services = resolved["services"]
