@@ -17,10 +17,13 @@ trainer/policy_model.py, as ``burnish trainer --nproc N`` runs it, on a seeded r
 * ``memory``: bytes each rank holds, measured on its tensors (``to_local()`` of FSDP2's
   shards): parameters (the base's, the adapter's), gradients and optimizer state, after a
   step, under DDP and under FSDP2 on N ranks.
-* ``length``: the bytes the forward pass keeps for the backward (every tensor autograd saves,
+* ``kept``: the bytes the forward pass keeps for the backward (every tensor autograd saves,
   counted once per storage, the weights left out), with and without activation
-  checkpointing, per token of a single sequence; and the longest sequence that fits the
-  memory one 2,048-token sequence takes without checkpointing, with it.
+  checkpointing, per context token and per sampled token, for each of ``--kept-shapes``
+  (SmolLM2-135M, Qwen2.5-1.5B and 7B) in bf16: measured on the shape cut to 1 and 2 decoder
+  layers, and extrapolated per layer to the whole depth. With the weights' size, that gives
+  the longest sequence a device takes: ``longest_on_80gb`` (90% of 80 GB; the base whole on
+  the device, as under ddp; a quarter of the tokens sampled, as in an agent's trajectory).
 
 Prints one JSON line per setup and a summary; writes bench/results/distributed.json.
 """
@@ -124,39 +127,71 @@ def memory(args: argparse.Namespace) -> dict:
 
 
 def kept(args: argparse.Namespace) -> dict:
-    """Bytes the forward keeps for the backward, per token, with checkpointing off and on."""
+    """Bytes the forward keeps for the backward, with checkpointing off and on, on a model of
+    ``args.path``'s shape cut to 1 and then 2 decoder layers, at three probes (context tokens,
+    sampled tokens): fitted as  fixed + per_layer x layers, each  a + b x context + c x sampled."""
     import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    out = {}
+    from burnish_server.trainer.policy_model import make_batch
+    from burnish_server.trainer.sequences import Sequence
+
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.kept_dtype]
+    config = AutoConfig.from_pretrained(args.path)
+    probes = ((args.length_probe, 64), (2 * args.length_probe, 64), (args.length_probe, 128))
+    fits: dict[str, dict[int, list[float]]] = {}
     for checkpointing in ("off", "on"):
-        model, _ = build(args, checkpointing)
-        weights = {p.untyped_storage().data_ptr() for p in model.model.parameters()}
-        storages: dict[int, int] = {}
+        fits[checkpointing] = {}
+        for layers in (1, 2):
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(config.__class__(**{**config.to_dict(), "num_hidden_layers": layers}), dtype=dtype)
+            if checkpointing == "on":
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            from peft import LoraConfig, get_peft_model
 
-        def pack(t, weights=weights, storages=storages):
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in weights:
-                storages[storage.data_ptr()] = storage.nbytes()
-            return t
+            model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM"))
+            model.train()
+            weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+            measured = []
+            for context, sampled in probes:
+                storages: dict[int, int] = {}
 
-        per_token = []
-        for tokens in (args.length_probe, 2 * args.length_probe):
-            from burnish_server.trainer.policy_model import make_batch
+                def pack(t, weights=weights, storages=storages):
+                    storage = t.untyped_storage()
+                    if storage.data_ptr() not in weights:
+                        storages[storage.data_ptr()] = storage.nbytes()
+                    return t
 
-            storages.clear()
-            b = make_batch(batch(model.model.config.vocab_size, 1, tokens), model.pad_id, tokens, model.device, model.base.packs)
-            model.model.train()
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                logprobs = model.token_logprobs(b)
-            per_token.append(sum(storages.values()))
-            (logprobs.sum() * 0).backward()
-            model.optimizer.zero_grad(set_to_none=True)
-        # Two lengths: the slope is what a token costs, the intercept what every step keeps.
-        slope = (per_token[1] - per_token[0]) / args.length_probe
-        out[checkpointing] = {"bytes_per_token": slope, "fixed_bytes": per_token[0] - slope * args.length_probe}
-    budget = out["off"]["fixed_bytes"] + out["off"]["bytes_per_token"] * 2048
-    longest = (budget - out["on"]["fixed_bytes"]) / out["on"]["bytes_per_token"]
-    return {"kept": out, "budget_bytes": budget, "tokens_without": 2048, "tokens_with": int(longest)}
+                ids = torch.randint(5, config.vocab_size, (context + sampled,)).tolist()
+                sequence = Sequence()
+                sequence.add(ids[:context], ids[context:], None)
+                b = make_batch([(sequence, 1.0)], 0, context + sampled, torch.device("cpu"), packed=True)
+                predicts = b.sampled[:, 1:].any(0).nonzero().squeeze(-1)
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    logits = model(input_ids=b.input_ids, position_ids=b.position_ids, logits_to_keep=predicts, use_cache=False).logits.float()
+                    logits.log_softmax(-1)  # as the step reads them (policy_model.py: logsumexp, gather)
+                measured.append(float(sum(storages.values())))
+                del logits
+            per_context = (measured[1] - measured[0]) / args.length_probe
+            per_sampled = (measured[2] - measured[0]) / 64
+            fits[checkpointing][layers] = [measured[0] - per_context * probes[0][0] - per_sampled * 64, per_context, per_sampled]
+            del model
+    with torch.device("meta"):  # the whole model's size, allocating nothing
+        whole = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    size = sum(p.numel() for p in whole.parameters()) * torch.finfo(dtype).bits // 8
+    out = {"dtype": args.kept_dtype, "layers": config.num_hidden_layers, "weights_bytes": size}
+    for checkpointing, by_layers in fits.items():
+        per_layer = [two - one for one, two in zip(by_layers[1], by_layers[2])]
+        full = [one + (config.num_hidden_layers - 1) * layer for one, layer in zip(by_layers[1], per_layer)]
+        out[checkpointing] = {"fixed_bytes": full[0], "bytes_per_context_token": full[1], "bytes_per_sampled_token": full[2]}
+    return out
+
+
+def longest(kept: dict, mode: str, device_bytes: float, sampled_share: float = 0.25) -> int:
+    """Tokens of one sequence that fit beside the weights (LoRA and its optimizer are <1% more)."""
+    k = kept[mode]
+    per_token = (1 - sampled_share) * k["bytes_per_context_token"] + sampled_share * k["bytes_per_sampled_token"]
+    return int((device_bytes - kept["weights_bytes"] - k["fixed_bytes"]) / per_token)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -164,7 +199,7 @@ def worker(args: argparse.Namespace) -> None:
 
     if not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1"))))
-    result = {"speed": speed, "memory": memory, "length": kept}[args.worker](args)
+    result = {"speed": speed, "memory": memory}[args.worker](args)
     if int(os.environ.get("RANK", "0")) == 0 or args.worker == "memory":
         print("RESULT " + json.dumps(result), flush=True)
 
@@ -172,11 +207,26 @@ def worker(args: argparse.Namespace) -> None:
 def torchrun(args: argparse.Namespace, what: str, nproc: int, parallel: str, path: Path) -> list[dict]:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", __file__, "--worker", what]
     command += ["--parallel", parallel, "--path", str(path), "--rows", str(args.rows), "--tokens", str(args.tokens), "--steps", str(args.steps)]
-    command += ["--length-probe", str(args.length_probe)]
+    command += ["--length-probe", str(args.length_probe), "--kept-dtype", args.kept_dtype]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc))})
     if done.returncode:
         raise SystemExit(f"{what} on {nproc} ranks ({parallel}) failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line]
+
+
+def config_path(shape: str) -> Path:
+    """A folder with only the config of a named shape (kept() builds cut models from it)."""
+    from transformers import AutoConfig, Qwen2Config
+    from vs_trl import SHAPES
+
+    folder = Path(tempfile.mkdtemp(prefix=f"bench-shape-{shape}-"))
+    if shape == "smollm2":
+        from adapters import model_path
+
+        AutoConfig.from_pretrained(model_path("smollm2", folder)).save_pretrained(folder)
+    else:
+        Qwen2Config(**SHAPES[shape], rms_norm_eps=1e-6).save_pretrained(folder)
+    return folder
 
 
 def main() -> None:
@@ -188,9 +238,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--length-probe", type=int, default=512, help="the shorter of the two lengths the kept bytes are measured at")
+    parser.add_argument("--length-probe", type=int, default=512, help="context tokens of the shortest probe the kept bytes are measured at")
+    parser.add_argument("--kept-dtype", default="bfloat16", help="the dtype the kept bytes are measured in (a GPU's: bfloat16)")
+    parser.add_argument("--kept-shapes", default="smollm2,qwen2.5-1.5b,qwen2.5-7b", help="model shapes whose kept bytes per token are measured")
     parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--worker", choices=["speed", "memory", "length"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["speed", "memory"], help=argparse.SUPPRESS)
     parser.add_argument("--parallel", default="ddp", help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -206,8 +258,10 @@ def main() -> None:
         ddp = torchrun(args, "memory", args.nproc, "ddp", path)
         fsdp = torchrun(args, "memory", args.nproc, "fsdp", path)
         print(json.dumps(ddp[0]), json.dumps(fsdp[0]), sep="\n", flush=True)
-        length = torchrun(args, "length", 1, "ddp", path)[0]
-        print(json.dumps(length), flush=True)
+    lengths = {}
+    for shape in args.kept_shapes.split(","):
+        lengths[shape] = kept(argparse.Namespace(**{**vars(args), "path": str(config_path(shape))}))
+        print(json.dumps({shape: lengths[shape]}), flush=True)
     summary = {
         "model": args.model,
         "batch": f"{args.rows} x {args.tokens} tokens",
@@ -217,12 +271,18 @@ def main() -> None:
             name: {k: round(max(r[k] for r in runs) / 2**20, 2) for k in ("base_bytes", "adapter_bytes", "grad_bytes", "optimizer_bytes")}
             for name, runs in (("ddp", ddp), ("fsdp", fsdp))
         },
-        "kept_bytes_per_token": {k: round(v["bytes_per_token"]) for k, v in length["kept"].items()},
-        "tokens_at_the_memory_of_2048_without_checkpointing": length["tokens_with"],
+        "kept_kb_per_token": {
+            shape: {
+                mode: {"context": round(k[mode]["bytes_per_context_token"] / 1024, 1), "sampled": round(k[mode]["bytes_per_sampled_token"] / 1024, 1)}
+                for mode in ("off", "on")
+            }
+            for shape, k in lengths.items()
+        },
+        "longest_on_80gb": {shape: {mode: longest(k, mode, 0.9 * 80e9) for mode in ("off", "on")} for shape, k in lengths.items()},
     }
     print(json.dumps(summary, indent=2))
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps({"summary": summary, "runs": {"one": one, "many": many, "ddp": ddp, "fsdp": fsdp, "length": length}}, indent=2))
+    args.results.write_text(json.dumps({"summary": summary, "runs": {"one": one, "many": many, "ddp": ddp, "fsdp": fsdp, "kept": lengths}}, indent=2))
 
 
 if __name__ == "__main__":

@@ -51,7 +51,9 @@ def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, d
         input_ids=tensor(tokens, pad_id),
         attention_mask=None if packed else tensor([[1] * len(row) for row in tokens], 0),
         position_ids=tensor([list(range(len(row))) for row in tokens], 0) if packed else None,
-        sampled=tensor(rows(lambda s, a: s.trained()), 0),
+        # A sequence's first token has nothing before it to be predicted from (packed, the one
+        # before it is the previous sequence's last): never trained.
+        sampled=tensor(rows(lambda s, a: [0, *s.trained()[1:]]), 0),
         behaviour_logprobs=tensor(rows(lambda s, a: s.behaviour_logprobs), 0.0, torch.float32),
         has_behaviour=tensor(rows(lambda s, a: [s.has_behaviour_logprobs] * len(s.tokens)), False),
         advantages=tensor(rows(lambda s, a: [a + c for c in s.credit]), 0.0, torch.float32),
