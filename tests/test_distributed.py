@@ -141,44 +141,47 @@ def rank_pid(launcher: subprocess.Popen, rank: int) -> int:
     raise AssertionError(f"no rank {rank} under {launcher.pid}")
 
 
-def test_a_rank_killed_mid_step_records_nothing_and_the_trainer_started_again_trains_once(
-    make_gateway, vllm: VLLMServer, tiny_model: Path, tmp_path: Path
-) -> None:
+def test_a_rank_killed_mid_step_records_nothing_and_the_trainer_started_again_resumes(make_gateway, vllm: VLLMServer, tiny_model: Path, tmp_path: Path) -> None:
     gw = make_gateway(upstream=vllm.url, upstream_timeout=120)
     gw.create_policy("agent-killed", "tiny", model_path=str(tiny_model), **TINY)
     admin = gw.admin()
-    admin.post("/admin/policies/agent-killed/pause")
-    asyncio.run(ready_group(gw, "a", "agent-killed"))
-    asyncio.run(ready_group(gw, "b", "agent-killed"))
     log = tmp_path / "trainer.log"
     # No restart by torchrun here: the test starts the trainer again itself, to look in between.
     trainer = start_trainer(gw, vllm, log, "--worker-id", "killed-test", BURNISH_TRAINER_MAX_RESTARTS="0")
-    wait(lambda: "rank 0 of 2" in log.read_text(), "start", trainer, log)
+    # Step 1, on both ranks.
+    asyncio.run(ready_group(gw, "a", "agent-killed"))
+    asyncio.run(ready_group(gw, "b", "agent-killed"))
+    wait(lambda: gw.policy("agent-killed")["step"] == 1, "step 1 served", trainer, log)
+    admin.post("/admin/policies/agent-killed/pause")
+    asyncio.run(ready_group(gw, "c", "agent-killed"))
+    asyncio.run(ready_group(gw, "d", "agent-killed"))
 
-    # Rank 1 is frozen; the step begins (rank 0 claims the groups and waits for rank 1 in the
+    # Rank 1 is frozen; step 2 begins (rank 0 claims its groups and waits for rank 1 in the
     # step's all-reduce), then rank 1 dies.
     follower = rank_pid(trainer, 1)
     os.kill(follower, signal.SIGSTOP)
     admin.post("/admin/policies/agent-killed/resume")
-    wait(lambda: set(groups(gw).values()) == {("killed-test", None)}, "claim", trainer, log)
+    wait(lambda: {g: c for g, (c, _) in groups(gw).items() if g in "cd"} == {"c": "killed-test", "d": "killed-test"}, "claim", trainer, log)
     os.kill(follower, signal.SIGKILL)
     wait(lambda: trainer.poll() is not None, "exit", trainer, log, timeout=120)
     assert trainer.returncode != 0
-    # Nothing recorded, no checkpoint counted; the groups untrained (released, or still claimed
+    # Nothing recorded, no checkpoint counted; its groups untrained (released, or still claimed
     # by this worker id, which the next start releases at once).
     status = gw.policy("agent-killed")
-    assert (status["step"], status["head"], status["last_step"]) == (0, 0, None)
-    assert {trained for _, trained in groups(gw).values()} == {None}
+    assert (status["step"], status["head"], status["last_step"]["step"]) == (1, 1, 1)
+    assert {g: trained for g, (_, trained) in groups(gw).items()} == {"a": 1, "b": 1, "c": None, "d": None}
     checkpoints = Path(gw.settings.data_dir) / "policies" / "agent-killed" / "checkpoints"
-    assert not (checkpoints / "1").exists() or not any(gw.admin().get("/admin/policies/agent-killed/checkpoints").json()["data"])
 
-    # Started again: it trains those groups, once, into step 1.
+    # Started again: both ranks resume from checkpoint 1 (rank 0 reads it and sends it to
+    # rank 1), and train those groups, once, into step 2.
     trainer = start_trainer(gw, vllm, log, "--worker-id", "killed-test")
     try:
-        wait(lambda: gw.policy("agent-killed")["step"] == 1, "step served", trainer, log)
+        wait(lambda: gw.policy("agent-killed")["step"] == 2, "step 2 served", trainer, log)
     finally:
         stop(trainer)
     steps = admin.get("/admin/policies/agent-killed/checkpoints").json()["data"]
-    assert [(s["step"], sorted(s["groups"])) for s in steps] == [(1, ["a", "b"])]
-    assert {trained for _, trained in groups(gw).values()} == {1}
-    assert sorted(p.name for p in checkpoints.iterdir() if not p.name.startswith(".")) == ["1"]
+    assert sorted((s["step"], s["parent"], sorted(s["groups"])) for s in steps) == [(1, 0, ["a", "b"]), (2, 1, ["c", "d"])]
+    assert {g: trained for g, (_, trained) in groups(gw).items()} == {"a": 1, "b": 1, "c": 2, "d": 2}
+    assert sorted(p.name for p in checkpoints.iterdir() if not p.name.startswith(".")) == ["1", "2"]
+    state = torch.load(checkpoints / "2" / "optimizer.pt")["state"]
+    assert {float(s["step"]) for s in state.values()} == {2.0}  # AdamW's second step: resumed, not begun again
