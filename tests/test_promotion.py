@@ -241,11 +241,11 @@ async def test_a_worse_candidate_is_rejected_a_good_one_promoted_and_a_regressio
 # The task: answer in words, no digits; the reward is the share of characters that are not digits.
 # The tiny model writes ~7% digits (top_k 50, 16 tokens). One step at lr 0.1 on 4 groups of 8
 # trained on the inverted reward (a bug that pays for digits) takes that to ~13% through vLLM
-# (rewards 0.93 against 0.87); one on the true reward leaves it as it was. A margin of 0.02
+# (rewards 0.93 against 0.87); one on the true reward leaves it as it was. A margin of 0.03
 # tells them apart within a few dozen trajectories on each side.
 NO_DIGITS = [{"role": "user", "content": "Write some words."}]
 LEARNS = {"lora": {"rank": 8, "alpha": 16}, "train": {"learning_rate": 0.1, "groups_per_step": 4}}
-STRICT = {"rule": "canary", "canary_share": 0.5, "min_trajectories": 16, "margin": 0.02}
+STRICT = {"rule": "canary", "canary_share": 0.5, "min_trajectories": 16, "margin": 0.03}
 
 
 def no_digits(text: str) -> float:
@@ -276,7 +276,7 @@ async def until_decided(gw: Gateway, worker: TrainerWorker, prefix: str, candida
     versions: list[str] = []
     async with httpx.AsyncClient(base_url=gw.url, timeout=120) as client:
         while gw.policy()["candidate"] is not None:
-            assert len(versions) < 400, (versions.count(candidate), gw.policy()["candidate"]["test"])
+            assert len(versions) < 640, (versions.count(candidate), gw.policy()["candidate"]["test"])
             for _ in range(16):
                 trajectory = f"{prefix}-{len(versions)}"
                 text, version = await answer(client, f"/t/{trajectory}", seed=len(versions))
@@ -305,7 +305,7 @@ async def test_a_step_trained_on_inverted_rewards_is_rejected_and_one_on_true_re
     (step,) = [s for s in admin.get("/admin/policies/agent/checkpoints").json()["data"] if s["step"] == 1]
     test = step["decisions"][-1]["test"]
     assert step["decision"] == "rejected", test
-    assert status["step"] == 0 and test["upper"] < -0.02, test
+    assert status["step"] == 0 and test["upper"] < -0.03, test
     # It served its share of the trajectories while on trial, never more, and no one after.
     assert 0.3 < versions.count("agent@1") / len(versions) < 0.7, versions
     print(f"rejected after {len(versions)} trajectories: {test['reason']}")
