@@ -107,7 +107,8 @@ class Call(Base):
     __tablename__ = "calls"
     __table_args__ = (
         Index("ix_calls_trajectory_id_started_at", "trajectory_id", "started_at"),
-        Index("ix_calls_policy_policy_step", "policy", "policy_step"),
+        # A policy's calls per trajectory, with what the promotion queries read (store/promotion.py).
+        Index("ix_calls_policy_trajectory", "policy", "trajectory_id", "policy_step", "status", "started_at"),
         Index("ix_calls_response_id", "response_id"),
     )
 
