@@ -205,8 +205,8 @@ def test_packed_sequences_train_as_padded_ones(tiny: Path) -> None:
     from burnish_server.trainer.base_model import Holding, SharedBase
     from burnish_server.trainer.policy_model import make_batch
 
-    packed, padded = (SharedBase(str(tiny), holding=Holding(packing=on)) for on in (True, False))
-    assert packed.packs and not padded.packs  # the tiny model (Qwen2) masks packed sequences faithfully
+    packed, padded = (SharedBase(str(tiny), holding=Holding(packing=packing)) for packing in ("on", "auto"))
+    assert packed.packs and not padded.packs  # the tiny model (Qwen2) masks packed sequences faithfully; SDPA: auto pads
     models = [PolicyModel(base, LoraSettings(rank=8, alpha=16), TrainSettings(learning_rate=5e-3)) for base in (packed, padded)]
     items = _varied(0)
     with torch.no_grad():
@@ -241,7 +241,7 @@ def test_the_gpus_paths_run_on_the_cpu(tiny: Path, tmp_path: Path) -> None:
     it steps, moves the adapter (kept in fp32), saves and resumes."""
     from burnish_server.trainer.base_model import Holding, SharedBase
 
-    base = SharedBase(str(tiny), holding=Holding(dtype="bfloat16", checkpointing="on"))
+    base = SharedBase(str(tiny), holding=Holding(dtype="bfloat16", checkpointing="on", packing="on"))
     assert base.model.dtype == torch.bfloat16 and base.checkpointing and base.packs
     model = PolicyModel(base, LoraSettings(rank=8, alpha=16), TrainSettings(learning_rate=5e-3))
     assert {p.dtype for p in model.params} == {torch.float32}

@@ -11,6 +11,7 @@ base per policy.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,8 +32,12 @@ class Holding:
     # layers x tokens. On by default on a GPU, where agent-length sequences hit the limit.
     checkpointing: Literal["auto", "on", "off"] = "auto"
     # A micro-batch's sequences packed into one row without padding (position ids per
-    # sequence; transformers masks each to itself), where the model does so faithfully.
-    packing: bool = True
+    # sequence), where the model keeps them apart faithfully. "auto" packs where the attention
+    # kernel is variable-length (FlashAttention: each sequence attends within itself at no
+    # cost for the others); under SDPA or eager attention, transformers keeps packed sequences
+    # apart with a dense mask over the whole row, whose cost grows with the row's length
+    # squared, far above padding's, so "auto" pads there.
+    packing: Literal["auto", "on", "off"] = "auto"
 
 
 class SharedBase:
@@ -47,7 +52,10 @@ class SharedBase:
         gpu = self.device.type == "cuda"
         dtype = {"auto": torch.bfloat16 if gpu else torch.float32, "bfloat16": torch.bfloat16, "float32": torch.float32}[holding.dtype]
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        # FlashAttention where it is installed, on a GPU: its variable-length kernel is what makes
+        # packed sequences cheap (``Holding.packing``).
+        flash = {"attn_implementation": "flash_attention_2"} if gpu and importlib.util.find_spec("flash_attn") else {}
+        self.model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **flash)
         if holding.checkpointing == "on" or (holding.checkpointing == "auto" and gpu):
             # Non-reentrant: the variant that composes with FSDP2 and with frozen inputs.
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -56,7 +64,8 @@ class SharedBase:
         else:
             self.model.to(self.device)  # type: ignore[arg-type]  # transformers' stubs type .to oddly
         self.checkpointing = bool(self.model.is_gradient_checkpointing)
-        self.packs = holding.packing and self.packing_is_faithful()
+        varlen = "flash" in str(self.model.config._attn_implementation)
+        self.packs = (holding.packing == "on" or (holding.packing == "auto" and varlen)) and self.packing_is_faithful()
         self.peft: Any = None  # the PeftModel, once an adapter is attached
         self.adapters: dict[str, str] = {}  # owner (a policy) -> its adapter's name in peft
         self._made = 0
