@@ -1,4 +1,4 @@
-"""The trainer's promotion queries on a store of a million calls, and what an extra index on ``calls`` would save.
+"""The trainer's promotion queries on a store of a million calls, with the calls' indexes as migration 0012 made them and as they were before.
 
 Run from the repository root (about 15 minutes; on PostgreSQL a database ``bench_promotion`` is
 made on BURNISH_TEST_PG_URL's server, and dropped at the end)::
@@ -8,9 +8,9 @@ made on BURNISH_TEST_PG_URL's server, and dropped at the end)::
 Every few seconds the trainer reads the evidence on a policy's candidate (``store/promotion.py:
 evidence``) or, between trials, whether the served version regressed (``regression``). Both group
 the policy's calls per trajectory, so they cost what the policy's whole history holds: timed where
-that is long, as the trainer runs them (``Database.read``, the page cache warm), then with each set
-of extra indexes in ``ROUNDS`` (made in this database only), with the queries' plans; last, what
-each set costs a write (calls inserted through ``Database.transaction``, 200 a commit).
+that is long, as the trainer runs them (``Database.read``, the page cache warm), under each of
+``SCHEMAS``, with the queries' plans; last, what each costs a write (calls inserted through
+``Database.transaction``, 200 a commit).
 
 The store is made by the project's migrations and filled in bulk with a month of traffic: 4 calls
 per trajectory on average, five policies (``agent`` has 40% of the calls) each through steps 0 to
@@ -50,14 +50,14 @@ POLICIES = {"agent": 0.4, "coder": 0.15, "support": 0.15, "search": 0.15, "summa
 NAMES, STATUSES = list(POLICIES), ("ok", "upstream_error", "client_disconnected", "upstream_cut")
 DAYS, STEPS, SERVED, CANDIDATE, WINDOW = 30, 20, 18, 20, 100
 BASE_MODEL = "Qwen/Qwen2.5-7B-Instruct"
-# The canary's last days of a policy; a policy's calls in trajectory order with what its
-# versions are read from (no row read, no sort); the same, with the canary's days too.
-INDEXES = {
-    "policy_started": "policy, started_at",
-    "policy_trajectory": "policy, trajectory_id, policy_step, status",
-    "policy_trajectory_started": "policy, trajectory_id, policy_step, status, started_at",
-}
-ROUNDS = [(), ("policy_started",), ("policy_trajectory",), ("policy_trajectory_started",), ("policy_started", "policy_trajectory")]
+# The schema as migration 0012 made it (one index that the three queries read alone), and as it
+# was before (a policy's calls by step: every query read the policy's rows from the table).
+SCHEMAS = {
+    "0012": ("CREATE INDEX IF NOT EXISTS ix_calls_policy_trajectory ON calls (policy, trajectory_id, policy_step, status, started_at)",
+             "DROP INDEX IF EXISTS ix_calls_policy_policy_step"),
+    "before 0012": ("CREATE INDEX IF NOT EXISTS ix_calls_policy_policy_step ON calls (policy, policy_step)",
+                    "DROP INDEX IF EXISTS ix_calls_policy_trajectory"),
+}  # fmt: skip
 FIXED = {"endpoint": "chat.completions", "http_status": 200, "error": None, "attempts": 1, "upstream_first_byte_ms": 80.0, "response_id": None}
 TOKENS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs", "completion_lengths")
 FAILED = {"http_status": 502, "error": "upstream answered 502", "response": None, "usage": None, **dict.fromkeys(TOKENS)}
@@ -203,11 +203,10 @@ def plans(conn: Any, queries: dict[str, tuple[Any, ...]]) -> str:
     return "\n".join(out)
 
 
-async def use_indexes(db: Database, names: tuple[str, ...]) -> float:
-    """Make the extra indexes exactly ``names``; the seconds their making took."""
+async def use_schema(db: Database, name: str) -> float:
+    """Make the calls' indexes those of ``name`` (SCHEMAS); the seconds it took."""
     begun = time.perf_counter()
-    for name, columns in INDEXES.items():
-        sql = f"CREATE INDEX IF NOT EXISTS ix_bench_{name} ON calls ({columns})" if name in names else f"DROP INDEX IF EXISTS ix_bench_{name}"
+    for sql in SCHEMAS[name]:
         await db.transaction(Connection.exec_driver_sql, sql)
     return time.perf_counter() - begun
 
@@ -242,31 +241,31 @@ async def bench(kind: str, args: argparse.Namespace) -> None:
         "samples, eval": (lambda conn, *a: promotion.samples(conn, *a, held_out=True), "agent", [SERVED, CANDIDATE]),
         "_latest": (promotion._latest, "agent", SERVED, WINDOW),
     }
-    bare = await size(db)
-    print(f"{'extra indexes':<44}{'canary p50/p95':>20}{'eval p50/p95':>20}{'regression p50/p95':>20}  (ms)")
-    for names in ROUNDS:
-        took = await use_indexes(db, names)
+    print(f"{'schema':<16}{'canary p50/p95':>20}{'eval p50/p95':>20}{'regression p50/p95':>20}  (ms)")
+    for name in SCHEMAS:
+        took = await use_schema(db, name)
         figures = [await timed(db, args.repeat, promotion.evidence, policy) for policy in (canary, held_out)]
         figures.append(await timed(db, args.repeat, promotion.regression, between))
-        made = f"  made in {took:.1f} s, {(await size(db) - bare) / 2**20:.0f} MiB" if names else ""
-        print(f"{' + '.join(names) or 'none':<44}" + "".join(f"{p50:>11.1f} /{p95:>7.1f}" for p50, p95, _ in figures) + made)
-        if not names:
+        made = f"  (its index made in {took:.1f} s; indexes on calls: {await size(db) / 2**20:.0f} MiB)"
+        print(f"{name:<16}" + "".join(f"{p50:>11.1f} /{p95:>7.1f}" for p50, p95, _ in figures) + made)
+        if name == "0012":
             for label, (_, _, found) in zip(("canary", "eval"), figures):
                 print(f"  {label} evidence: served n={found.served.n}, candidate n={found.candidate.n}, decision {found.decision}")
         if args.plans:
             print(await db.read(plans, queries))
-    # Each set twice, in turn and then the other way round, as a noisy machine drifts; 200 calls a commit.
-    probe = Traffic(2 * len(ROUNDS) * args.probe_calls, 2, start + timedelta(days=DAYS + 1), args.body_bytes)
+    # Each schema twice, in turn and then the other way round, as a noisy machine drifts; 200 calls a commit.
+    order = [*SCHEMAS, *reversed(SCHEMAS)]
+    probe = Traffic(len(order) * args.probe_calls, 2, start + timedelta(days=DAYS + 1), args.body_bytes)
     await db.transaction(Connection.execute, insert(Trajectory), probe.trajectories(0, probe.t))
-    costs: dict[tuple[str, ...], list[float]] = {}
-    for part, names in enumerate(ROUNDS + ROUNDS[::-1]):
-        await use_indexes(db, names)
+    costs: dict[str, list[float]] = {}
+    for part, name in enumerate(order):
+        await use_schema(db, name)
         begun = time.perf_counter()
         for lo in range(part * args.probe_calls, (part + 1) * args.probe_calls, 200):
             await db.transaction(Connection.execute, insert(Call), probe.calls(lo, lo + 200))
-        costs.setdefault(names, []).append((time.perf_counter() - begun) / args.probe_calls * 1e6)
-    for names, us in costs.items():
-        print(f"write with {' + '.join(names) or 'no extra index'}: {' and '.join(f'{u:.0f}' for u in us)} us a call")
+        costs.setdefault(name, []).append((time.perf_counter() - begun) / args.probe_calls * 1e6)
+    for name, us in costs.items():
+        print(f"write, schema {name}: {' and '.join(f'{u:.0f}' for u in us)} us a call")
     await db.dispose()
     if kind == "postgresql":
         await admin("DROP DATABASE bench_promotion WITH (FORCE)")
@@ -288,7 +287,7 @@ def main() -> None:
     parser.add_argument("--database", choices=("sqlite", "postgresql", "both"), default="both")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--body-bytes", type=int, default=1000)
-    parser.add_argument("--probe-calls", type=int, default=10_000, help="calls written per set of indexes, twice, for what they cost a write")
+    parser.add_argument("--probe-calls", type=int, default=10_000, help="calls written per schema, twice, for what its indexes cost a write")
     parser.add_argument("--no-plans", dest="plans", action="store_false")
     args = parser.parse_args()
     for kind in ("sqlite", "postgresql") if args.database == "both" else (args.database,):
