@@ -17,6 +17,8 @@ trainer/policy_model.py, as ``burnish trainer --nproc N`` runs it, on a seeded r
 * ``memory``: bytes each rank holds, measured on its tensors (``to_local()`` of FSDP2's
   shards): parameters (the base's, the adapter's), gradients and optimizer state, after a
   step, under DDP and under FSDP2 on N ranks.
+* ``packing``: one step's seconds with the batch packed against padded, under the base's own
+  attention (SDPA on the CPU), in one process, alternating.
 * ``kept``: the bytes the forward pass keeps for the backward (every tensor autograd saves,
   counted once per storage, the weights left out), with and without activation
   checkpointing, per context token and per sampled token, for each of ``--kept-shapes``
@@ -94,6 +96,30 @@ def speed(args: argparse.Namespace) -> dict:
         seconds.append(time.perf_counter() - t0)
     sampled = sum(s.sampled for s, _ in items)
     return {"ranks": ranks.world, "parallel": ranks.parallel, "step_s": statistics.median(seconds), "tokens_per_s": sampled / statistics.median(seconds)}
+
+
+def packing(args: argparse.Namespace) -> dict:
+    """One step's seconds with the batch padded and packed, alternating, under the base's own
+    attention (SDPA on the CPU): what packing costs where no variable-length kernel is."""
+    from burnish_server.core.policies import LoraSettings, TrainSettings
+    from burnish_server.trainer.base_model import Holding, SharedBase
+    from burnish_server.trainer.policy_model import PolicyModel
+
+    train = TrainSettings(learning_rate=1e-5, micro_batch_tokens=args.rows * args.tokens, max_seq_len=args.tokens)
+    models = {
+        mode: PolicyModel(SharedBase(args.path, holding=Holding(packing=mode)), LoraSettings(rank=16, alpha=32, target_modules=LORA_TARGETS), train)
+        for mode in ("off", "on")
+    }  # type: ignore[arg-type]
+    assert models["on"].base.packs and not models["off"].base.packs
+    items = batch(models["on"].model.config.vocab_size, args.rows, args.tokens)
+    seconds: dict[str, list[float]] = {"off": [], "on": []}
+    for round_ in range(args.steps + 1):
+        for mode, model in models.items():
+            t0 = time.perf_counter()
+            model.step(items)
+            if round_:  # the first, a warm-up
+                seconds[mode].append(time.perf_counter() - t0)
+    return {"padded_step_s": statistics.median(seconds["off"]), "packed_step_s": statistics.median(seconds["on"])}
 
 
 def memory(args: argparse.Namespace) -> dict:
@@ -199,7 +225,7 @@ def worker(args: argparse.Namespace) -> None:
 
     if not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1"))))
-    result = {"speed": speed, "memory": memory}[args.worker](args)
+    result = {"speed": speed, "memory": memory, "packing": packing}[args.worker](args)
     if int(os.environ.get("RANK", "0")) == 0 or args.worker == "memory":
         print("RESULT " + json.dumps(result), flush=True)
 
@@ -242,47 +268,48 @@ def main() -> None:
     parser.add_argument("--kept-dtype", default="bfloat16", help="the dtype the kept bytes are measured in (a GPU's: bfloat16)")
     parser.add_argument("--kept-shapes", default="smollm2,qwen2.5-1.5b,qwen2.5-7b", help="model shapes whose kept bytes per token are measured")
     parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--worker", choices=["speed", "memory"], help=argparse.SUPPRESS)
+    parser.add_argument("--parts", default="speed,memory,packing,kept", help="which measurements, of speed, memory, packing, kept")
+    parser.add_argument("--worker", choices=["speed", "memory", "packing"], help=argparse.SUPPRESS)
     parser.add_argument("--parallel", default="ddp", help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
+    parts = set(args.parts.split(","))
+    runs: dict = {}
+    summary: dict = {"model": args.model, "batch": f"{args.rows} x {args.tokens} tokens"}
     with tempfile.TemporaryDirectory(prefix="bench-distributed-") as work:
         path = model_path(args.model, Path(work))
-        one = torchrun(args, "speed", 1, "ddp", path)[0]
-        print(json.dumps(one), flush=True)
-        many = torchrun(args, "speed", args.nproc, "ddp", path)[0]
-        print(json.dumps(many), flush=True)
-        ddp = torchrun(args, "memory", args.nproc, "ddp", path)
-        fsdp = torchrun(args, "memory", args.nproc, "fsdp", path)
-        print(json.dumps(ddp[0]), json.dumps(fsdp[0]), sep="\n", flush=True)
-    lengths = {}
-    for shape in args.kept_shapes.split(","):
-        lengths[shape] = kept(argparse.Namespace(**{**vars(args), "path": str(config_path(shape))}))
-        print(json.dumps({shape: lengths[shape]}), flush=True)
-    summary = {
-        "model": args.model,
-        "batch": f"{args.rows} x {args.tokens} tokens",
-        f"tokens_per_s_{args.nproc}_over_1": round(many["tokens_per_s"] / one["tokens_per_s"], 3),
-        "tokens_per_s": {"1": round(one["tokens_per_s"], 1), str(args.nproc): round(many["tokens_per_s"], 1)},
-        "per_rank_mb": {
-            name: {k: round(max(r[k] for r in runs) / 2**20, 2) for k in ("base_bytes", "adapter_bytes", "grad_bytes", "optimizer_bytes")}
-            for name, runs in (("ddp", ddp), ("fsdp", fsdp))
-        },
-        "kept_kb_per_token": {
+        if "speed" in parts:
+            one, many = (torchrun(args, "speed", n, "ddp", path)[0] for n in (1, args.nproc))
+            runs.update(one=one, many=many)
+            summary[f"tokens_per_s_{args.nproc}_over_1"] = round(many["tokens_per_s"] / one["tokens_per_s"], 3)
+            summary["tokens_per_s"] = {"1": round(one["tokens_per_s"], 1), str(args.nproc): round(many["tokens_per_s"], 1)}
+        if "memory" in parts:  # what a rank holds does not depend on the batch: a small one, so that 2 ranks fit the CPU's memory
+            small = argparse.Namespace(**{**vars(args), "rows": min(args.rows, 4)})
+            runs.update(ddp=torchrun(small, "memory", args.nproc, "ddp", path), fsdp=torchrun(small, "memory", args.nproc, "fsdp", path))
+            summary["per_rank_mb"] = {
+                name: {k: round(max(r[k] for r in runs[name]) / 2**20, 2) for k in ("base_bytes", "adapter_bytes", "grad_bytes", "optimizer_bytes")}
+                for name in ("ddp", "fsdp")
+            }
+        if "packing" in parts:
+            runs["packing"] = torchrun(args, "packing", 1, "ddp", path)[0]
+            summary["packing"] = {k: round(v, 3) for k, v in runs["packing"].items()}
+            summary["packed_over_padded_step_s"] = round(runs["packing"]["packed_step_s"] / runs["packing"]["padded_step_s"], 3)
+    if "kept" in parts:
+        runs["kept"] = {shape: kept(argparse.Namespace(**{**vars(args), "path": str(config_path(shape))})) for shape in args.kept_shapes.split(",")}
+        summary["kept_kb_per_token"] = {
             shape: {
                 mode: {"context": round(k[mode]["bytes_per_context_token"] / 1024, 1), "sampled": round(k[mode]["bytes_per_sampled_token"] / 1024, 1)}
                 for mode in ("off", "on")
             }
-            for shape, k in lengths.items()
-        },
-        "longest_on_80gb": {shape: {mode: longest(k, mode, 0.9 * 80e9) for mode in ("off", "on")} for shape, k in lengths.items()},
-    }
+            for shape, k in runs["kept"].items()
+        }
+        summary["longest_on_80gb"] = {shape: {mode: longest(k, mode, 0.9 * 80e9) for mode in ("off", "on")} for shape, k in runs["kept"].items()}
     print(json.dumps(summary, indent=2))
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps({"summary": summary, "runs": {"one": one, "many": many, "ddp": ddp, "fsdp": fsdp, "kept": lengths}}, indent=2))
+    args.results.write_text(json.dumps({"summary": summary, "runs": runs}, indent=2))
 
 
 if __name__ == "__main__":

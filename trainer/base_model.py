@@ -35,8 +35,8 @@ class Holding:
     # sequence), where the model keeps them apart faithfully. "auto" packs where the attention
     # kernel is variable-length (FlashAttention: each sequence attends within itself at no
     # cost for the others); under SDPA or eager attention, transformers keeps packed sequences
-    # apart with a dense mask over the whole row, whose cost grows with the row's length
-    # squared, far above padding's, so "auto" pads there.
+    # apart with a dense mask over the whole row, so attention computes every pair of the row's
+    # tokens: its cost grows with the row's length squared, not each sequence's. "auto" pads there.
     packing: Literal["auto", "on", "off"] = "auto"
 
 
