@@ -170,7 +170,8 @@ def kept(args: argparse.Namespace) -> dict:
         fits[checkpointing] = {}
         for layers in (1, 2):
             torch.manual_seed(0)
-            model = AutoModelForCausalLM.from_config(config.__class__(**{**config.to_dict(), "num_hidden_layers": layers}), dtype=dtype)
+            cut = {k: v for k, v in config.to_dict().items() if k != "layer_types"}  # the per-layer list follows the count
+            model = AutoModelForCausalLM.from_config(config.__class__(**{**cut, "num_hidden_layers": layers}), dtype=dtype)
             if checkpointing == "on":
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             from peft import LoraConfig, get_peft_model
@@ -284,21 +285,27 @@ def main() -> None:
         if "speed" in parts:
             one, many = (torchrun(args, "speed", n, "ddp", path)[0] for n in (1, args.nproc))
             runs.update(one=one, many=many)
+            print(json.dumps({"speed": [one, many]}), flush=True)
             summary[f"tokens_per_s_{args.nproc}_over_1"] = round(many["tokens_per_s"] / one["tokens_per_s"], 3)
             summary["tokens_per_s"] = {"1": round(one["tokens_per_s"], 1), str(args.nproc): round(many["tokens_per_s"], 1)}
         if "memory" in parts:  # what a rank holds does not depend on the batch: a small one, so that 2 ranks fit the CPU's memory
             small = argparse.Namespace(**{**vars(args), "rows": min(args.rows, 4)})
             runs.update(ddp=torchrun(small, "memory", args.nproc, "ddp", path), fsdp=torchrun(small, "memory", args.nproc, "fsdp", path))
+            print(json.dumps({"memory": [runs["ddp"], runs["fsdp"]]}), flush=True)
             summary["per_rank_mb"] = {
                 name: {k: round(max(r[k] for r in runs[name]) / 2**20, 2) for k in ("base_bytes", "adapter_bytes", "grad_bytes", "optimizer_bytes")}
                 for name in ("ddp", "fsdp")
             }
         if "packing" in parts:
             runs["packing"] = torchrun(args, "packing", 1, "ddp", path)[0]
+            print(json.dumps({"packing": runs["packing"]}), flush=True)
             summary["packing"] = {k: round(v, 3) for k, v in runs["packing"].items()}
             summary["packed_over_padded_step_s"] = round(runs["packing"]["packed_step_s"] / runs["packing"]["padded_step_s"], 3)
     if "kept" in parts:
-        runs["kept"] = {shape: kept(argparse.Namespace(**{**vars(args), "path": str(config_path(shape))})) for shape in args.kept_shapes.split(",")}
+        runs["kept"] = {}
+        for shape in args.kept_shapes.split(","):
+            runs["kept"][shape] = kept(argparse.Namespace(**{**vars(args), "path": str(config_path(shape))}))
+            print(json.dumps({"kept": {shape: runs["kept"][shape]}}), flush=True)
         summary["kept_kb_per_token"] = {
             shape: {
                 mode: {"context": round(k[mode]["bytes_per_context_token"] / 1024, 1), "sampled": round(k[mode]["bytes_per_sampled_token"] / 1024, 1)}
