@@ -215,10 +215,15 @@ def kept(args: argparse.Namespace) -> dict:
 
 
 def longest(kept: dict, mode: str, device_bytes: float, sampled_share: float = 0.25) -> int:
-    """Tokens of one sequence that fit beside the weights (LoRA and its optimizer are <1% more)."""
-    k = kept[mode]
-    per_token = (1 - sampled_share) * k["bytes_per_context_token"] + sampled_share * k["bytes_per_sampled_token"]
-    return int((device_bytes - kept["weights_bytes"] - k["fixed_bytes"]) / per_token)
+    """Tokens of one sequence that fit beside the weights (LoRA and its optimizer are <1% more).
+    With checkpointing, the layer being recomputed holds its whole activations for a moment:
+    one layer's share of what is kept without checkpointing, on top."""
+
+    def per_token(k: dict) -> float:
+        return (1 - sampled_share) * k["bytes_per_context_token"] + sampled_share * k["bytes_per_sampled_token"]
+
+    cost = per_token(kept[mode]) + (per_token(kept["off"]) / kept["layers"] if mode == "on" else 0.0)
+    return int((device_bytes - kept["weights_bytes"] - kept[mode]["fixed_bytes"]) / cost)
 
 
 def worker(args: argparse.Namespace) -> None:
