@@ -110,14 +110,15 @@ async def test_train_now_pause_rollback_and_a_failed_load(
 async def test_an_idle_policy_leaves_the_trainers_memory_and_its_next_step_resumes(make_gateway, vllm: VLLMServer, tiny_model: Path) -> None:
     gw = make_gateway(upstream=vllm.url, upstream_timeout=120)
     gw.create_policy("agent", "tiny", model_path=str(tiny_model), lora={"rank": 8, "alpha": 16}, train={"learning_rate": 5e-3, "groups_per_step": 1})
-    settings = Settings.load({}, data_dir=gw.settings.data_dir, upstream=vllm.url, trainer_idle_unload=1.0)
+    # Idle after 10 s: longer than a pass that trains and publishes takes on a loaded machine.
+    settings = Settings.load({}, data_dir=gw.settings.data_dir, upstream=vllm.url, trainer_idle_unload=10.0)
     worker = TrainerWorker(settings, WorkerSettings(worker_id="idle-test"))
     await worker.recover()
     try:
         await ready_group(gw, "a")
         assert await worker.run_once()
         assert set(worker.held.models) == {"agent"} and len(worker.held.bases) == 1
-        await asyncio.sleep(1.1)
+        await asyncio.sleep(10.1)
         assert not await worker.run_once()
         assert worker.held.models == {} and worker.held.bases == {}  # the adapter, its optimizer and the base: gone
         # The next step loads the base again and resumes from step 1's checkpoint, optimizer included.

@@ -140,6 +140,7 @@ class Models:
         metrics = model.step(batch.items)
         t3 = time.perf_counter()
         model.step_count = step
+        self.used_at[policy.name] = time.monotonic()  # idle from the step's end (unload_idle)
         if not self.ranks.main:
             return metrics
         n = len(batch.rewards)  # 0 if every claimed group turned out held out (marked after the claim)
