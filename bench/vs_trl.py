@@ -239,7 +239,7 @@ def ours_stepper(spec: dict):
     from burnish_server.trainer.sequences import Sequence
 
     policy = PolicyModel(spec["model"], msgspec.convert(spec["lora"], LoraSettings), msgspec.convert(spec["train"], TrainSettings))
-    set_peft_model_state_dict(policy.model, load_file(spec["lora_init"], device=str(policy.device)))
+    set_peft_model_state_dict(policy.model, load_file(spec["lora_init"], device=str(policy.device)), adapter_name=policy.adapter)
     items = []
     for prompt, completion, old, advantage in zip(spec["prompt_ids"], spec["completion_ids"], spec["old_logprobs"], spec["advantages"]):
         items.append((seq := Sequence(), advantage))
