@@ -63,13 +63,16 @@ class SharedBase:
             self.ranks.shard(self.model)  # FSDP2 places each rank's shards on its device
         else:
             self.model.to(self.device)  # type: ignore[arg-type]  # transformers' stubs type .to oddly
-        self.checkpointing = bool(self.model.is_gradient_checkpointing)
         varlen = "flash" in str(self.model.config._attn_implementation)
         self.packs = (holding.packing == "on" or (holding.packing == "auto" and varlen)) and self.packing_is_faithful()
         self.peft: Any = None  # the PeftModel, once an adapter is attached
         self.adapters: dict[str, str] = {}  # owner (a policy) -> its adapter's name in peft
         self._made = 0
         self._norms: dict[int, float] = {}  # id(a frozen base layer) -> its weight's squared norm
+
+    @property
+    def checkpointing(self) -> bool:
+        return bool(self.model.is_gradient_checkpointing)
 
     @torch.no_grad()
     def packing_is_faithful(self) -> bool:

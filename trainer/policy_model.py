@@ -213,11 +213,9 @@ class PolicyModel:
                 compared[name] += getattr(parts, name).item()
         # Every rank's gradients and figures, summed: the step's, as one rank would have them.
         ranks.sum_gradients(self.params)
-        names = [*sums, *compared]
-        summed = ranks.sum([*sums.values(), *compared.values(), entropy])
-        sums.update(zip(sums, summed[: len(sums)]))
-        compared.update(zip(compared, summed[len(sums) : len(names)]))
-        entropy = summed[-1]
+        *summed, entropy = ranks.sum([*sums.values(), *compared.values(), entropy])
+        sums.update(zip(sums, summed))
+        compared.update(zip(compared, summed[len(sums) :]))
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.train.grad_clip).item()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
