@@ -1,0 +1,1 @@
+"""The dashboard: server-rendered pages under ``/ui`` (docs/dashboard.md)."""
