@@ -71,7 +71,7 @@ class TrainSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # Divide advantages by the group's standard deviation (GRPO). False: only centre them (Dr. GRPO).
     scale_advantages: bool = True
     advantage_eps: Annotated[float, Meta(gt=0)] = 1e-4
-    # Rewards posted for single calls (credit per turn, trainer/grpo.py: turn_credits): a call's
+    # Rewards posted for single calls (credit per turn, core/credit.py: turn_credits): a call's
     # tokens get the discounted sum of the call rewards at and after it, this factor per call
     # between. 1: every earlier call shares a later call's credit in full; 0: only its own call.
     turn_discount: Annotated[float, Meta(ge=0, le=1)] = 1.0

@@ -21,19 +21,24 @@ from burnish_server.core.conversation import Exchange, Message, ToolCall, Unread
 from burnish_server.core.records import CallRecord
 from burnish_server.core.surfaces import BY_NAME
 
-__all__ = ["Exchange", "Message", "ToolCall", "UnreadableCall", "conversation", "exchange"]
+__all__ = ["Exchange", "Message", "ToolCall", "UnreadableCall", "conversation", "exchange", "read_bodies"]
 
 
 def exchange(call: CallRecord) -> Exchange:
     """Read a recorded call's conversation; ``UnreadableCall`` if its bodies are not its endpoint's shape."""
-    surface = BY_NAME.get(call.endpoint)
+    return read_bodies(call.endpoint, call.request, call.response)
+
+
+def read_bodies(endpoint: str, request: bytes, response: bytes | None) -> Exchange:
+    """``exchange`` from a call's endpoint and recorded bodies."""
+    surface = BY_NAME.get(endpoint)
     if surface is None:
-        raise UnreadableCall(f"no reader for endpoint {call.endpoint!r}")
+        raise UnreadableCall(f"no reader for endpoint {endpoint!r}")
     try:
-        request, response = surface.decode_request(call.request), surface.decode_response(call.response)
+        decoded_request, decoded_response = surface.decode_request(request), surface.decode_response(response)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise UnreadableCall(f"a {call.endpoint} call that is not one: {exc}") from None
-    return surface.read(request, response)
+        raise UnreadableCall(f"a {endpoint} call that is not one: {exc}") from None
+    return surface.read(decoded_request, decoded_response)
 
 
 def conversation(calls: Iterable[CallRecord]) -> list[Message]:

@@ -260,22 +260,42 @@ def required_scope(handler: Any) -> str:
     return str(handler.opt.get("scope", "admin"))
 
 
+def cookie_credential(headers: list[tuple[bytes, bytes]], cookie: bytes) -> list[tuple[bytes, bytes]]:
+    """The headers, with the credential a browser keeps in ``cookie`` (the dashboard's sign-in,
+    ``gateway/ui/auth.py``) as a bearer token where the request sends none of its own."""
+    if credential(headers) is not None:
+        return headers
+    prefix = cookie + b"="
+    for name, value in headers:
+        if name == b"cookie":
+            for part in value.split(b";"):
+                part = part.strip()
+                if part.startswith(prefix) and len(part) > len(prefix):
+                    return [*headers, (_AUTHORIZATION, b"Bearer " + part[len(prefix) :])]
+    return headers
+
+
 def access_middleware(app: ASGIApp) -> ASGIApp:
     """Raw ASGI (a Litestar middleware factory), run after routing: authenticate, authorize, limit."""
-    # Each route's scope, read once: a handler's ``opt`` is merged from its layers on each read (~0.01 ms).
-    needs: dict[int, str] = {}
+    # Each route's scope, and the cookie that may carry its credential (the dashboard's pages:
+    # ``opt["cookie"]``), read once: a handler's ``opt`` is merged from its layers on each read (~0.01 ms).
+    needs: dict[int, tuple[str, bytes | None]] = {}
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        need = PUBLIC
+        need, cookie = PUBLIC, None
         if scope["type"] == "http":
             handler = scope["route_handler"]
-            need = needs.get(id(handler)) or needs.setdefault(id(handler), required_scope(handler))
+            rule = needs.get(id(handler))
+            if rule is None:
+                rule = needs[id(handler)] = (required_scope(handler), handler.opt["cookie"].encode() if "cookie" in handler.opt else None)
+            need, cookie = rule
         # OPTIONS is Litestar's own answer of the allowed methods (and CORS preflights carry no key).
         if need == PUBLIC or scope.get("method") == "OPTIONS":
             await app(scope, receive, send)
             return
         access: Access = scope["app"].state.services.access
-        caller = await access.admit(scope["headers"], need)
+        headers = scope["headers"] if cookie is None else cookie_credential(scope["headers"], cookie)
+        caller = await access.admit(headers, need)
         scope.setdefault("state", {})["principal"] = caller
         try:
             await app(scope, receive, send)

@@ -22,7 +22,7 @@ from burnish_server.core import logs
 from burnish_server.core.errors import BurnishError
 from burnish_server.core.secrets import Redactor
 from burnish_server.core.settings import Settings
-from burnish_server.gateway import errors, openapi, replicas
+from burnish_server.gateway import errors, openapi, replicas, ui
 from burnish_server.gateway.access import BEARER, PUBLIC, SECURITY_SCHEMES, Access, KeyRing, access_middleware, follow_keys
 from burnish_server.gateway.edge import Gateway
 from burnish_server.gateway.errors import responses
@@ -170,7 +170,11 @@ def create_app(settings: Settings | None = None) -> Gateway:
             *proxy.route_handlers,
             # The JSON APIs decode their bodies strictly; the proxy (the hot path) reads its own.
             Router(path="/", route_handlers=[*trajectories.route_handlers, *ruler.route_handlers, admin.router], request_class=openapi.StrictRequest),
+            # The dashboard (docs/dashboard.md): pages under the API's access rules, and its vendored script.
+            ui.router,
+            ui.static,
         ],
+        template_config=ui.template_config(),
         lifespan=[lifespan],
         dependencies=DEPENDENCIES,
         exception_handlers={

@@ -1,5 +1,6 @@
 """GRPO's arithmetic: group-relative advantages and the clipped, token-level loss.
 
+The advantages and credits are ``core/credit.py``'s (the dashboard shows the same figures).
 Everything here is a pure function of tensors, so it can be checked by hand
 (tests/test_grpo.py). The loop that feeds it lives elsewhere in trainer/.
 
@@ -34,36 +35,13 @@ from dataclasses import dataclass
 
 import torch
 
+from burnish_server.core import credit
 from burnish_server.core.policies import TrainSettings
 
 
-def turn_credits(call_rewards: list[float | None], discount: float) -> list[float]:
-    """One trajectory's calls, in order, each with the reward posted for it alone (None if
-    none) -> each call's credit: the discounted sum of the call rewards at and after it.
-
-    Credit per turn is added to the trajectory's group-relative advantage, not normalised
-    with it: a call's reward moves its own call's advantage and, discounted, its
-    trajectory's earlier calls', and nothing else (tests/test_grpo.py). So call rewards are
-    in the advantage's units (the group's standard deviations of reward, where advantages
-    are scaled): +0.5 for a call that did its part, -0.5 for one that did not."""
-    credits, ahead = [0.0] * len(call_rewards), 0.0
-    for t in range(len(call_rewards) - 1, -1, -1):
-        ahead = (call_rewards[t] or 0.0) + discount * ahead
-        credits[t] = ahead
-    return credits
-
-
 def group_advantages(rewards: torch.Tensor, *, scale: bool = True, eps: float = 1e-4) -> torch.Tensor:
-    """One group's rewards -> advantages: centred on the group mean, scaled by its std.
-
-    The std is the sample std (n - 1), as TRL computes it, so the two can be compared.
-    A group whose rewards are all equal has advantages of 0: it teaches nothing.
-    """
-    rewards = rewards.to(torch.float32)
-    centred = rewards - rewards.mean()
-    if not scale or rewards.numel() < 2:
-        return centred
-    return centred / (rewards.std() + eps)
+    """``core/credit.py: group_advantages`` on a tensor (the rule lives there, shared with the dashboard)."""
+    return torch.tensor(credit.group_advantages(rewards.tolist(), scale=scale, eps=eps), dtype=torch.float32)
 
 
 @dataclass

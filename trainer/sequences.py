@@ -3,7 +3,7 @@
     recorded call ──(its prompt and completion ids, as vLLM returned them)──▶ SampledCall
     a trajectory's SampledCalls ──(merged where each prompt extends the last)──▶ Sequences
     a group's rewards ──(group-relative advantages, trainer/grpo.py)──▶ (Sequence, advantage) pairs
-    rewards posted for single calls ──(turn_credits, trainer/grpo.py)──▶ each token's credit, in its Sequence
+    rewards posted for single calls ──(turn_credits, core/credit.py)──▶ each token's credit, in its Sequence
 
 A call trains only on the ids the policy actually saw and sampled. A call recorded without
 prompt or completion ids is skipped and counted (``untokenized_calls`` in the step's
@@ -36,12 +36,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from burnish_server.core.credit import trained_mask, turn_credits
 from burnish_server.core.drift import split_reason
 from burnish_server.core.policies import TrainSettings
 from burnish_server.core.records import CallRecord
 from burnish_server.core.tokens import Continuity
 from burnish_server.store.training import TrainingCall
-from burnish_server.trainer.grpo import group_advantages, turn_credits
+from burnish_server.trainer.grpo import group_advantages
 
 
 @dataclass
@@ -51,16 +52,7 @@ class SampledCall:
     prompt: list[int]
     completions: list[list[int]]  # one per choice
     logprobs: list[list[float]] | None  # the behaviour policy's, aligned with completions
-    credit: float = 0.0  # its credit per turn (trainer/grpo.py: turn_credits), for every choice
-
-
-# A sampled token whose recorded logprob is 0 had no alternative: a grammar allowed no other
-# (structured outputs; the fixed parts of a forced tool call, such as "<tool_call>" and the
-# tool's name). vLLM records logprobs after the grammar's mask, so such a token's recorded
-# logprob is no behaviour probability to take a ratio against (the trainer's own, unmasked, is
-# often -3 or lower), and under the grammar it is certain whatever the weights: its gradient is
-# 0. It stays in the sequence as context, and is not trained on (``forced_tokens`` counts them).
-FORCED_LOGPROB = -1e-6
+    credit: float = 0.0  # its credit per turn (core/credit.py: turn_credits), for every choice
 
 
 @dataclass
@@ -89,7 +81,7 @@ class Sequence:
         """The mask the loss uses: 1 on sampled tokens, except those a grammar forced (FORCED_LOGPROB)."""
         if not self.has_behaviour_logprobs:
             return self.mask
-        return [int(m == 1 and lp < FORCED_LOGPROB) for m, lp in zip(self.mask, self.behaviour_logprobs)]
+        return [m * t for m, t in zip(self.mask, trained_mask(len(self.mask), self.behaviour_logprobs))]
 
 
 @dataclass

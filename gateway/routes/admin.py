@@ -20,17 +20,17 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody, Parameter
 
 from burnish_server.core.access import PRINTABLE, SCOPES, KeyName, Limits, ProjectName, Scope
-from burnish_server.core.errors import Conflict, Invalid
+from burnish_server.core.errors import Invalid
 from burnish_server.core.ids import ID_REGEX
 from burnish_server.core.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, TrainSettings
 from burnish_server.core.views import EvalList, KeyList, KeyView, MetricsList, NewKeyView, PolicyList, PolicyView, StepList
-from burnish_server.gateway import openapi
+from burnish_server.gateway import actions, openapi
 from burnish_server.gateway.access import ACCESS_ERRORS as ACCESS
 from burnish_server.gateway.access import BEARER
 from burnish_server.gateway.errors import responses
 from burnish_server.gateway.routes.common import PolicyName
 from burnish_server.gateway.services import Services
-from burnish_server.store import evals, promotion
+from burnish_server.store import evals
 from burnish_server.store import keys as key_store
 from burnish_server.store import policies as store
 
@@ -73,13 +73,6 @@ class RollbackIn(msgspec.Struct, forbid_unknown_fields=True):
     step: Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
 
 
-async def _write(svc: Services, fn: Any, *args: Any) -> Any:
-    """A write, then the gateway's own routing table re-read at once (others follow within REFRESH_EVERY_S)."""
-    result = await svc.db.transaction(fn, *args)
-    svc.policies.replace(await svc.db.read(store.load_policies))
-    return result
-
-
 async def _status(svc: Services, name: str) -> PolicyView:
     return await svc.db.read(store.policy_status, name)
 
@@ -99,7 +92,7 @@ async def create_policy(data: JSONBody[PolicyIn], svc: NamedDependency[Services]
         shared_with=tuple(dict.fromkeys(data.shared_with)),
         paused=data.paused,
     )
-    await _write(svc, store.create_policy, policy)
+    await actions.write(svc, store.create_policy, policy)
     return await _status(svc, data.name)
 
 
@@ -117,7 +110,7 @@ async def get_policy(name: PolicyName, svc: NamedDependency[Services]) -> Policy
 
 @patch("/policies/{name:str}", opt={"invalid": "invalid_policy"}, responses=responses(400, *ACCESS, 404, 409, 413))
 async def change_policy(name: PolicyName, data: JSONBody[PolicyPatch], svc: NamedDependency[Services]) -> PolicyView:
-    await _write(svc, _patch, name, data)
+    await actions.write(svc, _patch, name, data)
     return await _status(svc, name)
 
 
@@ -141,29 +134,23 @@ def _patch(conn: Any, name: str, data: JSONBody[PolicyPatch]) -> Any:
     return store.update_policy(conn, name, **values)
 
 
-def _update(conn: Any, name: str, values: dict[str, Any]) -> Any:
-    return store.update_policy(conn, name, **values)
-
-
 @post("/policies/{name:str}/pause", status_code=200, responses=responses(400, *ACCESS, 404))
 async def pause(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
     """Stop training (the served version stays); a step already running finishes."""
-    await _write(svc, _update, name, {"paused": True})
+    await actions.pause(svc, name)
     return await _status(svc, name)
 
 
 @post("/policies/{name:str}/resume", status_code=200, responses=responses(400, *ACCESS, 404))
 async def resume(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
-    await _write(svc, _update, name, {"paused": False})
+    await actions.resume(svc, name)
     return await _status(svc, name)
 
 
 @post("/policies/{name:str}/train", status_code=202, responses=responses(400, *ACCESS, 404, 409))
 async def train_now(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
     """Train on the groups ready now, even fewer than groups_per_step (409 if none; paused policies too)."""
-    if (await svc.db.read(store.get_policy, name)).paused:
-        raise Conflict(f"policy {name!r} is paused; resume it first", "policy_paused")
-    await _write(svc, store.request_training, name)
+    await actions.train_now(svc, name)
     return await _status(svc, name)
 
 
@@ -176,26 +163,21 @@ async def checkpoints(name: PolicyName, svc: NamedDependency[Services]) -> StepL
 @post("/policies/{name:str}/rollback", status_code=202, opt={"invalid": "invalid_rollback"}, responses=responses(400, *ACCESS, 404, 413))
 async def rollback(name: PolicyName, data: JSONBody[RollbackIn], svc: NamedDependency[Services]) -> PolicyView:
     """Serve (and train on from) an earlier step; 0 is the base model. The trainer loads and switches."""
-    await _write(svc, store.request_rollback, name, data.step)
+    await actions.rollback(svc, name, data.step)
     return await _status(svc, name)
-
-
-def _decide(conn: Any, name: str, decision: str) -> Any:
-    store.lock_policy(conn, name)
-    return promotion.admin_decide(conn, store.get_policy(conn, name), decision)
 
 
 @post("/policies/{name:str}/promote", status_code=200, responses=responses(400, *ACCESS, 404, 409))
 async def promote(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
     """Serve the candidate on trial to every trajectory now, whatever its evidence (409 if none)."""
-    await _write(svc, _decide, name, promotion.PROMOTED)
+    await actions.promote(svc, name)
     return await _status(svc, name)
 
 
 @post("/policies/{name:str}/reject", status_code=200, responses=responses(400, *ACCESS, 404, 409))
 async def reject(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
     """End the candidate's trial: the served version keeps serving (409 if there is no candidate)."""
-    await _write(svc, _decide, name, promotion.REJECTED)
+    await actions.reject(svc, name)
     return await _status(svc, name)
 
 

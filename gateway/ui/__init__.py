@@ -1,1 +1,53 @@
-"""The dashboard: server-rendered pages under ``/ui`` (docs/dashboard.md)."""
+"""The dashboard: server-rendered pages under ``/ui`` (docs/dashboard.md).
+
+    auth.py      signing in (a cookie the access middleware reads on /ui), refusals as pages
+    filters.py   a list page's query string -> the store's filters
+    pages.py     the pages (GET)
+    controls.py  the admin actions as forms (POST)
+    trajectory.py, charts.py, tokens.py   what the pages show, built on the server
+
+Templates are Jinja (Litestar's own template support, autoescaped); the only script is
+htmx, vendored under ``static/`` and served by the gateway: nothing comes from a CDN.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from litestar import Router
+from litestar.datastructures import CacheControlHeader
+from litestar.exceptions import HTTPException
+from litestar.plugins.jinja import JinjaTemplateEngine
+from litestar.static_files import create_static_files_router
+from litestar.template import TemplateConfig
+
+from burnish_server.core.errors import BurnishError
+from burnish_server.gateway.access import PUBLIC
+from burnish_server.gateway.ui import auth, controls, pages
+
+HERE = Path(__file__).parent
+HTMX = "htmx-2.0.11.min.js"
+
+
+def _filters(engine: JinjaTemplateEngine) -> None:
+    engine.engine.globals["HTMX"] = HTMX
+
+
+def template_config() -> TemplateConfig[JinjaTemplateEngine]:
+    return TemplateConfig(directory=HERE / "templates", engine=JinjaTemplateEngine, engine_callback=_filters)
+
+
+router = Router(
+    path="/ui",
+    route_handlers=[auth.login_form, auth.login, auth.logout, *pages.route_handlers, *controls.route_handlers],
+    # Read by default, the credential also from the sign-in cookie (gateway/access.py).
+    opt={"scope": "read", "cookie": auth.COOKIE},
+    exception_handlers={BurnishError: auth.refused, HTTPException: auth.http_error, Exception: auth.unexpected},
+    include_in_schema=False,
+)
+
+# The vendored script and the style sheet: public (they hold no data), cached for a day (a new
+# htmx comes under a new name).
+static = create_static_files_router(
+    path="/ui/static", directories=[HERE / "static"], opt={"scope": PUBLIC}, cache_control=CacheControlHeader(max_age=86400), include_in_schema=False
+)

@@ -1,0 +1,116 @@
+"""Signing in to the dashboard, and what a page answers when access is refused.
+
+The dashboard takes the same credentials as the API, under the same rules
+(``gateway/access.py``): the admin token, or a key with the ``read`` scope (its project's
+data only); on an open gateway, anyone may read. A browser cannot add an ``Authorization``
+header to a link, so the sign-in form keeps the credential in a cookie that the access
+middleware reads as a bearer token on ``/ui`` routes only (``opt["cookie"]``):
+
+- ``HttpOnly``: no script on a page can read it;
+- ``SameSite=Strict``: no other site's page can make the browser send it, so another site
+  cannot post a control (a cross-site request forgery) in the signed-in user's name; the
+  controls also refuse a request whose ``Origin`` is another site (``ui/controls.py``);
+- ``Secure`` when the dashboard was reached over HTTPS; ``Path=/ui``: sent nowhere else.
+
+A page refused for want of a credential redirects to the sign-in form; one refused for want
+of a scope (a read key on a control) answers 403 with a page that says which scope it needs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import msgspec
+from litestar import Request, Response, get, post
+from litestar.enums import RequestEncodingType
+from litestar.exceptions import HTTPException, NotFoundException
+from litestar.params import Body
+from litestar.response import Redirect, Template
+
+from burnish_server.core.access import ANONYMOUS, Principal
+from burnish_server.core.errors import BurnishError, Unauthorized
+from burnish_server.gateway.access import PUBLIC
+from burnish_server.gateway.services import Services
+
+log = logging.getLogger("burnish.gateway")
+
+COOKIE = "burnish_ui"
+# How long a sign-in lasts in the browser (the credential itself may expire sooner).
+SIGN_IN_S = 12 * 3600
+
+
+class SignIn(msgspec.Struct):
+    token: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+    next: str = "/ui"
+
+
+def safe_next(target: str) -> str:
+    """Where to go after signing in: a dashboard page only, never another site."""
+    return target if target.startswith("/ui") and not target.startswith("//") and "\\" not in target else "/ui"
+
+
+def who(caller: Principal) -> str:
+    if caller is ANONYMOUS:
+        return "anyone (open gateway)"
+    if caller.key_id is None:
+        return "admin token"
+    return f"key {caller.key_id} (project {caller.project})"
+
+
+@get("/login", opt={"scope": PUBLIC}, name="ui-login")
+async def login_form(next: str = "/ui", error: str | None = None) -> Template:
+    return Template("login.html", context={"next": safe_next(next), "error": error, "caller": None})
+
+
+@post("/login", opt={"scope": PUBLIC}, status_code=303)
+async def login(request: Request, data: Annotated[SignIn, Body(media_type=RequestEncodingType.URL_ENCODED)]) -> Response[Any]:
+    """Check the credential as the API would, then keep it in the cookie."""
+    svc: Services = request.app.state.services
+    target = safe_next(data.next)
+    try:
+        caller = await svc.access.principal([(b"authorization", b"Bearer " + data.token.strip().encode("latin-1", "replace"))])
+    except Unauthorized as exc:
+        return Redirect(f"/ui/login?next={quote(target)}&error={quote(exc.message)}", status_code=303)
+    if caller is ANONYMOUS or not (caller.can("read") or caller.can("admin")):
+        why = "this gateway is open: any token reads it, only the admin token controls it" if caller is ANONYMOUS else "this key lacks the read scope"
+        return Redirect(f"/ui/login?next={quote(target)}&error={quote(why)}", status_code=303)
+    response = Redirect(target, status_code=303)
+    response.set_cookie(COOKIE, data.token.strip(), max_age=SIGN_IN_S, path="/ui", httponly=True, samesite="strict", secure=request.url.scheme == "https")
+    return response
+
+
+@post("/logout", opt={"scope": PUBLIC}, status_code=303)
+async def logout() -> Response[Any]:
+    response = Redirect("/ui/login", status_code=303)
+    response.delete_cookie(COOKIE, path="/ui")
+    return response
+
+
+def _page(request: Request, status: int, title: str, message: str) -> Response[Any]:
+    return Template("refused.html", context={"title": title, "message": message, "caller": None}, status_code=status)
+
+
+def refused(request: Request, exc: BurnishError) -> Response[Any]:
+    """A ``BurnishError`` on a dashboard page: to the sign-in form where a credential is missing
+    or wrong, else a page saying what went wrong, with the error's own status."""
+    if exc.status == 401:
+        if request.method == "GET":
+            return Redirect(
+                f"/ui/login?next={quote(safe_next(request.url.path + ('?' + request.url.query if request.url.query else '')))}&error={quote(exc.message)}"
+            )
+        return _page(request, 401, "Sign in", exc.message)
+    titles = {403: "Not allowed", 404: "Not found", 409: "Not now", 429: "Too many requests"}
+    return _page(request, exc.status, titles.get(exc.status, "Bad request"), exc.message)
+
+
+def http_error(request: Request, exc: HTTPException) -> Response[Any]:
+    if isinstance(exc, NotFoundException):
+        return _page(request, 404, "Not found", "no such page")
+    return _page(request, exc.status_code, "Bad request", str(exc.detail))
+
+
+def unexpected(request: Request, exc: Exception) -> Response[Any]:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return _page(request, 500, "Internal error", "the gateway could not show this page; its log says why")

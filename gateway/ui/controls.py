@@ -1,0 +1,99 @@
+"""The policy page's controls: the admin API's actions, as HTML forms.
+
+Each is a POST that needs the ``admin`` scope (the admin token, or a key with that scope),
+does what the admin API does (``gateway/actions.py``), and redirects back to the policy page
+(post/redirect/get: a reload does not repeat it). A read key is refused with 403, as the API
+refuses it. A POST whose ``Origin`` names another site is refused too: with the cookie's
+``SameSite=Strict`` (``ui/auth.py``), no other site can act in a signed-in admin's name.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from litestar import Request, Response, post
+from litestar.di import NamedDependency
+from litestar.enums import RequestEncodingType
+from litestar.params import Body
+from litestar.response import Redirect
+
+from burnish_server.core.access import Principal
+from burnish_server.core.errors import Forbidden
+from burnish_server.gateway import actions
+from burnish_server.gateway.routes.common import PolicyName
+from burnish_server.gateway.services import Services
+from burnish_server.gateway.ui.pages import visible_policy
+
+ADMIN = {"scope": "admin"}
+
+
+class RollbackForm(msgspec.Struct):
+    step: Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+
+
+def same_site(request: Request) -> None:
+    origin = request.headers.get("origin")
+    if origin is not None and origin != "null" and origin.split("://", 1)[-1] != request.headers.get("host", ""):
+        raise Forbidden("this form was posted from another site", "cross_site_request")
+
+
+def _back(name: str, done: str) -> Response[Any]:
+    return Redirect(f"/ui/policies/{name}?done={done}", status_code=303)
+
+
+@post("/policies/{name:str}/pause", opt=ADMIN, status_code=303)
+async def pause(name: PolicyName, request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Response[Any]:
+    same_site(request)
+    visible_policy(svc, caller, name)
+    await actions.pause(svc, name)
+    return _back(name, "paused")
+
+
+@post("/policies/{name:str}/resume", opt=ADMIN, status_code=303)
+async def resume(name: PolicyName, request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Response[Any]:
+    same_site(request)
+    visible_policy(svc, caller, name)
+    await actions.resume(svc, name)
+    return _back(name, "resumed")
+
+
+@post("/policies/{name:str}/train", opt=ADMIN, status_code=303)
+async def train(name: PolicyName, request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Response[Any]:
+    same_site(request)
+    visible_policy(svc, caller, name)
+    await actions.train_now(svc, name)
+    return _back(name, "train")
+
+
+@post("/policies/{name:str}/rollback", opt=ADMIN, status_code=303)
+async def rollback(
+    name: PolicyName,
+    request: Request,
+    data: Annotated[RollbackForm, Body(media_type=RequestEncodingType.URL_ENCODED)],
+    svc: NamedDependency[Services],
+    caller: NamedDependency[Principal],
+) -> Response[Any]:
+    same_site(request)
+    visible_policy(svc, caller, name)
+    await actions.rollback(svc, name, data.step)
+    return _back(name, "rollback")
+
+
+@post("/policies/{name:str}/promote", opt=ADMIN, status_code=303)
+async def promote(name: PolicyName, request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Response[Any]:
+    same_site(request)
+    visible_policy(svc, caller, name)
+    await actions.promote(svc, name)
+    return _back(name, "promoted")
+
+
+@post("/policies/{name:str}/reject", opt=ADMIN, status_code=303)
+async def reject(name: PolicyName, request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Response[Any]:
+    same_site(request)
+    visible_policy(svc, caller, name)
+    await actions.reject(svc, name)
+    return _back(name, "rejected")
+
+
+route_handlers = [pause, resume, train, rollback, promote, reject]

@@ -1,0 +1,258 @@
+"""The dashboard's pages: policies, a policy's timeline, groups, trajectories, one trajectory
+down to its tokens, and two versions compared on held-out tasks.
+
+Each page is one template rendered on the server from the store's typed reads. The parts
+that change while training runs (``id="live"``) are fetched again every few seconds by htmx
+(``hx-trigger="every 5s"``, the same URL, the fragment selected from the page): no
+JavaScript of our own, and a page reads the same with scripts off, only without updating.
+Everything is scoped as the API is: a key sees its project's data and the policies open to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, get
+from litestar.di import NamedDependency
+from litestar.params import Parameter
+from litestar.response import Template
+
+from burnish_server.core.access import Principal, local, qualify
+from burnish_server.core.errors import NotFound
+from burnish_server.core.groups import group_state
+from burnish_server.core.policies import Policy, adapter_name, served_name
+from burnish_server.core.views import PolicyView, StepView
+from burnish_server.gateway.routes.common import CallIndex, GroupId, PolicyName, TrajectoryId
+from burnish_server.gateway.routing import Registry
+from burnish_server.gateway.services import Services
+from burnish_server.gateway.ui import charts, filters
+from burnish_server.gateway.ui.auth import who
+from burnish_server.gateway.ui.tokens import Pieces
+from burnish_server.gateway.ui.trajectory import Group, advantage_of, panels
+from burnish_server.store import dashboard, evals, reads
+from burnish_server.store import policies as store
+
+LIVE_EVERY_S = 5  # how often a live part of a page is fetched again
+
+
+def context(request: Request, caller: Principal, **values: Any) -> dict[str, Any]:
+    """What every page's frame shows: who is signed in, whether they may use the controls."""
+    return {"caller": who(caller), "admin": caller.can("admin"), "path": request.url.path, "live_every": LIVE_EVERY_S, **values}
+
+
+def visible_policy(svc: Services, caller: Principal, name: str) -> Policy:
+    policy = svc.policies.policies.get(name)
+    if policy is None or not Registry.open_to(policy, caller):
+        raise NotFound(f"no policy {name!r}", "policy_not_found", "name")
+    return policy
+
+
+def _overview(conn: Any, names: list[str]) -> list[PolicyView]:
+    return [store.policy_status(conn, name) for name in names]
+
+
+@get("/", name="ui-policies")
+async def policies_page(request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Template:
+    names = [p.name for p in svc.policies.listed(caller)]
+    rows = await svc.db.read(_overview, sorted(names))
+    return Template("policies.html", context=context(request, caller, policies=rows))
+
+
+def _timeline(conn: Any, name: str) -> tuple[PolicyView, list[StepView], dict[int, evals.Score]]:
+    return store.policy_status(conn, name), store.list_steps(conn, name), evals.scores_by_step(conn, name)
+
+
+_DECISION_MARKS = {"promoted": "m-promoted", "rejected": "m-rejected", "rolled_back": "m-rolled_back"}
+
+
+def _charts(status: PolicyView, steps: list[StepView], scores: dict[int, evals.Score]) -> list[charts.Chart]:
+    def metric(key: str) -> list[tuple[int, float | None]]:
+        return [(s.step, _number((s.metrics or {}).get(key))) for s in steps if isinstance(s.metrics, dict)]
+
+    markers = [
+        charts.Marker(s.step, f"{d.get('decision')} by {d.get('by', '?')}: {d.get('reason', '')}", _DECISION_MARKS.get(str(d.get("decision")), "m-other"))
+        for s in steps
+        for d in s.decisions
+    ]
+    markers.append(charts.Marker(status.step, f"served now ({status.served_version})", "m-serving"))
+    held_out = [(step, score.score) for step, score in sorted(scores.items())]
+    return [
+        charts.Chart(
+            "Reward: train (each step's groups) and held-out (each version)",
+            [charts.Series("train reward", metric("reward_mean"), "s-reward"), charts.Series("held-out score", held_out, "s-eval")],
+            markers,
+        ),
+        charts.Chart(
+            "Step health: distance to vLLM's logprobs, clipped share, staleness",
+            [
+                charts.Series("logprob_diff_mean", metric("logprob_diff_mean"), "s-diff"),
+                charts.Series("clip_fraction", metric("clip_fraction"), "s-clip"),
+                charts.Series("staleness_mean", metric("staleness_mean"), "s-stale"),
+            ],
+            markers,
+        ),
+    ]
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+@get("/policies/{name:str}", name="ui-policy")
+async def policy_page(
+    name: PolicyName, request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal], done: str | None = None
+) -> Template:
+    visible_policy(svc, caller, name)
+    status, steps, scores = await svc.db.read(_timeline, name)
+    versions = sorted({0, *(s.step for s in steps)})
+    return Template(
+        "policy.html",
+        context=context(
+            request,
+            caller,
+            p=status,
+            steps=list(reversed(steps)),
+            scores=scores,
+            charts=[c.svg() for c in _charts(status, steps, scores)],
+            versions=versions,
+            done=done if done in ("paused", "resumed", "train", "rollback", "promoted", "rejected") else None,
+        ),
+    )
+
+
+@get("/groups", name="ui-groups")
+async def groups_page(request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Template:
+    query = filters.parse(request.query_params, caller)
+    page = await svc.db.read(dashboard.group_list, query.filters, query.before)
+    policies = sorted(p.name for p in svc.policies.listed(caller))
+    return Template("groups.html", context=context(request, caller, q=query, page=page, policies=policies, local=local))
+
+
+@get("/trajectories", name="ui-trajectories")
+async def trajectories_page(request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Template:
+    query = filters.parse(request.query_params, caller)
+    page = await svc.db.read(dashboard.trajectories, query.filters, query.before)
+    policies = sorted(p.name for p in svc.policies.listed(caller))
+    return Template("trajectories.html", context=context(request, caller, q=query, page=page, policies=policies, local=local))
+
+
+def _project(request: Request, caller: Principal) -> str:
+    """The project whose ids a page names: the caller's; an admin may name another (``?project=``)."""
+    asked = request.query_params.get("project", "")
+    return asked if asked and caller.can("admin") and asked != caller.project else caller.project
+
+
+def _stored(project: str, id: str) -> str:
+    return qualify(project, id)
+
+
+@get("/groups/{group_id:str}", name="ui-group")
+async def group_page(group_id: GroupId, request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Template:
+    project = _project(request, caller)
+    stored = _stored(project, group_id)
+    async with svc.db.reader.connect() as conn:
+        group = await reads.get_group(conn, stored)
+    if group is None:
+        raise NotFound(f"no group {group_id!r}", "group_not_found", "group_id")
+    row = await svc.db.read(dashboard.group_row, stored)
+    policy = svc.policies.policies.get(row.policy) if row is not None and row.policy else None
+    info = Group(group.id, group_state(row.closed_at, row.claimed_by, row.trained_at), row.trained_step, row.policy, [(m.id, m.reward) for m in group.members])
+    advantages = {m.id: advantage_of(m.id, info, policy) for m in group.members}
+    return Template("group.html", context=context(request, caller, g=group, info=info, advantages=advantages, project=project))
+
+
+async def _trajectory(svc: Services, project: str, trajectory_id: str) -> tuple[Any, Group | None, Policy | None]:
+    stored = _stored(project, trajectory_id)
+    async with svc.db.reader.connect() as conn:
+        trajectory = await reads.get_trajectory(conn, stored)
+    if trajectory is None:
+        raise NotFound(f"no trajectory {trajectory_id!r}", "trajectory_not_found", "trajectory_id")
+    group = None
+    policy = None
+    if trajectory.group_id is not None:
+        stored_group = _stored(project, trajectory.group_id)
+        row = await svc.db.read(dashboard.group_row, stored_group)
+        members = await svc.db.read(dashboard.group_rewards, stored_group)
+        group = Group(
+            trajectory.group_id, group_state(row.closed_at, row.claimed_by, row.trained_at), row.trained_step, row.policy, [(local(i), r) for i, r in members]
+        )
+        policy = svc.policies.policies.get(row.policy) if row.policy else None
+    if policy is None and isinstance(trajectory.calls, list):
+        policy = next((svc.policies.policies[c.policy] for c in trajectory.calls if c.policy in svc.policies.policies), None)
+    return trajectory, group, policy
+
+
+@get("/trajectories/{trajectory_id:str}", name="ui-trajectory")
+async def trajectory_page(trajectory_id: TrajectoryId, request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Template:
+    project = _project(request, caller)
+    trajectory, group, policy = await _trajectory(svc, project, trajectory_id)
+    shown = panels(trajectory, group, policy)
+    return Template(
+        "trajectory.html",
+        context=context(
+            request, caller, t=trajectory, group=group, panels=shown, project=project, project_query="" if project == caller.project else f"?project={project}"
+        ),
+    )
+
+
+@get("/trajectories/{trajectory_id:str}/calls/{index:int}/tokens", name="ui-tokens")
+async def tokens_fragment(
+    trajectory_id: TrajectoryId,
+    index: CallIndex,
+    request: Request,
+    svc: NamedDependency[Services],
+    caller: NamedDependency[Principal],
+    choice: int = Parameter(default=0, ge=0, le=1024),
+) -> Template:
+    """A call's sampled tokens with their text, asked of vLLM (``ui/tokens.py``): loaded into the
+    trajectory page by htmx, or shown alone where scripts are off."""
+    project = _project(request, caller)
+    trajectory, group, policy = await _trajectory(svc, project, trajectory_id)
+    shown = panels(trajectory, group, policy)
+    if not -len(shown) <= index < len(shown) or choice >= len(shown[index].choices):
+        raise NotFound(f"no call {index} (choice {choice}) in trajectory {trajectory_id!r}", "call_not_found", "index")
+    panel = shown[index]
+    tokens = panel.choices[choice]
+    model = served_name(policy, 0) if policy is not None else (panel.call.model or "")
+    pieces: Pieces = request.app.state.setdefault("ui_pieces", Pieces())
+    texts = await pieces.texts(svc.upstream, model, [t.id for t in tokens])
+    # htmx asks for the fragment that replaces the ids on the trajectory page; a browser without scripts gets a page.
+    template = "_tokens.html" if request.headers.get("hx-request") == "true" else "tokens.html"
+    return Template(
+        template, context=context(request, caller, panel=panel, tokens=tokens, texts=texts, choice=choice, t=trajectory, load=False, project_amp="")
+    )
+
+
+@get("/policies/{name:str}/compare", name="ui-compare")
+async def compare_page(
+    name: PolicyName,
+    request: Request,
+    svc: NamedDependency[Services],
+    caller: NamedDependency[Principal],
+    a: int = Parameter(default=0, ge=0, le=2**31 - 1),
+    b: int | None = Parameter(default=None, ge=0, le=2**31 - 1),
+) -> Template:
+    policy = visible_policy(svc, caller, name)
+    b = policy.step if b is None else b
+    result = await svc.db.read(dashboard.compare, name, a, b, caller.project)
+    scores = await svc.db.read(evals.scores_by_step, name)
+    steps = await svc.db.read(store.list_steps, name)
+    return Template(
+        "compare.html",
+        context=context(
+            request,
+            caller,
+            name=name,
+            a=a,
+            b=b,
+            version_a=adapter_name(name, a),
+            version_b=adapter_name(name, b),
+            result=result,
+            scores=scores,
+            versions=sorted({0, a, b, *(s.step for s in steps)}),
+            mean=lambda xs: sum(x.reward for x in xs) / len(xs) if xs else None,
+        ),
+    )
+
+
+route_handlers = [policies_page, policy_page, groups_page, trajectories_page, group_page, trajectory_page, tokens_fragment, compare_page]

@@ -1,0 +1,214 @@
+"""What the dashboard reads (``gateway/ui/``): groups and trajectories filtered and paged in
+the store, and two versions' answers to the same held-out tasks.
+
+Pages are keyset pages, newest first: ``before`` is the last row's key (``pk``) of the page
+before, so a page costs the same at row one million as at row one, and nothing is counted
+that the page does not show. Every filter is a WHERE clause the store evaluates; the
+browser is never sent more than one page. Trajectories are always one project's (the
+caller's, ``core/access.py``); each page names its rows by stored id.
+
+These are sync functions of a ``Connection``, run with ``Database.read``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from sqlalchemy import Select, and_, exists, func, select
+from sqlalchemy.engine import Connection
+
+from burnish_server.core.groups import GroupState
+from burnish_server.core.records import OK
+from burnish_server.core.transcript import UnreadableCall, exchange
+from burnish_server.store import groups
+from burnish_server.store.calls import to_record
+from burnish_server.store.models import Call, Group, Trajectory
+
+PAGE = 50  # rows a page shows
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """What a page of groups or trajectories is narrowed to; None: any."""
+
+    project: str
+    policy: str | None = None
+    version: int | None = None  # a step of ``policy`` that answered one of the trajectory's calls
+    state: GroupState | None = None  # the group's
+    eval: bool | None = None  # held out, or trained on
+    reward_min: float | None = None
+    reward_max: float | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+
+class Page(NamedTuple):
+    rows: list[Any]
+    next_before: int | None  # the key to pass as ``before`` for the next page; None: this is the last
+
+
+def _page(conn: Connection, stmt: Select, key: Any, before: int | None, limit: int) -> Page:
+    if before is not None:
+        stmt = stmt.where(key < before)
+    rows = conn.execute(stmt.order_by(key.desc()).limit(limit + 1)).all()
+    return Page(rows[:limit], rows[limit - 1].pk if len(rows) > limit else None)
+
+
+def _answered_by(policy: str, version: int | None) -> Any:
+    """The trajectory has a call that ``policy`` (at ``version``) answered: read from the calls'
+    (policy, trajectory_id, policy_step) index alone."""
+    where = [Call.trajectory_id == Trajectory.id, Call.policy == policy]
+    if version is not None:
+        where.append(Call.policy_step == version)
+    return exists().where(*where)
+
+
+def trajectories(conn: Connection, filters: Filters, before: int | None = None, limit: int = PAGE) -> Page:
+    """A page of trajectories with their call count and group state, newest first."""
+    calls = select(func.count()).where(Call.trajectory_id == Trajectory.id).scalar_subquery()
+    stmt = (
+        select(
+            Trajectory.pk,
+            Trajectory.id,
+            Trajectory.group_id,
+            Trajectory.created_at,
+            Trajectory.reward,
+            Trajectory.eval,
+            calls.label("calls"),
+            groups.STATE.label("state"),
+            Group.policy,
+        )
+        .outerjoin(Group, Group.id == Trajectory.group_id)
+        .where(Trajectory.project == filters.project)
+    )
+    if filters.policy is not None:
+        stmt = stmt.where(_answered_by(filters.policy, filters.version))
+    if filters.state is not None:  # a trajectory outside any group has no state
+        stmt = stmt.where(Trajectory.group_id.is_not(None), groups.STATE == filters.state.value)
+    if filters.eval is not None:
+        stmt = stmt.where(Trajectory.eval == filters.eval)
+    if filters.reward_min is not None:
+        stmt = stmt.where(Trajectory.reward >= filters.reward_min)
+    if filters.reward_max is not None:
+        stmt = stmt.where(Trajectory.reward <= filters.reward_max)
+    if filters.created_after is not None:
+        stmt = stmt.where(Trajectory.created_at > filters.created_after)
+    if filters.created_before is not None:
+        stmt = stmt.where(Trajectory.created_at < filters.created_before)
+    return _page(conn, stmt, Trajectory.pk, before, limit)
+
+
+def group_list(conn: Connection, filters: Filters, before: int | None = None, limit: int = PAGE) -> Page:
+    """A page of groups with their members' count, rewards and mean reward, newest first. A
+    group is held out (``eval``) if it was marked or any member was; a reward filter applies to
+    the group's mean reward; a version filter to its members' calls."""
+    stmt = select(Group.pk, Group.id, Group.policy, Group.created_at, Group.expected_size, Group.eval, groups.STATE.label("state"), Group.trained_step).where(
+        Group.project == filters.project
+    )
+    if filters.policy is not None:
+        stmt = stmt.where(Group.policy == filters.policy)
+        if filters.version is not None:
+            member = select(Trajectory.id).where(Trajectory.group_id == Group.id, _answered_by(filters.policy, filters.version))
+            stmt = stmt.where(member.exists())
+    if filters.state is not None:
+        stmt = stmt.where(groups.STATE == filters.state.value)
+    if filters.eval is not None:
+        marked = select(Trajectory.id).where(Trajectory.group_id == Group.id, Trajectory.eval).exists()
+        stmt = stmt.where((Group.eval | marked) if filters.eval else and_(~Group.eval, ~marked))
+    if filters.reward_min is not None or filters.reward_max is not None:
+        mean = select(func.avg(Trajectory.reward)).where(Trajectory.group_id == Group.id).scalar_subquery()
+        if filters.reward_min is not None:
+            stmt = stmt.where(mean >= filters.reward_min)
+        if filters.reward_max is not None:
+            stmt = stmt.where(mean <= filters.reward_max)
+    if filters.created_after is not None:
+        stmt = stmt.where(Group.created_at > filters.created_after)
+    if filters.created_before is not None:
+        stmt = stmt.where(Group.created_at < filters.created_before)
+    page = _page(conn, stmt, Group.pk, before, limit)
+    ids = [row.id for row in page.rows]
+    members = {
+        row.group_id: row
+        for row in conn.execute(
+            select(Trajectory.group_id, func.count().label("size"), func.count(Trajectory.reward).label("rewarded"), func.avg(Trajectory.reward).label("mean"))
+            .where(Trajectory.group_id.in_(ids))
+            .group_by(Trajectory.group_id)
+        )
+    }
+    return Page([(row, members.get(row.id)) for row in page.rows], page.next_before)
+
+
+def group_row(conn: Connection, group_id: str) -> Any:
+    """A group's row (its state's columns, its policy, the step that trained it), or None."""
+    return conn.execute(select(Group).where(Group.id == group_id)).first()
+
+
+def group_rewards(conn: Connection, group_id: str) -> list[tuple[str, float | None]]:
+    """The group's members, in order, with their rewards: what its advantages are computed from."""
+    return [
+        (row.id, row.reward) for row in conn.execute(select(Trajectory.id, Trajectory.reward).where(Trajectory.group_id == group_id).order_by(Trajectory.pk))
+    ]
+
+
+class Answer(NamedTuple):
+    trajectory_id: str
+    reward: float
+    task: str  # the conversation's first user message
+    answer: str  # its last answer
+
+
+# At most this many held-out trajectories a version are read to compare (the newest).
+COMPARE_MAX = 200
+
+
+def _held_out(conn: Connection, policy: str, step: int, project: str) -> list[Answer]:
+    """The rewarded held-out trajectories ``policy``'s version ``step`` answered (the latest
+    version among their ok calls, as ``store/evals.py`` scores them), newest first."""
+    latest = (
+        select(Call.trajectory_id, func.coalesce(func.max(Call.policy_step), 0).label("step"))
+        .join(Trajectory, Trajectory.id == Call.trajectory_id)
+        .where(Trajectory.eval, Trajectory.reward.is_not(None), Trajectory.project == project, Call.status == OK, Call.policy == policy)
+        .group_by(Call.trajectory_id)
+        .subquery()
+    )
+    rows = conn.execute(
+        select(Trajectory.pk, Trajectory.id, Trajectory.reward)
+        .join(latest, latest.c.trajectory_id == Trajectory.id)
+        .where(latest.c.step == step)
+        .order_by(Trajectory.pk.desc())
+        .limit(COMPARE_MAX)
+    ).all()
+    out = []
+    for row in rows:
+        calls = conn.execute(select(Call).where(Call.trajectory_id == row.id, Call.status == OK).order_by(Call.started_at, Call.pk)).all()
+        if not calls:
+            continue
+        try:
+            first, last = exchange(to_record(calls[0])), exchange(to_record(calls[-1]))
+        except UnreadableCall:
+            continue
+        task = next((m.content for m in first.prompt if m.role == "user"), "")
+        answer = last.answers[0].content if last.answers else ""
+        out.append(Answer(row.id, row.reward, task, answer))
+    return out
+
+
+class Comparison(NamedTuple):
+    pairs: list[tuple[str, Answer | None, Answer | None]]  # by task: version a's answer, version b's
+    a: list[Answer]
+    b: list[Answer]
+
+
+def compare(conn: Connection, policy: str, a: int, b: int, project: str) -> Comparison:
+    """Two versions' answers to the same held-out tasks, matched by the task's text (its first
+    user message), the newest answer of each version to each task; tasks only one version
+    answered are listed after those both did."""
+    first_a, first_b = _held_out(conn, policy, a, project), _held_out(conn, policy, b, project)
+    by_task_a = {x.task: x for x in reversed(first_a)}  # reversed: the newest wins
+    by_task_b = {x.task: x for x in reversed(first_b)}
+    both = [t for t in by_task_a if t in by_task_b]
+    alone = [t for t in by_task_a if t not in by_task_b] + [t for t in by_task_b if t not in by_task_a]
+    pairs = [(t, by_task_a.get(t), by_task_b.get(t)) for t in both + alone]
+    return Comparison(pairs, first_a, first_b)
