@@ -168,6 +168,19 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     langfuse_attempts: int = 3
     # Items waiting to be sent; beyond it new ones are dropped (and counted) rather than held.
     langfuse_queue_size: int = 10_000
+
+    # The trainer's trackers (telemetry/trackers.py, docs/operations.md), each on when its
+    # setting is set: a W&B project (W&B's own WANDB_MODE, WANDB_DIR, WANDB_ENTITY and
+    # WANDB_API_KEY apply), an MLflow tracking URI (a server, or sqlite:///path/mlflow.db) and
+    # its experiment, a folder for TensorBoard's event files.
+    wandb_project: str = ""
+    mlflow_tracking_uri: str = ""
+    mlflow_experiment: str = "burnish"
+    tensorboard_dir: str = ""
+    # Seconds between two reads of every policy's held-out scores for them (each read follows
+    # the held-out set: store/evals.py); a version's score is logged when it changed.
+    trackers_eval_every: float = 10.0
+
     log_level: str = "info"
     # "text" or "json" (one object per line, with the request id).
     log_format: str = "text"

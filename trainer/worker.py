@@ -49,10 +49,12 @@ from burnish_server.serving.adapters import AdapterError, VLLMAdapters, steps_of
 from burnish_server.serving.fleet import UNREACHABLE, Fleet
 from burnish_server.store import promotion
 from burnish_server.store.database import Database
+from burnish_server.store.evals import Score, scores_by_step
 from burnish_server.store.models import iso, utcnow
 from burnish_server.store.policies import clear_training_request, get_policy, last_step, load_policies, mark_load_error, mark_replicas, mark_served, record_step
 from burnish_server.store.training import claim_groups, group_calls, other_trainer_busy, release_groups
 from burnish_server.telemetry.langfuse_export import Decision, LangfuseExport, Step
+from burnish_server.telemetry.trackers import Trackers
 from burnish_server.trainer.checkpoints import Checkpoints
 from burnish_server.trainer.distributed import Ranks
 from burnish_server.trainer.models import Models
@@ -83,6 +85,11 @@ class TrainerWorker:
         self.caught_up_at = float("-inf")
         self.reviewed_at: dict[str, float] = {}  # policy -> when its trial or watch was last tested
         self.langfuse = LangfuseExport.from_settings(settings)  # each step as an event, when keys are set
+        # W&B, MLflow, TensorBoard, those configured. This worker runs on rank 0 alone (the other
+        # ranks follow it: cli/main.py), so each step is logged once.
+        self.trackers = Trackers.from_settings(settings)
+        self.tracked: dict[tuple[str, int], Score] = {}  # (policy, step) -> held-out score as last logged
+        self.tracked_at = float("-inf")
 
     async def policies(self) -> list[Policy]:
         return await self.db.read(load_policies)
@@ -104,7 +111,8 @@ class TrainerWorker:
         """One pass over the policies: serve what should be served, decide candidates' trials,
         train what is ready. Trained anything?"""
         trained = False
-        for policy in await self.policies():
+        policies = await self.policies()
+        for policy in policies:
             if await self.publish_pending(policy):  # it may have put a candidate on trial
                 policy = await self.db.read(get_policy, policy.name)
             policy = await self.review(policy)
@@ -114,6 +122,8 @@ class TrainerWorker:
                 trained |= await self.train_once(policy)
         if time.monotonic() - self.caught_up_at >= self.settings.trainer_catch_up_every:
             await self.catch_up()
+        if self.trackers is not None and time.monotonic() - self.tracked_at >= self.settings.trackers_eval_every:
+            await self.track_held_out(self.trackers, policies)
         self.held.unload_idle()
         return trained
 
@@ -121,6 +131,8 @@ class TrainerWorker:
         self.held.stop()
         if self.langfuse is not None:
             await asyncio.to_thread(self.langfuse.close)
+        if self.trackers is not None:
+            await asyncio.to_thread(self.trackers.close)
         self.fleet.close()
         await self.db.dispose()
 
@@ -201,9 +213,21 @@ class TrainerWorker:
         return policy
 
     def record_decision(self, policy: str, step: int, decision: str, record: dict[str, Any]) -> None:
-        """A decision, where the policy's steps are watched beyond the store (Langfuse)."""
+        """A decision, where the policy's steps are watched beyond the store (Langfuse, the trackers)."""
         if self.langfuse is not None:
             self.langfuse.put(Decision(policy, step, decision, record, utcnow()))
+        if self.trackers is not None:
+            self.trackers.log_decision(policy, step, decision, record)
+
+    async def track_held_out(self, trackers: Trackers, policies: list[Policy]) -> None:
+        """Each version's held-out score to the trackers, when it is new or changed (more eval
+        trajectories rewarded) since it was last logged."""
+        self.tracked_at = time.monotonic()
+        for policy in policies:
+            for step, score in (await self.db.read(scores_by_step, policy.name)).items():
+                if self.tracked.get((policy.name, step)) != score:
+                    self.tracked[(policy.name, step)] = score
+                    trackers.log_held_out(policy.name, step, score.score, score.trajectories)
 
     async def train_once(self, policy: Policy) -> bool:
         t0 = time.perf_counter()
@@ -240,6 +264,8 @@ class TrainerWorker:
             log.warning("%s was rolled back during step %d: the step is kept but not served", policy.name, step)
         if self.langfuse is not None:
             self.langfuse.put(Step(policy.name, step, policy.head, ids, metrics, utcnow()))
+        if self.trackers is not None:
+            self.trackers.log_step(policy.name, step, metrics)
         self.steps_done += 1
         await self.publish_pending(await self.db.read(get_policy, policy.name))
         return True
