@@ -34,10 +34,17 @@ $(VENV)/.bench: $(VENV)/.installed
 .tools/docker/cli-plugins/docker-compose:
 	tests/compose_plugin.sh $@
 
+# Debian's Chromium, for the dashboard's browser tests (tests/test_dashboard.py, Playwright for
+# Python): Playwright's own browser download is not used. Installed by package name with apt-get.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+.tools/chromium:
+	command -v chromium >/dev/null || ($(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium)
+	mkdir -p .tools && touch $@
+
 .PHONY: install demo demo-agent test lint gateway up bench bench-check
 install: $(VENV)/.installed
 
-test: $(VENV)/.installed $(VENV)/.lint .tools/docker/cli-plugins/docker-compose
+test: $(VENV)/.installed $(VENV)/.lint .tools/docker/cli-plugins/docker-compose .tools/chromium
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # Style, types and the layer contract (docs/architecture.md).

@@ -260,7 +260,7 @@ def required_scope(handler: Any) -> str:
     return str(handler.opt.get("scope", "admin"))
 
 
-def cookie_credential(headers: list[tuple[bytes, bytes]], cookie: bytes) -> list[tuple[bytes, bytes]]:
+def cookie_credential(headers: Iterable[tuple[bytes, bytes]], cookie: bytes) -> Iterable[tuple[bytes, bytes]]:
     """The headers, with the credential a browser keeps in ``cookie`` (the dashboard's sign-in,
     ``gateway/ui/auth.py``) as a bearer token where the request sends none of its own."""
     if credential(headers) is not None:

@@ -53,7 +53,7 @@ def _page(conn: Connection, stmt: Select, key: Any, before: int | None, limit: i
     if before is not None:
         stmt = stmt.where(key < before)
     rows = conn.execute(stmt.order_by(key.desc()).limit(limit + 1)).all()
-    return Page(rows[:limit], rows[limit - 1].pk if len(rows) > limit else None)
+    return Page(list(rows[:limit]), rows[limit - 1].pk if len(rows) > limit else None)
 
 
 def _answered_by(policy: str, version: int | None) -> Any:

@@ -70,7 +70,9 @@ async def _trajectory(c: httpx.AsyncClient, group: str, name: str, surface: str)
         assert r.status_code == 200, r.text
         return
     if surface == "messages":
-        r = await c.post(f"{prefix}/messages", json={"model": "agent", "max_tokens": 8, "messages": [{"role": "user", "content": f"say {name}"}]}, headers=headers)
+        r = await c.post(
+            f"{prefix}/messages", json={"model": "agent", "max_tokens": 8, "messages": [{"role": "user", "content": f"say {name}"}]}, headers=headers
+        )
         assert r.status_code == 200, r.text
         return
     messages: list[dict[str, Any]] = list(QUESTION_MESSAGES)
@@ -100,7 +102,9 @@ async def _make_run(url: str, settings: Settings, judge: Judge) -> Run:
                 if name == "ga-3":  # a reward for one call alone (credit per turn), before the group closes
                     assert (await c.post("/v1/trajectories/ga-3/calls/0/reward", json={"reward": 0.5})).status_code == 200
                 if group != "gd":
-                    assert (await c.post(f"/v1/trajectories/{name}/reward", json={"reward": float(i), "components": {"correct": float(i > 1)}})).status_code == 200
+                    assert (
+                        await c.post(f"/v1/trajectories/{name}/reward", json={"reward": float(i), "components": {"correct": float(i > 1)}})
+                    ).status_code == 200
         # RULER's verdict for the last group.
         judge.script = [scores({f"gd-{i}": i / 4 for i in range(SIZE)})]
         r = await c.post("/v1/groups/gd/ruler")
@@ -115,7 +119,9 @@ async def _make_run(url: str, settings: Settings, judge: Judge) -> Run:
         assert await worker.run_once()
         # The step is a candidate (manual): the same tasks, asked of it by its pinned name.
         for k, task in enumerate(TASKS):
-            r = await c.post(f"/eval/t/cand-{k}/v1/chat/completions", json={"model": "agent@1", "messages": [{"role": "user", "content": task}], "max_tokens": 6})
+            r = await c.post(
+                f"/eval/t/cand-{k}/v1/chat/completions", json={"model": "agent@1", "messages": [{"role": "user", "content": task}], "max_tokens": 6}
+            )
             assert r.status_code == 200, r.text
             await c.post(f"/v1/trajectories/cand-{k}/reward", json={"reward": 0.5 + 0.25 * k})
         worker.held.stop()
@@ -249,7 +255,9 @@ def test_a_trajectory_shows_its_turns_tokens_mask_and_advantage(browser: Any, ru
     expect(second.locator(".msg.role-tool")).to_contain_text("ga-3 means 4")  # its result, as the next call sent it
     # Merged with the first call, or split and why: as the trainer read it (the API says which).
     recorded = httpx.get(run.url + "/v1/trajectories/ga-3", headers={"authorization": f"Bearer {ADMIN_TOKEN}"}).json()["calls"][1]
-    expect(second.locator(".merge")).to_contain_text("merged" if recorded["extends_previous"] else f"split: a new sequence starts here ({recorded['split_reason']})")
+    expect(second.locator(".merge")).to_contain_text(
+        "merged" if recorded["extends_previous"] else f"split: a new sequence starts here ({recorded['split_reason']})"
+    )
     expect(first.locator(".train-state")).to_contain_text("trained in step 1")
     # Rewards 0..3 in the group: member 3's advantage is (3 - 1.5) / std; its first call adds its own 0.5.
     expect(second.locator(".advantage")).to_have_text("+1.162")

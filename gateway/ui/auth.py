@@ -26,7 +26,7 @@ import msgspec
 from litestar import Request, Response, get, post
 from litestar.enums import RequestEncodingType
 from litestar.exceptions import HTTPException, NotFoundException
-from litestar.params import Body
+from litestar.params import Body, FromQuery
 from litestar.response import Redirect, Template
 
 from burnish_server.core.access import ANONYMOUS, Principal
@@ -60,7 +60,7 @@ def who(caller: Principal) -> str:
 
 
 @get("/login", opt={"scope": PUBLIC}, name="ui-login")
-async def login_form(next: str = "/ui", error: str | None = None) -> Template:
+async def login_form(next: FromQuery[str] = "/ui", error: FromQuery[str | None] = None) -> Template:
     return Template("login.html", context={"next": safe_next(next), "error": error, "caller": None})
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from litestar import Request, get
 from litestar.di import NamedDependency
-from litestar.params import Parameter
+from litestar.params import FromQuery, Parameter
 from litestar.response import Template
 
 from burnish_server.core.access import Principal, local, qualify
@@ -75,7 +75,7 @@ def _charts(status: PolicyView, steps: list[StepView], scores: dict[int, evals.S
         for d in s.decisions
     ]
     markers.append(charts.Marker(status.step, f"served now ({status.served_version})", "m-serving"))
-    held_out = [(step, score.score) for step, score in sorted(scores.items())]
+    held_out: list[tuple[int, float | None]] = [(step, score.score) for step, score in sorted(scores.items())]
     return [
         charts.Chart(
             "Reward: train (each step's groups) and held-out (each version)",
