@@ -250,7 +250,10 @@ def trainer(worker_id: str | None, **options: object) -> None:
         finally:
             ranks.close()
         return
-    worker = TrainerWorker(settings, WorkerSettings(worker_id=worker_id) if worker_id else WorkerSettings(), ranks)
+    try:
+        worker = TrainerWorker(settings, WorkerSettings(worker_id=worker_id) if worker_id else WorkerSettings(), ranks)
+    except ImportError as exc:  # a tracker configured without its package: the message names the extra
+        raise click.ClickException(str(exc)) from None
 
     async def run() -> None:
         stop = asyncio.Event()

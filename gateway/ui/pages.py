@@ -100,7 +100,7 @@ def _number(value: Any) -> float | None:
 
 @get("/policies/{name:str}", name="ui-policy")
 async def policy_page(
-    name: PolicyName, request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal], done: str | None = None
+    name: PolicyName, request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal], done: FromQuery[str | None] = None
 ) -> Template:
     visible_policy(svc, caller, name)
     status, steps, scores = await svc.db.read(_timeline, name)
