@@ -254,3 +254,21 @@ def test_every_call_of_every_client_trains(up: Up) -> None:
     batch = training_batch([r._replace(reward=rank[r.trajectory_id]) for r in training], TrainSettings())
     assert batch.untokenized == 0 and sum(seq.calls for seq, _ in batch.items) == len(training)
     assert all(seq.sampled > 0 and seq.has_behaviour_logprobs for seq, _ in batch.items)
+
+
+def test_the_dashboard_shows_a_trajectory_of_smollm2_down_to_its_tokens(up: Up) -> None:
+    """The dashboard on the default model: the chat tool loop as one conversation, and the
+    forced call's tokens as SmolLM2's tokenizer writes them (asked of vLLM), marked trained or not."""
+    import html
+    import re
+
+    with httpx.Client(base_url=up.url, headers=up.admin, timeout=60) as c:
+        page = c.get("/ui/trajectories/openai-chat")
+        assert page.status_code == 200 and page.text.count('class="call"') == 2
+        assert "lookup" in page.text and "role-tool" in page.text
+        tokens = c.get("/ui/trajectories/openai-chat/calls/0/tokens", headers={"hx-request": "true"})
+        assert tokens.status_code == 200
+    pieces = [html.unescape(p) for p in re.findall(r'<span class="tok[^"]*"[^>]*>(.*?)</span>', tokens.text, re.S)]
+    assert pieces and not any(re.fullmatch(r"‹\d+›", p) for p in pieces)  # text, not ids
+    assert "lookup" in "".join(pieces)
+    assert 'class="tok trained"' in tokens.text
