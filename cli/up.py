@@ -199,6 +199,7 @@ def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int
         spawn("trainer", "trainer", "--upstream", upstream, *store)
         click.echo(f"burnish is up: base_url={url}/v1  model={created.name} (step {created.step})  (logs in {logs}; Ctrl-C stops)")
         click.echo(f"admin API: {url}/admin/policies with Authorization: Bearer <token>" + (f" (token in {token_file})" if token_file else ""))
+        click.echo(f"dashboard: {url}/ui" + (" (sign in with the admin token)" if token_file else ""))
         while not stop:
             for name, proc, log_path in [*((f"vLLM ({v.url})", v.process, v.log_path) for v in fleet), *children]:
                 if proc is not None and proc.poll() is not None:
