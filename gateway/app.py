@@ -69,6 +69,20 @@ def _pool_figure(upstream: Upstream, state: str) -> float:
     return upstream.pool.stats()[state]
 
 
+# How often the store's planner statistics are refreshed (Database.optimize: SQLite only).
+STATISTICS_EVERY_S = 600.0
+
+
+async def keep_statistics(db: Database, every_s: float = STATISTICS_EVERY_S) -> None:
+    """Refresh the store's planner statistics now and every ``every_s``, until cancelled."""
+    while True:
+        try:
+            await db.optimize()
+        except Exception as exc:  # a busy store: next time
+            log.warning("store statistics not refreshed: %s", exc)
+        await asyncio.sleep(every_s)
+
+
 def refusal(access: Access, settings: Settings) -> str | None:
     """Why the gateway must not start, if it must not: open beyond loopback, anyone who can
     reach the address could read every trajectory and spend the upstream; closed with neither
@@ -133,7 +147,10 @@ def create_app(settings: Settings | None = None) -> Gateway:
             langfuse=langfuse,
         )
         app.state.services = svc
+        app.state.ui_status = ui.Statuses(db)  # the dashboard's policy snapshots (gateway/ui/status.py)
         background = [
+            asyncio.create_task(app.state.ui_status.run(), name="burnish-ui-status"),
+            asyncio.create_task(keep_statistics(db), name="burnish-statistics"),
             asyncio.create_task(follow(db, policies), name="burnish-policies"),
             asyncio.create_task(follow_keys(db, access), name="burnish-keys"),
             asyncio.create_task(ruler.auto_ruler(svc), name="burnish-auto-ruler"),

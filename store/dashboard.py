@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Select, and_, exists, func, select
+from sqlalchemy import Select, and_, exists, func, select, true
 from sqlalchemy.engine import Connection
 
 from burnish_server.core.groups import GroupState
@@ -160,33 +160,35 @@ class Answer(NamedTuple):
 
 
 # At most this many held-out trajectories a version are read to compare (the newest).
-COMPARE_MAX = 200
+COMPARE_MAX = 50
 
 
 def _held_out(conn: Connection, policy: str, step: int, project: str) -> list[Answer]:
-    """The rewarded held-out trajectories ``policy``'s version ``step`` answered (the latest
-    version among their ok calls, as ``store/evals.py`` scores them), newest first."""
-    latest = (
-        select(Call.trajectory_id, func.coalesce(func.max(Call.policy_step), 0).label("step"))
-        .join(Trajectory, Trajectory.id == Call.trajectory_id)
-        .where(Trajectory.eval, Trajectory.reward.is_not(None), Trajectory.project == project, Call.status == OK, Call.policy == policy)
-        .group_by(Call.trajectory_id)
-        .subquery()
-    )
+    """The newest rewarded held-out trajectories ``policy``'s version ``step`` answered (the
+    latest version among their ok calls, as ``store/evals.py`` scores them). The read starts
+    from the held-out trajectories (a partial index holds only them), newest first, and looks
+    each one's version up in the calls' (policy, trajectory_id, policy_step) index: it stops at
+    COMPARE_MAX, whatever the policy's history."""
+    mine = (Call.trajectory_id == Trajectory.id, Call.policy == policy, Call.status == OK)
+    version = select(func.coalesce(func.max(Call.policy_step), 0)).where(*mine).scalar_subquery()
     rows = conn.execute(
-        select(Trajectory.pk, Trajectory.id, Trajectory.reward)
-        .join(latest, latest.c.trajectory_id == Trajectory.id)
-        .where(latest.c.step == step)
+        select(Trajectory.id, Trajectory.reward)
+        .where(Trajectory.eval == true(), Trajectory.reward.is_not(None), Trajectory.project == project, exists().where(*mine), version == step)
         .order_by(Trajectory.pk.desc())
         .limit(COMPARE_MAX)
     ).all()
+    calls: dict[str, list[Any]] = {}
+    if rows:
+        found = select(Call).where(Call.trajectory_id.in_([r.id for r in rows]), Call.status == OK).order_by(Call.trajectory_id, Call.started_at, Call.pk)
+        for call in conn.execute(found):
+            calls.setdefault(call.trajectory_id, []).append(call)
     out = []
     for row in rows:
-        calls = conn.execute(select(Call).where(Call.trajectory_id == row.id, Call.status == OK).order_by(Call.started_at, Call.pk)).all()
-        if not calls:
+        mine_calls = calls.get(row.id)
+        if not mine_calls:
             continue
         try:
-            first, last = exchange(to_record(calls[0])), exchange(to_record(calls[-1]))
+            first, last = exchange(to_record(mine_calls[0])), exchange(to_record(mine_calls[-1]))
         except UnreadableCall:
             continue
         task = next((m.content for m in first.prompt if m.role == "user"), "")

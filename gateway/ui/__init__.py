@@ -24,6 +24,9 @@ from litestar.template import TemplateConfig
 from burnish_server.core.errors import BurnishError
 from burnish_server.gateway.access import PUBLIC
 from burnish_server.gateway.ui import auth, controls, pages
+from burnish_server.gateway.ui.status import Statuses
+
+__all__ = ["Statuses", "router", "static", "template_config"]
 
 HERE = Path(__file__).parent
 HTMX = "htmx-2.0.11.min.js"

@@ -23,7 +23,7 @@ from burnish_server.core.errors import Forbidden
 from burnish_server.gateway import actions
 from burnish_server.gateway.routes.common import PolicyName
 from burnish_server.gateway.services import Services
-from burnish_server.gateway.ui.pages import visible_policy
+from burnish_server.gateway.ui.pages import statuses, visible_policy
 
 ADMIN = {"scope": "admin"}
 
@@ -38,7 +38,8 @@ def same_site(request: Request) -> None:
         raise Forbidden("this form was posted from another site", "cross_site_request")
 
 
-def _back(name: str, done: str) -> Response[Any]:
+async def _back(request: Request, name: str, done: str) -> Response[Any]:
+    await statuses(request).refresh(name)  # the page it goes back to shows what was done
     return Redirect(f"/ui/policies/{name}?done={done}", status_code=303)
 
 
@@ -47,7 +48,7 @@ async def pause(name: PolicyName, request: Request, svc: NamedDependency[Service
     same_site(request)
     visible_policy(svc, caller, name)
     await actions.pause(svc, name)
-    return _back(name, "paused")
+    return await _back(request, name, "paused")
 
 
 @post("/policies/{name:str}/resume", opt=ADMIN, status_code=303)
@@ -55,7 +56,7 @@ async def resume(name: PolicyName, request: Request, svc: NamedDependency[Servic
     same_site(request)
     visible_policy(svc, caller, name)
     await actions.resume(svc, name)
-    return _back(name, "resumed")
+    return await _back(request, name, "resumed")
 
 
 @post("/policies/{name:str}/train", opt=ADMIN, status_code=303)
@@ -63,7 +64,7 @@ async def train(name: PolicyName, request: Request, svc: NamedDependency[Service
     same_site(request)
     visible_policy(svc, caller, name)
     await actions.train_now(svc, name)
-    return _back(name, "train")
+    return await _back(request, name, "train")
 
 
 @post("/policies/{name:str}/rollback", opt=ADMIN, status_code=303)
@@ -77,7 +78,7 @@ async def rollback(
     same_site(request)
     visible_policy(svc, caller, name)
     await actions.rollback(svc, name, data.step)
-    return _back(name, "rollback")
+    return await _back(request, name, "rollback")
 
 
 @post("/policies/{name:str}/promote", opt=ADMIN, status_code=303)
@@ -85,7 +86,7 @@ async def promote(name: PolicyName, request: Request, svc: NamedDependency[Servi
     same_site(request)
     visible_policy(svc, caller, name)
     await actions.promote(svc, name)
-    return _back(name, "promoted")
+    return await _back(request, name, "promoted")
 
 
 @post("/policies/{name:str}/reject", opt=ADMIN, status_code=303)
@@ -93,7 +94,7 @@ async def reject(name: PolicyName, request: Request, svc: NamedDependency[Servic
     same_site(request)
     visible_policy(svc, caller, name)
     await actions.reject(svc, name)
-    return _back(name, "rejected")
+    return await _back(request, name, "rejected")
 
 
 route_handlers = [pause, resume, train, rollback, promote, reject]

@@ -10,6 +10,7 @@ Everything is scoped as the API is: a key sees its project's data and the polici
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from litestar import Request, get
@@ -27,6 +28,7 @@ from burnish_server.gateway.routing import Registry
 from burnish_server.gateway.services import Services
 from burnish_server.gateway.ui import charts, filters
 from burnish_server.gateway.ui.auth import who
+from burnish_server.gateway.ui.status import Statuses
 from burnish_server.gateway.ui.tokens import Pieces
 from burnish_server.gateway.ui.trajectory import Group, advantage_of, panels
 from burnish_server.store import dashboard, evals, reads
@@ -47,19 +49,17 @@ def visible_policy(svc: Services, caller: Principal, name: str) -> Policy:
     return policy
 
 
-def _overview(conn: Any, names: list[str]) -> list[PolicyView]:
-    return [store.policy_status(conn, name) for name in names]
+def statuses(request: Request) -> Statuses:
+    """The policies' status snapshots (``ui/status.py``), kept on the app by its lifespan."""
+    found: Statuses = request.app.state.ui_status
+    return found
 
 
 @get("/", name="ui-policies")
 async def policies_page(request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Template:
-    names = [p.name for p in svc.policies.listed(caller)]
-    rows = await svc.db.read(_overview, sorted(names))
+    names = sorted(p.name for p in svc.policies.listed(caller))
+    rows = [(await statuses(request).get(name)).status for name in names]
     return Template("policies.html", context=context(request, caller, policies=rows))
-
-
-def _timeline(conn: Any, name: str) -> tuple[PolicyView, list[StepView], dict[int, evals.Score]]:
-    return store.policy_status(conn, name), store.list_steps(conn, name), evals.scores_by_step(conn, name)
 
 
 _DECISION_MARKS = {"promoted": "m-promoted", "rejected": "m-rejected", "rolled_back": "m-rolled_back"}
@@ -98,12 +98,16 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+# The versions table shows the newest this many; the timeline shows every one.
+STEPS_SHOWN = 50
+
+
 @get("/policies/{name:str}", name="ui-policy")
 async def policy_page(
     name: PolicyName, request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal], done: FromQuery[str | None] = None
 ) -> Template:
     visible_policy(svc, caller, name)
-    status, steps, scores = await svc.db.read(_timeline, name)
+    status, steps, scores, at = await statuses(request).get(name)
     versions = sorted({0, *(s.step for s in steps)})
     return Template(
         "policy.html",
@@ -111,10 +115,12 @@ async def policy_page(
             request,
             caller,
             p=status,
-            steps=list(reversed(steps)),
+            steps=list(reversed(steps))[:STEPS_SHOWN],
+            older_steps=max(0, len(steps) - STEPS_SHOWN),
             scores=scores,
             charts=[c.svg() for c in _charts(status, steps, scores)],
             versions=versions,
+            read_at=datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds"),
             done=done if done in ("paused", "resumed", "train", "rollback", "promoted", "rejected") else None,
         ),
     )

@@ -23,6 +23,7 @@ log = logging.getLogger("burnish.gateway")
 
 MAX_PIECES = 200_000  # (model, id) pieces kept; beyond it the oldest half goes
 AT_ONCE = 32  # requests to vLLM in flight for one page
+TIMEOUT_S = 5.0
 _HEADERS = [(b"content-type", b"application/json")]
 
 
@@ -37,12 +38,17 @@ class Pieces:
     async def texts(self, upstream: Upstream, model: str, ids: list[int]) -> list[str] | None:
         """Each id's text, or None if vLLM could not say (down, or it does not know the model)."""
         missing = list(dict.fromkeys(i for i in ids if (model, i) not in self.known))
+        replica = next((r.url for r in upstream.replicas.order(None, model) if r.healthy), None)
+        if missing and replica is None:
+            return None
         gate = asyncio.Semaphore(AT_ONCE)
 
         async def one(token: int) -> None:
             async with gate:
                 body = msgspec.json.encode({"model": model, "tokens": [token]})
-                response, _ = await upstream.send("POST", "/detokenize", content=body, headers=_HEADERS, model=model)
+                # One attempt, on the health-check pool with its short time-out: a page never
+                # waits out the proxy's retries for a replica that is down.
+                response = await upstream.request("POST", replica, "/detokenize", body, _HEADERS, timeout=TIMEOUT_S)
                 try:
                     data = await response.aread()
                 finally:
