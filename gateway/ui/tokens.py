@@ -38,9 +38,10 @@ class Pieces:
     async def texts(self, upstream: Upstream, model: str, ids: list[int]) -> list[str] | None:
         """Each id's text, or None if vLLM could not say (down, or it does not know the model)."""
         missing = list(dict.fromkeys(i for i in ids if (model, i) not in self.known))
-        replica = next((r.url for r in upstream.replicas.order(None, model) if r.healthy), None)
-        if missing and replica is None:
+        found = next((r.url for r in upstream.replicas.order(None, model) if r.healthy), None)
+        if missing and found is None:
             return None
+        replica = found or ""
         gate = asyncio.Semaphore(AT_ONCE)
 
         async def one(token: int) -> None:
