@@ -115,7 +115,9 @@ def group_list(conn: Connection, filters: Filters, before: int | None = None, li
     if filters.state is not None:
         stmt = stmt.where(groups.STATE == filters.state.value)
     if filters.eval is not None:
-        marked = select(Trajectory.id).where(Trajectory.group_id == Group.id, Trajectory.eval).exists()
+        # `IS true`, not `= true`: SQLite would read the held-out trajectories' partial index
+        # for each group (10 s at a million calls) instead of the group's members by group_id.
+        marked = select(Trajectory.id).where(Trajectory.group_id == Group.id, Trajectory.eval.is_(True)).exists()
         stmt = stmt.where((Group.eval | marked) if filters.eval else and_(~Group.eval, ~marked))
     if filters.reward_min is not None or filters.reward_max is not None:
         mean = select(func.avg(Trajectory.reward)).where(Trajectory.group_id == Group.id).scalar_subquery()

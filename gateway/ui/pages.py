@@ -32,7 +32,6 @@ from burnish_server.gateway.ui.status import Statuses
 from burnish_server.gateway.ui.tokens import Pieces
 from burnish_server.gateway.ui.trajectory import Group, advantage_of, panels
 from burnish_server.store import dashboard, evals, reads
-from burnish_server.store import policies as store
 
 LIVE_EVERY_S = 5  # how often a live part of a page is fetched again
 
@@ -241,8 +240,7 @@ async def compare_page(
     policy = visible_policy(svc, caller, name)
     b = policy.step if b is None else b
     result = await svc.db.read(dashboard.compare, name, a, b, caller.project)
-    scores = await svc.db.read(evals.scores_by_step, name)
-    steps = await svc.db.read(store.list_steps, name)
+    _, steps, scores, _ = await statuses(request).get(name)  # each version's score over every held-out task
     return Template(
         "compare.html",
         context=context(
