@@ -118,10 +118,30 @@ ROUTES: list[tuple[str, str, str, dict[str, Any] | None]] = [
 ]
 
 
+# The dashboard's routes and their scopes (tried in tests/test_dashboard_access.py and tests/test_dashboard.py).
+UI_ROUTES = {
+    ("GET", "/ui/login"): "public",
+    ("POST", "/ui/login"): "public",
+    ("POST", "/ui/logout"): "public",
+    ("GET", "/ui/static/{file_path:path}"): "public",
+    ("HEAD", "/ui/static/{file_path:path}"): "public",
+    ("GET", "/ui"): "read",
+    ("GET", "/ui/policies/{name:str}"): "read",
+    ("GET", "/ui/policies/{name:str}/compare"): "read",
+    ("GET", "/ui/groups"): "read",
+    ("GET", "/ui/groups/{group_id:str}"): "read",
+    ("GET", "/ui/trajectories"): "read",
+    ("GET", "/ui/trajectories/{trajectory_id:str}"): "read",
+    ("GET", "/ui/trajectories/{trajectory_id:str}/calls/{index:int}/tokens"): "read",
+    **{("POST", f"/ui/policies/{{name:str}}/{action}"): "admin" for action in ("pause", "resume", "train", "rollback", "promote", "reject")},
+}
+
+
 def test_every_route_is_in_the_matrix(gateway: Gateway) -> None:
     """Each route the app serves declares a scope, and each is tried below."""
     app = create_app(gateway.settings)
     served = set()
+    ui = {}
     for route in app.litestar.routes:
         for handler in getattr(route, "route_handlers", []):
             if handler.http_methods == {"OPTIONS"}:  # Litestar's own, public (gateway/access.py)
@@ -130,6 +150,9 @@ def test_every_route_is_in_the_matrix(gateway: Gateway) -> None:
             path = route.path
             if path.startswith("/docs") or path == "/health":
                 assert scope == "public", path
+                continue
+            if path == "/ui" or path.startswith("/ui/"):
+                ui |= {(method, path): scope for method in handler.http_methods}
                 continue
             for method in handler.http_methods:
                 served.add((method, path.replace("{trajectory_id:str}", "{t}").replace("{group_id:str}", "{g}"), scope))
@@ -147,6 +170,7 @@ def test_every_route_is_in_the_matrix(gateway: Gateway) -> None:
         for m, p, s in names
     }
     assert normalised == names
+    assert ui == UI_ROUTES
 
 
 def _refused(r: httpx.Response, status: int, code: str | None, path: str) -> None:
