@@ -133,7 +133,8 @@ UI_ROUTES = {
     ("GET", "/ui/trajectories"): "read",
     ("GET", "/ui/trajectories/{trajectory_id:str}"): "read",
     ("GET", "/ui/trajectories/{trajectory_id:str}/calls/{index:int}/tokens"): "read",
-    **{("POST", f"/ui/policies/{{name:str}}/{action}"): "admin" for action in ("pause", "resume", "train", "rollback", "promote", "reject")},
+    ("POST", "/ui/policies/{name:str}/rollback"): "admin",
+    ("POST", "/ui/policies/{name:str}/{action:str}"): "admin",  # pause, resume, train, promote, reject
 }
 
 

@@ -9,13 +9,14 @@ refuses it. A POST whose ``Origin`` names another site is refused too: with the 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import msgspec
 from litestar import Request, Response, post
 from litestar.di import NamedDependency
 from litestar.enums import RequestEncodingType
-from litestar.params import Body
+from litestar.params import Body, Parameter
 from litestar.response import Redirect
 
 from burnish_server.core.access import Principal
@@ -43,28 +44,24 @@ async def _back(request: Request, name: str, done: str) -> Response[Any]:
     return Redirect(f"/ui/policies/{name}?done={done}", status_code=303)
 
 
-@post("/policies/{name:str}/pause", opt=ADMIN, status_code=303)
-async def pause(name: PolicyName, request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Response[Any]:
+# Each action without a form: what it does, and what the page says after it.
+ACTIONS: dict[str, tuple[Callable[[Services, str], Awaitable[None]], str]] = {
+    "pause": (actions.pause, "paused"),
+    "resume": (actions.resume, "resumed"),
+    "train": (actions.train_now, "train"),
+    "promote": (actions.promote, "promoted"),
+    "reject": (actions.reject, "rejected"),
+}
+Action = Annotated[str, Parameter(pattern=f"^({'|'.join(ACTIONS)})$", description="pause, resume, train, promote or reject")]
+
+
+@post("/policies/{name:str}/{action:str}", opt=ADMIN, status_code=303)
+async def act(name: PolicyName, action: Action, request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Response[Any]:
     same_site(request)
     visible_policy(svc, caller, name)
-    await actions.pause(svc, name)
-    return await _back(request, name, "paused")
-
-
-@post("/policies/{name:str}/resume", opt=ADMIN, status_code=303)
-async def resume(name: PolicyName, request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Response[Any]:
-    same_site(request)
-    visible_policy(svc, caller, name)
-    await actions.resume(svc, name)
-    return await _back(request, name, "resumed")
-
-
-@post("/policies/{name:str}/train", opt=ADMIN, status_code=303)
-async def train(name: PolicyName, request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Response[Any]:
-    same_site(request)
-    visible_policy(svc, caller, name)
-    await actions.train_now(svc, name)
-    return await _back(request, name, "train")
+    do, done = ACTIONS[action]
+    await do(svc, name)
+    return await _back(request, name, done)
 
 
 @post("/policies/{name:str}/rollback", opt=ADMIN, status_code=303)
@@ -81,20 +78,4 @@ async def rollback(
     return await _back(request, name, "rollback")
 
 
-@post("/policies/{name:str}/promote", opt=ADMIN, status_code=303)
-async def promote(name: PolicyName, request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Response[Any]:
-    same_site(request)
-    visible_policy(svc, caller, name)
-    await actions.promote(svc, name)
-    return await _back(request, name, "promoted")
-
-
-@post("/policies/{name:str}/reject", opt=ADMIN, status_code=303)
-async def reject(name: PolicyName, request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Response[Any]:
-    same_site(request)
-    visible_policy(svc, caller, name)
-    await actions.reject(svc, name)
-    return await _back(request, name, "rejected")
-
-
-route_handlers = [pause, resume, train, rollback, promote, reject]
+route_handlers = [act, rollback]

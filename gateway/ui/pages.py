@@ -125,20 +125,22 @@ async def policy_page(
     )
 
 
+async def _list(request: Request, svc: Services, caller: Principal, read: Any, template: str) -> Template:
+    """A page of groups or trajectories: the filters from the query string, the page from the store."""
+    query = filters.parse(request.query_params, caller)
+    page = await svc.db.read(read, query.filters, query.before)
+    policies = sorted(p.name for p in svc.policies.listed(caller))
+    return Template(template, context=context(request, caller, q=query, page=page, policies=policies, local=local))
+
+
 @get("/groups", name="ui-groups")
 async def groups_page(request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Template:
-    query = filters.parse(request.query_params, caller)
-    page = await svc.db.read(dashboard.group_list, query.filters, query.before)
-    policies = sorted(p.name for p in svc.policies.listed(caller))
-    return Template("groups.html", context=context(request, caller, q=query, page=page, policies=policies, local=local))
+    return await _list(request, svc, caller, dashboard.group_list, "groups.html")
 
 
 @get("/trajectories", name="ui-trajectories")
 async def trajectories_page(request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Template:
-    query = filters.parse(request.query_params, caller)
-    page = await svc.db.read(dashboard.trajectories, query.filters, query.before)
-    policies = sorted(p.name for p in svc.policies.listed(caller))
-    return Template("trajectories.html", context=context(request, caller, q=query, page=page, policies=policies, local=local))
+    return await _list(request, svc, caller, dashboard.trajectories, "trajectories.html")
 
 
 def _project(request: Request, caller: Principal) -> str:
