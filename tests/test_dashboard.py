@@ -24,6 +24,8 @@ from typing import Any
 
 import httpx
 import pytest
+from playwright import sync_api as playwright_sync
+from playwright.sync_api import expect
 
 from burnish_server.core.settings import Settings
 from burnish_server.gateway.app import create_app
@@ -33,9 +35,6 @@ from tests.conftest import ADMIN_TOKEN, PG_REQUIRED
 from tests.judge import Judge, scores
 from tests.servers import ServerThread
 from tests.test_clients import CHAT_FORCED, CHAT_TOOL, QUESTION_MESSAGES, TOOL_MAX
-
-playwright_sync = pytest.importorskip("playwright.sync_api")
-expect = playwright_sync.expect
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SIZE = 4
