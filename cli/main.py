@@ -306,14 +306,16 @@ def convert_gguf(gguf_file: str, path: str) -> None:
 @click.option("--host", help="gateway address [BURNISH_HOST]")
 @click.option("--port", type=int, help="gateway port [BURNISH_PORT]")
 @click.option("--insecure", is_flag=True, default=None, help="let the gateway serve open on a non-loopback --host while no API key exists [BURNISH_INSECURE]")
-@click.option("--vllm-port", type=int, default=8000, show_default=True, help="the first replica's port; the others take the next ones")
+@click.option("--vllm-port", type=int, help="the first replica's port, the others taking the next ones (default: the first free from 8000)")
 @click.option("--replicas", type=click.IntRange(1, 64), default=1, show_default=True, help="vLLM replicas of the model, behind the one gateway")
 @click.option("--data-dir", help="[BURNISH_DATA_DIR]")
 @click.option("--database-url", help="[BURNISH_DATABASE_URL]")
 @click.option("--vllm-arg", "vllm_args", multiple=True, help="an argument passed to vLLM as is (repeat for more), e.g. --vllm-arg=--tool-call-parser=hermes")
-def up(model: str | None, policy: str, vllm_port: int, replicas: int, vllm_args: tuple[str, ...], **options: object) -> None:
+@click.option("--switch-base", is_flag=True, help="move --policy onto this model if it was made for another and has never trained")
+def up(model: str | None, policy: str, vllm_port: int | None, replicas: int, vllm_args: tuple[str, ...], switch_base: bool, **options: object) -> None:
     """Start vLLM with runtime LoRA (one or more replicas), then the gateway in front of it and the trainer. Ctrl-C stops them all."""
     from burnish_server.cli.up import run_up
 
     settings = _settings(**options)
-    raise SystemExit(run_up(settings, model=model, policy=policy, vllm_port=vllm_port, replicas=replicas, vllm_args=list(vllm_args)))
+    code = run_up(settings, model=model, policy=policy, vllm_port=vllm_port, replicas=replicas, vllm_args=list(vllm_args), switch_base=switch_base)
+    raise SystemExit(code)

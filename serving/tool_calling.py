@@ -8,13 +8,14 @@ together, in this order:
 
 1. The user named a parser or a template (``--vllm-arg=--tool-call-parser=...`` or
    ``--chat-template``): theirs, as given; nothing is added.
-2. The embedded SmolLM2: burnish's ChatML tool template (``templates/chatml-tools.jinja``,
-   with SmolLM2's default system prompt), since SmolLM2-135M-Instruct's own template renders
-   no tools, and the ``hermes`` parser.
-3. A model whose own template renders tools: that template, and the parser its call format
+2. A model whose own template renders tools: that template, and the parser its call format
    names (``<tool_call>``: hermes; ``<|python_tag|>``: llama3_json; ``[TOOL_CALLS]``: mistral).
-4. A GGUF file whose own template is ChatML without tools: burnish's ChatML tool template.
-5. Anything else: no parser, and ``burnish up`` says how to name one.
+3. A GGUF file (the embedded SmolLM2 is one) whose own template is ChatML without tools:
+   burnish's ChatML tool template (``templates/chatml-tools.jinja``) and the ``hermes`` parser.
+   It takes the default system prompt the model's own template adds to a conversation that
+   has none (SmolLM2's does), read by rendering that template, so that a conversation without
+   tools renders exactly as the model's own template renders it.
+4. Anything else: no parser, and ``burnish up`` says how to name one.
 
 With burnish's template, ``--tool-strict-level parameter`` holds every call to its tool's
 schema (vLLM's structural tag: ``<tool_call>``, a tool's name, arguments that fit its
@@ -25,14 +26,13 @@ A model's own template keeps vLLM's default level (the ``strict`` field of each 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 TEMPLATES = Path(__file__).parent / "templates"
 CHATML_TOOLS = TEMPLATES / "chatml-tools.jinja"
-# What SmolLM2-Instruct's own template says when a conversation has no system message.
-SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 # A call format in a template, and the vLLM parser that reads it.
 CALL_FORMATS = (("<tool_call>", "hermes"), ("<|python_tag|>", "llama3_json"), ("[TOOL_CALLS]", "mistral"))
 USER_FLAGS = ("--tool-call-parser", "--chat-template", "--enable-auto-tool-choice")
@@ -69,6 +69,33 @@ def tool_template(default_system: str | None, into: Path) -> Path:
     return into
 
 
+# A user message no template would write itself, to find where the model's own template put it.
+_PROBE = "\x1fburnish-probe\x1f"
+_SYSTEM_BLOCK = re.compile(r"^<\|im_start\|>system\n(.*?)<\|im_end\|>\n", re.S)
+
+
+def default_system(template: str) -> str | None:
+    """The system prompt a ChatML template adds to a conversation that has none (SmolLM2's
+    "You are a helpful AI assistant named SmolLM, ..."), read by rendering the template as
+    transformers does (a sandbox, trimmed blocks); None where it adds none or cannot render."""
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = json.dumps
+    try:
+        text = env.from_string(template).render(
+            messages=[{"role": "user", "content": _PROBE}], add_generation_prompt=False, raise_exception=raise_exception, bos_token="", eos_token=""
+        )
+    except Exception:  # a template written for another renderer: no default is taken from it
+        return None
+    found = _SYSTEM_BLOCK.match(text)
+    return found.group(1) if found is not None and _PROBE not in found.group(1) else None
+
+
 def own_template(model: Path) -> str | None:
     """The chat template in a Hugging Face model folder (chat_template.jinja, or
     tokenizer_config.json's, where a list of named templates counts as all of them)."""
@@ -95,21 +122,17 @@ def named_by_user(vllm_args: Sequence[str]) -> bool:
     return any(arg.split("=", 1)[0] in USER_FLAGS for arg in vllm_args)
 
 
-def choose(model: Path | None, vllm_args: Sequence[str], *, ours: Path | None = None, converted: bool = False) -> ToolCalling:
+def choose(model: Path | None, vllm_args: Sequence[str], *, converted: bool = False) -> ToolCalling:
     """What vLLM is started with for tool calls. ``model``: the local folder served (None for a
-    hub id whose files are not here); ``ours``: burnish's template, written, for a model known
-    to need it (the embedded SmolLM2); ``converted``: the folder came from a GGUF file."""
+    hub id whose files are not here); ``converted``: the folder came from a GGUF file."""
     if named_by_user(vllm_args):
         return ToolCalling(None, None, "tool calls: the parser and template given with --vllm-arg")
-    if ours is not None:
-        note = f"tool calls: burnish's ChatML tool template ({ours}; the model's own renders no tools), parser hermes, arguments held to each tool's schema"
-        return ToolCalling("hermes", ours, note, strict=True)
     template = own_template(model) if model is not None else None
     parser = call_parser(template) if template else None
     if parser is not None:
         return ToolCalling(parser, None, f"tool calls: the model's own chat template, parser {parser}")
     if converted and template is not None and "<|im_start|>" in template and model is not None:
-        path = tool_template(None, model.with_name(model.name + "-tools.jinja"))
+        path = tool_template(default_system(template), model.with_name(model.name + "-tools.jinja"))
         note = f"tool calls: burnish's ChatML tool template ({path}; the model's own renders no tools), parser hermes, arguments held to each tool's schema"
         return ToolCalling("hermes", path, note, strict=True)
     why = "its chat template renders no tools" if template else "no chat template was found for it here"

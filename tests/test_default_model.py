@@ -23,10 +23,11 @@ import openai
 import pytest
 
 from burnish_server.core.policies import TrainSettings
-from burnish_server.serving.tool_calling import SMOLLM2_SYSTEM
 from tests.conftest import Up, burnish_up, real_model_parts
 
 GROUP = "default"
+# What SmolLM2-Instruct's own template says when a conversation has no system message.
+SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 QUESTION = "What is the secret number of the word apple?"
 # Arguments with a type, a bound and an enum: a forced call must fit all of it.
 PARAMETERS = {

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from burnish_server.serving.tool_calling import CHATML_TOOLS, choose, tool_template
+from burnish_server.serving.tool_calling import CHATML_TOOLS, choose, default_system, tool_template
 from burnish_server.trainer.tiny_model import CHAT_TEMPLATE as TINY_TEMPLATE
 
 CHATML = "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}"
@@ -40,7 +40,7 @@ def test_a_template_list_in_the_tokenizer_config_counts(tmp_path: Path) -> None:
 
 def test_what_the_user_names_is_used_as_given(tmp_path: Path) -> None:
     for args in (["--tool-call-parser=pythonic"], ["--chat-template", "t.jinja"], ["--enable-auto-tool-choice"]):
-        tools = choose(folder(tmp_path, TINY_TEMPLATE) if not (tmp_path / "model").exists() else tmp_path / "model", args, ours=CHATML_TOOLS)
+        tools = choose(folder(tmp_path, TINY_TEMPLATE) if not (tmp_path / "model").exists() else tmp_path / "model", args)
         assert tools.flags() == [] and "given with --vllm-arg" in tools.note
 
 
@@ -50,6 +50,32 @@ def test_a_converted_chatml_model_without_tools_gets_burnishs_template(tmp_path:
     assert tools.parser == "hermes" and tools.strict and tools.template == tmp_path / "model-tools.jinja"
     assert tools.template.read_text() == CHATML_TOOLS.read_text()  # no default system prompt of its own
     assert tools.flags()[-2:] == ["--tool-strict-level", "parameter"]
+
+
+# A ChatML template that adds a system prompt of its own when a conversation has none, as
+# SmolLM2-Instruct's does (written with the dict access and loop variables such templates use).
+CHATML_DEFAULT = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are \"helpful\".<|im_end|>\\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_a_converted_model_keeps_the_default_system_prompt_its_own_template_adds(tiny_model: Path, tmp_path: Path) -> None:
+    """Whatever path loaded it (the embedded default or a GGUF file named by path): without
+    tools, burnish's template renders a conversation as the model's own does, its default
+    system prompt included."""
+    from transformers import AutoTokenizer
+
+    assert default_system(CHATML_DEFAULT) == 'You are "helpful".'
+    assert default_system(CHATML) is None and default_system("{{ raise_exception('no') }}") is None and default_system("{% if %}") is None
+    tools = choose(folder(tmp_path, CHATML_DEFAULT), [], converted=True)
+    assert tools.template is not None
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    for messages in ([{"role": "user", "content": "hi"}], [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}]):
+        own = tokenizer.apply_chat_template(messages, chat_template=CHATML_DEFAULT, tokenize=False, add_generation_prompt=True)
+        assert tokenizer.apply_chat_template(messages, chat_template=tools.template.read_text(), tokenize=False, add_generation_prompt=True) == own
 
 
 @pytest.mark.parametrize("template", [CHATML, None])

@@ -114,6 +114,8 @@ class Upstream:
         if kind == "stall":
             await asyncio.sleep(float(arg))
 
+        if scope["method"] == "GET" and path == "/health":  # as vLLM answers it
+            return await self._send(send, 200, b"", b"text/plain")
         if scope["method"] == "GET" and path == "/v1/models":
             return await self._json(send, 200, {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "test"} for m in self.models]})
         try:
