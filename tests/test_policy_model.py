@@ -124,6 +124,50 @@ def test_logprobs_only_where_sampled_match_the_full_forward(tiny: Path) -> None:
     assert got[:, ~sampled.any(0)].abs().max() == 0  # columns no row samples: never computed
 
 
+def test_chunked_logprobs_and_their_gradients_match_the_full_logits(tiny: Path) -> None:
+    """The only path (the LM head a chunk of positions at a time, trainer/logprobs.py) against the
+    whole logits as the step took them before: the logprobs of the sampled tokens to 1e-5, the
+    gradient of a loss on them with respect to every LoRA weight to 1e-4 of its largest entry, padded and
+    packed, with the KL term's reference (the adapter disabled) as well."""
+    from burnish_server.trainer import logprobs
+    from burnish_server.trainer.policy_model import make_batch
+
+    model = PolicyModel(str(tiny), LoraSettings(rank=8, alpha=16), TrainSettings())
+    with torch.no_grad():  # LoRA's B starts at 0, which would leave A without a gradient
+        for name, param in model.model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.05)
+    rows, packed = make_batch(_varied(0), model.pad_id, 64, model.device), make_batch(_varied(0), model.pad_id, 64, model.device, packed=True)
+    original = logprobs.CHUNK_ELEMENTS
+    for batch in (rows, packed):
+        sampled = batch.sampled.bool()
+        weights = torch.randn(batch.input_ids.shape, generator=torch.Generator().manual_seed(0))
+        logprobs.CHUNK_ELEMENTS = 3 * model.model.config.vocab_size  # several chunks
+        try:
+            got = model.token_logprobs(batch)
+        finally:
+            logprobs.CHUNK_ELEMENTS = original
+        (got * weights * sampled).sum().backward()
+        grads = {id(p): p.grad.clone() for p in model.params if p.grad is not None}
+        model.optimizer.zero_grad(set_to_none=True)
+        logits = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, use_cache=False).logits
+        whole = torch.nn.functional.pad(logits[:, :-1].float().log_softmax(-1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1), (1, 0))
+        (whole * weights * sampled).sum().backward()
+        torch.testing.assert_close(got[sampled], whole[sampled], atol=1e-5, rtol=1e-5)
+        assert len(grads) == len(model.params)
+        for param in model.params:
+            assert param.grad is not None
+            # fp32 sums in another order: within 1e-4 of the tensor's largest entry
+            torch.testing.assert_close(grads[id(param)], param.grad, atol=1e-4 * float(param.grad.abs().max()), rtol=1e-4)
+        model.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad(), model.model.disable_adapter():  # the KL term's reference
+            reference = model.token_logprobs(batch)
+            base = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, use_cache=False).logits
+        expected = base[:, :-1].float().log_softmax(-1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+        torch.testing.assert_close(reference[sampled], torch.nn.functional.pad(expected, (1, 0))[sampled], atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(reference[sampled], got[sampled].detach())  # the adapter was off
+
+
 def test_a_resumed_model_trains_with_the_policys_current_settings(tiny: Path, tmp_path: Path) -> None:
     """The optimizer state saved in a checkpoint carries its learning rate; the policy's wins."""
     model = PolicyModel(str(tiny), LoraSettings(rank=8, alpha=16), TrainSettings(learning_rate=5e-3))
@@ -248,6 +292,7 @@ def test_the_gpus_paths_run_on_the_cpu(tiny: Path, tmp_path: Path) -> None:
     """What a GPU runs by default (a bf16 base, activation checkpointing, packing), on the CPU:
     it steps, moves the adapter (kept in fp32), saves and resumes."""
     from burnish_server.trainer.base_model import Holding, SharedBase
+    from burnish_server.trainer.policy_model import make_batch
 
     base = SharedBase(str(tiny), holding=Holding(dtype="bfloat16", checkpointing="on", packing="on"))
     assert base.model.dtype == torch.bfloat16 and base.checkpointing and base.packs
@@ -255,6 +300,18 @@ def test_the_gpus_paths_run_on_the_cpu(tiny: Path, tmp_path: Path) -> None:
     assert {p.dtype for p in model.params} == {torch.float32}
     metrics = model.step(_varied(0))
     assert metrics["tokens"] > 0 and metrics["distance_from_base"] > 0 and torch.isfinite(torch.tensor(metrics["loss"]))
+    # A GPU's LoRA path: the forward under bf16 autocast (here the CPU's), weights, gradients and
+    # AdamW's state in fp32; the step agrees with the fp32 LoRA path to bf16's precision.
+    mixed = PolicyModel(SharedBase(str(tiny), holding=Holding(dtype="bfloat16")), LoraSettings(rank=8, alpha=16), TrainSettings(learning_rate=5e-3))
+    plain = PolicyModel(SharedBase(str(tiny), holding=Holding(dtype="bfloat16")), LoraSettings(rank=8, alpha=16), TrainSettings(learning_rate=5e-3))
+    mixed.base.mixed = True
+    with torch.no_grad():
+        batch = make_batch(_varied(0), mixed.pad_id, 64, mixed.device)
+        torch.testing.assert_close(mixed.token_logprobs(batch), plain.token_logprobs(batch), atol=0.1, rtol=0.05)
+    steps = [m.step(_varied(0)) for m in (mixed, plain)]
+    assert steps[0]["loss"] == pytest.approx(steps[1]["loss"], abs=2e-2)
+    assert {p.dtype for p in mixed.params} == {torch.float32}
+    assert {v.dtype for state in mixed.optimizer.state.values() for v in state.values() if v.dim()} == {torch.float32}
     model.save(tmp_path / "bf16")
     resumed = PolicyModel(SharedBase(str(tiny), holding=Holding(dtype="bfloat16")), LoraSettings(rank=8, alpha=16), TrainSettings(learning_rate=5e-3))
     resumed.load(tmp_path / "bf16")

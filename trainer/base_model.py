@@ -12,6 +12,8 @@ base per policy.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,7 +27,8 @@ class Holding:
     """How the trainer holds a base model (``BURNISH_TRAINER_*`` in core/settings.py)."""
 
     # The base's weights and activations: bf16 on a GPU; fp32 on the CPU, where bf16 matmuls
-    # are slow or missing. LoRA's weights and optimizer state are fp32 whatever this says.
+    # are slow or missing. LoRA's weights and optimizer state are fp32 whatever this says; in a
+    # 16-bit dtype on a GPU, the LoRA path computes in it too (``SharedBase.compute``).
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     # Activation (gradient) checkpointing: each layer's activations recomputed in the backward
     # pass instead of kept, about a third more compute for memory that no longer grows with
@@ -38,6 +41,29 @@ class Holding:
     # apart with a dense mask over the whole row, so attention computes every pair of the row's
     # tokens: its cost grows with the row's length squared, not each sequence's. "auto" pads there.
     packing: Literal["auto", "on", "off"] = "auto"
+
+
+@dataclass
+class Head:
+    """The LM head, as ``SharedBase.hidden_states`` hands it out: its module (the weight is read
+    when used: under FSDP2 it is whole only from the model's forward on), and the scale and soft
+    cap the model puts on its logits (Granite's ``logits_scaling``, Gemma's soft cap)."""
+
+    module: torch.nn.Linear
+    scale: float = 1.0
+    softcap: float | None = None
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.module.weight
+
+
+@contextmanager
+def _mixed(model: Any, device: str, dtype: torch.dtype) -> Iterator[None]:
+    from peft.helpers import disable_input_dtype_casting
+
+    with torch.autocast(device, dtype=dtype), disable_input_dtype_casting(model):
+        yield
 
 
 class SharedBase:
@@ -56,6 +82,11 @@ class SharedBase:
         # packed sequences cheap (``Holding.packing``).
         flash = {"attn_implementation": "flash_attention_2"} if gpu and importlib.util.find_spec("flash_attn") else {}
         self.model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **flash)
+        self.dtype = dtype
+        # On a GPU in bf16 the forward runs under autocast, so LoRA's fp32 factors multiply in
+        # bf16 on tensor cores and backward keeps bf16 inputs (TRL does the same); on the CPU, or in
+        # fp32, nothing changes.
+        self.mixed = gpu and dtype != torch.float32
         if holding.checkpointing == "on" or (holding.checkpointing == "auto" and gpu):
             # Non-reentrant: the variant that composes with FSDP2 and with frozen inputs.
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -65,6 +96,7 @@ class SharedBase:
             self.model.to(self.device)  # type: ignore[arg-type]  # transformers' stubs type .to oddly
         varlen = "flash" in str(self.model.config._attn_implementation)
         self.packs = (holding.packing == "on" or (holding.packing == "auto" and varlen)) and self.packing_is_faithful()
+        self.check_head()
         self.peft: Any = None  # the PeftModel, once an adapter is attached
         self.adapters: dict[str, str] = {}  # owner (a policy) -> its adapter's name in peft
         self._made = 0
@@ -88,6 +120,59 @@ class SharedBase:
         packed = self.model(input_ids=torch.tensor([first + second], device=self.device), position_ids=positions, use_cache=False).logits[0].float()
         tolerance = 1e-4 if self.model.dtype == torch.float32 else 3e-2  # bf16 rounds to ~3 digits
         return bool((packed - alone).abs().max() <= tolerance * max(float(alone.abs().max()), 1.0))
+
+    def compute(self) -> AbstractContextManager[Any]:
+        """The context of a training forward pass: bf16 autocast on a GPU (``mixed``), else none.
+        peft casts a LoRA layer's input to its weights' fp32 before the LoRA matmuls; under
+        autocast that is undone at once, so it is turned off there: the input stays the bf16
+        tensor the base layer already keeps for backward, not a second copy of it."""
+        if not self.mixed:
+            return nullcontext()
+        return _mixed(self.model, self.device.type, self.dtype)
+
+    @contextmanager
+    def hidden_states(self) -> Iterator[Head]:
+        """Inside, the model's forward returns its last hidden states where it returned logits
+        (at the positions ``logits_to_keep`` names): its LM head is swapped for the identity, and
+        the scale and soft cap some models put on their logits are taken off the config and
+        handed to whoever applies the head (``trainer/logprobs.py``: a chunk at a time)."""
+        model, config = self.model, self.model.config
+        head = model.get_output_embeddings()
+        name = next((n for n, m in model.named_children() if m is head), None)
+        if name is None or type(head) is not torch.nn.Linear or head.bias is not None:
+            raise ValueError(f"{type(model).__name__}'s LM head is not a plain bias-free Linear child of the model (LoRA on the head is not supported)")
+        softcap, scaling = getattr(config, "final_logit_softcapping", None), getattr(config, "logits_scaling", None)
+        setattr(model, name, torch.nn.Identity())
+        if softcap is not None:
+            config.final_logit_softcapping = None
+        if scaling is not None:
+            config.logits_scaling = 1.0
+        try:
+            yield Head(head, 1.0 / scaling if scaling else 1.0, softcap)
+        finally:
+            setattr(model, name, head)
+            if softcap is not None:
+                config.final_logit_softcapping = softcap
+            if scaling is not None:
+                config.logits_scaling = scaling
+
+    @torch.no_grad()
+    def check_head(self) -> None:
+        """That the model's logits are its LM head on its last hidden states, as
+        ``hidden_states`` takes them: the log-probabilities both ways agree. A model that
+        computes its logits otherwise is refused at load, never trained on wrong numbers."""
+        from burnish_server.trainer.logprobs import sampled_logprobs
+
+        ids = torch.tensor([[1, 2, 3, 4, 5, 6]], device=self.device)
+        self.model.eval()
+        logits = self.model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+        full = logits.log_softmax(-1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+        with self.hidden_states() as head:
+            hidden = self.model(input_ids=ids, use_cache=False).logits[0, :-1]
+            chunked, _ = sampled_logprobs(hidden, head.weight, ids[0, 1:], scale=head.scale, softcap=head.softcap)
+        tolerance = 1e-4 if self.model.dtype == torch.float32 else 5e-2
+        if not torch.allclose(chunked, full, atol=tolerance * max(1.0, float(full.abs().max())), rtol=0):
+            raise ValueError(f"{type(self.model).__name__} computes its logits otherwise than its LM head on its last hidden states: not supported")
 
     def squared_norm(self, layer: Any) -> float:
         """A frozen base layer's squared weight norm, computed once (under FSDP2 it takes a collective)."""

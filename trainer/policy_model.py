@@ -19,6 +19,7 @@ import torch
 from burnish_server.core.policies import LoraSettings, TrainSettings
 from burnish_server.trainer.base_model import SharedBase
 from burnish_server.trainer.grpo import grpo_loss
+from burnish_server.trainer.logprobs import sampled_logprobs
 from burnish_server.trainer.sequences import Sequence
 
 
@@ -125,31 +126,35 @@ class PolicyModel:
         self.train = train
 
     def token_logprobs(self, batch: Batch, entropy: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """logprob of each token given the ones before it, at the positions where some row
-        has a sampled token; 0 at the others (the loss masks all but the sampled ones).
+        """logprob of each sampled token given the ones before it, fp32 [rows, positions]; 0
+        where no token is sampled (the loss masks all but the sampled ones).
 
-        Logits are computed only at the positions that predict a sampled token in some row
-        (transformers' ``logits_to_keep``): an agent's prompt is most of its tokens, and
-        [rows, positions, vocabulary] fp32 logits are the step's largest tensor (a 152k
-        vocabulary: 0.6 MB per position)."""
+        The model runs to its last hidden states, kept only at the positions that predict a
+        sampled token in some row (transformers' ``logits_to_keep``: an agent's prompt is most of
+        its tokens); the LM head is then applied to the sampled (row, position) pairs alone, a
+        chunk of them at a time (``trainer/logprobs.py``), so no [tokens x vocabulary] logits
+        exist, in the forward pass or the backward (a 152k vocabulary: 0.6 MB a position in
+        fp32). On a GPU the forward runs under the base's autocast (``SharedBase.compute``)."""
         self.activate()
         predicts = batch.sampled[:, 1:].any(0).nonzero().squeeze(-1)  # position t predicts token t + 1
-        logits = self.model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            logits_to_keep=predicts,
-            use_cache=False,  # nothing to cache in training; and with a cache transformers reads no packing from position ids
-        ).logits.float()
-        targets = batch.input_ids[:, predicts + 1]
-        normaliser = logits.logsumexp(-1)
-        picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - normaliser
-        out = torch.zeros(batch.input_ids.shape, dtype=picked.dtype, device=picked.device)
-        if entropy is not None:  # the policy's entropy where each token was sampled: a health figure, no gradient
-            with torch.no_grad():
-                spread = normaliser - (logits.softmax(-1) * logits).sum(-1)
-                entropy.append(torch.zeros_like(out).index_copy(1, predicts + 1, spread))
-        return out.index_copy(1, predicts + 1, picked)
+        with self.base.hidden_states() as head:
+            with self.base.compute():
+                hidden = self.model(
+                    input_ids=batch.input_ids,
+                    attention_mask=batch.attention_mask,
+                    position_ids=batch.position_ids,
+                    logits_to_keep=predicts,
+                    use_cache=False,  # nothing to cache in training; and with a cache transformers reads no packing from position ids
+                ).logits  # [rows, len(predicts), hidden]: the head is out
+            rows, columns = batch.sampled[:, predicts + 1].nonzero(as_tuple=True)
+            at = (rows, predicts[columns] + 1)
+            picked, spread = sampled_logprobs(
+                hidden[rows, columns], head.weight, batch.input_ids[at], scale=head.scale, softcap=head.softcap, entropy=entropy is not None
+            )
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=picked.device)
+        if entropy is not None and spread is not None:  # the policy's entropy where each token was sampled: a health figure, no gradient
+            entropy.append(out.index_put(at, spread))
+        return out.index_put(at, picked)
 
     @torch.no_grad()
     def distance_from_base(self) -> float:

@@ -1,0 +1,103 @@
+"""The log-probability of each sampled token, from the last hidden states and the LM head, a chunk
+of positions at a time: the step's [positions x vocabulary] logits never exist whole.
+
+For one position with hidden state ``h``, LM head ``W`` ([vocabulary, hidden]) and sampled token
+``y``:
+
+    z        = W h                                   the logits; with the model's own scale s and
+                                                     soft cap c, z = c * tanh(s W h / c)
+    logp     = z[y] - logsumexp(z)
+    d logp / d h = W^T (onehot(y) - softmax(z)) * dz/d(Wh)
+
+The last line is a fixed vector per position: whatever the loss, the gradient that reaches ``h``
+is that vector times the loss's gradient with respect to ``logp``, one number per position. So
+the forward pass computes it chunk by chunk, right after the chunk's logits (as Liger-Kernel's
+fused linear cross-entropy computes its input's gradient in the forward pass), keeps it
+([positions x hidden], the size of the hidden states), and lets the chunk's logits go; the
+backward pass only scales it. Nothing is recomputed: the arithmetic is the full-logits path's
+(one [chunk x hidden] x [hidden x vocabulary] product forward, one back), in pieces of at most
+``CHUNK_ELEMENTS`` logits. TRL's chunked LM head recomputes each chunk's logits in the backward
+pass instead, which costs a third product.
+
+The head runs in its weight's dtype (bf16 on a GPU) and everything after it in fp32, as the
+model's ``.logits.float()`` did; the product for the gradient takes ``onehot - softmax`` in the
+head's dtype, as autograd did through the full logits. The LM head is frozen (LoRA never adapts
+it here): no gradient reaches ``W``. A position's entropy (a health figure, no gradient) comes
+from the same chunk: ``logsumexp(z) - sum(softmax(z) * z)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# Logits per chunk: 2^25 fp32 numbers = 128 MiB (220 positions of a 152k vocabulary, 682 of
+# SmolLM2's 49k). A chunk holds about three such tensors at once (logits, softmax, its cast).
+CHUNK_ELEMENTS = 1 << 25
+
+
+def chunk_rows(vocabulary: int) -> int:
+    return max(1, CHUNK_ELEMENTS // vocabulary)
+
+
+class _SampledLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, scale: float, softcap: float | None, entropy: bool) -> Any:
+        n = hidden.shape[0]
+        grad = bool(ctx.needs_input_grad[0])
+        logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        spread = torch.empty(n, dtype=torch.float32, device=hidden.device) if entropy else None
+        kept = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if grad else None
+        rows = chunk_rows(weight.shape[0])
+        for start in range(0, n, rows):
+            end = min(start + rows, n)
+            h, y = hidden[start:end].to(weight.dtype), targets[start:end, None]
+            z = (h @ weight.T).float()
+            if scale != 1.0:
+                z = z * scale
+            if softcap is not None:
+                z = softcap * torch.tanh(z / softcap)
+            lse = z.logsumexp(-1)
+            logp[start:end] = z.gather(-1, y).squeeze(-1) - lse
+            if not (grad or entropy):
+                continue
+            p = (z - lse[:, None]).exp_()  # softmax
+            if spread is not None:
+                spread[start:end] = lse - (p * z).sum(-1)
+            if kept is None:
+                continue
+            p.scatter_add_(-1, y, torch.full(y.shape, -1.0, device=p.device))  # softmax - onehot(y) = -d logp / dz
+            if softcap is not None:
+                p *= 1 - (z / softcap) ** 2  # d tanh = 1 - tanh^2
+            if scale != 1.0:
+                p *= scale
+            kept[start:end] = (p.to(weight.dtype) @ weight).neg_().to(kept.dtype)
+        ctx.save_for_backward(kept)
+        if spread is None:
+            return logp
+        ctx.mark_non_differentiable(spread)
+        return logp, spread
+
+    @staticmethod
+    def backward(ctx: Any, grad_logp: torch.Tensor, *_: Any) -> Any:
+        (kept,) = ctx.saved_tensors
+        grad = None
+        if ctx.needs_input_grad[0]:
+            grad = (kept.float() * grad_logp[:, None]).to(kept.dtype)
+        return grad, None, None, None, None, None
+
+
+def sampled_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *, scale: float = 1.0, softcap: float | None = None, entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log softmax(z)[target]`` per row of ``hidden`` ([N, hidden]; ``targets`` [N]), where ``z``
+    is the row's logits under LM head ``weight`` ([vocabulary, hidden]), ``scale`` and ``softcap``
+    as above; and, with ``entropy``, each row's entropy (no gradient). Differentiable in
+    ``hidden``; ``weight`` must be frozen."""
+    if weight.requires_grad and torch.is_grad_enabled():
+        raise ValueError("sampled_logprobs takes no gradient to the LM head: its weight must be frozen")
+    if entropy:
+        logp, spread = _SampledLogprobs.apply(hidden, weight, targets, scale, softcap, True)
+        return logp, spread
+    return _SampledLogprobs.apply(hidden, weight, targets, scale, softcap, False), None
