@@ -319,3 +319,32 @@ def up(model: str | None, policy: str, vllm_port: int | None, replicas: int, vll
     settings = _settings(**options)
     code = run_up(settings, model=model, policy=policy, vllm_port=vllm_port, replicas=replicas, vllm_args=list(vllm_args), switch_base=switch_base)
     raise SystemExit(code)
+
+
+@main.command()
+@click.argument("policy", required=False)
+@click.option("--url", help="the gateway [default: http://127.0.0.1:<BURNISH_PORT>]")
+@click.option("--token", help="the admin token [BURNISH_ADMIN_TOKEN, else <data_dir>/admin-token as burnish up makes it]")
+@click.option("--data-dir", help="[BURNISH_DATA_DIR]")
+@click.option("--port", type=int, help="[BURNISH_PORT]")
+@click.option("--json", "as_json", is_flag=True, help="print the admin API's JSON")
+def status(policy: str | None, url: str | None, token: str | None, as_json: bool, **options: object) -> None:
+    """Where each policy (or POLICY) stands: served and candidate versions, groups open, closed,
+    ready and trained, the last step, held-out scores, and the health warning."""
+    import msgspec
+
+    from burnish_server.cli.status import StatusFailed, fetch, render
+
+    settings = _settings(**options)
+    if token is None:
+        token_file = settings.data_path / "admin-token"
+        token = settings.admin_token or (token_file.read_text().strip() if token_file.exists() else "")
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    try:
+        policies = fetch(url or f"http://{host}:{settings.port}", token, policy)
+    except StatusFailed as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(msgspec.json.encode(policies[0] if policy else policies).decode())
+        return
+    click.echo("\n".join(render(p) for p in policies) if policies else "no policy yet: burnish up makes one, or POST /admin/policies")

@@ -2,14 +2,17 @@
 
 A group is a set of trajectories answering one task. It moves forward only:
 
-    open ──(all expected members rewarded, POST /close, or a RULER verdict)──▶ closed
+    open ──(all expected members rewarded, POST /close, a RULER verdict, or idle)──▶ closed
     closed ──(a trainer claims it)──▶ training ──(its step is recorded)──▶ trained
                                        └──(the step fails, or its lease ends)──▶ closed
 
 A closed group is *ready* for training when every member has a reward and the rewards are
 not all equal (equal rewards give zero advantages: nothing to learn). Readiness depends on
 the members, so the store computes it in SQL (``store/groups.py``, beside the same states
-as SQL expressions).
+as SQL expressions). A group idle for its policy's ``group_idle_close_s`` (no member's call,
+no reward) closes by itself, so an agent that never says how many attempts a task gets, or
+whose last attempt died, still trains. A closed group that can never train says why
+(``cannot_train``).
 """
 
 from __future__ import annotations
@@ -39,3 +42,20 @@ def group_state(closed_at: datetime | None, claimed_by: str | None, trained_at: 
 def rewards_final(state: GroupState) -> bool:
     """A group being trained or trained has its rewards in a step: they can no longer change."""
     return state in (GroupState.TRAINING, GroupState.TRAINED)
+
+
+def cannot_train(*, size: int, rewarded: int, low: float | None, high: float | None, credited: bool, held_out: bool) -> str | None:
+    """Why a closed group will never be trained, in words a user can act on; None where it
+    can be. The same rule as readiness in ``store/training.py``: every member rewarded, and
+    rewards that differ or a call's own reward to learn from."""
+    if held_out:
+        return "held out for evaluation: scored, never trained on"
+    if rewarded < size:
+        return f"{size - rewarded} of its {size} members have no reward: every member needs one (post it, or let RULER score the group)"
+    if credited:
+        return None
+    if size == 1:
+        return "one member: GRPO learns from how a group's attempts at one task differ, and a lone attempt has nothing to differ from (give a task several attempts, in one group)"
+    if low == high:
+        return f"every member has the same reward ({low:g}): equal rewards give zero advantages, so there is nothing to learn from the group"
+    return None

@@ -8,7 +8,8 @@ Three figures a user can act on, beside the held-out score:
                    a run that collapses drives it toward 0 (every sample the same)
     distance       how far the adapter has moved the weights it adapts (||delta W|| / ||W||)
 
-and one warning, where the run looks like it is collapsing: entropy fallen below a
+and one warning, where nothing the last groups hold can train (members unrewarded, one
+member a group), or where the run looks like it is collapsing: entropy fallen below a
 fifth of where it started, the train reward fallen below where it started by more than
 half of the first steps' spread of rewards, or most of the last groups tied (every member
 rewarded alike). Ties are read from the groups, not the steps: a tied group teaches nothing
@@ -34,13 +35,16 @@ TIES_SHARE = 0.75
 TIES_MIN_GROUPS = 8
 
 
-class Ties(msgspec.Struct, frozen=True):
+class RecentGroups(msgspec.Struct, frozen=True, kw_only=True):
     """The policy's last closed groups (held-out ones apart): how many, how many tied (every
-    member rewarded alike), and the tied ones' mean reward."""
+    member rewarded alike) and the tied ones' mean reward, and how many can never train for
+    want of rewards (``unrewarded``) or of a second member (``lone``)."""
 
     groups: int
     tied: int
     tied_reward: float | None = None
+    unrewarded: int = 0
+    lone: int = 0
 
 
 class Health(msgspec.Struct, kw_only=True):
@@ -53,6 +57,8 @@ class Health(msgspec.Struct, kw_only=True):
     distance_from_base: float | None  # at the last step
     recent_groups: int = 0  # the last closed groups looked at for ties
     recent_tied: int = 0
+    recent_unrewarded: int = 0  # ... of which closed with a member unrewarded
+    recent_lone: int = 0  # ... of which had one member
     warning: str | None = None
 
 
@@ -61,7 +67,7 @@ def _mean(history: Sequence[Mapping[str, Any]], key: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def health(history: Sequence[Mapping[str, Any]], ties: Ties | None = None) -> Health:
+def health(history: Sequence[Mapping[str, Any]], ties: RecentGroups | None = None) -> Health:
     """``history``: each step's metrics, oldest first; ``ties``: the last closed groups."""
     first, last = history[:WINDOW], history[-WINDOW:]
     reward_first, reward_last = _mean(first, "reward_mean"), _mean(last, "reward_mean")
@@ -76,7 +82,19 @@ def health(history: Sequence[Mapping[str, Any]], ties: Ties | None = None) -> He
         distance_from_base=_mean(history[-1:], "distance_from_base"),
         recent_groups=ties.groups if ties else 0,
         recent_tied=ties.tied if ties else 0,
+        recent_unrewarded=ties.unrewarded if ties else 0,
+        recent_lone=ties.lone if ties else 0,
     )
+    if ties is not None and ties.groups and ties.unrewarded + ties.lone == ties.groups:
+        # Nothing the last groups hold can train, whatever the run's figures say: the first thing
+        # a new user meets (docs/your-agent.md, "Nothing trains?").
+        why = []
+        if ties.unrewarded:
+            why.append(f"{ties.unrewarded} closed with members that have no reward (post one for every member, or let RULER score them)")
+        if ties.lone:
+            why.append(f"{ties.lone} had a single member (give each task several attempts in one group)")
+        out.warning = f"nothing to train: of the last {ties.groups} closed groups, " + "; ".join(why)
+        return out
     if ties is not None and ties.groups >= TIES_MIN_GROUPS and ties.tied >= TIES_SHARE * ties.groups:
         reward = f" (their reward {ties.tied_reward:.3f})" if ties.tied_reward is not None else ""
         out.warning = (

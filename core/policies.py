@@ -46,6 +46,10 @@ class TrainSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # Ready groups trained in one optimizer step (a step waits until there are this many,
     # unless training is asked for now).
     groups_per_step: Annotated[int, Meta(ge=1, le=4096)] = 2
+    # An open group that has seen no member's call and no reward for this long closes by itself
+    # (close_reason "idle"), so a group trains without X-Group-Size or POST /close; a reward
+    # posted later is refused (409). None: groups close only at their size or when told.
+    group_idle_close_s: Annotated[float, Meta(gt=0, le=30 * 86400)] | None = 600.0
     # Longer sequences are cut at the end (their last sampled tokens are not trained on).
     max_seq_len: Annotated[int, Meta(ge=16)] = 4096
     # Gradient accumulation: sequences are packed into forward passes of at most this many

@@ -109,6 +109,8 @@ class GroupView(View, kw_only=True):
     size: int
     rewarded: int
     members: list[TrajectoryView]
+    # A closed group that will never be trained: why (core/groups.py: cannot_train).
+    cannot_train: str | None = None
 
 
 class TrajectoryPage(View, kw_only=True):
@@ -203,6 +205,8 @@ class PolicyView(View, kw_only=True):
     groups_ready: int
     groups_open: int
     groups_trained: int
+    # Closed and not taken by a trainer: the ready ones, and those that cannot train (health says why).
+    groups_closed: int = 0
     groups_eval: int  # groups held out for evaluation, whatever their state
     last_step: StepView | None
     # Calls whose prompt did not extend their trajectory, in every step trained, by reason

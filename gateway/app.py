@@ -22,7 +22,7 @@ from burnish_server.core import logs
 from burnish_server.core.errors import BurnishError
 from burnish_server.core.secrets import Redactor
 from burnish_server.core.settings import Settings
-from burnish_server.gateway import errors, openapi, replicas, ui
+from burnish_server.gateway import errors, idle_groups, openapi, replicas, ui
 from burnish_server.gateway.access import BEARER, PUBLIC, SECURITY_SCHEMES, Access, KeyRing, access_middleware, follow_keys
 from burnish_server.gateway.edge import Gateway
 from burnish_server.gateway.errors import responses
@@ -154,6 +154,7 @@ def create_app(settings: Settings | None = None) -> Gateway:
             asyncio.create_task(follow(db, policies), name="burnish-policies"),
             asyncio.create_task(follow_keys(db, access), name="burnish-keys"),
             asyncio.create_task(ruler.auto_ruler(svc), name="burnish-auto-ruler"),
+            asyncio.create_task(idle_groups.close_idle(svc), name="burnish-idle-groups"),
         ]
         if replicas.watched(settings):
             background.append(asyncio.create_task(replicas.watch(settings, upstream), name="burnish-replicas"))

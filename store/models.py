@@ -47,6 +47,8 @@ class Group(Base):
     """Trajectories that answer the same task; GRPO compares them."""
 
     __tablename__ = "groups"
+    # A policy's open groups, oldest first: what the idle close reads (store/writes.py).
+    __table_args__ = (Index("ix_groups_open", "policy", "created_at", sqlite_where=text("closed_at IS NULL"), postgresql_where=text("closed_at IS NULL")),)
 
     pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
     # Namespaced by project: "<project>/<id>", or the bare id in the default project (core/access.py).
@@ -56,7 +58,8 @@ class Group(Base):
     expected_size: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    # "complete" (all expected members rewarded) or "closed" (POST /v1/groups/{id}/close).
+    # "complete" (all expected members rewarded), "closed" (POST /v1/groups/{id}/close),
+    # "ruler" (a verdict closed it) or "idle" (its policy's group_idle_close_s passed).
     close_reason: Mapped[str | None] = mapped_column(String(16))
     # The policy whose calls made this group (the first one seen); what it trains.
     policy: Mapped[str | None] = mapped_column(String(128), index=True)

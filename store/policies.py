@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection
 
 from burnish_server.core.drift import split_totals
 from burnish_server.core.errors import Conflict, NotFound
-from burnish_server.core.health import Ties, health
+from burnish_server.core.health import RecentGroups, health
 from burnish_server.core.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, TrainSettings, adapter_name
 from burnish_server.core.views import CandidateView, PolicyView, ReplicaView, StepView
 from burnish_server.store import groups, promotion
@@ -222,28 +222,30 @@ def list_steps(conn: Connection, name: str, limit: int | None = None) -> list[St
 RECENT_GROUPS = 16
 
 
-def recent_ties(conn: Connection, policy: str, last: int = RECENT_GROUPS) -> Ties:
-    """The policy's ``last`` closed groups (held-out ones apart), fully rewarded: how many tied,
-    as readiness sees it (``store/training.py: ready_groups``): every trajectory rewarded alike
-    and no call's credit to train on."""
+def recent_groups(conn: Connection, policy: str, last: int = RECENT_GROUPS) -> RecentGroups:
+    """The policy's ``last`` closed groups (held-out ones apart): how many tied, as readiness
+    sees it (``store/training.py: ready_groups``): every trajectory rewarded alike and no
+    call's credit to train on; and how many can never train for want of a reward or of a
+    second member (core/groups.py: cannot_train)."""
     members = group_members()
     credited = Group.id.in_(credited_groups())
     rows = conn.execute(
-        select(members.c.low, members.c.high, credited)
+        select(members.c.size, members.c.rewarded, members.c.low, members.c.high, credited)
         .select_from(Group)
         .join(members, members.c.group_id == Group.id)
-        .where(
-            Group.policy == policy,
-            Group.eval.is_(False),
-            Group.closed_at.is_not(None),
-            members.c.size == members.c.rewarded,
-            members.c.held_out == 0,
-        )
+        .where(Group.policy == policy, Group.eval.is_(False), Group.closed_at.is_not(None), members.c.held_out == 0)
         .order_by(Group.closed_at.desc(), Group.pk.desc())
         .limit(last)
     ).all()
-    tied = [low for low, high, has_credit in rows if low == high and not has_credit]
-    return Ties(groups=len(rows), tied=len(tied), tied_reward=sum(tied) / len(tied) if tied else None)
+    rewarded = [r for r in rows if r.size == r.rewarded]
+    tied = [r.low for r in rewarded if r.low == r.high and not r[4] and r.size > 1]
+    return RecentGroups(
+        groups=len(rows),
+        tied=len(tied),
+        tied_reward=sum(tied) / len(tied) if tied else None,
+        unrewarded=len(rows) - len(rewarded),
+        lone=sum(1 for r in rewarded if r.size == 1 and not r[4]),
+    )
 
 
 def _candidate(conn: Connection, policy: Policy) -> CandidateView | None:
@@ -291,11 +293,12 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
         groups_ready=count_ready(conn, name),
         groups_open=by_state.get((False, "open"), 0),
         groups_trained=by_state.get((False, "trained"), 0),
+        groups_closed=by_state.get((False, "closed"), 0),
         groups_eval=sum(n for (held_out, _), n in by_state.items() if held_out),
         last_step=last[0] if last else None,
         eval=eval_scores(conn, name, policy.step, every_version=False),
         splits=split_totals(history),
-        health=health(history, recent_ties(conn, name)),
+        health=health(history, recent_groups(conn, name)),
         train_requested_at=iso(policy.train_requested_at),
         load_error=policy.load_error,
         load_error_at=iso(row.load_error_at),

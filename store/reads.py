@@ -20,12 +20,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from burnish_server.core.access import DEFAULT_PROJECT, local, local_optional
 from burnish_server.core.drift import split_reason
-from burnish_server.core.groups import group_state
+from burnish_server.core.groups import GroupState, cannot_train, group_state
 from burnish_server.core.records import OK, CallTokens, unpack_tokens
 from burnish_server.core.tokens import Continuity
 from burnish_server.core.views import CallTokensView, CallView, GroupView, RewardView, TrajectoryPage, TrajectoryView
 from burnish_server.store.calls import to_record
 from burnish_server.store.models import Call, Group, Reward, Trajectory, iso
+from burnish_server.store.training import credited_groups
 
 EXPORT_PAGE = 256  # trajectories per query while exporting
 _encode = msgspec.json.Encoder().encode
@@ -146,13 +147,22 @@ async def get_group(conn: AsyncConnection, group_id: str) -> GroupView | None:
             .order_by(Trajectory.pk)
         )
     ).all()
+    state = group_state(row.closed_at, row.claimed_by, row.trained_at)
+    # A member marked before it joined holds the group out too (store/training.py).
+    held_out = row.eval or any(m.eval for m in members)
+    why = None
+    if state == GroupState.CLOSED:
+        rewards = [m.reward for m in members if m.reward is not None]
+        credited = (await conn.execute(credited_groups().where(Trajectory.group_id == group_id).limit(1))).first() is not None
+        why = cannot_train(
+            size=len(members), rewarded=len(rewards), low=min(rewards, default=None), high=max(rewards, default=None), credited=credited, held_out=held_out
+        )
     return GroupView(
         id=local(row.id),
         expected_size=row.expected_size,
         created_at=iso(row.created_at),
-        state=group_state(row.closed_at, row.claimed_by, row.trained_at).value,
-        # A member marked before it joined holds the group out too (store/training.py).
-        eval=row.eval or any(m.eval for m in members),
+        state=state.value,
+        eval=held_out,
         closed_at=iso(row.closed_at),
         close_reason=row.close_reason,
         ruler_at=iso(row.ruler_at),
@@ -160,6 +170,7 @@ async def get_group(conn: AsyncConnection, group_id: str) -> GroupView | None:
         size=len(members),
         rewarded=sum(1 for m in members if m.reward is not None),
         members=[trajectory_view(m, m.call_count) for m in members],
+        cannot_train=why,
     )
 
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import functools
 import operator
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, insert, or_, select, update
+from sqlalchemy import exists, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -161,9 +163,11 @@ class PostReward:
         if group_id is not None:
             # Lock the group row: concurrent rewards of one group take turns, so
             # the last of them sees all the others and closes the group.
-            group = conn.execute(select(Group.expected_size, Group.closed_at).where(Group.id == group_id).with_for_update()).one()
+            group = conn.execute(select(Group.expected_size, Group.closed_at, Group.close_reason).where(Group.id == group_id).with_for_update()).one()
             if group.closed_at is not None:
-                raise Conflict(f"group {local(group_id)!r} is closed; its rewards can no longer change", "group_closed", "trajectory_id")
+                raise Conflict(
+                    f"group {local(group_id)!r} is closed{_why_closed(group.close_reason)}; its rewards can no longer change", "group_closed", "trajectory_id"
+                )
         now = utcnow()
         conn.execute(
             update(Trajectory).where(Trajectory.id == self.trajectory_id).values(reward=self.reward, reward_components=self.components, rewarded_at=now)
@@ -213,6 +217,38 @@ class PostCallReward:
             )
         )
         return {"group_id": found.group_id, "call": self.index % len(calls)}
+
+
+def _why_closed(reason: str | None) -> str:
+    if reason == "idle":
+        return " (it was idle for its policy's group_idle_close_s, with no call and no reward)"
+    return ""
+
+
+def close_idle_groups(conn: Connection, idle_s: Mapping[str, float], now: datetime | None = None, limit: int = 500) -> list[str]:
+    """Close the open groups of each policy in ``idle_s`` (policy: seconds) that have seen no
+    member's call and no reward for that long; return their ids. Run every few seconds by
+    each gateway (gateway/idle_groups.py): closing an open group twice is harmless, and a
+    group another gateway is closing is skipped (``SKIP LOCKED``)."""
+    now = now or utcnow()
+    closed: list[str] = []
+    for policy, seconds in sorted(idle_s.items()):
+        cutoff = now - timedelta(seconds=seconds)
+        rewarded_since = exists().where(Reward.trajectory_id == Trajectory.id, Reward.created_at >= cutoff)
+        active = exists().where(Trajectory.group_id == Group.id, or_(Trajectory.updated_at >= cutoff, rewarded_since))
+        ids = list(
+            conn.execute(
+                select(Group.id)
+                .where(Group.policy == policy, Group.closed_at.is_(None), Group.created_at < cutoff, ~active)
+                .order_by(Group.created_at)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            ).scalars()
+        )
+        if ids:
+            conn.execute(update(Group).where(Group.id.in_(ids), Group.closed_at.is_(None)).values(closed_at=now, close_reason="idle"))
+            closed += ids
+    return closed
 
 
 @dataclass(slots=True)

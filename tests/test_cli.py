@@ -90,3 +90,34 @@ def test_bad_setting_is_a_usage_error(tmp_path: Path) -> None:
     env = {**os.environ, "BURNISH_MAX_BODY_BYTES": "lots", "BURNISH_DATA_DIR": str(tmp_path)}
     out = subprocess.run([*BURNISH, "gateway"], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 2 and "max_body_bytes" in out.stderr
+
+
+def test_status_says_where_each_policy_stands(make_gateway, upstream, tmp_path: Path) -> None:
+    """`burnish status`: what a user would curl the admin API for, in a few lines, with the
+    token burnish up keeps in the data directory."""
+    from tests.conftest import ADMIN_TOKEN
+
+    gw = make_gateway()
+    gw.create_policy("agent", base_model="tiny")
+    chat = {"model": "agent", "messages": [{"role": "user", "content": "hi"}]}
+    with gw.client() as c:
+        for name, rewards in (("apart", (0.0, 1.0)), ("tie", (1.0, 1.0))):
+            for i, r in enumerate(rewards):
+                assert c.post(f"/g/{name}/t/{name}-{i}/v1/chat/completions", json=chat, headers={"x-group-size": "2"}).status_code == 200
+                assert c.post(f"/v1/trajectories/{name}-{i}/reward", json={"reward": r}).status_code == 200
+        assert c.post("/g/open/t/open-0/v1/chat/completions", json=chat).status_code == 200
+    data = tmp_path / "status-data"
+    data.mkdir()
+    (data / "admin-token").write_text(ADMIN_TOKEN)
+    env = {**os.environ, "BURNISH_DATA_DIR": str(data)}
+    out = subprocess.run([*BURNISH, "status", "--url", gw.url], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == "agent: serving agent@0 (base tiny)"
+    assert "groups: 1 open, 2 closed (1 ready to train), 0 trained, 0 held out; a step takes 2" in out.stdout
+    assert "no step yet" in out.stdout and "health: ok" in out.stdout
+    one = subprocess.run([*BURNISH, "status", "agent", "--json", "--url", gw.url, "--token", ADMIN_TOKEN], capture_output=True, text=True, timeout=60)
+    assert one.returncode == 0 and '"groups_ready":1' in one.stdout
+    refused = subprocess.run([*BURNISH, "status", "--url", gw.url, "--token", "wrong"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "refused the admin token (401)" in refused.stderr
+    away = subprocess.run([*BURNISH, "status", "--url", f"http://127.0.0.1:{free_port()}"], env=env, capture_output=True, text=True, timeout=60)
+    assert away.returncode == 1 and "is burnish up running?" in away.stderr

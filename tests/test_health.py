@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from burnish_server.core.health import Ties, health
+from burnish_server.core.health import RecentGroups, health
 from tests.conftest import Gateway
 
 
@@ -36,11 +36,11 @@ def test_too_early_to_say_and_no_steps() -> None:
 def test_most_of_the_last_groups_tied_warns_even_without_steps() -> None:
     """A policy that answers alike every time makes tied groups, which are never trained: no
     step shows it, the groups do."""
-    collapsed = health(steps([0.3, 0.5], [1.7, 0.8]), Ties(groups=16, tied=14, tied_reward=0.4))
+    collapsed = health(steps([0.3, 0.5], [1.7, 0.8]), RecentGroups(groups=16, tied=14, tied_reward=0.4))
     assert collapsed.warning is not None and collapsed.warning.startswith("no contrast left: 14 of the last 16 groups") and "0.400" in collapsed.warning
     assert (collapsed.recent_groups, collapsed.recent_tied) == (16, 14)
-    assert health([], Ties(groups=16, tied=11)).warning is None  # under three quarters
-    assert health([], Ties(groups=7, tied=7)).warning is None  # too few to say
+    assert health([], RecentGroups(groups=16, tied=11)).warning is None  # under three quarters
+    assert health([], RecentGroups(groups=7, tied=7)).warning is None  # too few to say
 
 
 def test_a_policy_whose_groups_tie_says_so_in_its_status(gateway: Gateway) -> None:

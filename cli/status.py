@@ -1,0 +1,75 @@
+"""``burnish status``: where each policy stands, read from a gateway's admin API (what a user
+would otherwise curl ``/admin/policies`` for): the served and candidate versions, groups by
+state, the last step, the held-out scores, and the health warning."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import httpx
+import msgspec
+
+from burnish_server.core.views import PolicyList, PolicyView
+
+
+class StatusFailed(RuntimeError):
+    """The gateway could not be asked, or refused; the message says what to do."""
+
+
+def fetch(url: str, token: str, policy: str | None = None) -> list[PolicyView]:
+    path = f"/admin/policies/{policy}" if policy else "/admin/policies"
+    try:
+        response = httpx.get(url.rstrip("/") + path, headers={"authorization": f"Bearer {token}"}, timeout=30)
+    except httpx.TransportError as exc:
+        raise StatusFailed(f"no gateway answers at {url} ({exc}): is burnish up running? (--url)") from None
+    if response.status_code in (401, 403):
+        raise StatusFailed(f"{url} refused the admin token ({response.status_code}): pass --token, or set BURNISH_ADMIN_TOKEN")
+    if response.status_code != 200:
+        raise StatusFailed(f"{url}{path}: {response.status_code} {response.text[:300]}")
+    if policy:
+        return [msgspec.json.decode(response.content, type=PolicyView)]
+    return msgspec.json.decode(response.content, type=PolicyList).data
+
+
+def _ago(stamp: str | None, now: datetime) -> str:
+    if not stamp:
+        return ""
+    seconds = (now - datetime.fromisoformat(stamp)).total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f", {seconds / size:.0f} {unit} ago"
+    return f", {seconds:.0f} s ago"
+
+
+def render(policy: PolicyView, now: datetime | None = None) -> str:
+    """A few lines a person reads: what serves, what waits, how the last step went, health."""
+    now = now or datetime.now(UTC)
+    head = f"{policy.name}: serving {policy.served_version} (base {policy.base_model})"
+    if policy.paused:
+        head += ", paused"
+    lines = [head]
+    if policy.candidate is not None:
+        share = f", {policy.candidate.share:.0%} of trajectories" if policy.candidate.share else ", pinned calls only"
+        lines.append(f"  candidate {policy.candidate.version} on trial ({policy.candidate.rule}{share})")
+    if policy.pending_version:
+        lines.append(f"  switching to {policy.pending_version}")
+    lines.append(
+        f"  groups: {policy.groups_open} open, {policy.groups_closed} closed ({policy.groups_ready} ready to train), "
+        f"{policy.groups_trained} trained, {policy.groups_eval} held out; a step takes {policy.train.groups_per_step}"
+    )
+    step = policy.last_step
+    if step is None:
+        lines.append("  no step yet")
+    else:
+        metrics = step.metrics if isinstance(step.metrics, dict) else {}
+        reward = metrics.get("reward_mean")
+        figures = f": train reward {reward:.3f}" if isinstance(reward, int | float) else ""
+        lines.append(f"  last step {step.step}{figures}{_ago(step.created_at, now)}")
+    scored = [e for e in policy.eval if e.score is not None]
+    if scored:
+        lines.append("  held-out score: " + ", ".join(f"{e.version} {e.score:.3f} (n={e.trajectories})" for e in scored))
+    if policy.load_error:
+        lines.append(f"  load error: {policy.load_error}")
+    warning = policy.health.warning if policy.health is not None else None
+    lines.append(f"  health: {warning}" if warning else "  health: ok")
+    return "\n".join(lines)
