@@ -43,6 +43,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install demo demo-agent test lint gateway up bench bench-check
 install: $(VENV)/.installed
+	@echo "installed in $(VENV): run '. $(VENV)/bin/activate' to put burnish on your PATH"
 
 test: $(VENV)/.installed $(VENV)/.lint .tools/docker/cli-plugins/docker-compose .tools/chromium
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
@@ -64,8 +65,10 @@ demo: $(VENV)/.installed
 demo-agent: $(VENV)/.installed
 	$(PY) examples/lookup_agent.py $(DEMO_ARGS)
 
+# burnish up on the embedded default, or on your model: make up MODEL=path/to/model.gguf (a
+# GGUF file, an HF folder or a hub id); more flags in UP_ARGS.
 up: $(VENV)/.installed
-	$(VENV)/bin/burnish up
+	$(VENV)/bin/burnish up $(if $(MODEL),--model $(MODEL)) $(UP_ARGS)
 
 gateway: $(VENV)/.installed
 	$(VENV)/bin/burnish gateway --upstream $(UPSTREAM)
