@@ -17,8 +17,9 @@ venv is made); a checkout that is not installed is made importable through a fol
 One step, each side: forward, GRPO loss, backward, grad clip, AdamW step, zero_grad.
 
 * burnish: ``PolicyModel.step(items)`` (trainer/policy_model.py), which also pads the
-  sequences into tensors; one micro-batch (micro_batch_tokens >= the batch); logits only at
-  positions that predict a sampled token.
+  sequences into tensors; one micro-batch (micro_batch_tokens >= the batch); the LM head only
+  at the sampled tokens, a chunk of positions at a time (trainer/logprobs.py); on a GPU the
+  forward under bf16 autocast.
 * TRL: a real ``trl.GRPOTrainer`` (no vLLM, no generation) with the same peft LoRA:
   ``trainer.compute_loss`` on the ``inputs`` dict its ``_generate_and_score_completions``
   would make (fused LM head over completion tokens only, logprobs and entropy, the clipped
@@ -28,11 +29,11 @@ One step, each side: forward, GRPO loss, backward, grad clip, AdamW step, zero_g
 Same on both sides: token ids (seeded random, no padding), advantages (group-normalised random
 rewards), old logprobs (the base model's plus seeded noise, so that some ratios clip), initial
 LoRA weights, clip range (0.2, 0.28), no KL, AdamW settings, dtype (fp32 on the CPU, bf16 on a
-GPU), torch threads, no gradient checkpointing (TRL's default turns it on). TRL's loss_type
-"dapo" (default) or "bnpo" is token-level over the step's sampled tokens like burnish's, so
-every step's two losses should agree: they are compared. On a GPU they agree at step 1 and
-drift by ~1e-3 after: TRL runs its forward under bf16 autocast, so LoRA's factors (fp32 on
-both sides, as peft makes them) multiply in bf16 there and in fp32 in burnish.
+GPU, where both run the forward under bf16 autocast with LoRA's weights and AdamW's state in
+fp32), torch threads, gradient checkpointing (``--checkpointing``: off by default on both
+sides; TRL's own default turns it on). TRL's loss_type "dapo" (default) or "bnpo" is
+token-level over the step's sampled tokens like burnish's, so every step's two losses should
+agree: they are compared.
 
 How close to the machine's limit: each side counts its step's floating-point operations
 once (torch's ``FlopCounterMode``: every matmul and attention kernel the step runs, forward
@@ -80,6 +81,7 @@ OPTIONS = (  # flag, default, help
     ("--rounds", 3, "processes per side, alternating"),
     ("--threads", os.cpu_count() or 1, "torch threads, both sides"),
     ("--seed", 0, "batch and LoRA init"),
+    ("--checkpointing", "off", "activation checkpointing on both sides: off or on"),
     ("--quiet-wait", 300.0, "seconds to wait, before each process, for other processes to go quiet"),
 )
 # Random-weight models of real models' shapes (their config.json's numbers), for a GPU: nothing
@@ -92,6 +94,15 @@ SHAPES = {
         num_attention_heads=12,
         num_key_value_heads=2,
         vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "qwen2-tiny": dict(  # not a real model: for trying the GPU path's flow (bench/gpu.sh --tiny) anywhere
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=4096,
         tie_word_embeddings=True,
     ),
     "qwen2.5-7b": dict(  # Qwen2.5-7B-Instruct
@@ -220,7 +231,7 @@ def prepare(args: argparse.Namespace, work: Path) -> dict:
         "lora_init": str(work / "lora_init.safetensors"),
         "lora": msgspec.to_builtins(lora),
         "train": msgspec.to_builtins(train),
-        **{k: getattr(args, k) for k in ("threads", "warmup", "steps", "loss_type", "seed", "group_size")},
+        **{k: getattr(args, k) for k in ("threads", "warmup", "steps", "loss_type", "seed", "group_size", "checkpointing")},
         "prompt_ids": prompts.tolist(),
         "completion_ids": completions.tolist(),
         "old_logprobs": old.tolist(),
@@ -235,10 +246,12 @@ def ours_stepper(spec: dict):
     from safetensors.torch import load_file
 
     from burnish_server.core.policies import LoraSettings, TrainSettings
+    from burnish_server.trainer.base_model import Holding, SharedBase
     from burnish_server.trainer.policy_model import PolicyModel
     from burnish_server.trainer.sequences import Sequence
 
-    policy = PolicyModel(spec["model"], msgspec.convert(spec["lora"], LoraSettings), msgspec.convert(spec["train"], TrainSettings))
+    base = SharedBase(spec["model"], holding=Holding(checkpointing=spec["checkpointing"]))
+    policy = PolicyModel(base, msgspec.convert(spec["lora"], LoraSettings), msgspec.convert(spec["train"], TrainSettings))
     set_peft_model_state_dict(policy.model, load_file(spec["lora_init"], device=str(policy.device)), adapter_name=policy.adapter)
     items = []
     for prompt, completion, old, advantage in zip(spec["prompt_ids"], spec["completion_ids"], spec["old_logprobs"], spec["advantages"]):
@@ -249,7 +262,7 @@ def ours_stepper(spec: dict):
         metrics = policy.step(items)
         return metrics["loss"], int(metrics["tokens"])
 
-    return step, {"device": str(policy.device)}
+    return step, {"device": str(policy.device), "checkpointing": base.checkpointing}
 
 
 def trl_stepper(spec: dict, work: Path):
@@ -267,7 +280,8 @@ def trl_stepper(spec: dict, work: Path):
         report_to="none",
         use_cpu=not cuda,
         bf16=cuda,
-        gradient_checkpointing=False,
+        gradient_checkpointing=spec["checkpointing"] == "on",
+        gradient_checkpointing_kwargs={"use_reentrant": False},  # as burnish's
         seed=spec["seed"],
         per_device_train_batch_size=n,
         num_generations=spec["group_size"],
@@ -531,6 +545,7 @@ def main() -> int:
     print(
         f"\nmodel {args.model or 'tiny (Qwen2, 2 layers x 128, seed 0)'}; {args.groups} groups x {args.group_size}, prompt {args.prompt_len} + completion "
         f"{args.completion_len} tokens ({n * (args.prompt_len + args.completion_len)} tokens in, {n * args.completion_len} sampled); LoRA r={args.rank}; "
+        f"activation checkpointing {args.checkpointing}; "
         f"TRL {theirs['trl']} loss_type={args.loss_type}; device {ours['device']}{' (' + ours['gpu'] + ')' if 'gpu' in ours else ''}; "
         f"torch {v['torch']}, transformers {v['transformers']}, peft {v['peft']}"
     )

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The trainer on one GPU, in one run: burnish's GRPO step against TRL's, side by side
+# (bench/vs_trl.py: tokens/s, peak memory, share of the bf16 matmul peak, loss drift) on the
+# 1.5B and 7B shapes (random weights of the real shapes) at prompt + completion 512 + 256 and
+# 1024 + 512, then the trainer's own step phase by phase (bench/trainer_step.py) on the 1.5B
+# shape. Writes $OUT/gpu-results.json (every figure), $OUT/gpu.md (the table) and $OUT/gpu.log.
+#
+#   bench/gpu.sh                 # on a GPU machine with torch, transformers, peft, accelerate
+#   bench/gpu.sh --tiny          # the same flow on a tiny shape, anywhere (the CPU): to try it
+#
+# TRL and what it needs beyond that machine's packages travel as wheels in .whl/ (installed
+# with --target into /tmp/site); this checkout need not be installed (vs_trl.py links it).
+# The runs stop starting at BUDGET_S seconds (default 460), so the whole stays inside 8 minutes.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench/results/gpu}
+PY=${PYTHON:-python3}
+BUDGET_S=${BUDGET_S:-460}
+mkdir -p "$OUT"
+RUNS=$(mktemp -d)
+LOG=$OUT/gpu.log
+: >"$LOG"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error HF_HUB_DISABLE_PROGRESS_BARS=1
+START=$SECONDS
+
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tee -a "$LOG"
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+if [ "${1:-}" = "--tiny" ]; then
+    ROWS="qwen2-tiny:64:32:off qwen2-tiny:128:64:on"
+    STEP_ARGS="--model qwen2-tiny --groups 2 --group-size 4 --prompt-len 64 --answer-len 16 --steps 1"
+    STEP_AFTER="qwen2-tiny:64:32:off"
+    COMMON="--warmup 1 --steps 2"
+else
+    # model:prompt:completion:checkpointing. TRL holds 7B at 1024 + 512 only with checkpointing
+    # (about 135 GiB without, by the 512 + 256 row's figure): both sides take it there.
+    ROWS="qwen2.5-1.5b:512:256:off qwen2.5-7b:512:256:off qwen2.5-1.5b:1024:512:off qwen2.5-7b:1024:512:on"
+    STEP_ARGS="--model qwen2.5-1.5b"
+    STEP_AFTER="qwen2.5-1.5b:1024:512:off"  # then the trainer's step, before the longest row
+    COMMON="--warmup 2 --steps 5"
+fi
+
+{
+    date -u
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
+    $PY -c "import torch, transformers, peft, accelerate; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, 'accelerate', accelerate.__version__, 'cuda', torch.cuda.is_available())"
+    $PY -c "import trl, datasets; print('trl', trl.__version__, 'datasets', datasets.__version__)"
+    git log -1 --format='commit %h %s' 2>/dev/null || true
+} 2>&1 | tee -a "$LOG"
+
+run() {  # a name, then the command; skipped once the budget is spent, cut at what is left of it
+    local name=$1 left=$((BUDGET_S - (SECONDS - START)))
+    shift
+    if [ "$left" -lt 30 ]; then
+        echo "== $name: skipped, $((SECONDS - START)) s of the budget spent" | tee -a "$LOG"
+        return
+    fi
+    echo "== $name ($((SECONDS - START)) s in, at most $left s)" | tee -a "$LOG"
+    timeout "$left" "$@" 2>&1 | tee -a "$LOG"
+    echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - START)) s" | tee -a "$LOG"
+}
+
+for row in $ROWS; do
+    IFS=: read -r model prompt completion ckpt <<<"$row"
+    run "vs_trl $model $prompt+$completion checkpointing $ckpt" $PY bench/vs_trl.py --model "$model" --trl-python "$PY" \
+        --rank 16 --lr 5e-4 --rounds 1 --quiet-wait 0 --groups 2 --group-size 8 $COMMON \
+        --prompt-len "$prompt" --completion-len "$completion" --checkpointing "$ckpt" \
+        --results "$RUNS/vs_trl-$model-$prompt-$completion.json"
+    if [ "$row" = "$STEP_AFTER" ]; then
+        run "trainer step" $PY bench/trainer_step.py $STEP_ARGS --results "$RUNS/trainer_step.json"
+    fi
+done
+
+$PY bench/gpu_summary.py "$RUNS" "$OUT/gpu-results.json" 2>&1 | tee "$OUT/gpu.md" | tee -a "$LOG"
+echo "total $((SECONDS - START)) s" | tee -a "$LOG"
+rm -rf "$RUNS"

@@ -1,0 +1,65 @@
+"""bench/gpu.sh's table: every vs_trl.py result and the trainer's step in a folder, into one JSON
+file and a Markdown table on stdout.
+
+    python3 bench/gpu_summary.py FOLDER RESULTS.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+GIB = 2**30
+
+
+def main() -> int:
+    folder, results = Path(sys.argv[1]), Path(sys.argv[2])
+    runs = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("vs_trl-*.json"), key=lambda p: p.stat().st_mtime)}  # in the order run
+    step_file = folder / "trainer_step.json"
+    step = json.loads(step_file.read_text()) if step_file.exists() else None
+    results.write_text(json.dumps({"vs_trl": runs, "trainer_step": step}, indent=2))
+    first = next(iter(runs.values()), None)
+    if first:
+        b = first["burnish"]
+        print(
+            f"device {b.get('gpu', b['device'])}; torch {b['versions']['torch']}, transformers {b['versions']['transformers']}, "
+            f"peft {b['versions']['peft']}, TRL {first['TRL'].get('trl')}; bf16 matmul peak {first['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s\n"
+        )
+    print("| shape, prompt + completion (x16) | ckpt | side | s/step | tokens/s | GFLOP/step | share of peak | peak GiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    summary = []
+    for r in runs.values():
+        a = r["args"]
+        name = f"{a['model']}, {a['prompt_len']} + {a['completion_len']}"
+        for side in ("burnish", "TRL"):
+            x = r[side]
+            flops = f"{x['flops'] / 1e9:,.0f}" if x.get("flops") else "-"
+            share = f"{x['peak_share']:.0%}" if x.get("peak_share") is not None else "-"
+            mem = f"{x['peak_memory'] / GIB:.1f}" if x.get("peak_memory") else "-"
+            print(
+                f"| {name if side == 'burnish' else ''} | {a['checkpointing'] if side == 'burnish' else ''} | {side} | {x['median_s']:.4f} | {x['tokens_per_s']:,.0f} | {flops} | {share} | {mem} |"
+            )
+        ours, theirs = r["burnish"], r["TRL"]
+        memory = ours["peak_memory"] / theirs["peak_memory"] if ours.get("peak_memory") and theirs.get("peak_memory") else None
+        drift = max(abs(p - q) for p, q in zip(ours["losses"], theirs["losses"]))
+        summary.append(
+            f"{name}: burnish / TRL tokens/s {r['ratio_tokens_per_s']:.2f}"
+            + (f", peak memory {memory:.2f}x TRL's" if memory else "")
+            + f"; loss step 1 {ours['losses'][0]:+.6f} / {theirs['losses'][0]:+.6f}, largest |difference| over {len(ours['losses'])} steps {drift:.1e}"
+        )
+    print()
+    for line in summary:
+        print(f"- {line}")
+    if step:
+        mem = f", peak {step['peak_memory'] / GIB:.1f} GiB" if step.get("peak_memory") else ""
+        print(
+            f"\ntrainer step ({step['model']}, {step['calls']} recorded calls -> {step['sequences']} sequences, {step['tokens']} tokens, "
+            f"{step['sampled']:.0f} sampled; checkpointing {step['checkpointing']}, packed {step['packed']}): load {step['load_s']:.1f} s, "
+            f"batch {step['batch_s']:.3f} s, step {step['step_s']:.3f} s ({step['sampled_tokens_per_s']:,.0f} sampled tokens/s){mem}, save {step['save_s']:.3f} s"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""The trainer's step as ``burnish trainer`` takes it, phase by phase, on one device: recorded calls
+to sequences and advantages, the GRPO step, the checkpoint written.
+
+Run from the repository root (on a GPU: ``bench/gpu.sh`` runs it; on the CPU, a small shape)::
+
+    python3 bench/trainer_step.py --model qwen2.5-1.5b [--groups 4 --group-size 8]
+    .venv/bin/python bench/trainer_step.py --model qwen2-tiny --steps 1
+
+The batch is an agent's, made as the gateway records it: ``--groups`` groups of
+``--group-size`` trajectories, each of two calls (a tool prompt of ``--prompt-len`` tokens and a
+sampled answer of ``--answer-len``, then a tool result of ``--answer-len`` / 2 tokens and a second
+answer), with token ids and logprobs packed as in the ``calls`` table (``core/records.py``) and
+random rewards. Phases, each timed (the device synchronised at its end):
+
+* ``batch``: ``trainer/sequences.py: training_batch``: the calls merged into one sequence per
+  trajectory, group-relative advantages (what the worker does after reading the store);
+* ``step``: ``PolicyModel.step`` with the trainer's settings for the device (``Holding()``:
+  bf16, activation checkpointing and autocast on a GPU), the median of ``--steps`` after a
+  warm-up, and the most memory allocated on the device during them;
+* ``save``: ``PolicyModel.save``: the adapter, optimizer state and trainer state to disk.
+
+Not measured here: the store's read of the claimed groups' calls (SQLite or PostgreSQL; the
+trainer's poll and reads are timed by the store's benchmarks) and the publish to vLLM (the
+device has no vLLM; ``bench/swap_latency.py`` times it). Prints one JSON line; writes
+``--results``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def recorded_rows(args: argparse.Namespace, vocab: int) -> list:
+    """The claimed groups' calls as ``store/training.py: group_calls`` returns them."""
+    import msgspec
+
+    from burnish_server.core import tokens
+    from burnish_server.core.records import CallRecord
+    from burnish_server.store.training import TrainingCall
+
+    rng = random.Random(args.seed)
+    now = datetime.now(UTC)
+    rows = []
+    for g in range(args.groups):
+        for m in range(args.group_size):
+            trajectory, reward, history = f"t-{g}-{m}", rng.random(), []
+            for context in (args.prompt_len, args.answer_len // 2):
+                prompt = history + [rng.randrange(vocab) for _ in range(context)]
+                answer = [rng.randrange(vocab) for _ in range(args.answer_len)]
+                call = CallRecord(
+                    trajectory_id=trajectory,
+                    group_id=f"g-{g}",
+                    group_size=args.group_size,
+                    endpoint="chat.completions",
+                    model="agent",
+                    stream=False,
+                    status="ok",
+                    http_status=200,
+                    request=msgspec.json.encode({"model": "agent"}),
+                    started_at=now,
+                    finished_at=now,
+                    prompt_token_ids=tokens.pack_ids(prompt),
+                    completion_token_ids=tokens.pack_ids(answer),
+                    completion_logprobs=tokens.pack_floats([-rng.uniform(0.01, 3.0) for _ in answer]),
+                    completion_lengths=tokens.pack_ids([len(answer)]),
+                    policy="agent",
+                    policy_step=0,
+                )
+                rows.append(TrainingCall(f"g-{g}", trajectory, reward, call))
+                history = prompt + answer
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="qwen2.5-1.5b", help="a shape from bench/vs_trl.py (random weights) or a local HF model")
+    ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--prompt-len", type=int, default=600)
+    ap.add_argument("--answer-len", type=int, default=150)
+    ap.add_argument("--steps", type=int, default=3, help="timed steps, after one warm-up")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "trainer_step.json")
+    args = ap.parse_args()
+
+    import vs_trl
+
+    if path := vs_trl.import_path():
+        sys.path.insert(0, path)
+    import torch
+
+    from burnish_server.core.policies import LoraSettings, TrainSettings
+    from burnish_server.trainer.base_model import SharedBase
+    from burnish_server.trainer.policy_model import PolicyModel
+    from burnish_server.trainer.sequences import training_batch
+
+    cuda = torch.cuda.is_available()
+
+    def sync() -> float:
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    with tempfile.TemporaryDirectory(prefix="burnish-step-") as tmp:
+        work = Path(tmp)
+        if args.model in vs_trl.SHAPES:
+            model = work / args.model
+            built = vs_trl.shape_model(args.model, model, "cuda" if cuda else "cpu", torch.bfloat16 if cuda else torch.float32, args.seed)
+            vocab = built.config.vocab_size
+            del built
+            if cuda:
+                torch.cuda.empty_cache()
+        else:
+            model = Path(args.model)
+            from transformers import AutoConfig
+
+            vocab = AutoConfig.from_pretrained(model).vocab_size
+        t0 = sync()
+        policy = PolicyModel(SharedBase(str(model)), LoraSettings(rank=16, alpha=32), TrainSettings(learning_rate=5e-4, groups_per_step=args.groups))
+        load_s = sync() - t0
+        rows = recorded_rows(args, vocab)
+        t0 = sync()
+        batch = training_batch(rows, policy.train)
+        batch_s = sync() - t0
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(1 + args.steps):
+            t0 = sync()
+            metrics = policy.step(batch.items)
+            times.append(sync() - t0)
+        peak = torch.cuda.max_memory_allocated() if cuda else None
+        t0 = sync()
+        policy.save(work / "checkpoint")
+        save_s = sync() - t0
+    step_s = statistics.median(times[1:])
+    result = {
+        "model": args.model,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "calls": len(rows),
+        "sequences": len(batch.items),
+        "tokens": sum(len(s.tokens) for s, _ in batch.items),
+        "sampled": metrics["tokens"],
+        "checkpointing": policy.base.checkpointing,
+        "packed": policy.base.packs,
+        "load_s": load_s,
+        "batch_s": batch_s,
+        "step_s": step_s,
+        "step_times": times,
+        "sampled_tokens_per_s": metrics["tokens"] / step_s,
+        "save_s": save_s,
+        "peak_memory": peak,
+        "loss": metrics["loss"],
+    }
+    print(json.dumps(result), flush=True)
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
