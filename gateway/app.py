@@ -184,6 +184,7 @@ def create_app(settings: Settings | None = None) -> Gateway:
     app = Litestar(
         route_handlers=[
             health,
+            ui.favicon,
             metrics,
             *proxy.route_handlers,
             # The JSON APIs decode their bodies strictly; the proxy (the hot path) reads its own.

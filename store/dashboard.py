@@ -4,8 +4,9 @@ the store, and two versions' answers to the same held-out tasks.
 Pages are keyset pages, newest first: ``before`` is the last row's key (``pk``) of the page
 before, so a page costs the same at row one million as at row one, and nothing is counted
 that the page does not show. Every filter is a WHERE clause the store evaluates; the
-browser is never sent more than one page. Trajectories are always one project's (the
-caller's, ``core/access.py``); each page names its rows by stored id.
+browser is never sent more than one page. A key's pages are its project's (``core/access.py``);
+an admin's are every project's unless one is named. Each page names its rows by stored id,
+with their project.
 
 These are sync functions of a ``Connection``, run with ``Database.read``.
 """
@@ -14,11 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from sqlalchemy import Select, and_, exists, func, select, true
 from sqlalchemy.engine import Connection
 
+from burnish_server.core.access import qualify
 from burnish_server.core.groups import GroupState
 from burnish_server.core.records import OK
 from burnish_server.core.transcript import UnreadableCall, exchange
@@ -33,7 +35,7 @@ PAGE = 50  # rows a page shows
 class Filters:
     """What a page of groups or trajectories is narrowed to; None: any."""
 
-    project: str
+    project: str | None  # None: every project (an admin's view)
     policy: str | None = None
     version: int | None = None  # a step of ``policy`` that answered one of the trajectory's calls
     state: GroupState | None = None  # the group's
@@ -68,21 +70,20 @@ def _answered_by(policy: str, version: int | None) -> Any:
 def trajectories(conn: Connection, filters: Filters, before: int | None = None, limit: int = PAGE) -> Page:
     """A page of trajectories with their call count and group state, newest first."""
     calls = select(func.count()).where(Call.trajectory_id == Trajectory.id).scalar_subquery()
-    stmt = (
-        select(
-            Trajectory.pk,
-            Trajectory.id,
-            Trajectory.group_id,
-            Trajectory.created_at,
-            Trajectory.reward,
-            Trajectory.eval,
-            calls.label("calls"),
-            groups.STATE.label("state"),
-            Group.policy,
-        )
-        .outerjoin(Group, Group.id == Trajectory.group_id)
-        .where(Trajectory.project == filters.project)
-    )
+    stmt = select(
+        Trajectory.pk,
+        Trajectory.id,
+        Trajectory.project,
+        Trajectory.group_id,
+        Trajectory.created_at,
+        Trajectory.reward,
+        Trajectory.eval,
+        calls.label("calls"),
+        groups.STATE.label("state"),
+        Group.policy,
+    ).outerjoin(Group, Group.id == Trajectory.group_id)
+    if filters.project is not None:
+        stmt = stmt.where(Trajectory.project == filters.project)
     if filters.policy is not None:
         stmt = stmt.where(_answered_by(filters.policy, filters.version))
     if filters.state is not None:  # a trajectory outside any group has no state
@@ -104,9 +105,11 @@ def group_list(conn: Connection, filters: Filters, before: int | None = None, li
     """A page of groups with their members' count, rewards and mean reward, newest first. A
     group is held out (``eval``) if it was marked or any member was; a reward filter applies to
     the group's mean reward; a version filter to its members' calls."""
-    stmt = select(Group.pk, Group.id, Group.policy, Group.created_at, Group.expected_size, Group.eval, groups.STATE.label("state"), Group.trained_step).where(
-        Group.project == filters.project
+    stmt = select(
+        Group.pk, Group.id, Group.project, Group.policy, Group.created_at, Group.expected_size, Group.eval, groups.STATE.label("state"), Group.trained_step
     )
+    if filters.project is not None:
+        stmt = stmt.where(Group.project == filters.project)
     if filters.policy is not None:
         stmt = stmt.where(Group.policy == filters.policy)
         if filters.version is not None:
@@ -163,6 +166,30 @@ class Answer(NamedTuple):
 
 # At most this many held-out trajectories a version are read to compare (the newest).
 COMPARE_MAX = 50
+
+
+class ProjectCount(NamedTuple):
+    project: str
+    groups: int
+    trajectories: int
+
+
+def projects(conn: Connection) -> list[ProjectCount]:
+    """Every project with recorded data, and how many groups and trajectories it has. Reads
+    each table's project column whole: the dashboard keeps the answer a while (gateway/ui/pages.py)."""
+    group_counts: dict[str, int] = {p: n for p, n in conn.execute(select(Group.project, func.count()).group_by(Group.project))}
+    trajectory_counts: dict[str, int] = {p: n for p, n in conn.execute(select(Trajectory.project, func.count()).group_by(Trajectory.project))}
+    names = sorted(set(group_counts) | set(trajectory_counts))
+    return [ProjectCount(n, group_counts.get(n, 0), trajectory_counts.get(n, 0)) for n in names]
+
+
+def find_project(conn: Connection, kind: Literal["group", "trajectory"], local_id: str, candidates: list[str]) -> str | None:
+    """The project among ``candidates`` that holds the group or trajectory ``local_id``, by
+    its stored id in each (unique index lookups): an admin's link that named no project."""
+    table = Group if kind == "group" else Trajectory
+    stored = {qualify(p, local_id): p for p in candidates}
+    found = conn.execute(select(table.id).where(table.id.in_(list(stored))).limit(1)).scalar()
+    return stored[found] if found is not None else None
 
 
 def _held_out(conn: Connection, policy: str, step: int, project: str) -> list[Answer]:

@@ -106,6 +106,7 @@ ROUTES: list[tuple[str, str, str, dict[str, Any] | None]] = [
     ("admin", "POST", "/admin/policies/agent/resume", None),
     ("admin", "POST", "/admin/policies/agent/train", None),
     ("admin", "GET", "/admin/policies/agent/checkpoints", None),
+    ("admin", "GET", "/admin/policies/agent/checkpoints/1/adapter", None),
     ("admin", "POST", "/admin/policies/agent/rollback", {"step": 0}),
     ("admin", "POST", "/admin/policies/agent/promote", None),
     ("admin", "POST", "/admin/policies/agent/reject", None),
@@ -134,6 +135,7 @@ UI_ROUTES = {
     ("GET", "/ui/trajectories/{trajectory_id:str}"): "read",
     ("GET", "/ui/trajectories/{trajectory_id:str}/calls/{index:int}/tokens"): "read",
     ("POST", "/ui/policies/{name:str}/rollback"): "admin",
+    ("GET", "/ui/policies/{name:str}/versions/{step:int}/adapter"): "admin",
     ("POST", "/ui/policies/{name:str}/{action:str}"): "admin",  # pause, resume, train, promote, reject
 }
 
@@ -149,7 +151,7 @@ def test_every_route_is_in_the_matrix(gateway: Gateway) -> None:
                 continue
             scope = required_scope(handler)
             path = route.path
-            if path.startswith("/docs") or path == "/health":
+            if path.startswith("/docs") or path in ("/health", "/favicon.ico"):
                 assert scope == "public", path
                 continue
             if path == "/ui" or path.startswith("/ui/"):
@@ -163,7 +165,7 @@ def test_every_route_is_in_the_matrix(gateway: Gateway) -> None:
     # Routes of the proxy exist under every prefix; the matrix tries /v1 and one prefix.
     normalised = {(m, p.replace("/g/{g}/t/{t}", "").replace("/t/{t}", "").removeprefix("/eval"), s) for m, p, s in served}
     names = {
-        (m, p.replace("/v1/trajectories/t1", "/v1/trajectories/{t}").replace("/v1/groups/g1", "/v1/groups/{g}").replace("/calls/0/", "/calls/{index:int}/"), s)
+        (m, p.replace("/v1/trajectories/t1", "/v1/trajectories/{t}").replace("/v1/groups/g1", "/v1/groups/{g}").replace("/calls/0/", "/calls/{index:int}/").replace("/checkpoints/1/", "/checkpoints/{step:int}/"), s)
         for m, p, s in {(m, p.replace("/g/g1/t/t1", ""), s) for m, p, s in tried}
     }
     names = {

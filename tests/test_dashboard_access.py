@@ -101,6 +101,39 @@ def test_a_key_sees_its_projects_data_and_policies_only(make_gateway: Callable[.
         assert c.get("/ui/trajectories/mine?project=team-a").status_code == 200
 
 
+def test_the_admin_finds_every_project_without_typing_its_name(make_gateway: Callable[..., Gateway], upstream: Upstream) -> None:
+    """The admin's lists show every project by default, with a picker of the projects there
+    are (and their counts); each row's link carries its project; a link that names none finds
+    the project that holds the id. A key still sees its own project only, without naming it."""
+    gw = make_gateway()
+    gw.create_policy("agent", "m")
+    keys = {team: make_key(gw, name=team, project=f"team-{team}", scopes=["call", "read"]) for team in "ab"}
+    _call(gw, keys["a"], "mine", "ga", model="m")
+    _call(gw, keys["b"], "theirs", "gb", model="m")
+    _call(gw, make_key(gw, name="home", project="default", scopes=["call"]), "home", "gh", model="m")
+    with gw.admin() as c:
+        listed = c.get("/ui/trajectories").text
+        assert all(t in listed for t in ("mine", "theirs", "home"))
+        assert 'href="/ui/trajectories/mine?project=team-a"' in listed and 'href="/ui/groups/gb?project=team-b"' in listed
+        assert 'href="/ui/trajectories/home"' in listed  # the admin token's own project needs no name
+        assert "team-a (1 groups, 1 trajectories)" in c.get("/ui/groups").text
+        only_b = c.get("/ui/groups?project=team-b").text
+        assert "gb" in only_b and "ga" not in only_b
+        front = c.get("/ui").text
+        assert 'id="projects"' in front and 'href="/ui/groups?project=team-b"' in front
+        # A link without the project: the page finds it.
+        assert "hello mine" in c.get("/ui/trajectories/mine").text
+        assert c.get("/ui/groups/ga").status_code == 200
+        assert c.get("/ui/trajectories/nobody").status_code == 404
+    with gw.client(headers=bearer(keys["a"])) as c:
+        own = c.get("/ui/trajectories").text
+        assert "mine" in own and "theirs" not in own and 'id="projects"' not in c.get("/ui").text
+        assert c.get("/ui/trajectories/theirs").status_code == 404
+    with gw.client() as c:  # the icon a browser asks for by itself
+        icon = c.get("/favicon.ico")
+        assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
+
+
 QUERY_FIELDS = ["project", "policy", "version", "state", "eval", "reward_min", "reward_max", "after", "before", "page"]
 
 

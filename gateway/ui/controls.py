@@ -13,15 +13,15 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import msgspec
-from litestar import Request, Response, post
+from litestar import Request, Response, get, post
 from litestar.di import NamedDependency
 from litestar.enums import RequestEncodingType
 from litestar.params import Body, Parameter
-from litestar.response import Redirect
+from litestar.response import Redirect, Stream
 
 from burnish_server.core.access import Principal
 from burnish_server.core.errors import Forbidden
-from burnish_server.gateway import actions
+from burnish_server.gateway import actions, downloads
 from burnish_server.gateway.routes.common import PolicyName
 from burnish_server.gateway.services import Services
 from burnish_server.gateway.ui.pages import statuses, visible_policy
@@ -78,4 +78,10 @@ async def rollback(
     return await _back(request, name, "rollback")
 
 
-route_handlers = [act, rollback]
+@get("/policies/{name:str}/versions/{step:int}/adapter", opt=ADMIN, media_type="application/zip")
+async def adapter(name: PolicyName, step: Annotated[int, Parameter(ge=1, le=2**31 - 1)], svc: NamedDependency[Services]) -> Stream:
+    """The version row's download: the admin API's (gateway/downloads.py)."""
+    return await downloads.adapter_zip(svc, name, step)
+
+
+route_handlers = [act, rollback, adapter]

@@ -20,6 +20,7 @@ from burnish_server.core.groups import GroupState
 from burnish_server.core.ids import ID_REGEX
 from burnish_server.store.dashboard import Filters
 
+ALL = "all"  # an admin's view of every project
 FIELDS = ("project", "policy", "version", "state", "eval", "reward_min", "reward_max", "after", "before")
 _ID = re.compile(ID_REGEX)
 
@@ -58,13 +59,14 @@ def _number(name: str, value: str) -> float:
 
 def parse(params: Mapping[str, str], caller: Principal) -> Query:
     form = {k: params.get(k, "").strip()[:200] for k in FIELDS}
-    project = caller.project
-    if form["project"] and form["project"] != project:
-        if not caller.can("admin"):
-            raise Invalid("project: a key reads its own project only", "invalid_filter", "project")
-        if not is_project(form["project"]):
-            raise Invalid(f"project: not a project name ({form['project']!r})", "invalid_filter", "project")
-        project = form["project"]
+    # A key reads its own project; an admin every project ("all", the default) or the one named.
+    project: str | None = caller.project
+    if caller.can("admin"):
+        project = None if form["project"] in ("", ALL) else form["project"]
+        if project is not None and not is_project(project):
+            raise Invalid(f"project: not a project name ({project!r})", "invalid_filter", "project")
+    elif form["project"] and form["project"] != caller.project:
+        raise Invalid("project: a key reads its own project only", "invalid_filter", "project")
     policy = form["policy"] or None
     if policy is not None and not _ID.match(policy):
         raise Invalid(f"policy: not a policy name ({policy!r})", "invalid_filter", "policy")

@@ -10,8 +10,9 @@ Everything is scoped as the API is: a key sees its project's data and the polici
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from litestar import Request, get
 from litestar.di import NamedDependency
@@ -28,6 +29,7 @@ from burnish_server.gateway.routing import Registry
 from burnish_server.gateway.services import Services
 from burnish_server.gateway.ui import charts, filters
 from burnish_server.gateway.ui.auth import who
+from burnish_server.gateway.ui.filters import ALL
 from burnish_server.gateway.ui.status import Statuses
 from burnish_server.gateway.ui.tokens import Pieces
 from burnish_server.gateway.ui.trajectory import Group, advantage_of, panels
@@ -38,7 +40,7 @@ LIVE_EVERY_S = 5  # how often a live part of a page is fetched again
 
 def context(request: Request, caller: Principal, **values: Any) -> dict[str, Any]:
     """What every page's frame shows: who is signed in, whether they may use the controls."""
-    return {"caller": who(caller), "admin": caller.can("admin"), "path": request.url.path, "live_every": LIVE_EVERY_S, **values}
+    return {"caller": who(caller), "admin": caller.can("admin"), "home": caller.project, "path": request.url.path, "live_every": LIVE_EVERY_S, **values}
 
 
 def visible_policy(svc: Services, caller: Principal, name: str) -> Policy:
@@ -58,7 +60,8 @@ def statuses(request: Request) -> Statuses:
 async def policies_page(request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Template:
     names = sorted(p.name for p in svc.policies.listed(caller))
     rows = [(await statuses(request).get(name)).status for name in names]
-    return Template("policies.html", context=context(request, caller, policies=rows))
+    known = await project_counts(request, svc) if caller.can("admin") else []
+    return Template("policies.html", context=context(request, caller, policies=rows, projects=known))
 
 
 _DECISION_MARKS = {"promoted": "m-promoted", "rejected": "m-rejected", "rolled_back": "m-rolled_back"}
@@ -130,7 +133,8 @@ async def _list(request: Request, svc: Services, caller: Principal, read: Any, t
     query = filters.parse(request.query_params, caller)
     page = await svc.db.read(read, query.filters, query.before)
     policies = sorted(p.name for p in svc.policies.listed(caller))
-    return Template(template, context=context(request, caller, q=query, page=page, policies=policies, local=local))
+    known = await project_counts(request, svc) if caller.can("admin") else []
+    return Template(template, context=context(request, caller, q=query, page=page, policies=policies, local=local, projects=known))
 
 
 @get("/groups", name="ui-groups")
@@ -143,10 +147,33 @@ async def trajectories_page(request: Request, svc: NamedDependency[Services], ca
     return await _list(request, svc, caller, dashboard.trajectories, "trajectories.html")
 
 
-def _project(request: Request, caller: Principal) -> str:
-    """The project whose ids a page names: the caller's; an admin may name another (``?project=``)."""
+# How long the projects' list and counts are kept before the store is asked again (the
+# counts read each table's project column whole).
+PROJECTS_KEPT_S = 30.0
+
+
+async def project_counts(request: Request, svc: Services) -> list[dashboard.ProjectCount]:
+    """Every project with data, with its counts: an admin's picker and the policies page."""
+    kept = getattr(request.app.state, "ui_projects", None)
+    if kept is None or time.monotonic() - kept[0] > PROJECTS_KEPT_S:
+        kept = (time.monotonic(), await svc.db.read(dashboard.projects))
+        request.app.state.ui_projects = kept
+    found: list[dashboard.ProjectCount] = kept[1]
+    return found
+
+
+async def _project(request: Request, svc: Services, caller: Principal, kind: Literal["group", "trajectory"], local_id: str) -> str:
+    """The project whose ids a page names: the caller's; an admin may name another
+    (``?project=``), and an admin's link that names none finds the project that holds the id."""
     asked = request.query_params.get("project", "")
-    return asked if asked and caller.can("admin") and asked != caller.project else caller.project
+    if not caller.can("admin"):
+        return caller.project
+    if asked and asked != ALL:
+        return asked
+    if await svc.db.read(dashboard.find_project, kind, local_id, [caller.project]) is not None:
+        return caller.project
+    names = [p.project for p in await project_counts(request, svc)]
+    return await svc.db.read(dashboard.find_project, kind, local_id, names) or caller.project
 
 
 def _stored(project: str, id: str) -> str:
@@ -155,7 +182,7 @@ def _stored(project: str, id: str) -> str:
 
 @get("/groups/{group_id:str}", name="ui-group")
 async def group_page(group_id: GroupId, request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Template:
-    project = _project(request, caller)
+    project = await _project(request, svc, caller, "group", group_id)
     stored = _stored(project, group_id)
     async with svc.db.reader.connect() as conn:
         group = await reads.get_group(conn, stored)
@@ -191,7 +218,7 @@ async def _trajectory(svc: Services, project: str, trajectory_id: str) -> tuple[
 
 @get("/trajectories/{trajectory_id:str}", name="ui-trajectory")
 async def trajectory_page(trajectory_id: TrajectoryId, request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Template:
-    project = _project(request, caller)
+    project = await _project(request, svc, caller, "trajectory", trajectory_id)
     trajectory, group, policy = await _trajectory(svc, project, trajectory_id)
     shown = panels(trajectory, group, policy)
     return Template(
@@ -213,7 +240,7 @@ async def tokens_fragment(
 ) -> Template:
     """A call's sampled tokens with their text, asked of vLLM (``ui/tokens.py``): loaded into the
     trajectory page by htmx, or shown alone where scripts are off."""
-    project = _project(request, caller)
+    project = await _project(request, svc, caller, "trajectory", trajectory_id)
     trajectory, group, policy = await _trajectory(svc, project, trajectory_id)
     shown = panels(trajectory, group, policy)
     if not -len(shown) <= index < len(shown) or choice >= len(shown[index].choices):
