@@ -348,3 +348,50 @@ def status(policy: str | None, url: str | None, token: str | None, as_json: bool
         click.echo(msgspec.json.encode(policies[0] if policy else policies).decode())
         return
     click.echo("\n".join(render(p) for p in policies) if policies else "no policy yet: burnish up makes one, or POST /admin/policies")
+
+
+@main.command("export")
+@click.argument("version")
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["adapter", "merged", "gguf"]),
+    default="adapter",
+    show_default=True,
+    help="a PEFT adapter folder, merged weights (a plain HF folder), or one GGUF file (a base that came from a GGUF file)",
+)
+@click.option("--data-dir", help="[BURNISH_DATA_DIR]")
+@click.option("--database-url", help="[BURNISH_DATABASE_URL]")
+def export_version(version: str, out: str, fmt: str, **options: object) -> None:
+    """Write VERSION (POLICY for the version it serves, or POLICY@STEP) into the folder OUT (needs the train extra)."""
+    from pathlib import Path
+
+    from burnish_server.core.errors import NotFound
+    from burnish_server.store.policies import get_policy, list_steps
+
+    try:
+        from burnish_server.trainer.export import ExportError, export
+    except ImportError as exc:
+        raise click.ClickException(f"{exc}: install the trainer's dependencies (pip install '.[train]')") from None
+    settings = _settings(**options)
+    name, _, step_text = version.partition("@")
+    if step_text and not step_text.isdigit():
+        raise click.UsageError(f"{version!r}: a version is POLICY or POLICY@STEP")
+    try:
+        policy = _in_store(settings, get_policy, name)
+        steps = _in_store(settings, list_steps, name)
+    except NotFound as exc:
+        raise click.ClickException(exc.message) from None
+    step = int(step_text) if step_text else policy.step
+    base = policy.model_path or policy.base_model
+    if step == 0:
+        raise click.ClickException(f"{name}@0 is the base model itself, untrained: {base}")
+    found = next((s for s in steps if s.step == step), None)
+    if found is None:
+        raise click.ClickException(f"{name} has no step {step}; its steps: {', '.join(str(s.step) for s in steps) or 'none yet'}")
+    try:
+        path = export(Path(found.checkpoint) / "adapter", base, Path(out), fmt, name=f"{name}-{step}")  # type: ignore[arg-type]
+    except ExportError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{name}@{step} written as {fmt}: {path}")

@@ -13,8 +13,12 @@ always parses and fits its tool's schema (serving/tool_calling.py).
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import os
+import zipfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -273,3 +277,124 @@ def test_the_dashboard_shows_a_trajectory_of_smollm2_down_to_its_tokens(up: Up) 
     assert pieces and not any(re.fullmatch(r"‹\d+›", p) for p in pieces)  # text, not ids
     assert "lookup" in "".join(pieces)
     assert 'class="tok trained"' in tokens.text
+
+
+# A trained version out of burnish, in each format, answers as vLLM served it: the same greedy
+# tokens, and their logprobs within this (vLLM's float32 LoRA kernels against a merged or
+# peft-applied float32 model on the CPU).
+LOGPROB_TOLERANCE = 2e-3
+EXPORT_PROMPTS = ["What is 13 + 14? Reply with only the number.", "Name a colour."]
+
+
+def _served(url: str, model: str) -> list[tuple[list[str], list[float]]]:
+    """Greedy answers of ``model`` at ``url`` (OpenAI-compatible): each sampled token and its logprob."""
+    out = []
+    for prompt in EXPORT_PROMPTS:
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8, "logprobs": True, **GREEDY},
+            timeout=120,
+        )
+        assert r.status_code == 200, r.text
+        content = r.json()["choices"][0]["logprobs"]["content"]
+        out.append(([t["token"] for t in content], [t["logprob"] for t in content]))
+    return out
+
+
+def _generated(model: Any, tokenizer: Any) -> list[tuple[list[str], list[float]]]:
+    """The same greedy answers from a transformers model, as vLLM's chat template renders the prompt."""
+    import torch
+
+    out = []
+    for prompt in EXPORT_PROMPTS:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True)[
+            "input_ids"
+        ]
+        with torch.no_grad():
+            gen = model.generate(ids, max_new_tokens=8, do_sample=False, output_scores=True, return_dict_in_generate=True)
+        new = gen.sequences[0, ids.shape[1] :]
+        logprobs = [torch.log_softmax(score[0].float(), -1)[t].item() for score, t in zip(gen.scores, new)]
+        out.append(([tokenizer.decode([int(t)]) for t in new], logprobs))
+    return out
+
+
+def _same(ours: list[tuple[list[str], list[float]]], served: list[tuple[list[str], list[float]]], what: str) -> None:
+    for (tokens, logprobs), (want_tokens, want_logprobs) in zip(ours, served):
+        assert tokens == want_tokens, (what, tokens, want_tokens)  # vLLM names each token by its text
+        assert max(abs(a - b) for a, b in zip(logprobs, want_logprobs)) < LOGPROB_TOLERANCE, (what, logprobs, want_logprobs)
+
+
+def test_a_trained_version_exported_in_every_format_answers_as_vllm_served_it(up: Up, tmp_path) -> None:
+    """SmolLM2 trained one step, then `burnish export` as an adapter (peft loads it on the base),
+    merged weights (transformers loads them; vLLM serves them with no LoRA) and a GGUF file (read
+    back by transformers, as `burnish convert-gguf` reads it): the greedy answers and their
+    logprobs are vLLM's for that version."""
+    import subprocess
+    import sys
+
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from burnish_server.serving.process import VLLMServer
+    from tests.servers import free_port
+
+    base = up.data / "models" / "smollm2"
+    # Its own policy on the same base, so the module's other tests keep agent at step 0.
+    r = httpx.post(f"{up.url}/admin/policies", headers=up.admin, json={"name": "exported", "base_model": "smollm2", "model_path": str(base)})
+    assert r.status_code == 201, r.text
+    llm = openai.OpenAI(base_url=f"{up.url}/v1", api_key="x", max_retries=0, timeout=120)
+    for i, reward in enumerate((0.0, 1.0)):
+        llm.chat.completions.create(
+            model="exported",
+            messages=[{"role": "user", "content": EXPORT_PROMPTS[0]}],
+            max_tokens=8,
+            temperature=1.0,
+            extra_headers={"x-trajectory-id": f"e-{i}", "x-group-id": "export", "x-group-size": "2"},
+        )
+        assert httpx.post(f"{up.url}/v1/trajectories/e-{i}/reward", json={"reward": reward}).status_code == 200
+    assert httpx.post(f"{up.url}/admin/policies/exported/train", headers=up.admin).status_code in (200, 202)
+    from burnish import Client
+
+    assert Client(up.url).wait_for_step("exported", 1, timeout=300) == 1
+    served = _served(up.url, "exported@1")
+
+    env = {**os.environ, "BURNISH_DATA_DIR": str(up.data)}
+    written = {}
+    for fmt in ("adapter", "merged", "gguf"):
+        done = subprocess.run(
+            [sys.executable, "-m", "burnish_server.cli", "export", "exported@1", str(tmp_path / fmt), "--format", fmt], env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        written[fmt] = done.stdout.strip().rsplit(": ", 1)[1]
+    # The same adapter over the admin API and from the dashboard's version row, as a zip.
+    for path in ("/admin/policies/exported/checkpoints/1/adapter", "/ui/policies/exported/versions/1/adapter"):
+        r = httpx.get(up.url + path, headers=up.admin)
+        assert r.status_code == 200 and r.headers["content-type"] == "application/zip", r.text[:300]
+        with zipfile.ZipFile(io.BytesIO(r.content)) as z:
+            assert sorted(z.namelist()) == ["adapter_config.json", "adapter_model.safetensors"]
+            for name in z.namelist():
+                assert z.read(name) == (Path(written["adapter"]) / name).read_bytes(), name
+    assert httpx.get(f"{up.url}/admin/policies/exported/checkpoints/7/adapter", headers=up.admin).json()["error"]["code"] == "checkpoint_not_found"
+    assert httpx.get(f"{up.url}/admin/policies/exported/checkpoints/0/adapter", headers=up.admin).status_code == 400
+    tokenizer = AutoTokenizer.from_pretrained(str(base))
+    adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32), written["adapter"])
+    _same(_generated(adapter, tokenizer), served, "adapter")
+    _same(
+        _generated(AutoModelForCausalLM.from_pretrained(written["merged"], dtype=torch.float32), AutoTokenizer.from_pretrained(written["merged"])),
+        served,
+        "merged",
+    )
+    gguf = Path(written["gguf"])
+    from_gguf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    _same(_generated(from_gguf, AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)), served, "gguf")
+    # vLLM serves the merged folder as a plain model, with no LoRA.
+    vllm = VLLMServer(
+        model=written["merged"], served_model_name="merged", log_path=tmp_path / "merged-vllm.log", port=free_port(), dtype="float32", max_model_len=2048
+    )
+    vllm.start()
+    try:
+        vllm.wait_healthy(timeout=300)
+        _same(_served(vllm.url, "merged"), served, "merged in vLLM")
+    finally:
+        vllm.stop()

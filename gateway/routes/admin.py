@@ -18,13 +18,14 @@ import msgspec
 from litestar import Router, delete, get, patch, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody, Parameter
+from litestar.response import Stream
 
 from burnish_server.core.access import PRINTABLE, SCOPES, KeyName, Limits, ProjectName, Scope
 from burnish_server.core.errors import Invalid
 from burnish_server.core.ids import ID_REGEX
 from burnish_server.core.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, TrainSettings
 from burnish_server.core.views import EvalList, KeyList, KeyView, MetricsList, NewKeyView, PolicyList, PolicyView, StepList
-from burnish_server.gateway import actions, openapi
+from burnish_server.gateway import actions, downloads, openapi
 from burnish_server.gateway.access import ACCESS_ERRORS as ACCESS
 from burnish_server.gateway.access import BEARER
 from burnish_server.gateway.errors import responses
@@ -160,6 +161,17 @@ async def checkpoints(name: PolicyName, svc: NamedDependency[Services]) -> StepL
     return StepList(data=[msgspec.structs.replace(s, metrics=msgspec.UNSET) for s in steps])
 
 
+@get(
+    "/policies/{name:str}/checkpoints/{step:int}/adapter",
+    responses=responses(400, *ACCESS, 404),
+    media_type="application/zip",
+)
+async def download_adapter(name: PolicyName, step: Annotated[int, Parameter(ge=1, le=2**31 - 1)], svc: NamedDependency[Services]) -> Stream:
+    """The step's LoRA adapter as a zip: peft's adapter_config.json (pointed at the policy's base)
+    and adapter_model.safetensors. Merged weights and GGUF files: `burnish export`."""
+    return await downloads.adapter_zip(svc, name, step)
+
+
 @post("/policies/{name:str}/rollback", status_code=202, opt={"invalid": "invalid_rollback"}, responses=responses(400, *ACCESS, 404, 413))
 async def rollback(name: PolicyName, data: JSONBody[RollbackIn], svc: NamedDependency[Services]) -> PolicyView:
     """Serve (and train on from) an earlier step; 0 is the base model. The trainer loads and switches."""
@@ -267,6 +279,7 @@ router = Router(
         resume,
         train_now,
         checkpoints,
+        download_adapter,
         rollback,
         promote,
         reject,
