@@ -165,7 +165,14 @@ def test_every_route_is_in_the_matrix(gateway: Gateway) -> None:
     # Routes of the proxy exist under every prefix; the matrix tries /v1 and one prefix.
     normalised = {(m, p.replace("/g/{g}/t/{t}", "").replace("/t/{t}", "").removeprefix("/eval"), s) for m, p, s in served}
     names = {
-        (m, p.replace("/v1/trajectories/t1", "/v1/trajectories/{t}").replace("/v1/groups/g1", "/v1/groups/{g}").replace("/calls/0/", "/calls/{index:int}/").replace("/checkpoints/1/", "/checkpoints/{step:int}/"), s)
+        (
+            m,
+            p.replace("/v1/trajectories/t1", "/v1/trajectories/{t}")
+            .replace("/v1/groups/g1", "/v1/groups/{g}")
+            .replace("/calls/0/", "/calls/{index:int}/")
+            .replace("/checkpoints/1/", "/checkpoints/{step:int}/"),
+            s,
+        )
         for m, p, s in {(m, p.replace("/g/g1/t/t1", ""), s) for m, p, s in tried}
     }
     names = {
