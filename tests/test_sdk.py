@@ -187,3 +187,50 @@ def test_trajectories_share_the_clients_openai_connections_and_close_with_it(gw:
         with pytest.raises(TypeError, match="AsyncClient"):
             client.trajectory().async_openai()
     assert llm.is_closed()
+
+
+def test_clients_built_once_file_each_call_under_the_trajectory_entered(gw: Gateway) -> None:
+    """A model client built once (an OpenAI client, a LangChain chain, as a LangGraph graph
+    holds one) with burnish.http_client(): each call lands in the trajectory of the moment,
+    and a call outside any trajectory carries no keys of one."""
+    import openai
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_openai import ChatOpenAI
+
+    import burnish
+
+    client = Client(gw.url)
+    llm = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", http_client=burnish.http_client())
+    chain = ChatPromptTemplate.from_messages([("user", "{question}")]) | ChatOpenAI(
+        model="tiny", base_url=f"{gw.url}/v1", api_key="unused", http_client=burnish.http_client(), max_retries=0
+    )
+    with client.group(size=2) as group:
+        for _ in range(2):
+            with group.trajectory() as t:
+                llm.chat.completions.create(model="tiny", messages=HI)
+                chain.invoke({"question": "hi"})
+            t.reward(1.0)
+    assert [m["call_count"] for m in client.get_group(group.id)["members"]] == [2, 2]
+    outside = llm.chat.completions.with_raw_response.create(model="tiny", messages=HI)
+    assert client.get_trajectory(outside.headers["x-trajectory-id"])["group_id"] is None  # a one-call trajectory of its own
+
+
+async def test_trajectories_entered_in_concurrent_tasks_never_mix(gw: Gateway) -> None:
+    import openai
+
+    import burnish
+
+    client = AsyncClient(gw.url)
+    llm = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="unused", http_client=burnish.async_http_client())
+
+    async def run(t: burnish.AsyncTrajectory) -> None:
+        async with t:
+            for _ in range(3):
+                await llm.chat.completions.create(model="tiny", messages=HI)
+                await asyncio.sleep(0.01)  # the other task runs between this one's calls
+
+    group = client.group()
+    first, second = group.trajectory(), group.trajectory()
+    await asyncio.gather(run(first), run(second))
+    assert [(await client.get_trajectory(t.id))["call_count"] for t in (first, second)] == [3, 3]
+    await client.aclose()

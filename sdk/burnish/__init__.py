@@ -2,5 +2,17 @@
 
 from burnish._api import BurnishError, StepTimeout
 from burnish.client import AsyncClient, AsyncGroup, AsyncTrajectory, Client, Group, Trajectory
+from burnish.current import async_http_client, http_client
 
-__all__ = ["AsyncClient", "AsyncGroup", "AsyncTrajectory", "BurnishError", "Client", "Group", "StepTimeout", "Trajectory"]
+__all__ = [
+    "AsyncClient",
+    "AsyncGroup",
+    "AsyncTrajectory",
+    "BurnishError",
+    "Client",
+    "Group",
+    "StepTimeout",
+    "Trajectory",
+    "async_http_client",
+    "http_client",
+]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -241,6 +241,9 @@ class OpenAIClients:
             await self._async.close()
 
 
+_Keys = TypeVar("_Keys", bound="TrajectoryKeys")
+
+
 class TrajectoryKeys:
     """A trajectory's identity on the gateway, and the ways to attach calls to it."""
 
@@ -249,6 +252,7 @@ class TrajectoryKeys:
         self.id, self.group_id, self.group_size = trajectory_id, group_id, group_size
         # Held out for evaluation: recorded and rewarded, never trained on.
         self.eval = eval
+        self._entered: list[Any] = []  # context variable tokens, one per `with` entered
 
     @property
     def base_url(self) -> str:
@@ -268,6 +272,24 @@ class TrajectoryKeys:
         if self.eval:
             out[EVAL_HEADER] = "true"
         return out
+
+    def __enter__(self: _Keys) -> _Keys:
+        """The trajectory of the moment: calls from ``burnish.http_client()`` land in it (burnish/current.py)."""
+        from burnish.current import CURRENT
+
+        self._entered.append(CURRENT.set(self))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from burnish.current import CURRENT
+
+        CURRENT.reset(self._entered.pop())
+
+    async def __aenter__(self: _Keys) -> _Keys:
+        return self.__enter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.__exit__()
 
     def _with_keys(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return {**kwargs, "default_headers": {**self.headers, **(kwargs.get("default_headers") or {})}}
