@@ -225,7 +225,7 @@ def trainer(worker_id: str | None, **options: object) -> None:
         from burnish_server.trainer.models import Models
         from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
     except ImportError as exc:
-        raise click.ClickException(f"{exc}: install the trainer's dependencies (pip install 'burnish[train]')") from None
+        raise click.ClickException(f"{exc}: install the trainer's dependencies (from the checkout: pip install '.[train]')") from None
 
     settings = _settings(**options)
     logs.configure(settings.log_level, settings.log_format)
@@ -277,7 +277,7 @@ def tiny_model(path: str, seed: int) -> None:
     try:
         from burnish_server.trainer.tiny_model import make_tiny_model
     except ImportError as exc:
-        raise click.ClickException(f"{exc}: install the trainer's dependencies (pip install 'burnish[train]')") from None
+        raise click.ClickException(f"{exc}: install the trainer's dependencies (from the checkout: pip install '.[train]')") from None
     click.echo(f"tiny model written to {make_tiny_model(path, seed=seed)}")
 
 
@@ -289,7 +289,7 @@ def convert_gguf(gguf_file: str, path: str) -> None:
     try:
         from burnish_server.trainer.gguf_model import convert_gguf as convert
     except ImportError as exc:
-        raise click.ClickException(f"{exc}: install the trainer's dependencies (pip install 'burnish[train]')") from None
+        raise click.ClickException(f"{exc}: install the trainer's dependencies (from the checkout: pip install '.[train]')") from None
     try:
         click.echo(f"{gguf_file} converted into {convert(gguf_file, path)}")
     except (ImportError, ValueError, OSError) as exc:

@@ -66,7 +66,7 @@ def _require(module: str, extra: str, setting: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise ImportError(f"{setting} is set, but {module} is not installed: pip install 'burnish[{extra}]'") from exc
+        raise ImportError(f"{setting} is set, but {module} is not installed: from the checkout, pip install '.[{extra}]'") from exc
 
 
 def numeric(values: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
