@@ -38,7 +38,7 @@ after ``--warmup`` requests (the page cache and the gateway warm). Two times per
 loopback), and *app*, the time inside the ASGI app from the request's arrival to its last body
 byte (a wrapper around the app; no Server-Timing header exists). The table has p50 and p95 of
 both, the page's size, the requests timed (fewer for a page that takes seconds: ``--page-seconds``)
-and whether the client's p95 is under the budget (DESIGN.md's "Budgets": 100 ms). For every page
+and whether the client's p95 is under the budget (the dashboard's budget, docs/dashboard.md: 100 ms). For every page
 over the budget (all pages with ``--plans all``) the page is asked once more with the statements it ran caught on the reader engine; each is run again alone
 (its time within the page also holds waits for the event loop), and the slowest are shown with
 both times and their plans (SQLite: EXPLAIN QUERY PLAN; PostgreSQL: EXPLAIN ANALYZE, BUFFERS).
