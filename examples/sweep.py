@@ -2,6 +2,7 @@
 
     python examples/sweep.py --task larger                     # starts `burnish up` (SmolLM2, CPU)
     python examples/sweep.py --task parity --set learning_rate=1e-3 --set groups_per_step=2
+    python examples/sweep.py --task sums --lora 'target_modules=["q_proj", "v_proj"]'   # the demo's task, other LoRA
 
 The defaults `burnish up` gives the embedded model (docs/trainer.md) were first tuned on the
 demo's sums. This runs the demo's loop (examples/arithmetic.py: rounds of groups of sampled
@@ -30,7 +31,7 @@ import random
 import re
 import time
 
-from arithmetic import HELD_OUT, SPLIT_SEED, Task, loop_arguments, train  # noqa: I001  (examples/ is run as a folder of scripts)
+from arithmetic import HELD_OUT, SPLIT_SEED, SUMS, Task, loop_arguments, train  # noqa: I001  (examples/ is run as a folder of scripts)
 from digits import burnish_running, gateway_arguments
 
 from burnish import AsyncClient
@@ -91,7 +92,7 @@ PARITY = Task(
     shaped=lambda text, n: 0.7 * parity_right(text, n) + _brevity(text, label(n)),
 )  # fmt: skip
 
-TASKS = {task.name: task for task in (LARGER, PARITY)}
+TASKS = {task.name: task for task in (SUMS, LARGER, PARITY)}
 
 
 def setting(text: str) -> tuple[str, object]:
@@ -105,6 +106,7 @@ def main() -> None:
     gateway_arguments(parser, plot="sweep.png")
     parser.add_argument("--task", choices=sorted(TASKS), required=True)
     parser.add_argument("--set", type=setting, action="append", default=[], help="a train setting, name=value")
+    parser.add_argument("--lora", type=setting, action="append", default=[], help="a LoRA setting, name=value (before the first step)")
     parser.add_argument("--temperature", type=float, help="of the train answers (default: the task's, 0.7)")
     loop_arguments(parser)
     args = parser.parse_args()
@@ -114,10 +116,10 @@ def main() -> None:
 
     async def run() -> dict[str, list]:
         async with AsyncClient(args.gateway, admin_token=args.admin_token) as client:
-            if args.set:
-                await client.update_policy(args.policy, train=dict(args.set))
-            settings = (await client.status(args.policy))["train"]
-            print("train settings:", json.dumps(settings), flush=True)
+            if args.set or args.lora:
+                await client.update_policy(args.policy, **({"train": dict(args.set)} if args.set else {}), **({"lora": dict(args.lora)} if args.lora else {}))
+            status = await client.status(args.policy)
+            print("train settings:", json.dumps(status["train"]), "lora:", json.dumps(status["lora"]), flush=True)
             curve = await train(client, args.rounds, args.groups, args.size, args.eval_every, args.policy, args.plot, task=task)
             status = await client.status(args.policy)
             print("health:", json.dumps(status.get("health")), flush=True)
