@@ -169,3 +169,25 @@ def test_links_between_the_docs_land(doc: Path) -> None:
         if anchor and path.suffix == ".md":
             headings = {_anchor(h) for h in re.findall(r"^#+ (.*)$", path.read_text(), re.M)}
             assert anchor in headings, f"{doc.name}: {target}"
+
+
+def test_the_settings_reference_names_every_setting() -> None:
+    """docs/settings.md is the one list: every server setting as its variable, every field of a
+    policy's settings in its section."""
+    import msgspec
+
+    from burnish_server.core.policies import LoraSettings, PromotionSettings, RulerSettings, TrainSettings
+    from burnish_server.core.settings import Settings
+
+    text = (ROOT / "docs" / "settings.md").read_text()
+    missing = [f"BURNISH_{f.name.upper()}" for f in msgspec.structs.fields(Settings) if f"`BURNISH_{f.name.upper()}`" not in text]
+    assert not missing, f"docs/settings.md lacks {missing}"
+    sections = dict(re.findall(r"^## (.*?)\n(.*?)(?=^## |\Z)", text, re.M | re.S))
+    for title, struct in (
+        ("A policy: `train` and `lora`", TrainSettings),
+        ("A policy: `train` and `lora`", LoraSettings),
+        ("A policy: `promotion`", PromotionSettings),
+        ("A policy: `ruler`", RulerSettings),
+    ):
+        absent = [f.name for f in msgspec.structs.fields(struct) if f"`{f.name}`" not in sections[title]]
+        assert not absent, f"docs/settings.md, {title}, lacks {absent}"
