@@ -28,7 +28,7 @@ import pytest
 from burnish_server.cli.main import main as burnish
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "notes").glob("*.md"))]
 SHELL_BLOCK = re.compile(r"```bash\n(.*?)```", re.S)
 
 
