@@ -70,6 +70,8 @@ def render(policy: PolicyView, now: datetime | None = None) -> str:
         lines.append("  held-out score: " + ", ".join(f"{e.version} {e.score:.3f} (n={e.trajectories})" for e in scored))
     if policy.load_error:
         lines.append(f"  load error: {policy.load_error}")
+    for conflict in policy.settings_warnings:
+        lines.append(f"  settings: {conflict}")
     warning = policy.health.warning if policy.health is not None else None
     lines.append(f"  health: {warning}" if warning else "  health: ok")
     return "\n".join(lines)

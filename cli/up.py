@@ -28,7 +28,7 @@ import httpx
 
 from burnish_server.core.defaults import Defaults, ModelShape, defaults
 from burnish_server.core.errors import Conflict
-from burnish_server.core.policies import LoraSettings, Policy, TrainSettings
+from burnish_server.core.policies import LoraSettings, Policy, TrainSettings, vllm_max_lora_rank
 from burnish_server.core.settings import Settings
 from burnish_server.serving.models import embedded_gguf
 from burnish_server.serving.process import VLLMFailed, VLLMServer, cpu_build, free_ports, last_lines, port_free, share_cores
@@ -199,6 +199,11 @@ def run_up(
     upstream = ",".join(v.url for v in fleet)
     wanted = Policy(name=policy, base_model=vllm.served_model_name or vllm.model, model_path=vllm.model, lora=served.defaults.lora, train=served.defaults.train)
     created = asyncio.run(_ensure_policy(settings, wanted, switch_base))
+    # vLLM serves the policy's rank (a policy of the data directory may have a higher one than
+    # the default), and the gateway refuses a policy with a rank above it.
+    max_lora_rank = vllm_max_lora_rank(max(vllm.max_lora_rank, created.lora.rank))
+    for v in fleet:
+        v.max_lora_rank = max_lora_rank
     if (created.lora, created.train) == (wanted.lora, wanted.train):
         click.echo(served.defaults.explanation)
     else:
@@ -217,7 +222,12 @@ def run_up(
     logs = settings.data_path / "logs"
     children: list[tuple[str, subprocess.Popen, Path]] = []
 
-    env = {**os.environ, "BURNISH_ADMIN_TOKEN": token, **({"BURNISH_INSECURE": "true"} if settings.insecure else {})}
+    env = {
+        **os.environ,
+        "BURNISH_ADMIN_TOKEN": token,
+        "BURNISH_MAX_LORA_RANK": str(max_lora_rank),
+        **({"BURNISH_INSECURE": "true"} if settings.insecure else {}),
+    }
 
     def spawn(name: str, *args: str) -> subprocess.Popen:
         with (logs / f"{name}.log").open("ab") as log:

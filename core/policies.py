@@ -138,6 +138,42 @@ class PromotionSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     rollback_window: Annotated[int, Meta(ge=2, le=1_000_000)] = 100
 
 
+# The LoRA ranks vLLM accepts as --max-lora-rank.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_max_lora_rank(rank: int) -> int:
+    """The smallest ``--max-lora-rank`` vLLM accepts that serves an adapter of ``rank``."""
+    return next(r for r in VLLM_LORA_RANKS if r >= rank)
+
+
+def settings_conflicts(promotion: PromotionSettings, lora: LoraSettings, max_lora_rank: int | None = None) -> list[str]:
+    """Combinations of a policy's settings that can never do what they configure, each with
+    the fields in conflict and the smallest value that works. Refused when set (the admin API);
+    a policy stored before the check shows them as warnings in its status."""
+    out = []
+    if promotion.rollback and promotion.rule != "immediate" and promotion.rollback_window < promotion.min_trajectories:
+        out.append(
+            f"promotion.rollback_window ({promotion.rollback_window}) is below promotion.min_trajectories ({promotion.min_trajectories}): "
+            "the regression test reads at most rollback_window rewarded trajectories a side and decides nothing below min_trajectories, "
+            f"so the policy would never roll back; set rollback_window to at least {promotion.min_trajectories} "
+            f"(or min_trajectories to at most {promotion.rollback_window}, or rollback to false)"
+        )
+    if promotion.max_trajectories < promotion.min_trajectories:
+        out.append(
+            f"promotion.max_trajectories ({promotion.max_trajectories}) is below promotion.min_trajectories ({promotion.min_trajectories}): "
+            "a candidate would be rejected the moment it could first be tested; "
+            f"set max_trajectories to at least {promotion.min_trajectories} (or min_trajectories to at most {promotion.max_trajectories})"
+        )
+    if max_lora_rank is not None and lora.rank > max_lora_rank:
+        out.append(
+            f"lora.rank ({lora.rank}) is above the rank vLLM serves (--max-lora-rank {max_lora_rank}, BURNISH_MAX_LORA_RANK): "
+            f"vLLM would refuse every version; set lora.rank to at most {max_lora_rank}, "
+            f"or start vLLM with --max-lora-rank {vllm_max_lora_rank(lora.rank)} (burnish up does so for its policy)"
+        )
+    return out
+
+
 class Policy(msgspec.Struct, frozen=True, kw_only=True):
     """A policy as stored: what it is, how it trains, and where it stands."""
 

@@ -51,6 +51,9 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     upstream_balance: Literal["sticky", "round_robin"] = "sticky"
     # If set, replaces the client's Authorization header on forwarded calls.
     upstream_api_key: str = ""
+    # The highest LoRA rank the upstream vLLM serves (its --max-lora-rank; burnish up sets it):
+    # a policy with a higher rank is refused. 0: not known, not checked.
+    max_lora_rank: int = 0
     # Bearer token for /admin (compared in constant time). Empty: the admin API is closed.
     admin_token: str = ""
 

@@ -214,6 +214,9 @@ class PolicyView(View, kw_only=True):
     splits: dict[str, int] = {}
     # Learning health from the steps' metrics (core/health.py): reward trend, entropy, distance, a warning.
     health: Health | None = None
+    # Settings that can never do what they configure (core/policies.py: settings_conflicts),
+    # kept from before the admin API refused them.
+    settings_warnings: list[str] = []
     # Held-out scores of the versions that have one, oldest first (GET .../evals lists every version).
     eval: list[EvalScore]
     train_requested_at: str | None

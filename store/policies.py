@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 from burnish_server.core.drift import split_totals
 from burnish_server.core.errors import Conflict, NotFound
 from burnish_server.core.health import RecentGroups, health
-from burnish_server.core.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, TrainSettings, adapter_name
+from burnish_server.core.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, TrainSettings, adapter_name, settings_conflicts
 from burnish_server.core.views import CandidateView, PolicyView, ReplicaView, StepView
 from burnish_server.store import groups, promotion
 from burnish_server.store.evals import eval_scores
@@ -299,6 +299,7 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
         eval=eval_scores(conn, name, policy.step, every_version=False),
         splits=split_totals(history),
         health=health(history, recent_groups(conn, name)),
+        settings_warnings=settings_conflicts(policy.promotion, policy.lora),
         train_requested_at=iso(policy.train_requested_at),
         load_error=policy.load_error,
         load_error_at=iso(row.load_error_at),

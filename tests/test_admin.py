@@ -158,3 +158,60 @@ def test_concurrent_patches_of_different_keys_all_stand(make_gateway, upstream: 
     asyncio.run(patch_all())
     train = gw.policy()["train"]
     assert {k: train[k] for k in changes} == changes
+
+
+def test_settings_that_can_never_decide_are_refused_with_the_smallest_value_that_works(make_gateway, upstream: Upstream) -> None:
+    """A rollback window under min_trajectories never rolls back; max_trajectories under it
+    rejects every candidate untested; a LoRA rank above vLLM's --max-lora-rank is never served.
+    Each is a 400 naming the fields and the value that works, and nothing is stored."""
+    gw = make_gateway(max_lora_rank=16)
+    admin = gw.admin()
+
+    def refused(r: httpx.Response, *phrases: str) -> None:
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["code"] == "conflicting_settings" and all(p in error["message"] for p in phrases), error
+
+    body = {"name": "p", "base_model": "tiny"}
+    refused(
+        admin.post("/admin/policies", json={**body, "promotion": {"rule": "manual", "rollback": True, "rollback_window": 24}}),
+        "promotion.rollback_window (24) is below promotion.min_trajectories (30)",
+        "set rollback_window to at least 30",
+    )
+    refused(admin.post("/admin/policies", json={**body, "promotion": {"max_trajectories": 10}}), "max_trajectories (10)", "at least 30")
+    refused(admin.post("/admin/policies", json={**body, "lora": {"rank": 32}}), "lora.rank (32) is above", "--max-lora-rank 32")
+    assert admin.get("/admin/policies/p").status_code == 404  # nothing was stored
+    # Under the immediate rule nothing rolls back: a small window is no conflict there ...
+    assert admin.post("/admin/policies", json={**body, "promotion": {"rollback_window": 24}, "lora": {"rank": 16}}).status_code == 201
+    # ... until a change makes it one: the merged settings are checked, and nothing changes.
+    refused(admin.patch("/admin/policies/p", json={"promotion": {"rule": "canary"}}), "rollback_window (24)")
+    refused(admin.patch("/admin/policies/p", json={"promotion": {"min_trajectories": 200, "rule": "eval"}}), "min_trajectories (200)")
+    assert admin.get("/admin/policies/p").json()["promotion"]["rule"] == "immediate"
+    # The smallest values allowed are allowed.
+    assert admin.patch("/admin/policies/p", json={"promotion": {"rule": "canary", "rollback_window": 30, "max_trajectories": 30}}).status_code == 200
+
+
+def test_a_policy_stored_with_conflicting_settings_warns_in_its_status(gw: Gateway) -> None:
+    """Made before the check: it still loads and serves, and says what is wrong in its status,
+    the dashboard and burnish status."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from burnish_server.core.policies import Policy, PromotionSettings
+    from burnish_server.store.database import Database
+    from burnish_server.store.policies import create_policy
+
+    async def store_it() -> None:
+        db = Database(gw.settings.resolved_database_url)
+        await db.transaction(create_policy, Policy(name="old", base_model="tiny", promotion=PromotionSettings(rule="manual", rollback_window=24)))
+        await db.dispose()
+
+    asyncio.run(store_it())
+    warnings = gw.policy("old")["settings_warnings"]
+    assert len(warnings) == 1 and warnings[0].startswith("promotion.rollback_window (24) is below promotion.min_trajectories (30)")
+    time.sleep(REFRESH_EVERY_S * 2 + 0.1)  # the gateway's routing table learns of it
+    with gw.admin() as c:
+        assert "rollback_window (24) is below" in c.get("/ui/policies/old").text
+    out = subprocess.run([sys.executable, "-m", "burnish_server.cli", "status", "old", "--url", gw.url, "--token", ADMIN_TOKEN], capture_output=True, text=True)
+    assert out.returncode == 0 and "  settings: promotion.rollback_window (24) is below" in out.stdout, out.stderr

@@ -111,6 +111,7 @@ def test_the_canary_is_its_share_and_sticky() -> None:
 
 # ---- the trial, through vLLM, the gateway and the trainer ----------------------------------------
 
+# rollback_window at min_trajectories: the smallest window allowed (core/policies.py: settings_conflicts).
 RULE = {"canary_share": 0.5, "min_trajectories": 8, "margin": 0.1, "rollback_window": 8}
 CALL = {"model": "agent", "messages": [{"role": "user", "content": "digits"}], "max_tokens": 4}
 
@@ -167,6 +168,8 @@ async def test_a_worse_candidate_is_rejected_a_good_one_promoted_and_a_regressio
     gw.create_policy("agent", "tiny", model_path=str(tiny_model), promotion={"rule": "canary", **RULE}, **TINY)
     await worker.recover()
     admin = gw.admin()
+    # One less and the regression test could never decide: refused.
+    assert admin.patch("/admin/policies/agent", json={"promotion": {"rollback_window": 7}}).json()["error"]["code"] == "conflicting_settings"
 
     # A step trains; it is a candidate, not served.
     status = await step_to_candidate(gw, worker, "s1")

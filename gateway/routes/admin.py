@@ -23,7 +23,7 @@ from litestar.response import Stream
 from burnish_server.core.access import PRINTABLE, SCOPES, KeyName, Limits, ProjectName, Scope
 from burnish_server.core.errors import Invalid
 from burnish_server.core.ids import ID_REGEX
-from burnish_server.core.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, TrainSettings
+from burnish_server.core.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, TrainSettings, settings_conflicts
 from burnish_server.core.views import EvalList, KeyList, KeyView, MetricsList, NewKeyView, PolicyList, PolicyView, StepList
 from burnish_server.gateway import actions, downloads, openapi
 from burnish_server.gateway.access import ACCESS_ERRORS as ACCESS
@@ -93,8 +93,16 @@ async def create_policy(data: JSONBody[PolicyIn], svc: NamedDependency[Services]
         shared_with=tuple(dict.fromkeys(data.shared_with)),
         paused=data.paused,
     )
+    _refuse_conflicts(policy, svc.settings.max_lora_rank)
     await actions.write(svc, store.create_policy, policy)
     return await _status(svc, data.name)
+
+
+def _refuse_conflicts(policy: Policy, max_lora_rank: int) -> None:
+    """Settings that could never do what they configure are refused, naming the fields and the
+    smallest value that works (core/policies.py: settings_conflicts)."""
+    if found := settings_conflicts(policy.promotion, policy.lora, max_lora_rank or None):
+        raise Invalid("; ".join(found), "conflicting_settings", found[0].split(" ", 1)[0])
 
 
 @get("/policies", responses=responses(*ACCESS))
@@ -111,7 +119,7 @@ async def get_policy(name: PolicyName, svc: NamedDependency[Services]) -> Policy
 
 @patch("/policies/{name:str}", opt={"invalid": "invalid_policy"}, responses=responses(400, *ACCESS, 404, 409, 413))
 async def change_policy(name: PolicyName, data: JSONBody[PolicyPatch], svc: NamedDependency[Services]) -> PolicyView:
-    await actions.write(svc, _patch, name, data)
+    await actions.write(svc, functools.partial(_patch, max_lora_rank=svc.settings.max_lora_rank), name, data)
     return await _status(svc, name)
 
 
@@ -122,8 +130,10 @@ def _merge(current: msgspec.Struct, changes: dict[str, Any], kind: type[Any], ke
         raise Invalid(f"invalid {key}: {exc}", f"invalid_{key}", key) from None
 
 
-def _patch(conn: Any, name: str, data: JSONBody[PolicyPatch]) -> Any:
-    """Merge inside the write transaction, on the locked row, so two PATCHes of different keys both stand."""
+def _patch(conn: Any, name: str, data: JSONBody[PolicyPatch], max_lora_rank: int = 0) -> Any:
+    """Merge inside the write transaction, on the locked row, so two PATCHes of different keys
+    both stand; the merged settings are checked as a whole (a change that makes them conflict is
+    refused, and nothing is written)."""
     store.lock_policy(conn, name)
     current = store.get_policy(conn, name)
     values: dict[str, Any] = {k: getattr(data, k) for k in ("base_model", "model_path", "project", "paused") if getattr(data, k) is not msgspec.UNSET}
@@ -132,6 +142,8 @@ def _patch(conn: Any, name: str, data: JSONBody[PolicyPatch]) -> Any:
     for key, kind in (("lora", LoraSettings), ("train", TrainSettings), ("ruler", RulerSettings), ("promotion", PromotionSettings)):
         if (changes := getattr(data, key)) is not msgspec.UNSET:
             values[key] = _merge(getattr(current, key), changes, kind, key)
+    if "promotion" in values or "lora" in values:
+        _refuse_conflicts(msgspec.structs.replace(current, **{k: v for k, v in values.items() if k in ("promotion", "lora")}), max_lora_rank)
     return store.update_policy(conn, name, **values)
 
 
