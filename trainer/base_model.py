@@ -58,6 +58,31 @@ class Head:
         return self.module.weight
 
 
+# glibc's malloc: allocations from this size up are mapped on their own and given back to the
+# system when freed. By default the threshold rises with every large block freed (up to 32 MiB),
+# so a step's many short-lived activations of 1-30 MiB come from the heap, which keeps what it
+# once held: an agent's step on SmolLM2 reached 9 GB resident where autograd held under 1 GB
+# (bench/agent_memory.py; docs/performance.md).
+MMAP_THRESHOLD = 64 * 1024
+
+
+def return_freed_memory() -> None:
+    """Fix glibc's mmap threshold at ``MMAP_THRESHOLD`` (and trim the heap whenever it can) for
+    this process, so that the CPU trainer's resident memory follows what its tensors hold. A
+    no-op off glibc. Process-wide: it is called where a base model is loaded onto the CPU."""
+    import ctypes
+
+    try:
+        mallopt = getattr(ctypes.CDLL(None), "mallopt", None)  # the process's own symbols: libc's
+    except OSError:
+        return
+    if mallopt is None:
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    mallopt(m_mmap_threshold, MMAP_THRESHOLD)
+    mallopt(m_trim_threshold, MMAP_THRESHOLD)
+
+
 @contextmanager
 def _mixed(model: Any, device: str, dtype: torch.dtype) -> Iterator[None]:
     from peft.helpers import disable_input_dtype_casting
@@ -76,6 +101,8 @@ class SharedBase:
         self.ranks = ranks or Ranks()
         self.device = self.ranks.device
         gpu = self.device.type == "cuda"
+        if self.device.type == "cpu":
+            return_freed_memory()
         dtype = {"auto": torch.bfloat16 if gpu else torch.float32, "bfloat16": torch.bfloat16, "float32": torch.float32}[holding.dtype]
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         # FlashAttention where it is installed, on a GPU: its variable-length kernel is what makes
