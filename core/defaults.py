@@ -73,6 +73,6 @@ def defaults(shape: ModelShape, *, micro_batch_tokens: int | None = None) -> Def
     explanation = (
         f"training defaults: LoRA r={lora.rank} alpha={lora.alpha} on every projection, learning rate {lr:g} "
         f"(2e-4 x (2000 / width {shape.hidden_size}) ^ {exponent} for {shape.model_type}), {train.groups_per_step} groups a step; "
-        "change them with PATCH /admin/policies/<name> (docs/trainer.md, settings)"
+        "change them with PATCH /admin/policies/<name> (docs/settings.md)"
     )
     return Defaults(lora=lora, train=train, explanation=explanation)
