@@ -231,7 +231,7 @@ def prepare(args: argparse.Namespace, work: Path) -> dict:
         "lora_init": str(work / "lora_init.safetensors"),
         "lora": msgspec.to_builtins(lora),
         "train": msgspec.to_builtins(train),
-        **{k: getattr(args, k) for k in ("threads", "warmup", "steps", "loss_type", "seed", "group_size", "checkpointing")},
+        **{k: getattr(args, k) for k in ("threads", "warmup", "steps", "loss_type", "seed", "group_size", "checkpointing", "profile")},
         "prompt_ids": prompts.tolist(),
         "completion_ids": completions.tolist(),
         "old_logprobs": old.tolist(),
@@ -354,6 +354,8 @@ def worker(side: str, spec_path: Path, out_path: Path) -> None:
         times.append(time.perf_counter() - t0)
         losses.append(loss)
     info["peak_memory"] = torch.cuda.max_memory_allocated() if cuda else None  # the steps' most, weights included
+    if spec.get("profile"):
+        info["profile"] = profile_step(step, cuda)
     flops = step_flops(step)
     peak = matmul_flops_per_s() if side == "ours" else None
     versions = {name: metadata.version(name) for name in ("torch", "transformers", "peft")}
@@ -371,6 +373,23 @@ def worker(side: str, spec_path: Path, out_path: Path) -> None:
             }
         )
     )
+
+
+def profile_step(step, cuda: bool, top: int = 25) -> dict:
+    """One more step under torch's profiler: the operations that took the most device time (CPU
+    time without a GPU), with their calls, and the step's total of it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        step()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
+    events.sort(key=lambda e: getattr(e, key), reverse=True)
+    return {
+        "total_ms": sum(getattr(e, key) for e in events) / 1e3,
+        "top": [{"name": e.key, "ms": getattr(e, key) / 1e3, "calls": e.count} for e in events[:top]],
+    }
 
 
 def step_flops(step) -> int | None:
@@ -503,6 +522,7 @@ def main() -> int:
     ap.add_argument("--trl-python", help="a python that has TRL, for TRL's side (default: bench/results/.trl-venv, made when missing)")
     ap.add_argument("--results", type=Path, default=RESULTS, help=f"the JSON written (default {RESULTS.relative_to(ROOT)})")
     ap.add_argument("--loss-type", default="dapo", choices=("dapo", "bnpo"), help="TRL's; both token-level, as burnish's")
+    ap.add_argument("--profile", action="store_true", help="profile one more step per side: the operations that took the most device time")
     for flag, default, text in OPTIONS:
         ap.add_argument(flag, type=type(default), default=default, help=f"{text} (default {default})")
     for hidden in ("--worker", "--spec", "--out"):  # a worker process: one side, timed
@@ -567,6 +587,12 @@ def main() -> int:
             f"  {name}: {r['flops'] / 1e9:.1f} GFLOP per step (torch's count), {r['flops_per_s'] / 1e9:.1f} GFLOP/s = "
             f"{r['peak_share']:.0%} of a plain {'bf16' if 'cuda' in r['device'] else 'fp32'} {side}x{side} matmul ({peak / 1e9:.1f} GFLOP/s)"
         )
+    if args.profile:
+        for name, r in res.items():
+            prof = r["rounds"][0]["profile"]
+            print(f"\n  {name}: one step's {'device' if gpu else 'CPU'} time {prof['total_ms']:.1f} ms; the most of it:")
+            for e in prof["top"]:
+                print(f"    {e['ms']:9.2f} ms {e['calls']:6d} x  {e['name'][:110]}")
     if max(ours["others"], theirs["others"]) > OTHERS_MAX:
         print(f"  WARNING: other processes used over {OTHERS_MAX:.0%} of the CPU in a run ('others', the most of any round): figures skewed")
     diffs = [abs(a - b) for a, b in zip(ours["losses"], theirs["losses"])]
