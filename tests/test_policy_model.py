@@ -316,3 +316,20 @@ def test_the_gpus_paths_run_on_the_cpu(tiny: Path, tmp_path: Path) -> None:
     resumed = PolicyModel(SharedBase(str(tiny), holding=Holding(dtype="bfloat16")), LoraSettings(rank=8, alpha=16), TrainSettings(learning_rate=5e-3))
     resumed.load(tmp_path / "bf16")
     assert all(torch.equal(v, _adapter(resumed)[k]) for k, v in _adapter(model).items())
+
+
+def test_a_model_whose_logits_are_not_its_head_on_its_hidden_states_is_refused(tiny: Path, tmp_path: Path) -> None:
+    """trainer/base_model.py: check_head. A config that says the logits are scaled (Granite's
+    ``logits_scaling``) on a model whose forward does not scale them: the chunked head and the
+    model disagree, and the base is refused at load rather than trained on other numbers."""
+    import json
+    import shutil
+
+    from burnish_server.trainer.base_model import SharedBase
+
+    model = tmp_path / "scaled"
+    shutil.copytree(tiny, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"logits_scaling": 4.0}))
+    with pytest.raises(ValueError, match="computes its logits otherwise"):
+        SharedBase(str(model))
