@@ -32,7 +32,8 @@ class Holding:
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     # Activation (gradient) checkpointing: each layer's activations recomputed in the backward
     # pass instead of kept, about a third more compute for memory that no longer grows with
-    # layers x tokens. On by default on a GPU, where agent-length sequences hit the limit.
+    # layers x tokens. On by default on a GPU, where agent-length sequences hit the limit. "on"
+    # on the CPU also fixes glibc's mmap threshold (``return_freed_memory``).
     checkpointing: Literal["auto", "on", "off"] = "auto"
     # A micro-batch's sequences packed into one row without padding (position ids per
     # sequence), where the model keeps them apart faithfully. "auto" packs where the attention
@@ -68,8 +69,10 @@ MMAP_THRESHOLD = 64 * 1024
 
 def return_freed_memory() -> None:
     """Fix glibc's mmap threshold at ``MMAP_THRESHOLD`` (and trim the heap whenever it can) for
-    this process, so that the CPU trainer's resident memory follows what its tensors hold. A
-    no-op off glibc. Process-wide: it is called where a base model is loaded onto the CPU."""
+    this process, so that the CPU trainer's resident memory follows what its tensors hold. Each
+    large allocation then maps fresh pages (a page fault each, and zeroing), which costs time, so
+    it is done only where memory was asked for: a base loaded onto the CPU with activation
+    checkpointing on. A no-op off glibc. Process-wide."""
     import ctypes
 
     try:
@@ -101,8 +104,8 @@ class SharedBase:
         self.ranks = ranks or Ranks()
         self.device = self.ranks.device
         gpu = self.device.type == "cuda"
-        if self.device.type == "cpu":
-            return_freed_memory()
+        if self.device.type == "cpu" and holding.checkpointing == "on":
+            return_freed_memory()  # where memory was asked for: it costs a page fault per large allocation
         dtype = {"auto": torch.bfloat16 if gpu else torch.float32, "bfloat16": torch.bfloat16, "float32": torch.float32}[holding.dtype]
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         # FlashAttention where it is installed, on a GPU: its variable-length kernel is what makes
