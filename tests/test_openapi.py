@@ -95,7 +95,7 @@ def test_ids_in_paths_have_their_pattern(gateway: Gateway) -> None:
         for p in op.get("parameters", []):
             if p["in"] != "path" or "/v1/models" in path:  # the listing does not read the prefix's ids
                 continue
-            if p["name"] == "index":  # a call's index in its trajectory: an integer, not an id
+            if p["name"] in ("index", "step"):  # a call's index in its trajectory, a policy's step: integers, not ids
                 assert p["schema"]["type"] == "integer", (method, path)
                 continue
             expected = r"^key_[0-9a-f]{16}$(?!\n)" if p["name"] == "key_id" else ID_REGEX

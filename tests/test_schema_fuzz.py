@@ -18,6 +18,10 @@ What the configuration says, and why:
   ``model`` and ``stream`` and the upstream validates the rest (vLLM answers 400), and
   ``X-Group-Size`` needs ``X-Group-Id``, which no schema can say. So 400 is an accepted answer
   to valid data there (``positive_data_acceptance``); everything else is checked as elsewhere.
+- A policy's settings may be refused 400 ``conflicting_settings`` when each field is valid
+  alone but together they could never decide (``max_trajectories`` below
+  ``min_trajectories``, core/policies.py: settings_conflicts): a relation between fields that
+  the schema cannot say, so 400 is an accepted answer to valid data there too.
 - ``ensure_resource_availability`` off for rollback: its 404 says that the policy has no
   checkpoint at the step asked for (``checkpoint_not_found``), not that the policy is gone.
 - RULER may answer 502: its judge is the one a policy names (``ruler.judge_base_url``, which
@@ -61,6 +65,10 @@ database = "none"
 
 [[operations]]
 include-path-regex = "{PROXY_PATHS}"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409", "429"]
+
+[[operations]]
+include-path-regex = "^/admin/policies(/[^/]+)?$"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409", "429"]
 
 [[operations]]
