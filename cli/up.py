@@ -60,8 +60,9 @@ TINY_MODEL_DEFAULTS = Defaults(
     explanation="training defaults: the tiny model has random weights, so LoRA r=8 on attention at learning rate 5e-3 (not the rule for pretrained models)",
 )
 # On the CPU build the trainer runs micro-batches of 2048 tokens: an agent's step on SmolLM2
-# (32 sequences of 300-400 tokens, a tool prompt in each) in micro-batches of the default 8192
-# held 20 GB of activations and logits (49,152-word vocabulary), killed on a 24 GiB machine.
+# (32 sequences of 300-400 tokens) keeps ~1.2 MB a token for backward without activation
+# checkpointing, so 8192-token micro-batches pass 14 GB; with BURNISH_TRAINER_CHECKPOINTING=on
+# they peak at 2.1 GB (bench/agent_memory.py). Which of the two is faster is not yet measured.
 CPU_MICRO_BATCH_TOKENS = 2048
 
 
