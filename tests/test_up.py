@@ -47,7 +47,6 @@ def test_one_rule_gives_every_pretrained_model_its_learning_rate_from_its_width(
 def test_a_gguf_file_named_by_path_gets_what_the_embedded_default_gets(tmp_path: Path) -> None:
     """The same SmolLM2, named by its GGUF path or left to the default: the same training
     defaults, and the same tool template with SmolLM2's own default system prompt."""
-    pytest.importorskip("gguf")
     settings = Settings.load(None, data_dir=str(tmp_path))
     embedded = prepare_model(settings, None, 8000, [])
     gguf = embedded_gguf()
