@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 # Logits per chunk: 2^25 fp32 numbers = 128 MiB (220 positions of a 152k vocabulary, 682 of
-# SmolLM2's 49k). A chunk holds about three such tensors at once (logits, softmax, its cast).
+# SmolLM2's 49k). A chunk holds two such tensors at once (the logits, then their exponentials).
 CHUNK_ELEMENTS = 1 << 25
 
 
@@ -53,25 +53,34 @@ class _SampledLogprobs(torch.autograd.Function):
         for start in range(0, n, rows):
             end = min(start + rows, n)
             h, y = hidden[start:end].to(weight.dtype), targets[start:end, None]
+            # Two [chunk x vocabulary] tensors at most (the logits, then their exponentials),
+            # everything else in place: on the CPU each fresh one costs more than its arithmetic.
             z = (h @ weight.T).float()
             if scale != 1.0:
-                z = z * scale
+                z.mul_(scale)
+            capped = None
             if softcap is not None:
-                z = softcap * torch.tanh(z / softcap)
-            lse = z.logsumexp(-1)
+                z.div_(softcap).tanh_()
+                capped = 1 - z**2 if kept is not None else None  # d tanh = 1 - tanh^2
+                z.mul_(softcap)
+            # Shifted by the row's largest logit: every figure below is the same for z and z - m.
+            z.sub_(z.amax(-1, keepdim=True))
+            p = z.exp()
+            total = p.sum(-1)
+            lse = total.log()
             logp[start:end] = z.gather(-1, y).squeeze(-1) - lse
             if not (grad or entropy):
                 continue
-            p = (z - lse[:, None]).exp_()  # softmax
+            p.div_(total[:, None])  # softmax
             if spread is not None:
-                spread[start:end] = lse - (p * z).sum(-1)
+                spread[start:end] = lse - torch.linalg.vecdot(p, z)
             if kept is None:
                 continue
             p.scatter_add_(-1, y, torch.full(y.shape, -1.0, device=p.device))  # softmax - onehot(y) = -d logp / dz
-            if softcap is not None:
-                p *= 1 - (z / softcap) ** 2  # d tanh = 1 - tanh^2
+            if capped is not None:
+                p.mul_(capped)
             if scale != 1.0:
-                p *= scale
+                p.mul_(scale)
             kept[start:end] = (p.to(weight.dtype) @ weight).neg_().to(kept.dtype)
         ctx.save_for_backward(kept)
         if spread is None:
