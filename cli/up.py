@@ -62,7 +62,9 @@ TINY_MODEL_DEFAULTS = Defaults(
 # On the CPU build the trainer runs micro-batches of 2048 tokens: an agent's step on SmolLM2
 # (32 sequences of 300-400 tokens) keeps ~1.2 MB a token for backward without activation
 # checkpointing, so 8192-token micro-batches pass 14 GB; with BURNISH_TRAINER_CHECKPOINTING=on
-# they peak at 2.1 GB (bench/agent_memory.py). Which of the two is faster is not yet measured.
+# they peak at 2.1 GB but take 2.6x the time (211 s a step against 81 s at 7.3 GB; recomputing
+# each layer, and a fresh mapping per large tensor to give memory back: bench/agent_memory.py),
+# so the faster setting stays the default and the smaller one is a setting away.
 CPU_MICRO_BATCH_TOKENS = 2048
 
 
