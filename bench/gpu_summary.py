@@ -1,5 +1,5 @@
-"""bench/gpu.sh's table: every vs_trl.py result and the trainer's step in a folder, into one JSON
-file and a Markdown table on stdout.
+"""bench/gpu.sh's table: every vs_trl.py result, the trainer's step (trainer_step.py) and its
+whole step (trainer_whole.py) in a folder, into one JSON file and Markdown on stdout.
 
     python3 bench/gpu_summary.py FOLDER RESULTS.json
 """
@@ -13,12 +13,32 @@ from pathlib import Path
 GIB = 2**30
 
 
+def whole_table(whole: dict) -> str:
+    """The whole step's passes, a row each: the worker's run_once, phase by phase."""
+    first = whole["passes"][0]
+    mem = f"; peak {whole['peak_memory'] / GIB:.1f} GiB" if whole.get("peak_memory") else ""
+    lines = [
+        f"\ntrainer whole step (`burnish trainer`'s pass, TrainerWorker.run_once; {whole['model']}, {whole['store']} store, publish to a "
+        f"loopback stand-in for vLLM; {whole['calls']} recorded calls a pass -> {first['sequences']:.0f} sequences, {first['sampled']:.0f} sampled "
+        f"tokens; checkpointing {whole['checkpointing']}, packed {whole['packed']}{mem}), seconds:\n",
+        "| pass | whole | read | load | batch | step | save | record | publish |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in whole["passes"]:
+        name = f"{p['pass']} (model built)" if p["pass"] == 1 else str(p["pass"])
+        cells = [p[k] for k in ("wall_s", "read_s", "load_s", "batch_s", "step_s", "save_s", "record_s", "publish_s")]
+        lines.append(f"| {name} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     folder, results = Path(sys.argv[1]), Path(sys.argv[2])
     runs = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("vs_trl-*.json"), key=lambda p: p.stat().st_mtime)}  # in the order run
     step_file = folder / "trainer_step.json"
     step = json.loads(step_file.read_text()) if step_file.exists() else None
-    results.write_text(json.dumps({"vs_trl": runs, "trainer_step": step}, indent=2))
+    whole_file = folder / "trainer_whole.json"
+    whole = json.loads(whole_file.read_text()) if whole_file.exists() else None
+    results.write_text(json.dumps({"vs_trl": runs, "trainer_step": step, "trainer_whole": whole}, indent=2))
     first = next(iter(runs.values()), None)
     if first:
         b = first["burnish"]
@@ -58,6 +78,8 @@ def main() -> int:
             f"{step['sampled']:.0f} sampled; checkpointing {step['checkpointing']}, packed {step['packed']}): load {step['load_s']:.1f} s, "
             f"batch {step['batch_s']:.3f} s, step {step['step_s']:.3f} s ({step['sampled_tokens_per_s']:,.0f} sampled tokens/s){mem}, save {step['save_s']:.3f} s"
         )
+    if whole:
+        print(whole_table(whole))
     return 0
 
 

@@ -19,10 +19,10 @@ random rewards. Phases, each timed (the device synchronised at its end):
   warm-up, and the most memory allocated on the device during them;
 * ``save``: ``PolicyModel.save``: the adapter, optimizer state and trainer state to disk.
 
-Not measured here: the store's read of the claimed groups' calls (SQLite or PostgreSQL; the
-trainer's poll and reads are timed by the store's benchmarks) and the publish to vLLM (the
-device has no vLLM; ``bench/swap_latency.py`` times it). Prints one JSON line; writes
-``--results``.
+Not measured here: the store's claim and read of the groups' calls, the step's record and the
+publish to vLLM. ``bench/trainer_whole.py`` times them with the rest, the real worker's whole
+step against a SQLite store and a loopback stand-in for vLLM (the GPU machine has no vLLM;
+``bench/swap_latency.py`` times a real vLLM's load). Prints one JSON line; writes ``--results``.
 """
 
 from __future__ import annotations
@@ -82,6 +82,26 @@ def recorded_rows(args: argparse.Namespace, vocab: int) -> list:
     return rows
 
 
+def model_folder(name: str, work: Path, seed: int) -> tuple[Path, int]:
+    """The model to train and its vocabulary's size: a shape of bench/vs_trl.py (random weights,
+    built on the device in the step's dtype and saved into ``work``), or a local HF folder."""
+    import torch
+    import vs_trl
+
+    if name not in vs_trl.SHAPES:
+        from transformers import AutoConfig
+
+        return Path(name), AutoConfig.from_pretrained(name).vocab_size
+    cuda = torch.cuda.is_available()
+    model = work / name
+    built = vs_trl.shape_model(name, model, "cuda" if cuda else "cpu", torch.bfloat16 if cuda else torch.float32, seed)
+    vocab = built.config.vocab_size
+    del built
+    if cuda:
+        torch.cuda.empty_cache()
+    return model, vocab
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="qwen2.5-1.5b", help="a shape from bench/vs_trl.py (random weights) or a local HF model")
@@ -114,18 +134,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="burnish-step-") as tmp:
         work = Path(tmp)
-        if args.model in vs_trl.SHAPES:
-            model = work / args.model
-            built = vs_trl.shape_model(args.model, model, "cuda" if cuda else "cpu", torch.bfloat16 if cuda else torch.float32, args.seed)
-            vocab = built.config.vocab_size
-            del built
-            if cuda:
-                torch.cuda.empty_cache()
-        else:
-            model = Path(args.model)
-            from transformers import AutoConfig
-
-            vocab = AutoConfig.from_pretrained(model).vocab_size
+        model, vocab = model_folder(args.model, work, args.seed)
         t0 = sync()
         policy = PolicyModel(SharedBase(str(model)), LoraSettings(rank=16, alpha=32), TrainSettings(learning_rate=5e-4, groups_per_step=args.groups))
         load_s = sync() - t0
