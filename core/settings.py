@@ -56,6 +56,11 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     max_lora_rank: int = 0
     # Bearer token for /admin (compared in constant time). Empty: the admin API is closed.
     admin_token: str = ""
+    # A dashboard sign-in (core/sessions.py) ends after this many seconds without a page view,
+    # and this many after the sign-in however it is used; each session keeps the figures it
+    # was made with, so gateways sharing a store agree on it.
+    ui_session_idle: Annotated[float, Meta(gt=0)] = 8 * 3600.0
+    ui_session_lifetime: Annotated[float, Meta(gt=0)] = 7 * 86400.0
 
     host: str = "127.0.0.1"
     port: int = 8080

@@ -296,3 +296,27 @@ class NewKeyView(KeyView, kw_only=True):
 class KeyList(View, kw_only=True):
     object: Literal["list"] = "list"
     data: list[KeyView]
+
+
+class SessionView(View, kw_only=True):
+    """A dashboard sign-in as an admin lists it (core/sessions.py): never its secret nor the secret's hash."""
+
+    object: Literal["ui_session"] = "ui_session"
+    id: str
+    # The key it was signed in with; null: the admin token.
+    key_id: str | None
+    project: str
+    created_at: str | None
+    # The last page view, to within a minute.
+    last_seen_at: str | None
+    # When it ends unused (the last page view and the idle timeout), and however used.
+    idle_until: str | None
+    expires_at: str | None
+    # "active"; "idle" or "expired" (its own terms); "key_revoked" or "key_expired"; "admin_token_changed";
+    # "ended" in the answer that ends it.
+    status: str
+
+
+class SessionList(View, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[SessionView]

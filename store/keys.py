@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 from burnish_server.core.access import SHOWN_PREFIX, ApiKey, Limits, hash_secret, new_key_id, new_secret
 from burnish_server.core.errors import NotFound
 from burnish_server.core.views import KeyView, NewKeyView
-from burnish_server.store.models import ApiKeyRow, GatewayRow, iso, utcnow
+from burnish_server.store.models import ApiKeyRow, GatewayRow, UiSessionRow, iso, utcnow
 
 
 def _aware(value: datetime | None) -> datetime | None:
@@ -93,9 +93,11 @@ def get_key(conn: Connection, key_id: str) -> ApiKey:
 
 
 def revoke_key(conn: Connection, key_id: str) -> ApiKey:
-    """Revoke a key (again is a no-op: the first revocation's time stays)."""
+    """Revoke a key (again is a no-op: the first revocation's time stays), and end its dashboard
+    sessions (store/sessions.py; every gateway refuses them anyway, since each request reads the key)."""
     get_key(conn, key_id)
     conn.execute(update(ApiKeyRow).where(ApiKeyRow.id == key_id, ApiKeyRow.revoked_at.is_(None)).values(revoked_at=utcnow()))
+    conn.execute(delete(UiSessionRow).where(UiSessionRow.key_id == key_id))
     return get_key(conn, key_id)
 
 

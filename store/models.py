@@ -278,3 +278,26 @@ class GatewayRow(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class UiSessionRow(Base):
+    """A dashboard sign-in (``core.sessions.UiSession`` is its typed view). Deleted when it ends by
+    sign-out or by an admin; one past its lifetime is swept at the next sign-in."""
+
+    __tablename__ = "ui_sessions"
+
+    pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
+    # The public id, by which an admin lists and ends it.
+    id: Mapped[str] = mapped_column(String(32), unique=True)
+    # SHA-256 of the secret in the browser's cookie, hex; the secret itself is never stored.
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    # The key it was signed in with (its revocation ends it); None: the admin token.
+    key_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id"), index=True)
+    project: Mapped[str] = mapped_column(String(64))
+    # For the admin token's sessions: a fingerprint of the token (core/sessions.py).
+    admin_fingerprint: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # Its terms, from the settings of the gateway that made it.
+    idle_s: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
