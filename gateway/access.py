@@ -7,9 +7,12 @@ needs ``admin``. ``Access.admit`` checks a request, in one raw ASGI middleware
 proxy's calls, which the gateway's entry point serves itself (``gateway/edge.py``):
 
 1. the credential: ``Authorization: Bearer <key>`` (what OpenAI clients send as their
-   ``api_key``) or ``x-api-key: <key>`` (what Anthropic clients send);
+   ``api_key``) or ``x-api-key: <key>`` (what Anthropic clients send); on the dashboard's
+   routes only (``opt["session"]``), without either, the sign-in's session cookie
+   (``gateway/sessions.py``);
 2. who it is: the admin token (every scope, the default project), a key (its project and
-   scopes; revoked and expired keys are refused), or, while the gateway is open, anyone;
+   scopes; revoked and expired keys are refused), the key or admin token a live session was
+   signed in with, or, while the gateway is open, anyone;
 3. the key's limits: requests a minute and requests in flight, else 429 with
    ``Retry-After``;
 4. the principal goes into the scope, where handlers read it (``principal``).
@@ -40,6 +43,7 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 from burnish_server.core.access import ANONYMOUS, ROOT, ApiKey, Limits, Principal, hash_secret, is_loopback
 from burnish_server.core.errors import BurnishError, Forbidden, TooManyRequests, Unauthorized
 from burnish_server.core.settings import Settings
+from burnish_server.gateway.sessions import Sessions, cookie_secret
 from burnish_server.store import keys as store
 from burnish_server.store.database import Database
 from burnish_server.store.models import utcnow
@@ -184,6 +188,7 @@ class Access:
         # Open is allowed on loopback, or anywhere when the operator said --insecure.
         self.may_be_open = is_loopback(settings.host) or settings.insecure
         self.limiter = Limiter()
+        self.sessions = Sessions(settings, db)
         # Hashes of secrets the store did not know, with when to ask it again (UNKNOWN_KEY_TTL_S).
         self.unknown: dict[str, float] = {}
         self.gateway_id = f"{os.uname().nodename[:40]}-{os.getpid()}-{os.urandom(3).hex()}"
@@ -235,6 +240,21 @@ class Access:
             self.limiter.admit(caller.key_id, caller.limits)
         return caller
 
+    async def admit_session(self, secret: str, need: str) -> Principal:
+        """``admit`` for a dashboard request that carries a session cookie and no credential of its own."""
+        try:
+            caller = await self.sessions.principal(secret)
+        except Unauthorized:
+            if not self.open:
+                raise
+            caller = ANONYMOUS  # an ended session on an open gateway: anyone, as without the cookie
+        # As in admit (kept apart from it: admit is on every proxied call's path).
+        if not any(caller.can(s) for s in need.split("|")):
+            raise self._refusal(caller, need)
+        if caller.key_id is not None and caller.limits is not None:
+            self.limiter.admit(caller.key_id, caller.limits)
+        return caller
+
     def release(self, caller: Principal) -> None:
         """The end of a request ``admit`` let in."""
         if caller.key_id is not None and caller.limits is not None:
@@ -260,42 +280,29 @@ def required_scope(handler: Any) -> str:
     return str(handler.opt.get("scope", "admin"))
 
 
-def cookie_credential(headers: Iterable[tuple[bytes, bytes]], cookie: bytes) -> Iterable[tuple[bytes, bytes]]:
-    """The headers, with the credential a browser keeps in ``cookie`` (the dashboard's sign-in,
-    ``gateway/ui/auth.py``) as a bearer token where the request sends none of its own."""
-    if credential(headers) is not None:
-        return headers
-    prefix = cookie + b"="
-    for name, value in headers:
-        if name == b"cookie":
-            for part in value.split(b";"):
-                part = part.strip()
-                if part.startswith(prefix) and len(part) > len(prefix):
-                    return [*headers, (_AUTHORIZATION, b"Bearer " + part[len(prefix) :])]
-    return headers
-
-
 def access_middleware(app: ASGIApp) -> ASGIApp:
     """Raw ASGI (a Litestar middleware factory), run after routing: authenticate, authorize, limit."""
-    # Each route's scope, and the cookie that may carry its credential (the dashboard's pages:
-    # ``opt["cookie"]``), read once: a handler's ``opt`` is merged from its layers on each read (~0.01 ms).
-    needs: dict[int, tuple[str, bytes | None]] = {}
+    # Each route's scope, and whether a sign-in's session may let a request in (the dashboard's
+    # pages: ``opt["session"]``), read once: a handler's ``opt`` is merged from its layers on each read (~0.01 ms).
+    needs: dict[int, tuple[str, bool]] = {}
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        need, cookie = PUBLIC, None
+        need, session = PUBLIC, False
         if scope["type"] == "http":
             handler = scope["route_handler"]
             rule = needs.get(id(handler))
             if rule is None:
-                rule = needs[id(handler)] = (required_scope(handler), handler.opt["cookie"].encode() if "cookie" in handler.opt else None)
-            need, cookie = rule
+                rule = needs[id(handler)] = (required_scope(handler), bool(handler.opt.get("session")))
+            need, session = rule
         # OPTIONS is Litestar's own answer of the allowed methods (and CORS preflights carry no key).
         if need == PUBLIC or scope.get("method") == "OPTIONS":
             await app(scope, receive, send)
             return
         access: Access = scope["app"].state.services.access
-        headers = scope["headers"] if cookie is None else cookie_credential(scope["headers"], cookie)
-        caller = await access.admit(headers, need)
+        headers = scope["headers"]
+        # The cookie is read on the dashboard's routes only, and there only without a credential of the request's own.
+        secret = cookie_secret(headers, scope["scheme"]) if session and credential(headers) is None else None
+        caller = await (access.admit(headers, need) if secret is None else access.admit_session(secret, need))
         scope.setdefault("state", {})["principal"] = caller
         try:
             await app(scope, receive, send)

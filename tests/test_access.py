@@ -116,10 +116,13 @@ ROUTES: list[tuple[str, str, str, dict[str, Any] | None]] = [
     ("admin", "GET", "/admin/keys", None),
     ("admin", "GET", "/admin/keys/key_0123456789abcdef", None),
     ("admin", "DELETE", "/admin/keys/key_0123456789abcdef", None),
+    ("admin", "GET", "/admin/sessions", None),
+    ("admin", "DELETE", "/admin/sessions/ses_0123456789abcdef", None),
 ]
 
 
-# The dashboard's routes and their scopes (tried in tests/test_dashboard_access.py and tests/test_dashboard.py).
+# The dashboard's routes and their scopes (tried in tests/test_dashboard_access.py, tests/test_dashboard.py and
+# tests/test_ui_sessions.py).
 UI_ROUTES = {
     ("GET", "/ui/login"): "public",
     ("POST", "/ui/login"): "public",
@@ -137,6 +140,8 @@ UI_ROUTES = {
     ("POST", "/ui/policies/{name:str}/rollback"): "admin",
     ("GET", "/ui/policies/{name:str}/versions/{step:int}/adapter"): "admin",
     ("POST", "/ui/policies/{name:str}/{action:str}"): "admin",  # pause, resume, train, promote, reject
+    ("GET", "/ui/sessions"): "admin",
+    ("POST", "/ui/sessions/{session_id:str}/end"): "admin",
 }
 
 
@@ -176,7 +181,13 @@ def test_every_route_is_in_the_matrix(gateway: Gateway) -> None:
         for m, p, s in {(m, p.replace("/g/g1/t/t1", ""), s) for m, p, s in tried}
     }
     names = {
-        (m, p.replace("/admin/policies/agent", "/admin/policies/{name:str}").replace("/admin/keys/key_0123456789abcdef", "/admin/keys/{key_id:str}"), s)
+        (
+            m,
+            p.replace("/admin/policies/agent", "/admin/policies/{name:str}")
+            .replace("/admin/keys/key_0123456789abcdef", "/admin/keys/{key_id:str}")
+            .replace("/admin/sessions/ses_0123456789abcdef", "/admin/sessions/{session_id:str}"),
+            s,
+        )
         for m, p, s in names
     }
     assert normalised == names

@@ -67,6 +67,7 @@ def test_a_closed_gateway_asks_for_a_sign_in_and_keeps_the_cookie_to_its_pages(m
         assert (r.status_code, r.headers["location"]) == (303, "/ui")
         cookie = r.headers["set-cookie"]
         assert "HttpOnly" in cookie and "samesite=strict" in cookie.lower() and "Path=/ui" in cookie
+        assert reader not in cookie  # a session's random id, never the key (tests/test_ui_sessions.py)
         assert c.get("/ui/groups").status_code == 200
         # The cookie opens the dashboard's pages, not the API.
         assert c.get("/v1/trajectories").status_code == 401

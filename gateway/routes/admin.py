@@ -1,4 +1,4 @@
-"""The admin API: create and change policies, control their training, roll back; API keys.
+"""The admin API: create and change policies, control their training, roll back; API keys; dashboard sessions.
 
 Every route needs ``Authorization: Bearer <BURNISH_ADMIN_TOKEN>`` (compared in constant
 time) or a key with the ``admin`` scope (``gateway/access.py``); with neither configured the
@@ -24,12 +24,12 @@ from burnish_server.core.access import PRINTABLE, SCOPES, KeyName, Limits, Proje
 from burnish_server.core.errors import Invalid
 from burnish_server.core.ids import ID_REGEX
 from burnish_server.core.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, TrainSettings, settings_conflicts
-from burnish_server.core.views import EvalList, KeyList, KeyView, MetricsList, NewKeyView, PolicyList, PolicyView, StepList
+from burnish_server.core.views import EvalList, KeyList, KeyView, MetricsList, NewKeyView, PolicyList, PolicyView, SessionList, SessionView, StepList
 from burnish_server.gateway import actions, downloads, openapi
 from burnish_server.gateway.access import ACCESS_ERRORS as ACCESS
 from burnish_server.gateway.access import BEARER
 from burnish_server.gateway.errors import responses
-from burnish_server.gateway.routes.common import PolicyName
+from burnish_server.gateway.routes.common import PolicyName, SessionId
 from burnish_server.gateway.services import Services
 from burnish_server.store import evals
 from burnish_server.store import keys as key_store
@@ -278,6 +278,18 @@ async def revoke_key(key_id: KeyId, svc: NamedDependency[Services]) -> KeyView:
     return key_store.key_view(key)
 
 
+@get("/sessions", responses=responses(*ACCESS))
+async def list_sessions(svc: NamedDependency[Services]) -> SessionList:
+    """Every dashboard sign-in not past its lifetime, oldest first, with its status (never its secret nor the secret's hash)."""
+    return SessionList(data=await svc.access.sessions.listing())
+
+
+@delete("/sessions/{session_id:str}", status_code=200, responses=responses(400, *ACCESS, 404))
+async def end_session(session_id: SessionId, svc: NamedDependency[Services]) -> SessionView:
+    """End a dashboard session: every gateway refuses its cookie from its next request. The answer says `status: ended`."""
+    return await svc.access.sessions.end_by_id(session_id)
+
+
 router = Router(
     path="/admin",
     opt={"scope": "admin"},
@@ -301,6 +313,8 @@ router = Router(
         list_keys,
         get_key,
         revoke_key,
+        list_sessions,
+        end_session,
     ],
     tags=["admin"],
 )

@@ -18,6 +18,7 @@ from litestar.params import Parameter
 
 from burnish_server.core.access import Principal
 from burnish_server.core.ids import ID_REGEX, ID_RULE
+from burnish_server.core.sessions import SESSION_ID_REGEX
 from burnish_server.gateway.access import principal
 from burnish_server.gateway.services import Services
 
@@ -25,6 +26,7 @@ TrajectoryId = Annotated[str, Parameter(pattern=ID_REGEX, description=f"a trajec
 GroupId = Annotated[str, Parameter(pattern=ID_REGEX, description=f"a group id: {ID_RULE}")]
 PolicyName = Annotated[str, Parameter(pattern=ID_REGEX, description=f"a policy name: {ID_RULE}")]
 CallIndex = Annotated[int, Parameter(description="a call's index in its trajectory's calls, from 0; -1 is the last")]
+SessionId = Annotated[str, Parameter(pattern=SESSION_ID_REGEX, description="a dashboard session's id: ses_ and 16 hex digits")]
 
 
 def _services(state: State) -> Services:

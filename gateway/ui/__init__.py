@@ -1,9 +1,10 @@
 """The dashboard: server-rendered pages under ``/ui`` (docs/dashboard.md).
 
-    auth.py      signing in (a cookie the access middleware reads on /ui), refusals as pages
+    auth.py      signing in (a session, gateway/sessions.py, whose cookie opens /ui), refusals as pages
     filters.py   a list page's query string -> the store's filters
     pages.py     the pages (GET)
     controls.py  the admin actions as forms (POST)
+    sessions.py  the admin's list of sign-ins, each with a button that ends it
     trajectory.py, charts.py, tokens.py   what the pages show, built on the server
 
 Templates are Jinja (Litestar's own template support, autoescaped); the only script is
@@ -23,7 +24,7 @@ from litestar.template import TemplateConfig
 
 from burnish_server.core.errors import BurnishError
 from burnish_server.gateway.access import PUBLIC
-from burnish_server.gateway.ui import auth, controls, pages
+from burnish_server.gateway.ui import auth, controls, pages, sessions
 from burnish_server.gateway.ui.status import Statuses
 
 __all__ = ["Statuses", "favicon", "router", "static", "template_config"]
@@ -42,9 +43,9 @@ def template_config() -> TemplateConfig[JinjaTemplateEngine]:
 
 router = Router(
     path="/ui",
-    route_handlers=[auth.login_form, auth.login, auth.logout, *pages.route_handlers, *controls.route_handlers],
-    # Read by default, the credential also from the sign-in cookie (gateway/access.py).
-    opt={"scope": "read", "cookie": auth.COOKIE},
+    route_handlers=[auth.login_form, auth.login, auth.logout, *pages.route_handlers, *controls.route_handlers, *sessions.route_handlers],
+    # Read by default; a sign-in's session cookie lets a request in here, and only here (gateway/access.py).
+    opt={"scope": "read", "session": True},
     exception_handlers={BurnishError: auth.refused, HTTPException: auth.http_error, Exception: auth.unexpected},
     include_in_schema=False,
 )

@@ -3,14 +3,17 @@
 The dashboard takes the same credentials as the API, under the same rules
 (``gateway/access.py``): the admin token, or a key with the ``read`` scope (its project's
 data only); on an open gateway, anyone may read. A browser cannot add an ``Authorization``
-header to a link, so the sign-in form keeps the credential in a cookie that the access
-middleware reads as a bearer token on ``/ui`` routes only (``opt["cookie"]``):
+header to a link, so the sign-in form checks the credential once and makes a session
+(``gateway/sessions.py``): the cookie holds the session's random secret, never the
+credential, and the access middleware lets it in on ``/ui`` routes only (``opt["session"]``).
+Signing out ends the session in the store, so a copy of the cookie stops working too. The
+cookie is
 
 - ``HttpOnly``: no script on a page can read it;
 - ``SameSite=Strict``: no other site's page can make the browser send it, so another site
   cannot post a control (a cross-site request forgery) in the signed-in user's name; the
   controls also refuse a request whose ``Origin`` is another site (``ui/controls.py``);
-- ``Secure`` when the dashboard was reached over HTTPS; ``Path=/ui``: sent nowhere else.
+- over HTTPS ``__Host-burnish_ui``, ``Secure``, ``Path=/``; over HTTP ``burnish_ui``, ``Path=/ui``.
 
 A page refused for want of a credential redirects to the sign-in form; one refused for want
 of a scope (a read key on a control) answers 403 with a page that says which scope it needs.
@@ -19,6 +22,7 @@ of a scope (a read key on a control) answers 403 with a page that says which sco
 from __future__ import annotations
 
 import logging
+import math
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -33,12 +37,9 @@ from burnish_server.core.access import ANONYMOUS, Principal
 from burnish_server.core.errors import BurnishError, Unauthorized
 from burnish_server.gateway.access import PUBLIC
 from burnish_server.gateway.services import Services
+from burnish_server.gateway.sessions import SECURE_COOKIE, cookie_name
 
 log = logging.getLogger("burnish.gateway")
-
-COOKIE = "burnish_ui"
-# How long a sign-in lasts in the browser (the credential itself may expire sooner).
-SIGN_IN_S = 12 * 3600
 
 
 class SignIn(msgspec.Struct):
@@ -64,9 +65,20 @@ async def login_form(next: FromQuery[str] = "/ui", error: FromQuery[str | None] 
     return Template("login.html", context={"next": safe_next(next), "error": error, "caller": None})
 
 
+def set_cookie(response: Response[Any], scheme: str, secret: str, max_age: int) -> None:
+    """The session cookie for a request over ``scheme``: a ``__Host-`` cookie must be ``Secure``
+    with ``Path=/`` (gateway/sessions.py); the plain one stays under /ui. (Litestar's
+    ``delete_cookie`` cannot say ``Secure``, without which a browser ignores any ``Set-Cookie``
+    of a ``__Host-`` cookie: sign-out sets an empty one with ``max_age`` 0 here instead.)"""
+    name = cookie_name(scheme)
+    secure = name == SECURE_COOKIE
+    expires = 0 if max_age == 0 else None
+    response.set_cookie(name, secret, max_age=max_age, expires=expires, path="/" if secure else "/ui", httponly=True, samesite="strict", secure=secure)
+
+
 @post("/login", opt={"scope": PUBLIC}, status_code=303)
 async def login(request: Request, data: Annotated[SignIn, Body(media_type=RequestEncodingType.URL_ENCODED)]) -> Response[Any]:
-    """Check the credential as the API would, then keep it in the cookie."""
+    """Check the credential as the API would, then start a session; the cookie holds its secret."""
     svc: Services = request.app.state.services
     target = safe_next(data.next)
     try:
@@ -76,15 +88,25 @@ async def login(request: Request, data: Annotated[SignIn, Body(media_type=Reques
     if caller is ANONYMOUS or not (caller.can("read") or caller.can("admin")):
         why = "this gateway is open: any token reads it, only the admin token controls it" if caller is ANONYMOUS else "this key lacks the read scope"
         return Redirect(f"/ui/login?next={quote(target)}&error={quote(why)}", status_code=303)
+    scheme = request.scope["scheme"]
+    if (previous := request.cookies.get(cookie_name(scheme))) is not None:  # signing in again, maybe as another: the old session ends
+        await svc.access.sessions.end(previous)
+    secret = await svc.access.sessions.start(caller)
     response = Redirect(target, status_code=303)
-    response.set_cookie(COOKIE, data.token.strip(), max_age=SIGN_IN_S, path="/ui", httponly=True, samesite="strict", secure=request.url.scheme == "https")
+    # The browser keeps the cookie as long as the session can last; the store decides when it ends.
+    set_cookie(response, scheme, secret, max_age=math.ceil(svc.settings.ui_session_lifetime))
     return response
 
 
 @post("/logout", opt={"scope": PUBLIC}, status_code=303)
-async def logout() -> Response[Any]:
+async def logout(request: Request) -> Response[Any]:
+    """End the session in the store (every copy of the cookie with it), then forget the cookie."""
+    svc: Services = request.app.state.services
+    scheme = request.scope["scheme"]
+    if (secret := request.cookies.get(cookie_name(scheme))) is not None:
+        await svc.access.sessions.end(secret)
     response = Redirect("/ui/login", status_code=303)
-    response.delete_cookie(COOKIE, path="/ui")
+    set_cookie(response, scheme, "", max_age=0)
     return response
 
 
