@@ -6,7 +6,7 @@ made on BURNISH_TEST_PG_URL's server, and dropped at the end)::
     .venv/bin/python bench/promotion_queries.py [--calls 1000000] [--database sqlite|postgresql|both]
 
 Every few seconds the trainer reads the evidence on a policy's candidate (``store/promotion.py:
-evidence``) or, between trials, whether the served version regressed (``regression``). Both group
+evidence``) or, between trials, whether the served version regressed (``regression_samples``). Both group
 the policy's calls per trajectory, so they cost what the policy's whole history holds: timed where
 that is long, as the trainer runs them (``Database.read``, the page cache warm), under each of
 ``SCHEMAS``, with the queries' plans; last, what each costs a write (calls inserted through
@@ -245,7 +245,7 @@ async def bench(kind: str, args: argparse.Namespace) -> None:
     for name in SCHEMAS:
         took = await use_schema(db, name)
         figures = [await timed(db, args.repeat, promotion.evidence, policy) for policy in (canary, held_out)]
-        figures.append(await timed(db, args.repeat, promotion.regression, between))
+        figures.append(await timed(db, args.repeat, promotion.regression_samples, between))
         made = f"  (its index made in {took:.1f} s; indexes on calls: {await size(db) / 2**20:.0f} MiB)"
         print(f"{name:<16}" + "".join(f"{p50:>11.1f} /{p95:>7.1f}" for p50, p95, _ in figures) + made)
         if name == "0012":

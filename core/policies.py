@@ -137,6 +137,27 @@ class PromotionSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     rollback: bool = True
     rollback_window: Annotated[int, Meta(ge=2, le=1_000_000)] = 100
 
+    # What the rule means, asked here and nowhere else by the rule's name.
+    @property
+    def trials(self) -> bool:
+        """A trained step is a candidate on trial before it serves (every rule but immediate)."""
+        return self.rule != "immediate"
+
+    @property
+    def tested(self) -> bool:
+        """A test on rewards decides the trial (canary, eval); manual waits for an admin."""
+        return self.rule in ("canary", "eval")
+
+    @property
+    def canary(self) -> bool:
+        """The candidate serves a share of the unpinned trajectories."""
+        return self.rule == "canary"
+
+    @property
+    def watched(self) -> bool:
+        """The served version is watched for a regression, and rolled back by itself."""
+        return self.rollback and self.trials
+
 
 # The LoRA ranks vLLM accepts as --max-lora-rank.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -152,7 +173,7 @@ def settings_conflicts(promotion: PromotionSettings, lora: LoraSettings, max_lor
     the fields in conflict and the smallest value that works. Refused when set (the admin API);
     a policy stored before the check shows them as warnings in its status."""
     out = []
-    if promotion.rollback and promotion.rule != "immediate" and promotion.rollback_window < promotion.min_trajectories:
+    if promotion.watched and promotion.rollback_window < promotion.min_trajectories:
         out.append(
             f"promotion.rollback_window ({promotion.rollback_window}) is below promotion.min_trajectories ({promotion.min_trajectories}): "
             "the regression test reads at most rollback_window rewarded trajectories a side and decides nothing below min_trajectories, "
@@ -241,7 +262,7 @@ def in_canary(policy: Policy, trajectory_id: str) -> bool:
     """Whether a trajectory's unpinned calls go to the policy's canary: a hash of the trajectory
     (and of the candidate, so that each candidate is tried on different trajectories) below
     its share. Every call of a trajectory lands alike, so a trajectory is one version's."""
-    if policy.candidate is None or policy.promotion.rule != "canary":
+    if policy.candidate is None or not policy.promotion.canary:
         return False
     # blake2b, not crc32: crc32 is linear, so two candidates' shares overlapped far more than chance.
     digest = blake2b(f"{policy.candidate}:{trajectory_id}".encode(), digest_size=8).digest()

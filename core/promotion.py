@@ -19,19 +19,41 @@ a tie that much evidence cannot break is not worth the risk of a new version.
 The same test, on a window of the served version's latest rewards against the version it
 replaced, decides an automatic rollback (``regressed``).
 
+What a decision is lives here too, typed: ``Outcome`` (what ended a version's trial, or its
+serving) and ``DecisionRecord`` (who made it, why, and the test's figures), as the store keeps
+them on the step's row and the API, the dashboard and the trackers read them. The rule's
+questions (is a new step tried first? does a test decide?) are ``PromotionSettings``'
+(``core/policies.py``); nothing else compares a rule or a decision by its string.
+
 Pure functions of counts, means and variances: the store computes those in SQL
-(``store/promotion.py``).
+(``store/promotion.py``); the trainer's ``Promoter`` (``trainer/promoter.py``) acts on them.
 """
 
 from __future__ import annotations
 
+import enum
 import math
+from datetime import datetime
 from statistics import NormalDist
 from typing import Literal
 
 import msgspec
 
-Decision = Literal["promote", "reject"]
+from burnish_server.core.policies import PromotionSettings
+
+# What the test says to do with a candidate (a verb: its figures are read before anything is done).
+Verdict = Literal["promote", "reject"]
+
+
+class Outcome(enum.StrEnum):
+    """What ended a version's trial, or its serving: the step row's ``decision``."""
+
+    PROMOTED = "promoted"
+    REJECTED = "rejected"
+    ROLLED_BACK = "rolled_back"
+
+
+Decider = Literal["test", "admin", "rule"]
 
 
 class Sample(msgspec.Struct, frozen=True):
@@ -61,8 +83,24 @@ class Comparison(msgspec.Struct, frozen=True):
     lower: float | None = None  # the one-sided bounds of the difference at `confidence`
     upper: float | None = None
     degrees_of_freedom: float | None = None
-    decision: Decision | None = None
+    decision: Verdict | None = None
     reason: str = ""
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """The decision the test's verdict makes (None: none yet)."""
+        return None if self.decision is None else Outcome.PROMOTED if self.decision == "promote" else Outcome.REJECTED
+
+
+class DecisionRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One decision about a version, as the step's row keeps it (its ``decisions``, in order)."""
+
+    decision: Outcome
+    by: Decider
+    reason: str
+    # The test's figures, where a test decided (or, for an admin's decision, as they stood).
+    test: Comparison | None = None
+    decided_at: datetime | None = None  # set by the store when it writes the record
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -109,3 +147,13 @@ def regressed(before: Sample, now: Sample, *, margin: float, confidence: float, 
     more than the margin: the same test, where only its rejection counts (a rollback)."""
     result = compare(before, now, margin=margin, confidence=confidence, min_n=min_n)
     return result if result.decision == "reject" else msgspec.structs.replace(result, decision=None)
+
+
+def trial(rule: PromotionSettings, served: Sample, candidate: Sample) -> Comparison:
+    """The candidate's test under the policy's rule, on the samples the rule reads."""
+    return compare(served, candidate, margin=rule.margin, confidence=rule.confidence, min_n=rule.min_trajectories, max_n=rule.max_trajectories)
+
+
+def regression(rule: PromotionSettings, before: Sample, now: Sample) -> Comparison:
+    """The served version's rollback test under the policy's rule."""
+    return regressed(before, now, margin=rule.margin, confidence=rule.confidence, min_n=rule.min_trajectories)

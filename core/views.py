@@ -16,7 +16,7 @@ from msgspec import UNSET, UnsetType
 
 from burnish_server.core.health import Health
 from burnish_server.core.policies import LoraSettings, PromotionSettings, RulerSettings, TrainSettings
-from burnish_server.core.promotion import Comparison
+from burnish_server.core.promotion import Comparison, DecisionRecord, Outcome
 
 
 class View(msgspec.Struct):
@@ -137,11 +137,10 @@ class StepView(View, kw_only=True):
     metrics: dict[str, Any] | UnsetType = UNSET
     # Whether it served after its trial (docs/trainer.md, "Promotion"): the latest decision,
     # promoted, rejected or rolled_back (null while undecided, or under the immediate rule),
-    # and every decision in order: {decision, decided_at, by (test, admin, rule), reason,
-    # test (core/promotion.py: Comparison, where a test decided)}.
-    decision: str | None = None
+    # and every decision in order.
+    decision: Outcome | None = None
     decided_at: str | None = None
-    decisions: list[dict[str, Any]] = []
+    decisions: list[DecisionRecord] = []
 
 
 class CandidateView(View, kw_only=True):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from burnish_server.core.errors import Conflict
+from burnish_server.core.promotion import Outcome
 from burnish_server.gateway.services import Services
 from burnish_server.store import policies as store
 from burnish_server.store import promotion
@@ -47,16 +48,16 @@ async def rollback(svc: Services, name: str, step: int) -> None:
     await write(svc, store.request_rollback, name, step)
 
 
-def _decide(conn: Any, name: str, decision: str) -> Any:
+def _decide(conn: Any, name: str, decision: Outcome) -> Any:
     store.lock_policy(conn, name)
     return promotion.admin_decide(conn, store.get_policy(conn, name), decision)
 
 
 async def promote(svc: Services, name: str) -> None:
     """Serve the candidate on trial to every trajectory now (Conflict if there is none)."""
-    await write(svc, _decide, name, promotion.PROMOTED)
+    await write(svc, _decide, name, Outcome.PROMOTED)
 
 
 async def reject(svc: Services, name: str) -> None:
     """End the candidate's trial: the served version keeps serving (Conflict if there is none)."""
-    await write(svc, _decide, name, promotion.REJECTED)
+    await write(svc, _decide, name, Outcome.REJECTED)

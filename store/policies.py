@@ -22,6 +22,7 @@ from burnish_server.core.drift import split_totals
 from burnish_server.core.errors import Conflict, NotFound
 from burnish_server.core.health import RecentGroups, health
 from burnish_server.core.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, TrainSettings, adapter_name, settings_conflicts
+from burnish_server.core.promotion import DecisionRecord, Outcome
 from burnish_server.core.views import CandidateView, PolicyView, ReplicaView, StepView
 from burnish_server.store import groups, promotion
 from burnish_server.store.evals import eval_scores
@@ -133,13 +134,11 @@ def request_rollback(conn: Connection, name: str, step: int) -> Policy:
     target = conn.execute(select(StepRow.decision).where(StepRow.policy == name, StepRow.step == step)).one_or_none()
     if step != 0 and target is None:
         raise NotFound(f"policy {name!r} has no checkpoint at step {step}", "checkpoint_not_found", "step")
-    word = {"by": "admin", "reason": f"an admin rolled back to step {step}"}
+    why = f"an admin rolled back to step {step}"
     if policy.candidate is not None and policy.candidate != step:
-        promotion.decide(conn, policy, policy.candidate, promotion.REJECTED, word)
-    if target is not None and target.decision == promotion.REJECTED:
-        conn.execute(
-            update(StepRow).where(StepRow.policy == name, StepRow.step == step).values(decision=promotion.PROMOTED, decided_at=utcnow(), evidence=word)
-        )
+        promotion.decide(conn, policy, policy.candidate, DecisionRecord(decision=Outcome.REJECTED, by="admin", reason=why))
+    if target is not None and target.decision == Outcome.REJECTED:
+        promotion.note(conn, name, step, DecisionRecord(decision=Outcome.PROMOTED, by="admin", reason=why))
     # A new intent: an error from loading the version it replaces no longer applies.
     conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(head=step, load_error=None, load_error_at=None, updated_at=utcnow()))
     return get_policy(conn, name)
@@ -205,9 +204,9 @@ def step_view(row: Any, served: int) -> StepView:
         checkpoint=row.checkpoint,
         trainer=row.trainer,
         metrics=row.metrics,
-        decision=row.decision,
+        decision=None if row.decision is None else Outcome(row.decision),
         decided_at=iso(row.decided_at),
-        decisions=row.decisions or [],
+        decisions=promotion.decisions(row.decisions),
     )
 
 
@@ -257,7 +256,7 @@ def _candidate(conn: Connection, policy: Policy) -> CandidateView | None:
         version=adapter_name(policy.name, policy.candidate),
         since=iso(policy.candidate_since),
         rule=rule,
-        share=policy.promotion.canary_share if rule == "canary" else None,
+        share=policy.promotion.canary_share if policy.promotion.canary else None,
         test=promotion.evidence(conn, policy),
     )
 

@@ -1,12 +1,14 @@
-"""Candidates in the store: the evidence for one, and the decisions that end its trial.
+"""Candidates in the store: the samples a trial reads, and the decisions that end it.
 
-A step trained under a promotion rule other than ``immediate`` is published to vLLM as the
-policy's *candidate* (``mark_candidate``); the trainer compares it with the served version
-on each pass (``evidence``, then ``core/promotion.py: compare``) and ``decide`` promotes it
-(it becomes the served version) or rejects it (the served version stays; the next step
-trains from the served version or from the candidate, as the policy says). An admin may
-decide at any time (``admin_decide``). Every decision is written on the step's row with its
-figures, so the step list, the metrics history and the status show it.
+A step trained under a promotion rule that tries it first (``PromotionSettings.trials``) is
+published to vLLM as the policy's *candidate* (``mark_candidate``); the trainer's ``Promoter``
+(``trainer/promoter.py``) tests it against the served version on each pass (``trial_samples``
+here, then ``core/promotion.py: trial``) and ``decide`` promotes it (it becomes the served
+version) or rejects it (the served version stays; the next step trains from the served version
+or from the candidate, as the policy says). An admin may decide at any time
+(``admin_decide``). Every decision is written on the step's row as a ``DecisionRecord``, so the
+step list, the metrics history and the status show it. This module reads samples and writes
+records; what they mean is ``core/promotion.py``'s.
 
 A trajectory's *version* is the step that answered its ok calls to the policy; one whose calls
 span versions counts for neither. Under ``canary`` both sides count the trajectories begun
@@ -28,11 +30,9 @@ from sqlalchemy.engine import Connection
 
 from burnish_server.core.errors import Conflict
 from burnish_server.core.policies import Policy
-from burnish_server.core.promotion import Comparison, Sample, compare, regressed
+from burnish_server.core.promotion import Comparison, DecisionRecord, Outcome, Sample, trial
 from burnish_server.core.records import OK
 from burnish_server.store.models import Call, PolicyRow, StepRow, Trajectory, utcnow
-
-PROMOTED, REJECTED, ROLLED_BACK = "promoted", "rejected", "rolled_back"
 
 
 def _versions(policy: str, since: datetime | None = None) -> Any:
@@ -70,33 +70,28 @@ def samples(conn: Connection, policy: str, steps: list[int], *, since: datetime 
     return out
 
 
-def evidence(conn: Connection, policy: Policy) -> Comparison | None:
-    """The test of the policy's candidate against its served version, on the evidence so far
-    (None without a candidate, or under ``manual``, which no figure decides)."""
+def trial_samples(conn: Connection, policy: Policy) -> tuple[Sample, Sample] | None:
+    """The served version's and the candidate's rewarded trajectories, as the rule compares
+    them (None without a candidate, or under a rule no test decides)."""
     rule = policy.promotion
-    if policy.candidate is None or rule.rule not in ("canary", "eval"):
+    if policy.candidate is None or not rule.tested:
         return None
     steps = [policy.step, policy.candidate]
-    if rule.rule == "canary":
-        found = samples(conn, policy.name, steps, since=policy.candidate_since)
-    else:
-        found = samples(conn, policy.name, steps, held_out=True)
-    return compare(
-        found[policy.step],
-        found[policy.candidate],
-        margin=rule.margin,
-        confidence=rule.confidence,
-        min_n=rule.min_trajectories,
-        max_n=rule.max_trajectories,
-    )
+    found = samples(conn, policy.name, steps, since=policy.candidate_since) if rule.canary else samples(conn, policy.name, steps, held_out=True)
+    return found[policy.step], found[policy.candidate]
 
 
-def regression(conn: Connection, policy: Policy) -> tuple[int, Comparison] | None:
-    """Whether the served version has fallen below the one it replaced: its latest
-    ``rollback_window`` rewarded trajectories against the replaced version's last as many.
-    Returns the version to go back to and the test, or None."""
+def evidence(conn: Connection, policy: Policy) -> Comparison | None:
+    """The candidate's test as it stands (the status shows it; an admin's decision records it)."""
+    found = trial_samples(conn, policy)
+    return None if found is None else trial(policy.promotion, *found)
+
+
+def regression_samples(conn: Connection, policy: Policy) -> tuple[int, Sample, Sample] | None:
+    """What the rollback test reads: the version the served one replaced, and the latest
+    ``rollback_window`` rewarded trajectories of each (None where nothing is watched)."""
     rule = policy.promotion
-    if not rule.rollback or rule.rule == "immediate" or policy.step == 0 or policy.head != policy.step:
+    if not rule.watched or policy.step == 0 or policy.head != policy.step:
         return None
     # Only a version that won its trial, and whose promotion is the policy's latest decision:
     # after a rollback, the version served again is not itself compared with its own parent.
@@ -106,11 +101,10 @@ def regression(conn: Connection, policy: Policy) -> tuple[int, Comparison] | Non
         .order_by(StepRow.decided_at.desc(), StepRow.pk.desc())
         .limit(1)
     ).one_or_none()
-    if row is None or row.step != policy.step or row.decision != PROMOTED:
+    if row is None or row.step != policy.step or row.decision != Outcome.PROMOTED:
         return None
     before, now = (_latest(conn, policy.name, step, rule.rollback_window) for step in (row.parent, policy.step))
-    result = regressed(before, now, margin=rule.margin, confidence=rule.confidence, min_n=rule.min_trajectories)
-    return (row.parent, result) if result.decision == "reject" else None
+    return row.parent, before, now
 
 
 def _latest(conn: Connection, policy: str, step: int, window: int) -> Sample:
@@ -137,59 +131,65 @@ def mark_candidate(conn: Connection, name: str, step: int, seconds: float | None
     )
 
 
-def decide(conn: Connection, policy: Policy, step: int, decision: str, record: dict[str, Any]) -> bool:
-    """End ``step``'s trial: ``promoted`` (it serves) or ``rejected`` (the served version stays;
-    the head goes back to it unless the policy trains from candidates). Only if it is still the
+def decide(conn: Connection, policy: Policy, step: int, record: DecisionRecord) -> bool:
+    """End ``step``'s trial: promoted (it serves) or rejected (the served version stays; the
+    head goes back to it unless the policy trains from candidates). Only if it is still the
     candidate: a decision made elsewhere meanwhile stands. Returns whether this one was made."""
     now = utcnow()
     values: dict[str, Any] = {"candidate": None, "candidate_since": None, "updated_at": now}
-    if decision == PROMOTED:
+    if record.decision == Outcome.PROMOTED:
         values["step"] = step
     elif policy.promotion.train_from == "served":
         values["head"] = PolicyRow.step
     moved = conn.execute(update(PolicyRow).where(PolicyRow.name == policy.name, PolicyRow.candidate == step).values(**values)).rowcount
     if moved:
-        note(conn, policy.name, step, decision, record)
+        note(conn, policy.name, step, record)
     return bool(moved)
 
 
-def note(conn: Connection, policy: str, step: int, decision: str, record: dict[str, Any]) -> None:
+def note(conn: Connection, policy: str, step: int, record: DecisionRecord) -> None:
     """Write a decision on the step's row: the latest, and added to its list."""
-    now = utcnow()
+    now = record.decided_at or utcnow()
     earlier = conn.execute(select(StepRow.decisions).where(StepRow.policy == policy, StepRow.step == step)).scalar() or []
-    entry = {"decision": decision, "decided_at": now.isoformat(), **record}
-    conn.execute(update(StepRow).where(StepRow.policy == policy, StepRow.step == step).values(decision=decision, decided_at=now, decisions=[*earlier, entry]))
+    entry = msgspec.to_builtins(msgspec.structs.replace(record, decided_at=now))
+    conn.execute(
+        update(StepRow).where(StepRow.policy == policy, StepRow.step == step).values(decision=record.decision, decided_at=now, decisions=[*earlier, entry])
+    )
 
 
-def admin_decide(conn: Connection, policy: Policy, decision: str) -> None:
+def decisions(stored: list[dict[str, Any]] | None) -> list[DecisionRecord]:
+    """A step row's decisions, as written by ``note``."""
+    return msgspec.convert(stored or [], list[DecisionRecord], strict=False)  # strict=False: decided_at is an ISO string in JSON
+
+
+def admin_decide(conn: Connection, policy: Policy, decision: Outcome) -> None:
     """An admin promotes or rejects the candidate, with the evidence as it stands."""
     if policy.candidate is None:
         raise Conflict(f"policy {policy.name!r} has no candidate on trial", "no_candidate")
-    figures = evidence(conn, policy)
-    record = {"by": "admin", "reason": f"{decision} by an admin"} | ({"test": msgspec.to_builtins(figures)} if figures else {})
-    decide(conn, policy, policy.candidate, decision, record)
+    record = DecisionRecord(decision=decision, by="admin", reason=f"{decision} by an admin", test=evidence(conn, policy))
+    decide(conn, policy, policy.candidate, record)
 
 
-def roll_back(conn: Connection, policy: Policy, to: int, record: dict[str, Any]) -> bool:
+def roll_back(conn: Connection, policy: Policy, to: int, record: DecisionRecord) -> bool:
     """The served version regressed: serve ``to`` again (the trainer loads it) and say why."""
     now = utcnow()
     moved = conn.execute(
         update(PolicyRow).where(PolicyRow.name == policy.name, PolicyRow.step == policy.step, PolicyRow.head == policy.head).values(head=to, updated_at=now)
     ).rowcount
     if moved:
-        note(conn, policy.name, policy.step, ROLLED_BACK, record)
+        note(conn, policy.name, policy.step, record)
     return bool(moved)
 
 
 def goes_on_trial(conn: Connection, policy: Policy) -> bool | None:
     """How the policy's head is published: on trial as the candidate (True), served outright
     (False), or not at all (None: a rejected candidate kept only to train from). A step goes
-    on trial under every rule but ``immediate`` when it never served nor was decided; a
+    on trial under a rule that tries steps when it never served nor was decided; a
     version served before (a rollback's target, the base model) serves outright."""
     if policy.head == 0:
         return False
     row = conn.execute(select(StepRow.decision, StepRow.published_at).where(StepRow.policy == policy.name, StepRow.step == policy.head)).one_or_none()
-    if row is not None and row.decision == REJECTED:
+    if row is not None and row.decision == Outcome.REJECTED:
         return None
     fresh = row is None or (row.decision is None and row.published_at is None)
-    return policy.promotion.rule != "immediate" and fresh
+    return policy.promotion.trials and fresh

@@ -8,7 +8,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.engine import Connection
 
 from burnish_server.core.drift import split_totals
-from burnish_server.store import evals, groups
+from burnish_server.store import evals, groups, promotion
 from burnish_server.store.models import Group, PolicyRow, StepRow, Trajectory
 
 
@@ -30,8 +30,8 @@ def store_state(conn: Connection) -> dict[str, Any]:
     splits = {policy: split_totals(history) for policy, history in histories.items()}
     decisions: dict[tuple[str, str], int] = {}  # every decision made, a promotion later rolled back included
     for policy, made in conn.execute(select(StepRow.policy, StepRow.decisions).where(StepRow.decisions.is_not(None))):
-        for entry in made or ():
-            key = (policy, entry["decision"])
+        for record in promotion.decisions(made):
+            key = (policy, str(record.decision))
             decisions[key] = decisions.get(key, 0) + 1
     versions = {name: (step, candidate) for name, step, candidate in conn.execute(select(PolicyRow.name, PolicyRow.step, PolicyRow.candidate))}
     return {

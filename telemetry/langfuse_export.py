@@ -48,6 +48,7 @@ import httpx
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from burnish_server.core.promotion import DecisionRecord
 from burnish_server.core.records import CallRecord
 from burnish_server.core.transcript import UnreadableCall, exchange
 
@@ -97,13 +98,11 @@ class Step:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """A candidate promoted or rejected, or a served version rolled back (store/promotion.py)."""
+    """A candidate promoted or rejected, or a served version rolled back (core/promotion.py)."""
 
     policy: str
     step: int
-    decision: str
-    record: dict[str, Any]  # who decided, why, and the test's figures
-    decided_at: datetime
+    record: DecisionRecord  # what was decided, by whom, why, and the test's figures
 
 
 Item = CallRecord | Score | Step | Decision
@@ -404,11 +403,12 @@ def _step_event(step: Step) -> tuple[str, str, datetime, datetime, dict[str, Any
 
 def _decision_event(decision: Decision) -> tuple[str, str, datetime, datetime, dict[str, Any]]:
     """In the trace of the step it decides, beside that step's event."""
+    record = decision.record
     fields = {
-        "langfuse.observation.output": decision.record,
-        "langfuse.observation.metadata": {"policy": decision.policy, "step": decision.step, "decision": decision.decision},
+        "langfuse.observation.output": msgspec.to_builtins(record),
+        "langfuse.observation.metadata": {"policy": decision.policy, "step": decision.step, "decision": record.decision},
     }
-    return _training_event(decision.policy, decision.step, decision.decision, decision.decided_at, fields)
+    return _training_event(decision.policy, decision.step, record.decision, record.decided_at or datetime.now(UTC), fields)
 
 
 def _trace_attributes(trajectory_id: str, group_id: str | None, policy: str | None, version: str | None, *, held_out: bool = False) -> dict[str, Any]:

@@ -36,6 +36,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+import msgspec
+
+from burnish_server.core.promotion import DecisionRecord
+
 if TYPE_CHECKING:
     from burnish_server.core.settings import Settings
 
@@ -243,10 +247,10 @@ class Trackers:
         """The held-out score of version ``step`` (``eval/score``, ``eval/trajectories``)."""
         self._put(policy, EVAL, step, {"score": float(score), "trajectories": float(trajectories)})
 
-    def log_decision(self, policy: str, step: int, decision: str, record: Mapping[str, Any]) -> None:
+    def log_decision(self, policy: str, step: int, record: DecisionRecord) -> None:
         """A promotion decision about version ``step`` (``promotion/<decision>`` = 1) and the
         numbers of its record (the test's figures, ``promotion/test/...``)."""
-        self._put(policy, PROMOTION, step, {decision: 1.0, **numeric(record)})
+        self._put(policy, PROMOTION, step, {record.decision: 1.0, **numeric(msgspec.to_builtins(record))})
 
     def _put(self, policy: str, series: str, step: int, values: dict[str, float]) -> None:
         item = _Item(policy, series, step, {f"{series}/{key}": value for key, value in values.items()})

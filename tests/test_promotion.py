@@ -240,6 +240,14 @@ async def test_a_worse_candidate_is_rejected_a_good_one_promoted_and_a_regressio
     assert rejected["traceId"] == LangfuseClient.create_trace_id(seed="train:agent@1")
     assert rejected["attributes"]["langfuse.observation.output"]["test"]["decision"] == "reject"
 
+    # An admin rolls back to the rejected step: it serves outright, promoted by the admin; and
+    # as its rewards were worse than the base's, the watch rolls it back in the same pass.
+    assert admin.post("/admin/policies/agent/rollback", json={"step": 1}).status_code == 202
+    await worker.run_once()
+    assert (gw.policy()["step"], gw.policy()["head"], gw.policy()["candidate"]) == (1, 0, None)
+    first = next(s for s in admin.get("/admin/policies/agent/checkpoints").json()["data"] if s["step"] == 1)
+    assert [(d["decision"], d["by"]) for d in first["decisions"]] == [("rejected", "test"), ("promoted", "admin"), ("rolled_back", "test")]
+
 
 # The task: answer in words, no digits; the reward is the share of characters that are not digits.
 # The tiny model writes ~7% digits (top_k 50, 16 tokens). One step at lr 0.1 on 4 groups of 8

@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from wandb.proto import wandb_internal_pb2
 
-from burnish_server.core.promotion import Sample, compare
+from burnish_server.core.promotion import DecisionRecord, Outcome, Sample, compare
 from burnish_server.core.settings import Settings
 from burnish_server.store.database import Database
 from burnish_server.store.policies import list_steps
@@ -131,14 +131,14 @@ def test_every_tracker_gets_steps_held_out_scores_and_decisions(tmp_path: Path, 
         [WandbTracker("each-tracker"), MLflowTracker(sqlite_uri, "exp"), MLflowTracker(file_uri, "exp"), TensorBoardTracker(str(tmp_path / "tb"))]
     )
     test = compare(Sample(8, 0.5, 0.04), Sample(8, 0.75, 0.04), margin=0.05, confidence=0.95, min_n=4)
-    record = {"by": "test", "reason": test.reason, "test": msgspec.to_builtins(test)}
+    record = DecisionRecord(decision=Outcome.PROMOTED, by="test", reason=test.reason, test=test)
     trackers.log_step("agent", 1, METRICS)
     trackers.log_step("agent", 2, {**METRICS, "loss": 0.0625})
     # A version's held-out score comes after later steps, and again when it changes.
     trackers.log_held_out("agent", 2, 0.75, 8)
     trackers.log_held_out("agent", 0, 0.25, 4)
     trackers.log_held_out("agent", 0, 0.5, 6)
-    trackers.log_decision("agent", 2, "promoted", record)
+    trackers.log_decision("agent", 2, record)
     trackers.log_step("other", 1, {"loss": 1.0})  # another policy: a run of its own
     trackers.close()
     assert not trackers.thread.is_alive()

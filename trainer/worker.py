@@ -38,11 +38,9 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
-import msgspec
 
 from burnish_server.core.policies import Policy, adapter_name, served_name
+from burnish_server.core.promotion import DecisionRecord
 from burnish_server.core.settings import Settings
 from burnish_server.core.views import ReplicaView
 from burnish_server.serving.adapters import AdapterError, VLLMAdapters, steps_of
@@ -58,6 +56,7 @@ from burnish_server.telemetry.trackers import Trackers
 from burnish_server.trainer.checkpoints import Checkpoints
 from burnish_server.trainer.distributed import Ranks
 from burnish_server.trainer.models import Models
+from burnish_server.trainer.promoter import Promoter
 
 log = logging.getLogger("burnish.trainer")
 
@@ -83,13 +82,13 @@ class TrainerWorker:
         self.refused: dict[tuple[str, str], tuple[str, float]] = {}  # (replica, adapter) -> (its error, when)
         self.replica_views: dict[str, list[ReplicaView]] = {}  # policy -> as last written to the store
         self.caught_up_at = float("-inf")
-        self.reviewed_at: dict[str, float] = {}  # policy -> when its trial or watch was last tested
         self.langfuse = LangfuseExport.from_settings(settings)  # each step as an event, when keys are set
         # W&B, MLflow, TensorBoard, those configured. This worker runs on rank 0 alone (the other
         # ranks follow it: cli/main.py), so each step is logged once.
         self.trackers = Trackers.from_settings(settings)
         self.tracked: dict[tuple[str, int], Score] = {}  # (policy, step) -> held-out score as last logged
         self.tracked_at = float("-inf")
+        self.promoter = Promoter(self.db, settings.trainer_review_every, self.record_decision)
 
     async def policies(self) -> list[Policy]:
         return await self.db.read(load_policies)
@@ -115,7 +114,7 @@ class TrainerWorker:
         for policy in policies:
             if await self.publish_pending(policy):  # it may have put a candidate on trial
                 policy = await self.db.read(get_policy, policy.name)
-            policy = await self.review(policy)
+            policy = await self.promoter.review(policy)
             # One candidate at a time: the next step waits for its trial's end, so that steps
             # never outrun the evidence that would let any of them serve.
             if not policy.paused and policy.candidate is None:
@@ -176,48 +175,12 @@ class TrainerWorker:
         self.caught_up_at = float("-inf")  # report where each replica stands at the next pass
         return True
 
-    async def review(self, policy: Policy) -> Policy:
-        """Decide the candidate's trial where its evidence does (core/promotion.py), and roll the
-        served version back where it regressed; return the policy as it then stands. Tested
-        every ``trainer_review_every`` seconds at most, and only where there is something to test."""
-        watched = policy.promotion.rule != "immediate" and policy.promotion.rollback
-        if policy.candidate is None and not watched:
-            return policy
-        now = time.monotonic()
-        if now - self.reviewed_at.get(policy.name, float("-inf")) < self.settings.trainer_review_every:
-            return policy
-        self.reviewed_at[policy.name] = now
-        if policy.candidate is not None:
-            step = policy.candidate
-            record: dict[str, Any]
-            if policy.promotion.rule == "immediate":  # the rule changed during the trial
-                decision, record = promotion.PROMOTED, {"by": "rule", "reason": "the promotion rule became immediate"}
-            else:
-                comparison = await self.db.read(promotion.evidence, policy)
-                if comparison is None or comparison.decision is None:
-                    return policy
-                decision = promotion.PROMOTED if comparison.decision == "promote" else promotion.REJECTED
-                record = {"by": "test", "reason": comparison.reason, "test": msgspec.to_builtins(comparison)}
-            if await self.db.transaction(promotion.decide, policy, step, decision, record):
-                log.info("%s@%d %s: %s", policy.name, step, decision, record["reason"])
-                self.record_decision(policy.name, step, decision, record)
-            return await self.db.read(get_policy, policy.name)
-        found = await self.db.read(promotion.regression, policy)
-        if found is not None:
-            to, comparison = found
-            record = {"by": "test", "reason": f"regressed against step {to}: {comparison.reason}", "test": msgspec.to_builtins(comparison)}
-            if await self.db.transaction(promotion.roll_back, policy, to, record):
-                log.warning("%s@%d rolled back to step %d: %s", policy.name, policy.step, to, record["reason"])
-                self.record_decision(policy.name, policy.step, promotion.ROLLED_BACK, record)
-            return await self.db.read(get_policy, policy.name)
-        return policy
-
-    def record_decision(self, policy: str, step: int, decision: str, record: dict[str, Any]) -> None:
+    def record_decision(self, policy: str, step: int, record: DecisionRecord) -> None:
         """A decision, where the policy's steps are watched beyond the store (Langfuse, the trackers)."""
         if self.langfuse is not None:
-            self.langfuse.put(Decision(policy, step, decision, record, utcnow()))
+            self.langfuse.put(Decision(policy, step, record))
         if self.trackers is not None:
-            self.trackers.log_decision(policy, step, decision, record)
+            self.trackers.log_decision(policy, step, record)
 
     async def track_held_out(self, trackers: Trackers, policies: list[Policy]) -> None:
         """Each version's held-out score to the trackers, when it is new or changed (more eval

@@ -64,15 +64,12 @@ async def policies_page(request: Request, svc: NamedDependency[Services], caller
     return Template("policies.html", context=context(request, caller, policies=rows, projects=known))
 
 
-_DECISION_MARKS = {"promoted": "m-promoted", "rejected": "m-rejected", "rolled_back": "m-rolled_back"}
-
-
 def _charts(status: PolicyView, steps: list[StepView], scores: dict[int, evals.Score]) -> list[charts.Chart]:
     def metric(key: str) -> list[tuple[int, float | None]]:
         return [(s.step, _number((s.metrics or {}).get(key))) for s in steps if isinstance(s.metrics, dict)]
 
     markers = [
-        charts.Marker(s.step, f"{d.get('decision')} by {d.get('by', '?')}: {d.get('reason', '')}", _DECISION_MARKS.get(str(d.get("decision")), "m-other"))
+        charts.Marker(s.step, f"{d.decision} by {d.by}: {d.reason}", f"m-{d.decision}")  # each Outcome has its mark (static/dashboard.css)
         for s in steps
         for d in s.decisions
     ]
