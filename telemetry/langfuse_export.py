@@ -48,9 +48,9 @@ import httpx
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from burnish_server.core.promotion import DecisionRecord
 from burnish_server.core.records import CallRecord
 from burnish_server.core.transcript import UnreadableCall, exchange
+from burnish_server.telemetry.watchers import Decision, Step
 
 if TYPE_CHECKING:
     from burnish_server.core.settings import Settings
@@ -82,27 +82,6 @@ class Score:
     metadata: dict[str, Any] = field(default_factory=dict)
     # Fixed when the score is made, so a retried request cannot make it twice in Langfuse.
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """A training step the trainer recorded."""
-
-    policy: str
-    step: int
-    parent: int
-    groups: list[str]
-    metrics: dict[str, float]
-    recorded_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """A candidate promoted or rejected, or a served version rolled back (core/promotion.py)."""
-
-    policy: str
-    step: int
-    record: DecisionRecord  # what was decided, by whom, why, and the test's figures
 
 
 Item = CallRecord | Score | Step | Decision
@@ -203,6 +182,13 @@ class LangfuseExport:
             self._queue.put_nowait(item)
         except queue.Full:
             self.items.labels(_kind(item), "dropped").inc()
+
+    # As a watcher of training (telemetry/watchers.py): each step and decision an event.
+    def step(self, step: Step) -> None:
+        self.put(step)
+
+    def decision(self, decision: Decision) -> None:
+        self.put(decision)
 
     def put_calls(self, items: list[Any]) -> None:
         """The calls among a commit's items (the writer's on_commit)."""

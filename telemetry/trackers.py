@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import msgspec
 
-from burnish_server.core.promotion import DecisionRecord
+from burnish_server.telemetry.watchers import Decision, Step
 
 if TYPE_CHECKING:
     from burnish_server.core.settings import Settings
@@ -239,18 +239,20 @@ class Trackers:
         log.info("the trainer logs to %s", ", ".join(t.name for t in trackers))
         return cls(trackers)
 
-    def log_step(self, policy: str, step: int, metrics: Mapping[str, Any]) -> None:
+    # As a watcher of training (telemetry/watchers.py).
+    def step(self, step: Step) -> None:
         """A recorded step's metrics (``train/<name>``)."""
-        self._put(policy, TRAIN, step, numeric(metrics))
+        self._put(step.policy, TRAIN, step.step, numeric(step.metrics))
 
-    def log_held_out(self, policy: str, step: int, score: float, trajectories: int) -> None:
+    def decision(self, decision: Decision) -> None:
+        """A promotion decision about a version (``promotion/<decision>`` = 1) and the numbers
+        of its record (the test's figures, ``promotion/test/...``)."""
+        record = decision.record
+        self._put(decision.policy, PROMOTION, decision.step, {record.decision: 1.0, **numeric(msgspec.to_builtins(record))})
+
+    def held_out(self, policy: str, step: int, score: float, trajectories: int) -> None:
         """The held-out score of version ``step`` (``eval/score``, ``eval/trajectories``)."""
         self._put(policy, EVAL, step, {"score": float(score), "trajectories": float(trajectories)})
-
-    def log_decision(self, policy: str, step: int, record: DecisionRecord) -> None:
-        """A promotion decision about version ``step`` (``promotion/<decision>`` = 1) and the
-        numbers of its record (the test's figures, ``promotion/test/...``)."""
-        self._put(policy, PROMOTION, step, {record.decision: 1.0, **numeric(msgspec.to_builtins(record))})
 
     def _put(self, policy: str, series: str, step: int, values: dict[str, float]) -> None:
         item = _Item(policy, series, step, {f"{series}/{key}": value for key, value in values.items()})

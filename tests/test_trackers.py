@@ -11,6 +11,7 @@ import json
 import logging
 import struct
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from burnish_server.core.settings import Settings
 from burnish_server.store.database import Database
 from burnish_server.store.policies import list_steps
 from burnish_server.telemetry.trackers import MLflowTracker, TensorBoardTracker, Trackers, WandbTracker, _require, numeric
+from burnish_server.telemetry.watchers import Decision, Step
 from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
 from tests.conftest import Gateway
 from tests.servers import free_port
@@ -115,6 +117,12 @@ def tensorboard_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
 # ---- the trackers on their own ---------------------------------------------------------------
 
 METRICS = {"loss": 0.125, "reward_mean": 0.5, "tokens": 96.0, "groups": 2, "phase": {"seconds": 1.5, "inner": {"x": 3}}, "note": "text", "none": None}
+
+
+def recorded(policy: str, step: int, metrics: dict) -> Step:
+    return Step(policy, step, step - 1, [], metrics, datetime.now(UTC))
+
+
 NUMERIC = {"train/loss": 0.125, "train/reward_mean": 0.5, "train/tokens": 96.0, "train/groups": 2.0, "train/phase/seconds": 1.5, "train/phase/inner/x": 3.0}
 
 
@@ -132,14 +140,14 @@ def test_every_tracker_gets_steps_held_out_scores_and_decisions(tmp_path: Path, 
     )
     test = compare(Sample(8, 0.5, 0.04), Sample(8, 0.75, 0.04), margin=0.05, confidence=0.95, min_n=4)
     record = DecisionRecord(decision=Outcome.PROMOTED, by="test", reason=test.reason, test=test)
-    trackers.log_step("agent", 1, METRICS)
-    trackers.log_step("agent", 2, {**METRICS, "loss": 0.0625})
+    trackers.step(recorded("agent", 1, METRICS))
+    trackers.step(recorded("agent", 2, {**METRICS, "loss": 0.0625}))
     # A version's held-out score comes after later steps, and again when it changes.
-    trackers.log_held_out("agent", 2, 0.75, 8)
-    trackers.log_held_out("agent", 0, 0.25, 4)
-    trackers.log_held_out("agent", 0, 0.5, 6)
-    trackers.log_decision("agent", 2, record)
-    trackers.log_step("other", 1, {"loss": 1.0})  # another policy: a run of its own
+    trackers.held_out("agent", 2, 0.75, 8)
+    trackers.held_out("agent", 0, 0.25, 4)
+    trackers.held_out("agent", 0, 0.5, 6)
+    trackers.decision(Decision("agent", 2, record))
+    trackers.step(recorded("other", 1, {"loss": 1.0}))  # another policy: a run of its own
     trackers.close()
     assert not trackers.thread.is_alive()
 
@@ -191,7 +199,7 @@ def test_a_restarted_trainer_goes_on_in_the_policys_mlflow_run(tmp_path: Path) -
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     for step in (1, 2):  # two trainer processes, one after the other
         trackers = Trackers([MLflowTracker(uri, "burnish")])
-        trackers.log_step("agent", step, {"loss": 1.0 / step})
+        trackers.step(recorded("agent", step, {"loss": 1.0 / step}))
         trackers.close()
     assert mlflow_history(uri, "burnish") == {"agent": {"train/loss": [(1, 1.0), (2, 0.5)]}}
 
@@ -202,8 +210,8 @@ def test_a_failing_tracker_is_a_warning_and_the_others_still_log(tmp_path: Path,
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     trackers = Trackers([MLflowTracker(f"http://127.0.0.1:{free_port()}", "burnish"), TensorBoardTracker(str(tmp_path / "tb"))])
     with caplog.at_level(logging.WARNING, logger="burnish.trackers"):
-        trackers.log_step("agent", 1, {"loss": 0.5})
-        trackers.log_held_out("agent", 0, 0.25, 4)
+        trackers.step(recorded("agent", 1, {"loss": 0.5}))
+        trackers.held_out("agent", 0, 0.25, 4)
         trackers.close()
     failed = [r.getMessage() for r in caplog.records if r.name == "burnish.trackers"]
     assert len(failed) == 2 and all(m.startswith("MLflow: logging agent@") for m in failed), failed

@@ -51,8 +51,9 @@ from burnish_server.store.evals import Score, scores_by_step
 from burnish_server.store.models import iso, utcnow
 from burnish_server.store.policies import clear_training_request, get_policy, last_step, load_policies, mark_load_error, mark_replicas, mark_served, record_step
 from burnish_server.store.training import claim_groups, group_calls, other_trainer_busy, release_groups
-from burnish_server.telemetry.langfuse_export import Decision, LangfuseExport, Step
+from burnish_server.telemetry.langfuse_export import LangfuseExport
 from burnish_server.telemetry.trackers import Trackers
+from burnish_server.telemetry.watchers import Decision, Step, Watchers
 from burnish_server.trainer.checkpoints import Checkpoints
 from burnish_server.trainer.distributed import Ranks
 from burnish_server.trainer.models import Models
@@ -82,10 +83,11 @@ class TrainerWorker:
         self.refused: dict[tuple[str, str], tuple[str, float]] = {}  # (replica, adapter) -> (its error, when)
         self.replica_views: dict[str, list[ReplicaView]] = {}  # policy -> as last written to the store
         self.caught_up_at = float("-inf")
-        self.langfuse = LangfuseExport.from_settings(settings)  # each step as an event, when keys are set
         # W&B, MLflow, TensorBoard, those configured. This worker runs on rank 0 alone (the other
         # ranks follow it: cli/main.py), so each step is logged once.
         self.trackers = Trackers.from_settings(settings)
+        # Each step and decision to Langfuse (as events, when keys are set) and the trackers.
+        self.watchers = Watchers([LangfuseExport.from_settings(settings), self.trackers])
         self.tracked: dict[tuple[str, int], Score] = {}  # (policy, step) -> held-out score as last logged
         self.tracked_at = float("-inf")
         self.promoter = Promoter(self.db, settings.trainer_review_every, self.record_decision)
@@ -128,10 +130,7 @@ class TrainerWorker:
 
     async def close(self) -> None:
         self.held.stop()
-        if self.langfuse is not None:
-            await asyncio.to_thread(self.langfuse.close)
-        if self.trackers is not None:
-            await asyncio.to_thread(self.trackers.close)
+        await asyncio.to_thread(self.watchers.close)
         self.fleet.close()
         await self.db.dispose()
 
@@ -176,11 +175,7 @@ class TrainerWorker:
         return True
 
     def record_decision(self, policy: str, step: int, record: DecisionRecord) -> None:
-        """A decision, where the policy's steps are watched beyond the store (Langfuse, the trackers)."""
-        if self.langfuse is not None:
-            self.langfuse.put(Decision(policy, step, record))
-        if self.trackers is not None:
-            self.trackers.log_decision(policy, step, record)
+        self.watchers.decision(Decision(policy, step, record))
 
     async def track_held_out(self, trackers: Trackers, policies: list[Policy]) -> None:
         """Each version's held-out score to the trackers, when it is new or changed (more eval
@@ -190,7 +185,7 @@ class TrainerWorker:
             for step, score in (await self.db.read(scores_by_step, policy.name)).items():
                 if self.tracked.get((policy.name, step)) != score:
                     self.tracked[(policy.name, step)] = score
-                    trackers.log_held_out(policy.name, step, score.score, score.trajectories)
+                    trackers.held_out(policy.name, step, score.score, score.trajectories)
 
     async def train_once(self, policy: Policy) -> bool:
         t0 = time.perf_counter()
@@ -225,10 +220,7 @@ class TrainerWorker:
             return False
         if not became_head:
             log.warning("%s was rolled back during step %d: the step is kept but not served", policy.name, step)
-        if self.langfuse is not None:
-            self.langfuse.put(Step(policy.name, step, policy.head, ids, metrics, utcnow()))
-        if self.trackers is not None:
-            self.trackers.log_step(policy.name, step, metrics)
+        self.watchers.step(Step(policy.name, step, policy.head, ids, metrics, utcnow()))
         self.steps_done += 1
         await self.publish_pending(await self.db.read(get_policy, policy.name))
         return True
