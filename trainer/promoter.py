@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from burnish_server.core.policies import Policy
-from burnish_server.core.promotion import DecisionRecord, Outcome, regression, trial
+from burnish_server.core.promotion import DecisionRecord, Outcome, regression
 from burnish_server.store import promotion
 from burnish_server.store.database import Database
 from burnish_server.store.models import utcnow
@@ -67,8 +67,7 @@ class Promoter:
         rule stopped trying steps during the trial."""
         if not policy.promotion.trials:
             return DecisionRecord(decision=Outcome.PROMOTED, by="rule", reason="the promotion rule became immediate", decided_at=utcnow())
-        found = await self.db.read(promotion.trial_samples, policy)
-        test = None if found is None else trial(policy.promotion, *found)
+        test = await self.db.read(promotion.evidence, policy)
         if test is None or test.outcome is None:
             return None
         return DecisionRecord(decision=test.outcome, by="test", reason=test.reason, test=test, decided_at=utcnow())
