@@ -1,4 +1,4 @@
-"""The ``burnish`` command: gateway, trainer, up, db upgrade, keys, tiny-model, convert-gguf.
+"""The ``burnish`` command: gateway, trainer, up, db upgrade / prune / restore, keys, tiny-model, convert-gguf.
 
 The top layer. It imports the gateway and the trainer only inside the commands that run
 them, so `burnish gateway` never loads torch and `burnish trainer` never loads Litestar."""
@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import click
 
+from burnish_server.cli.db import prune, restore
 from burnish_server.core import logs
 from burnish_server.core.access import SCOPES
 from burnish_server.core.settings import Settings
@@ -94,7 +95,11 @@ async def _migrate(settings: Settings, revision: str) -> None:
 
 @main.group()
 def db() -> None:
-    """The store's schema."""
+    """The store: its schema (upgrade), retention (prune, restore)."""
+
+
+db.add_command(prune)
+db.add_command(restore)
 
 
 @db.command()

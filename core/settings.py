@@ -147,6 +147,9 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     # SQLite's synchronous pragma: NORMAL survives a process crash in WAL mode;
     # FULL also survives power loss, at the price of an fsync per commit.
     sqlite_synchronous: str = "NORMAL"
+    # Retention (docs/operations.md#retention): days a project without its own setting keeps a
+    # trajectory after its last call or reward, applied by `burnish db prune`. 0: keep everything.
+    retention_days: Annotated[float, Meta(ge=0, le=36500)] = 0.0
     # Apply pending Alembic migrations at start. On PostgreSQL an advisory lock
     # makes concurrent starters take turns.
     auto_migrate: bool = True
