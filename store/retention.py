@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Boolean, DateTime, Float, String, delete, exists, func, insert, or_, select
+from sqlalchemy import Boolean, DateTime, Float, String, and_, delete, exists, func, insert, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Mapped, mapped_column
@@ -144,9 +144,9 @@ class Unit:
 
 
 def _active_since(cut: datetime) -> Any:
-    """A trajectory with a call or a reward at or after ``cut``."""
+    """A trajectory with a call or a reward at or after ``cut`` (never NULL: it is negated)."""
     rewarded = exists().where(Reward.trajectory_id == Trajectory.id, Reward.created_at >= cut)
-    return or_(Trajectory.updated_at >= cut, Trajectory.rewarded_at >= cut, rewarded)
+    return or_(Trajectory.updated_at >= cut, and_(Trajectory.rewarded_at.is_not(None), Trajectory.rewarded_at >= cut), rewarded)
 
 
 @dataclass
@@ -187,7 +187,9 @@ def select_batch(
         member_active = exists().where(Trajectory.group_id == Group.id, _active_since(cut))
         rows = conn.execute(
             select(Group.pk, Group.id, Group.policy, Group.trained_at, Group.trained_step, Group.claimed_by)
-            .where(Group.project == project, Group.pk > after_group, Group.closed_at.is_not(None), Group.closed_at < cut, Group.created_at < cut, ~member_active)
+            .where(
+                Group.project == project, Group.pk > after_group, Group.closed_at.is_not(None), Group.closed_at < cut, Group.created_at < cut, ~member_active
+            )
             .order_by(Group.pk)
             .limit(limit)
         ).all()
@@ -400,4 +402,3 @@ def archived_columns() -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
         "trajectories": (tables["trajectories"], ("pk", *_TRAJECTORY_FIELDS)),
         "ruler_verdicts": (tables["ruler_verdicts"], ("pk", *_VERDICT_FIELDS)),
     }
-
