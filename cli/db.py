@@ -360,7 +360,9 @@ def _report(project: str, days: float, counts: Any, dry_run: bool, include_train
     help="days since a trajectory's last call or reward [default: each project's retention, else BURNISH_RETENTION_DAYS]",
 )
 @click.option("--include-trained", is_flag=True, help="also remove what a kept version (served, head, candidate, promoted, or their parents) trained on")
-@click.option("--archive", "archive_path", type=click.Path(dir_okay=False), help="where to write what is removed [default: <data_dir>/archives/prune-<time>.jsonl.gz]")
+@click.option(
+    "--archive", "archive_path", type=click.Path(dir_okay=False), help="where to write what is removed [default: <data_dir>/archives/prune-<time>.jsonl.gz]"
+)
 @click.option("--dry-run", is_flag=True, help="say what would be removed; change nothing, write no archive")
 @click.option("--batch", type=click.IntRange(1, 10_000), default=BATCH, show_default=True, help="trajectories or groups per transaction")
 @click.option("--database-url", help="[BURNISH_DATABASE_URL]")
@@ -411,7 +413,9 @@ async def _prune(
             await database.migrate()
         plan = await _plan(database, settings, projects, older_than, include_trained)
         if not plan.projects:
-            click.echo("nothing to prune: no project has a retention (set one over /admin/projects/{project}/retention, BURNISH_RETENTION_DAYS, or --older-than)")
+            click.echo(
+                "nothing to prune: no project has a retention (set one over /admin/projects/{project}/retention, BURNISH_RETENTION_DAYS, or --older-than)"
+            )
             return
         started = time.monotonic()
         for project, days, trained in plan.projects:
@@ -425,7 +429,9 @@ async def _prune(
         await database.dispose()
     if writer is not None:
         if writer.written:
-            click.echo(f"archive: {writer.path} ({writer.records} trajectories, {time.monotonic() - started:.1f} s); burnish db restore {writer.path} puts them back")
+            click.echo(
+                f"archive: {writer.path} ({writer.records} trajectories, {time.monotonic() - started:.1f} s); burnish db restore {writer.path} puts them back"
+            )
         else:
             click.echo("nothing removed: no archive written")
 

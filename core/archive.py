@@ -23,7 +23,7 @@ import msgspec
 from burnish_server.core.access import STORED_ID_MAX, is_project, local, project_of
 from burnish_server.core.ids import ID_PATTERN
 
-FORMAT = "burnish.archive/1"
+FORMAT: Literal["burnish.archive/1"] = "burnish.archive/1"
 
 StoredId = Annotated[str, msgspec.Meta(min_length=1, max_length=STORED_ID_MAX)]
 

@@ -97,8 +97,8 @@ def kept_versions(conn: Connection) -> set[tuple[str, int]]:
         parents[(row.policy, row.step)] = row.parent
         if row.decision == Outcome.PROMOTED:
             live.add((row.policy, row.step))
-    for row in conn.execute(select(PolicyRow.name, PolicyRow.step, PolicyRow.head, PolicyRow.candidate)):
-        live |= {(row.name, s) for s in (row.step, row.head, row.candidate) if s}
+    for policy in conn.execute(select(PolicyRow.name, PolicyRow.step, PolicyRow.head, PolicyRow.candidate)):
+        live |= {(policy.name, s) for s in (policy.step, policy.head, policy.candidate) if s}
     kept: set[tuple[str, int]] = set()
     for version in live:
         while version[1] and version not in kept:  # back to the base (step 0), or to a version seen
@@ -185,7 +185,7 @@ def select_batch(
         next_trajectory = rows[-1].pk if len(rows) == limit else None
     if after_group is not None:
         member_active = exists().where(Trajectory.group_id == Group.id, _active_since(cut))
-        rows = conn.execute(
+        found = conn.execute(
             select(Group.pk, Group.id, Group.policy, Group.trained_at, Group.trained_step, Group.claimed_by)
             .where(
                 Group.project == project, Group.pk > after_group, Group.closed_at.is_not(None), Group.closed_at < cut, Group.created_at < cut, ~member_active
@@ -193,16 +193,16 @@ def select_batch(
             .order_by(Group.pk)
             .limit(limit)
         ).all()
-        next_group = rows[-1].pk if len(rows) == limit else None
+        next_group = found[-1].pk if len(found) == limit else None
         if kept is None:
             kept = kept_versions(conn)
-        untrained = [row for row in rows if row.trained_at is None]
+        untrained = [row for row in found if row.trained_at is None]
         ready: set[str] = set()
         for policy in {row.policy for row in untrained if row.policy is not None}:
             ids = [row.id for row in untrained if row.policy == policy]
             ready |= set(conn.execute(ready_groups(policy, now=utcnow()).where(Group.id.in_(ids))).scalars())
         goes: list[str] = []
-        for row in rows:
+        for row in found:
             if row.trained_at is None and (row.claimed_by is not None or row.id in ready):
                 counts.kept_ready += 1  # being trained, or waiting to be
             elif row.trained_at is not None and not include_trained and (row.policy, row.trained_step) in kept:
@@ -211,7 +211,8 @@ def select_batch(
                 goes.append(row.id)
         members: dict[str, list[str]] = {g: [] for g in goes}
         for gid, tid in conn.execute(select(Trajectory.group_id, Trajectory.id).where(Trajectory.group_id.in_(goes)).order_by(Trajectory.pk)):
-            members[gid].append(tid)
+            if gid is not None:
+                members[gid].append(tid)
         units += [Unit(g, members[g]) for g in goes]
     return Batch(units, next_trajectory, next_group, counts)
 
@@ -247,10 +248,10 @@ def _fingerprint(conn: Connection, units: Sequence[Unit]) -> dict[str, Any]:
         seen[f"g:{row.id}"] = tuple(row)
     for gid, tid in conn.execute(select(Trajectory.group_id, Trajectory.id).where(Trajectory.group_id.in_(group_ids)).order_by(Trajectory.id)):
         seen.setdefault(f"m:{gid}", []).append(tid)
-    for row in conn.execute(
+    for member in conn.execute(
         select(Trajectory.id, Trajectory.group_id, Trajectory.updated_at, Trajectory.rewarded_at, Trajectory.reward).where(Trajectory.id.in_(trajectory_ids))
     ):
-        seen[f"t:{row.id}"] = tuple(row)
+        seen[f"t:{member.id}"] = tuple(member)
     for tid, count, newest in conn.execute(
         select(Call.trajectory_id, func.count(), func.max(Call.pk)).where(Call.trajectory_id.in_(trajectory_ids)).group_by(Call.trajectory_id)
     ):
@@ -279,8 +280,8 @@ def read_batch(conn: Connection, units: list[Unit], now: datetime | None = None)
     for row in conn.execute(select(Call).where(Call.trajectory_id.in_(trajectory_ids)).order_by(Call.started_at, Call.pk)):
         calls.setdefault(row.trajectory_id, []).append(ArchivedCall(**_columns(row, _CALL_FIELDS)))
     rewards: dict[str, list[ArchivedReward]] = {}
-    for row in conn.execute(select(Reward).where(Reward.trajectory_id.in_(trajectory_ids)).order_by(Reward.pk)):
-        rewards.setdefault(row.trajectory_id, []).append(ArchivedReward(**_columns(row, _REWARD_FIELDS)))
+    for reward in conn.execute(select(Reward).where(Reward.trajectory_id.in_(trajectory_ids)).order_by(Reward.pk)):
+        rewards.setdefault(reward.trajectory_id, []).append(ArchivedReward(**_columns(reward, _REWARD_FIELDS)))
     groups = {row.id: ArchivedGroup(**_columns(row, _GROUP_FIELDS)) for row in conn.execute(select(Group).where(Group.id.in_(group_ids)))}
     keys = {g.ruler_key for g in groups.values() if g.ruler_key}
     verdicts = {row.key: ArchivedVerdict(**_columns(row, _VERDICT_FIELDS)) for row in conn.execute(select(RulerVerdict).where(RulerVerdict.key.in_(keys)))}
@@ -369,7 +370,9 @@ def restore_records(conn: Connection, records: list[ArchivedTrajectory]) -> tupl
         keys: dict[int, int] = {}
         for call in record.calls:
             values = {name: getattr(call, name) for name in _CALL_FIELDS if name != "pk"}
-            keys[call.pk] = conn.execute(insert(Call).values(trajectory_id=record.id, **values)).inserted_primary_key[0]
+            inserted = conn.execute(insert(Call).values(trajectory_id=record.id, **values)).inserted_primary_key
+            assert inserted is not None
+            keys[call.pk] = inserted[0]
         if record.rewards:
             rows = [{name: getattr(r, name) for name in _REWARD_FIELDS} | {"trajectory_id": record.id} for r in record.rewards]
             for row in rows:

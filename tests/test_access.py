@@ -118,6 +118,8 @@ ROUTES: list[tuple[str, str, str, dict[str, Any] | None]] = [
     ("admin", "DELETE", "/admin/keys/key_0123456789abcdef", None),
     ("admin", "GET", "/admin/sessions", None),
     ("admin", "DELETE", "/admin/sessions/ses_0123456789abcdef", None),
+    ("admin", "GET", "/admin/projects/team-a/retention", None),
+    ("admin", "PUT", "/admin/projects/team-a/retention", {"days": 30}),
 ]
 
 
@@ -185,7 +187,8 @@ def test_every_route_is_in_the_matrix(gateway: Gateway) -> None:
             m,
             p.replace("/admin/policies/agent", "/admin/policies/{name:str}")
             .replace("/admin/keys/key_0123456789abcdef", "/admin/keys/{key_id:str}")
-            .replace("/admin/sessions/ses_0123456789abcdef", "/admin/sessions/{session_id:str}"),
+            .replace("/admin/sessions/ses_0123456789abcdef", "/admin/sessions/{session_id:str}")
+            .replace("/admin/projects/team-a", "/admin/projects/{project:str}"),
             s,
         )
         for m, p, s in names

@@ -7,6 +7,7 @@ from typing import Any
 
 import jsonschema
 
+from burnish_server.core.access import PROJECT_REGEX
 from burnish_server.core.ids import ID_REGEX
 from burnish_server.core.sessions import SESSION_ID_REGEX
 from tests.conftest import Gateway
@@ -99,7 +100,7 @@ def test_ids_in_paths_have_their_pattern(gateway: Gateway) -> None:
             if p["name"] in ("index", "step"):  # a call's index in its trajectory, a policy's step: integers, not ids
                 assert p["schema"]["type"] == "integer", (method, path)
                 continue
-            expected = {"key_id": r"^key_[0-9a-f]{16}$(?!\n)", "session_id": SESSION_ID_REGEX}.get(p["name"], ID_REGEX)
+            expected = {"key_id": r"^key_[0-9a-f]{16}$(?!\n)", "session_id": SESSION_ID_REGEX, "project": PROJECT_REGEX}.get(p["name"], ID_REGEX)
             assert p["schema"]["pattern"] == expected, (method, path, p["name"])
 
 

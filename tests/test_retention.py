@@ -96,7 +96,9 @@ def _policy_history(conn: Any) -> None:
     """agent: step 1 from the base, step 2 from 1 (served), step 3 from 1 (rolled back)."""
     create_policy(conn, Policy(name="agent", base_model="tiny"))
     for step, parent, decision in ((1, 0, None), (2, 1, "promoted"), (3, 1, "rolled_back")):
-        conn.execute(insert(StepRow).values(policy="agent", step=step, parent=parent, groups=[], metrics={}, checkpoint=f"/c/{step}", trainer="t", decision=decision))
+        conn.execute(
+            insert(StepRow).values(policy="agent", step=step, parent=parent, groups=[], metrics={}, checkpoint=f"/c/{step}", trainer="t", decision=decision)
+        )
     conn.execute(update(PolicyRow).where(PolicyRow.name == "agent").values(step=2, head=2))
 
 
@@ -257,7 +259,9 @@ def test_prune_keeps_what_it_must_and_restore_puts_back_every_row(database_url: 
 
     records = list(read_archive(archive))
     assert {r.id for r in records} == OLD_GONE
-    assert _cli("db", "restore", str(archive), "--database-url", database_url).output.endswith("12 trajectories: 12 restored, 0 already in the store (skipped)\n")
+    assert _cli("db", "restore", str(archive), "--database-url", database_url).output.endswith(
+        "12 trajectories: 12 restored, 0 already in the store (skipped)\n"
+    )
     assert _dump(database_url) == before
     # Again: nothing changes.
     assert "0 restored, 12 already in the store (skipped)" in _cli("db", "restore", str(archive), "--database-url", database_url).output
