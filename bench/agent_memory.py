@@ -98,8 +98,8 @@ def worker(args: argparse.Namespace) -> None:
                 "peak_gb": status_kb("VmHWM") / 1e6,
                 "step_s": seconds,
                 "tokens": sum(len(s.tokens) for s, _ in items),
-                "sampled": metrics["tokens"],
-                "loss": metrics["loss"],
+                "sampled": metrics.tokens,
+                "loss": metrics.loss,
                 "checkpointing": base.checkpointing,
             }
         ),

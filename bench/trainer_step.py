@@ -160,17 +160,17 @@ def main() -> int:
         "calls": len(rows),
         "sequences": len(batch.items),
         "tokens": sum(len(s.tokens) for s, _ in batch.items),
-        "sampled": metrics["tokens"],
+        "sampled": metrics.tokens,
         "checkpointing": policy.base.checkpointing,
         "packed": policy.base.packs,
         "load_s": load_s,
         "batch_s": batch_s,
         "step_s": step_s,
         "step_times": times,
-        "sampled_tokens_per_s": metrics["tokens"] / step_s,
+        "sampled_tokens_per_s": metrics.tokens / step_s,
         "save_s": save_s,
         "peak_memory": peak,
-        "loss": metrics["loss"],
+        "loss": metrics.loss,
     }
     print(json.dumps(result), flush=True)
     args.results.parent.mkdir(parents=True, exist_ok=True)

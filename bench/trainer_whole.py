@@ -71,6 +71,7 @@ async def whole(args: argparse.Namespace, model: Path, vocab: int, work: Path) -
 
     from burnish_server.core.policies import LoraSettings, Policy, PromotionSettings, TrainSettings
     from burnish_server.core.settings import Settings
+    from burnish_server.core.steps import StepMetrics
     from burnish_server.store.database import Database
     from burnish_server.store.policies import create_policy, get_policy, list_steps
     from burnish_server.store.writes import insert_calls
@@ -134,14 +135,14 @@ async def whole(args: argparse.Namespace, model: Path, vocab: int, work: Path) -
     assert len(steps) == args.passes and policy.step == args.passes, f"steps {[s.step for s in steps]}, served {policy.step}"
     for figures, step in zip(passes, steps, strict=True):
         m = step.metrics
-        assert isinstance(m, dict) and step.publish_seconds is not None
+        assert isinstance(m, StepMetrics) and step.publish_seconds is not None
         figures.update(
             step=step.step,
-            read_s=m["seconds_read"],
-            load_s=m["seconds_load"],
-            batch_s=m["seconds_batch"],
-            step_s=m["seconds_step"],
-            save_s=m["seconds_save"],
+            read_s=m.seconds_read,
+            load_s=m.seconds_load,
+            batch_s=m.seconds_batch,
+            step_s=m.seconds_step,
+            save_s=m.seconds_save,
             publish_s=step.publish_seconds,
             # The worker's step (m["seconds"]) is load + batch + step + save + writing metrics.json.
             record_s=figures["wall_s"] - m["seconds_read"] - m["seconds"] - step.publish_seconds,

@@ -260,7 +260,7 @@ def ours_stepper(spec: dict):
 
     def step() -> tuple[float, int]:
         metrics = policy.step(items)
-        return metrics["loss"], int(metrics["tokens"])
+        return metrics.loss, int(metrics.tokens)
 
     return step, {"device": str(policy.device), "checkpointing": base.checkpointing}
 

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 import httpx
 import msgspec
 
+from burnish_server.core.steps import StepMetrics
 from burnish_server.core.views import PolicyList, PolicyView
 
 
@@ -61,9 +62,8 @@ def render(policy: PolicyView, now: datetime | None = None) -> str:
     if step is None:
         lines.append("  no step yet")
     else:
-        metrics = step.metrics if isinstance(step.metrics, dict) else {}
-        reward = metrics.get("reward_mean")
-        figures = f": train reward {reward:.3f}" if isinstance(reward, int | float) else ""
+        reward = step.metrics.reward_mean if isinstance(step.metrics, StepMetrics) else None
+        figures = f": train reward {reward:.3f}" if reward is not None else ""
         lines.append(f"  last step {step.step}{figures}{_ago(step.created_at, now)}")
     scored = [e for e in policy.eval if e.score is not None]
     if scored:

@@ -23,7 +23,6 @@ The first four name something the agent did; the last three, the chat template
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -113,14 +112,3 @@ def _has_reasoning(answer: Any) -> bool:
             return True
     items = [*(answer.get("output") or []), *(answer.get("content") or [])]
     return any(isinstance(item, dict) and item.get("type") in ("reasoning", "thinking") for item in items)
-
-
-def split_totals(history: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """Steps' metrics -> the splits they trained, by reason (each step's ``split_<reason>``, summed)."""
-    totals: dict[str, int] = {}
-    for metrics in history:
-        for key, value in metrics.items():
-            if key.startswith("split_") and isinstance(value, int | float):
-                reason = key.removeprefix("split_")
-                totals[reason] = totals.get(reason, 0) + int(value)
-    return totals

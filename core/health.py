@@ -19,10 +19,11 @@ steps' metrics stop changing just when it matters.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import msgspec
+
+from burnish_server.core.steps import StepMetrics
 
 # Steps averaged at each end of the run.
 WINDOW = 3
@@ -62,16 +63,16 @@ class Health(msgspec.Struct, kw_only=True):
     warning: str | None = None
 
 
-def _mean(history: Sequence[Mapping[str, Any]], key: str) -> float | None:
-    values = [float(m[key]) for m in history if isinstance(m.get(key), int | float)]
-    return sum(values) / len(values) if values else None
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]  # None: a step from before the figure existed
+    return sum(known) / len(known) if known else None
 
 
-def health(history: Sequence[Mapping[str, Any]], ties: RecentGroups | None = None) -> Health:
+def health(history: Sequence[StepMetrics], ties: RecentGroups | None = None) -> Health:
     """``history``: each step's metrics, oldest first; ``ties``: the last closed groups."""
     first, last = history[:WINDOW], history[-WINDOW:]
-    reward_first, reward_last = _mean(first, "reward_mean"), _mean(last, "reward_mean")
-    entropy_first, entropy_last = _mean(first, "entropy"), _mean(last, "entropy")
+    reward_first, reward_last = _mean([m.reward_mean for m in first]), _mean([m.reward_mean for m in last])
+    entropy_first, entropy_last = _mean([m.entropy for m in first]), _mean([m.entropy for m in last])
     out = Health(
         steps=len(history),
         reward_first=reward_first,
@@ -79,7 +80,7 @@ def health(history: Sequence[Mapping[str, Any]], ties: RecentGroups | None = Non
         reward_trend=None if reward_first is None or reward_last is None else reward_last - reward_first,
         entropy_first=entropy_first,
         entropy_last=entropy_last,
-        distance_from_base=_mean(history[-1:], "distance_from_base"),
+        distance_from_base=history[-1].distance_from_base if history else None,
         recent_groups=ties.groups if ties else 0,
         recent_tied=ties.tied if ties else 0,
         recent_unrewarded=ties.unrewarded if ties else 0,
@@ -109,7 +110,7 @@ def health(history: Sequence[Mapping[str, Any]], ties: RecentGroups | None = Non
             f"collapsing: the entropy on sampled tokens fell from {entropy_first:.3f} to {entropy_last:.3f}; "
             "the policy is sampling the same tokens every time (lower the learning rate, or roll back)"
         )
-    spread = _mean(first, "reward_std")
+    spread = _mean([m.reward_std for m in first])
     if out.warning is None and out.reward_trend is not None and spread and out.reward_trend < -REWARD_DROP * spread:
         out.warning = (
             f"collapsing: the train reward fell from {reward_first:.3f} to {reward_last:.3f}, "

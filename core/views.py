@@ -17,6 +17,7 @@ from msgspec import UNSET, UnsetType
 from burnish_server.core.health import Health
 from burnish_server.core.policies import LoraSettings, PromotionSettings, RulerSettings, TrainSettings
 from burnish_server.core.promotion import Comparison, DecisionRecord, Outcome
+from burnish_server.core.steps import StepMetrics
 
 
 class View(msgspec.Struct):
@@ -132,9 +133,7 @@ class StepView(View, kw_only=True):
     groups: list[str]
     checkpoint: str
     trainer: str
-    # reward_mean, reward_std, loss, kl, clip_fraction, grad_norm, tokens, sequences, sequence_splits,
-    # untokenized_calls, seconds, ... (docs/trainer.md)
-    metrics: dict[str, Any] | UnsetType = UNSET
+    metrics: StepMetrics | UnsetType = UNSET  # core/steps.py; docs/trainer.md
     # Whether it served after its trial (docs/trainer.md, "Promotion"): the latest decision,
     # promoted, rejected or rolled_back (null while undecided, or under the immediate rule),
     # and every decision in order.
@@ -237,11 +236,23 @@ class StepList(View, kw_only=True):
     data: list[StepView]
 
 
+class StepFigures(StepMetrics, kw_only=True):
+    """A step in the metrics history: its figures, when it was made and served, the held-out
+    score of its version (null where none) and its promotion decisions."""
+
+    step: int
+    created_at: str | None
+    published_at: str | None
+    eval_score: float | None
+    eval_trajectories: int | None
+    decision: Outcome | None = None
+    decided_at: str | None = None
+    decisions: list[DecisionRecord] = []
+
+
 class MetricsList(View, kw_only=True):
     object: Literal["list"] = "list"
-    # One object per step, oldest first: step, created_at, published_at, the step's metrics,
-    # and eval_score / eval_trajectories, the held-out score of that version (null where none).
-    data: list[dict[str, Any]]
+    data: list[StepFigures]  # one per step, oldest first
 
 
 class JudgeView(View, kw_only=True):

@@ -13,6 +13,8 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from burnish_server.store.stats import StoreState
+
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 600)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -73,31 +75,31 @@ class Metrics:
             timings[0].observe(upstream_s)
             timings[1].observe(max(total_s - upstream_s, 0.0))
 
-    def set_store_state(self, state: dict[str, Any]) -> None:
+    def set_store_state(self, state: StoreState) -> None:
         gauges = (self.trajectories, self.groups, self.steps, self.step_seconds, self.reward, self.eval_score, self.eval_trajectories, self.splits)
         for gauge in (*gauges, self.decisions, self.candidate, self.served):
             gauge.clear()  # a policy or state that vanished must not linger
-        for name, count in state["trajectories"].items():
+        for name, count in state.trajectories.items():
             self.trajectories.labels(name).set(count)
-        for (policy, name), count in state["groups"].items():
+        for (policy, name), count in state.groups.items():
             self.groups.labels(policy or "", name).set(count)
-        for policy, (steps, seconds, reward) in state["steps"].items():
-            self.steps.labels(policy).set(steps)
-            if seconds is not None:
-                self.step_seconds.labels(policy).set(seconds)
-            if reward is not None:
-                self.reward.labels(policy).set(reward)
-        for policy, reasons in state.get("splits", {}).items():
+        for policy, last in state.steps.items():
+            self.steps.labels(policy).set(last.steps)
+            if last.seconds is not None:
+                self.step_seconds.labels(policy).set(last.seconds)
+            if last.reward is not None:
+                self.reward.labels(policy).set(last.reward)
+        for policy, reasons in state.splits.items():
             for reason, count in reasons.items():
                 self.splits.labels(policy, reason).set(count)
-        for (policy, step), (count, score) in state["evals"].items():
+        for (policy, step), (count, score) in state.evals.items():
             self.eval_trajectories.labels(policy, str(step)).set(count)
             self.eval_score.labels(policy, str(step)).set(score)
-        for (policy, decision), count in state["decisions"].items():
+        for (policy, decision), count in state.decisions.items():
             self.decisions.labels(policy, decision).set(count)
-        for policy, (served, candidate) in state["versions"].items():
-            self.served.labels(policy).set(served)
-            self.candidate.labels(policy).set(-1 if candidate is None else candidate)
+        for policy, versions in state.versions.items():
+            self.served.labels(policy).set(versions.served)
+            self.candidate.labels(policy).set(-1 if versions.candidate is None else versions.candidate)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

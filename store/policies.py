@@ -18,11 +18,11 @@ import msgspec
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.drift import split_totals
 from burnish_server.core.errors import Conflict, NotFound
 from burnish_server.core.health import RecentGroups, health
 from burnish_server.core.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, TrainSettings, adapter_name, settings_conflicts
 from burnish_server.core.promotion import DecisionRecord, Outcome
+from burnish_server.core.steps import StepMetrics, split_totals
 from burnish_server.core.views import CandidateView, PolicyView, ReplicaView, StepView
 from burnish_server.store import groups, promotion
 from burnish_server.store.evals import eval_scores
@@ -152,12 +152,16 @@ def last_step(conn: Connection, name: str) -> int:
     return conn.execute(select(func.max(StepRow.step)).where(StepRow.policy == name)).scalar() or 0
 
 
-def record_step(conn: Connection, name: str, step: int, parent: int, groups: list[str], worker: str, metrics: dict[str, Any], checkpoint: str) -> bool:
+def record_step(conn: Connection, name: str, step: int, parent: int, groups: list[str], worker: str, metrics: StepMetrics, checkpoint: str) -> bool:
     """The commit point of a step: its groups are trained, its row exists, and it becomes
     the head, unless a rollback moved the head while it trained (then it is kept, unserved).
     Returns whether it became the head."""
     complete_groups(conn, groups, worker, step)
-    conn.execute(insert(StepRow).values(policy=name, step=step, parent=parent, groups=groups, metrics=metrics, checkpoint=checkpoint, trainer=worker))
+    conn.execute(
+        insert(StepRow).values(
+            policy=name, step=step, parent=parent, groups=groups, metrics=msgspec.to_builtins(metrics), checkpoint=checkpoint, trainer=worker
+        )
+    )
     moved = conn.execute(
         update(PolicyRow).where(PolicyRow.name == name, PolicyRow.head == parent).values(head=step, train_requested_at=None, updated_at=utcnow())
     ).rowcount
@@ -203,7 +207,7 @@ def step_view(row: Any, served: int) -> StepView:
         groups=row.groups,
         checkpoint=row.checkpoint,
         trainer=row.trainer,
-        metrics=row.metrics,
+        metrics=StepMetrics.read(row.metrics),
         decision=None if row.decision is None else Outcome(row.decision),
         decided_at=iso(row.decided_at),
         decisions=promotion.decisions(row.decisions),
@@ -267,7 +271,7 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
     policy = to_policy(row)
     last = list_steps(conn, name, limit=1)
     # Every step's metrics, oldest first: the splits by reason and the run's health are read from them.
-    history = [m or {} for m in conn.execute(select(StepRow.metrics).where(StepRow.policy == name).order_by(StepRow.step)).scalars()]
+    history = [StepMetrics.read(m) for m in conn.execute(select(StepRow.metrics).where(StepRow.policy == name).order_by(StepRow.step)).scalars()]
     # Held-out groups apart: they never wait for training, whatever their state.
     by_state: dict[tuple[bool, str], int] = {
         (held_out, state): n

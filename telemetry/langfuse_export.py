@@ -381,7 +381,7 @@ def _training_event(policy: str, step: int, name: str, at: datetime, fields: dic
 def _step_event(step: Step) -> tuple[str, str, datetime, datetime, dict[str, Any]]:
     fields = {
         "langfuse.observation.input": {"parent": step.parent, "groups": step.groups},
-        "langfuse.observation.output": step.metrics,
+        "langfuse.observation.output": step.metrics.figures(),
         "langfuse.observation.metadata": {"policy": step.policy, "step": step.step, "parent": step.parent},
     }
     return _training_event(step.policy, step.step, "training step", step.recorded_at, fields)

@@ -4,8 +4,7 @@ MLflow and TensorBoard: each on when its setting is set (docs/operations.md).
 What is logged, per policy (one W&B run, one MLflow run, one TensorBoard subdirectory each),
 against the policy's step:
 
-- ``train/<metric>``: each numeric figure of a recorded step (the dict the store keeps as the
-  step's metrics), nested dicts flattened with "/";
+- ``train/<metric>``: each figure of a recorded step (core/steps.py: StepMetrics);
 - ``eval/score`` and ``eval/trajectories``: a version's held-out score and the rewarded eval
   trajectories it is over, at that version's step, each time either changes;
 - ``promotion/<decision>`` (1: promoted, rejected or rolled_back) and the test's figures
@@ -242,7 +241,7 @@ class Trackers:
     # As a watcher of training (telemetry/watchers.py).
     def step(self, step: Step) -> None:
         """A recorded step's metrics (``train/<name>``)."""
-        self._put(step.policy, TRAIN, step.step, numeric(step.metrics))
+        self._put(step.policy, TRAIN, step.step, numeric(step.metrics.figures()))
 
     def decision(self, decision: Decision) -> None:
         """A promotion decision about a version (``promotion/<decision>`` = 1) and the numbers

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Protocol
 
 from burnish_server.core.promotion import DecisionRecord
+from burnish_server.core.steps import StepMetrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +24,7 @@ class Step:
     step: int
     parent: int
     groups: list[str]
-    metrics: dict[str, float]
+    metrics: StepMetrics
     recorded_at: datetime
 
 

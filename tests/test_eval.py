@@ -15,6 +15,7 @@ from sqlalchemy import select
 
 from burnish import AsyncClient, Client
 from burnish_server.core.policies import Policy
+from burnish_server.core.steps import StepMetrics
 from burnish_server.store.database import Database, alembic_config
 from burnish_server.store.evals import METRICS_NEWEST, for_metrics
 from burnish_server.store.models import Group, Trajectory, utcnow
@@ -199,7 +200,7 @@ def _step(gw: Gateway, step: int, parent: int) -> None:
     async def write() -> None:
         db = Database(gw.settings.resolved_database_url)
         try:
-            await db.transaction(record_step, "agent", step, parent, [], "w", {"loss": 0.25, "reward_mean": 0.5}, f"/ckpt/{step}")
+            await db.transaction(record_step, "agent", step, parent, [], "w", StepMetrics(loss=0.25, reward_mean=0.5), f"/ckpt/{step}")
         finally:
             await db.dispose()
 

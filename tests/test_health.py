@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from burnish_server.core.health import RecentGroups, health
+from burnish_server.core.steps import StepMetrics
 from tests.conftest import Gateway
 
 
-def steps(rewards: list[float], entropies: list[float], std: float = 0.2) -> list[dict[str, float]]:
-    return [{"reward_mean": r, "reward_std": std, "entropy": e, "distance_from_base": i / 100} for i, (r, e) in enumerate(zip(rewards, entropies))]
+def steps(rewards: list[float], entropies: list[float], std: float = 0.2) -> list[StepMetrics]:
+    return [StepMetrics(reward_mean=r, reward_std=std, entropy=e, distance_from_base=i / 100) for i, (r, e) in enumerate(zip(rewards, entropies))]
 
 
 def test_a_run_that_learns_is_healthy() -> None:

@@ -239,7 +239,7 @@ def test_the_step_metrics_count_splits_and_untokenized_calls(tokenizer: Any, tin
     policy = Policy(name="agent", base_model="tiny", model_path=str(tiny_model), lora=LoraSettings(rank=8, alpha=16))
     metrics = worker.held.step(policy, rows, 1)
     worker.fleet.close()
-    assert metrics["sequence_splits"] == 2 and metrics["untokenized_calls"] == 1
-    assert metrics["split_reasoning_dropped"] == 2 and metrics["split_tool_call_rerendered"] == 0
-    assert metrics["sequences"] == 4
+    assert metrics.sequence_splits == 2 and metrics.untokenized_calls == 1
+    assert metrics.split_reasoning_dropped == 2 and metrics.split_tool_call_rerendered == 0
+    assert metrics.sequences == 4
     assert json.loads((tmp_path / "data" / "policies" / "agent" / "checkpoints" / "1" / "metrics.json").read_text())["sequence_splits"] == 2

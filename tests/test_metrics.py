@@ -7,6 +7,8 @@ import asyncio
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from burnish_server.core.drift import REASONS
+from burnish_server.core.steps import StepMetrics
 from burnish_server.store.database import Database
 from burnish_server.store.policies import record_step
 from burnish_server.store.training import claim_groups
@@ -70,7 +72,7 @@ def test_metrics_show_the_trainers_steps(make_gateway, upstream: Upstream, datab
         db = Database(gw.settings.resolved_database_url)
         try:
             ids = await db.transaction(claim_groups, "agent", "w", 1)
-            metrics = {"seconds": 2.5, "reward_mean": 0.5, "split_tool_call_rerendered": 3.0, "split_prompt_cut": 0.0}
+            metrics = StepMetrics(seconds=2.5, reward_mean=0.5, split_tool_call_rerendered=3.0)
             await db.transaction(record_step, "agent", 1, 0, ids, "w", metrics, "/c/1")
             await db.transaction(claim_groups, "agent", "w", 1)  # the second group: being trained
         finally:
@@ -86,7 +88,7 @@ def test_metrics_show_the_trainers_steps(make_gateway, upstream: Upstream, datab
     assert m[("burnish_groups", (agent, ("state", "training")))] == 1
     assert m[("burnish_sequence_splits", (agent, ("reason", "tool_call_rerendered")))] == 3
     assert m[("burnish_sequence_splits", (agent, ("reason", "prompt_cut")))] == 0
-    assert gw.policy("agent")["splits"] == {"tool_call_rerendered": 3, "prompt_cut": 0}  # the status says the same
+    assert gw.policy("agent")["splits"] == {reason: 3 if reason == "tool_call_rerendered" else 0 for reason in REASONS}  # the status says the same
 
 
 def test_no_policy_ever_made_no_trainer_series(make_gateway, upstream: Upstream) -> None:

@@ -24,6 +24,7 @@ from wandb.proto import wandb_internal_pb2
 
 from burnish_server.core.promotion import DecisionRecord, Outcome, Sample, compare
 from burnish_server.core.settings import Settings
+from burnish_server.core.steps import StepMetrics
 from burnish_server.store.database import Database
 from burnish_server.store.policies import list_steps
 from burnish_server.telemetry.trackers import MLflowTracker, TensorBoardTracker, Trackers, WandbTracker, _require, numeric
@@ -119,15 +120,19 @@ def tensorboard_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
 METRICS = {"loss": 0.125, "reward_mean": 0.5, "tokens": 96.0, "groups": 2, "phase": {"seconds": 1.5, "inner": {"x": 3}}, "note": "text", "none": None}
 
 
-def recorded(policy: str, step: int, metrics: dict) -> Step:
+def recorded(policy: str, step: int, metrics: StepMetrics) -> Step:
     return Step(policy, step, step - 1, [], metrics, datetime.now(UTC))
 
 
-NUMERIC = {"train/loss": 0.125, "train/reward_mean": 0.5, "train/tokens": 96.0, "train/groups": 2.0, "train/phase/seconds": 1.5, "train/phase/inner/x": 3.0}
+FLAT = {"train/loss": 0.125, "train/reward_mean": 0.5, "train/tokens": 96.0, "train/groups": 2.0, "train/phase/seconds": 1.5, "train/phase/inner/x": 3.0}
+STEP = StepMetrics(loss=0.125, reward_mean=0.5, tokens=96.0, groups=2, seconds=1.5)
+# Every figure the step has (core/steps.py); those it has not (None) are left out.
+NUMERIC = {f"train/{k}": float(v) for k, v in STEP.figures().items()}
+OTHER = {f"train/{k}": float(v) for k, v in StepMetrics(loss=1.0).figures().items()}
 
 
 def test_numeric_flattens_nested_figures_and_leaves_out_the_rest() -> None:
-    assert {f"train/{k}": v for k, v in numeric(METRICS).items()} == NUMERIC
+    assert {f"train/{k}": v for k, v in numeric(METRICS).items()} == FLAT
     assert numeric({"a": True, "b": [1, 2], "c": {"d": None}}) == {"a": 1.0}
 
 
@@ -140,14 +145,14 @@ def test_every_tracker_gets_steps_held_out_scores_and_decisions(tmp_path: Path, 
     )
     test = compare(Sample(8, 0.5, 0.04), Sample(8, 0.75, 0.04), margin=0.05, confidence=0.95, min_n=4)
     record = DecisionRecord(decision=Outcome.PROMOTED, by="test", reason=test.reason, test=test)
-    trackers.step(recorded("agent", 1, METRICS))
-    trackers.step(recorded("agent", 2, {**METRICS, "loss": 0.0625}))
+    trackers.step(recorded("agent", 1, STEP))
+    trackers.step(recorded("agent", 2, msgspec.structs.replace(STEP, loss=0.0625)))
     # A version's held-out score comes after later steps, and again when it changes.
     trackers.held_out("agent", 2, 0.75, 8)
     trackers.held_out("agent", 0, 0.25, 4)
     trackers.held_out("agent", 0, 0.5, 6)
     trackers.decision(Decision("agent", 2, record))
-    trackers.step(recorded("other", 1, {"loss": 1.0}))  # another policy: a run of its own
+    trackers.step(recorded("other", 1, StepMetrics(loss=1.0)))  # another policy: a run of its own
     trackers.close()
     assert not trackers.thread.is_alive()
 
@@ -169,7 +174,7 @@ def test_every_tracker_gets_steps_held_out_scores_and_decisions(tmp_path: Path, 
         (0, 0.5, 6),
     ]
     assert wandb_series(runs["agent"], "promotion") == {2: {"promotion/step": 2, **promotion}}
-    assert runs["other"] == [{"train/step": 1, "train/loss": 1.0}]
+    assert runs["other"] == [{"train/step": 1, **OTHER}]
 
     # MLflow, on either store: a run per policy, each value at its step.
     for uri in (sqlite_uri, file_uri):
@@ -181,27 +186,28 @@ def test_every_tracker_gets_steps_held_out_scores_and_decisions(tmp_path: Path, 
         }
         assert agent["eval/score"] == [(2, 0.75), (0, 0.25), (0, 0.5)] and agent["eval/trajectories"] == [(2, 8.0), (0, 4.0), (0, 6.0)]
         assert {key: values for key, values in agent.items() if key.startswith("promotion/")} == {key: [(2, value)] for key, value in promotion.items()}
-        assert history["other"] == {"train/loss": [(1, 1.0)]}
+        assert history["other"] == {key: [(1, value)] for key, value in OTHER.items()}
 
     # TensorBoard: a subdirectory per policy; values as float32, as TensorBoard keeps them.
     assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == ["agent", "other"]
     scalars = tensorboard_scalars(tmp_path / "tb" / "agent")
     assert scalars["train/loss"] == [(1, 0.125), (2, 0.0625)]
-    assert scalars["train/phase/inner/x"] == [(1, 3.0), (2, 3.0)]
+    assert scalars["train/seconds"] == [(1, 1.5), (2, 1.5)]
     assert scalars["eval/score"] == [(2, 0.75), (0, 0.25), (0, 0.5)]
     assert {key: values for key, values in scalars.items() if key.startswith("promotion/")} == {
         key: [(2, pytest.approx(value, rel=1e-6))] for key, value in promotion.items()
     }
-    assert tensorboard_scalars(tmp_path / "tb" / "other") == {"train/loss": [(1, 1.0)]}
+    assert tensorboard_scalars(tmp_path / "tb" / "other") == {key: [(1, value)] for key, value in OTHER.items()}
 
 
 def test_a_restarted_trainer_goes_on_in_the_policys_mlflow_run(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     for step in (1, 2):  # two trainer processes, one after the other
         trackers = Trackers([MLflowTracker(uri, "burnish")])
-        trackers.step(recorded("agent", step, {"loss": 1.0 / step}))
+        trackers.step(recorded("agent", step, StepMetrics(loss=1.0 / step)))
         trackers.close()
-    assert mlflow_history(uri, "burnish") == {"agent": {"train/loss": [(1, 1.0), (2, 0.5)]}}
+    history = mlflow_history(uri, "burnish")
+    assert set(history) == {"agent"} and history["agent"]["train/loss"] == [(1, 1.0), (2, 0.5)]
 
 
 def test_a_failing_tracker_is_a_warning_and_the_others_still_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
@@ -210,12 +216,13 @@ def test_a_failing_tracker_is_a_warning_and_the_others_still_log(tmp_path: Path,
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     trackers = Trackers([MLflowTracker(f"http://127.0.0.1:{free_port()}", "burnish"), TensorBoardTracker(str(tmp_path / "tb"))])
     with caplog.at_level(logging.WARNING, logger="burnish.trackers"):
-        trackers.step(recorded("agent", 1, {"loss": 0.5}))
+        trackers.step(recorded("agent", 1, StepMetrics(loss=0.5)))
         trackers.held_out("agent", 0, 0.25, 4)
         trackers.close()
     failed = [r.getMessage() for r in caplog.records if r.name == "burnish.trackers"]
     assert len(failed) == 2 and all(m.startswith("MLflow: logging agent@") for m in failed), failed
-    assert tensorboard_scalars(tmp_path / "tb" / "agent") == {"train/loss": [(1, 0.5)], "eval/score": [(0, 0.25)], "eval/trajectories": [(0, 4.0)]}
+    scalars = tensorboard_scalars(tmp_path / "tb" / "agent")
+    assert (scalars["train/loss"], scalars["eval/score"], scalars["eval/trajectories"]) == ([(1, 0.5)], [(0, 0.25)], [(0, 4.0)])
 
 
 def test_no_tracker_is_on_unless_configured_and_a_missing_package_names_its_extra(tmp_path: Path) -> None:
@@ -270,7 +277,7 @@ async def test_the_trainer_logs_each_step_and_each_changed_held_out_score(make_g
     # Each step's metrics as the store recorded them.
     db = Database(settings.resolved_database_url)
     try:
-        steps = {s.step: numeric(s.metrics or {}) for s in await db.read(list_steps, "agent")}
+        steps = {s.step: s.metrics.figures() for s in await db.read(list_steps, "agent") if isinstance(s.metrics, StepMetrics)}
     finally:
         await db.dispose()
     assert sorted(steps) == [1, 2]

@@ -120,6 +120,7 @@ async def answer(db: Any, read: Any, *args: Any) -> Any:
 async def test_steps_are_recorded_served_and_lose_to_a_rollback(store) -> None:
     """The trainer's side of the policies table on both databases: record, serve, rollback mid-step."""
     from burnish_server.core.policies import Policy
+    from burnish_server.core.steps import StepMetrics
     from burnish_server.store.policies import create_policy, get_policy, list_steps, mark_load_error, mark_served, policy_status, record_step, request_rollback
 
     db, writer = store
@@ -127,19 +128,19 @@ async def test_steps_are_recorded_served_and_lose_to_a_rollback(store) -> None:
     for name in ("a", "b", "c"):
         await make_group(writer, name, [0.0, 1.0])
     first = await db.transaction(claim_groups, "agent", "w1", 2, 900.0, 1)
-    assert await db.transaction(record_step, "agent", 1, 0, first, "w1", {"loss": 0.5}, "/ckpt/1")
+    assert await db.transaction(record_step, "agent", 1, 0, first, "w1", StepMetrics(loss=0.5), "/ckpt/1")
     assert (await db.read(get_policy, "agent")).head == 1
     await db.transaction(mark_load_error, "agent", "agent@1: vLLM away")
     assert (await answer(db, policy_status, "agent"))["load_error"] == "agent@1: vLLM away"
     await db.transaction(mark_served, "agent", 1, 0.02)
     status = await answer(db, policy_status, "agent")
     assert (status["step"], status["load_error"], status["groups_trained"], status["groups_ready"]) == (1, None, 2, 1)
-    assert status["last_step"]["metrics"] == {"loss": 0.5} and status["last_step"]["publish_seconds"] == 0.02
+    assert status["last_step"]["metrics"]["loss"] == 0.5 and status["last_step"]["publish_seconds"] == 0.02
 
     # A step trained from 1 while an operator rolls back to 0: it is kept, but the head stays at 0.
     second = await db.transaction(claim_groups, "agent", "w1", 2, 900.0, 1)
     await db.transaction(request_rollback, "agent", 0)
-    assert not await db.transaction(record_step, "agent", 2, 1, second, "w1", {"loss": 0.1}, "/ckpt/2")
+    assert not await db.transaction(record_step, "agent", 2, 1, second, "w1", StepMetrics(loss=0.1), "/ckpt/2")
     policy = await db.read(get_policy, "agent")
     assert (policy.step, policy.head) == (1, 0)
     assert [(s["step"], s["parent"], s["serving"], s["published_at"] is not None) for s in await answer(db, list_steps, "agent")] == [
@@ -148,7 +149,7 @@ async def test_steps_are_recorded_served_and_lose_to_a_rollback(store) -> None:
     ]
     # A step's groups cannot be recorded twice.
     with pytest.raises(RuntimeError, match="lost its claim"):
-        await db.transaction(record_step, "agent", 3, 0, first, "w1", {}, "/ckpt/3")
+        await db.transaction(record_step, "agent", 3, 0, first, "w1", StepMetrics(), "/ckpt/3")
     assert [s["step"] for s in await answer(db, list_steps, "agent")] == [1, 2]
 
 

@@ -21,13 +21,12 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
-from burnish_server.core.drift import REASONS
 from burnish_server.core.policies import Policy
 from burnish_server.core.settings import Settings
+from burnish_server.core.steps import StepMetrics
 from burnish_server.store.training import TrainingCall
 from burnish_server.trainer.base_model import Holding, SharedBase
 from burnish_server.trainer.checkpoints import Checkpoints
@@ -39,6 +38,28 @@ log = logging.getLogger("burnish.trainer")
 
 # Rank 0, idle, speaks at least this often (distributed.py: COMMAND_TIMEOUT is far longer).
 KEEP_ALIVE_S = 60.0
+
+
+# What rank 0 says to the others (pickled over the gloo group: ranks of one trainer only).
+class Train(msgspec.Struct, frozen=True):
+    policy: Policy
+    rows: list[TrainingCall]
+    step: int
+
+
+class Forget(msgspec.Struct, frozen=True):
+    policy: str
+
+
+class Alive(msgspec.Struct, frozen=True):
+    pass
+
+
+class Stop(msgspec.Struct, frozen=True):
+    pass
+
+
+Command = Train | Forget | Alive | Stop
 
 
 class Models:
@@ -53,13 +74,13 @@ class Models:
 
     # ---- rank 0's calls, each said to the other ranks first ----------------------------------
 
-    def step(self, policy: Policy, rows: list[TrainingCall], step: int) -> dict[str, float]:
+    def step(self, policy: Policy, rows: list[TrainingCall], step: int) -> StepMetrics:
         """One GRPO step from ``policy.head``, saved as checkpoint ``step``. Returns its metrics."""
-        self.say("step", policy, rows, step)
+        self.say(Train(policy, rows, step))
         return self.train(policy, rows, step)
 
     def forget(self, policy: str) -> None:
-        self.say("forget", policy)
+        self.say(Forget(policy))
         self.drop(policy)
 
     def unload_idle(self) -> None:
@@ -72,15 +93,15 @@ class Models:
 
     def keep_alive(self) -> None:
         if self.ranks.world > 1 and time.monotonic() - self.spoke_at >= KEEP_ALIVE_S:
-            self.say("alive")
+            self.say(Alive())
 
     def stop(self) -> None:
         try:
-            self.say("stop")
+            self.say(Stop())
         except RuntimeError as exc:  # torch.distributed's error: a rank is gone already
             log.warning("the other ranks did not hear the stop: %s", exc)
 
-    def say(self, *command: Any) -> None:
+    def say(self, command: Command) -> None:
         if self.ranks.world > 1:
             self.ranks.broadcast(command)
             self.spoke_at = time.monotonic()
@@ -91,14 +112,15 @@ class Models:
         """Do what rank 0 says, until it says stop (or dies: then the collective fails, and
         torchrun ends every rank)."""
         while True:
-            match self.ranks.broadcast():
-                case ("step", policy, rows, step):
+            command: Command = self.ranks.broadcast()
+            match command:
+                case Train(policy, rows, step):
                     self.train(policy, rows, step)
-                case ("forget", name):
+                case Forget(name):
                     self.drop(name)
-                case ("stop",):
+                case Stop():
                     return
-                case ("alive",):
+                case Alive():
                     pass
 
     # ---- what every rank does ------------------------------------------------------------------
@@ -131,7 +153,7 @@ class Models:
         if not model.base.adapters:
             self.bases.pop(model.base.path, None)
 
-    def train(self, policy: Policy, rows: list[TrainingCall], step: int) -> dict[str, float]:
+    def train(self, policy: Policy, rows: list[TrainingCall], step: int) -> StepMetrics:
         t0 = time.perf_counter()
         model = self.model(policy)
         t1 = time.perf_counter()
@@ -145,35 +167,29 @@ class Models:
             return metrics
         n = len(batch.rewards)  # 0 if every claimed group turned out held out (marked after the claim)
         mean = sum(batch.rewards) / n if n else 0.0
-        std = (sum((r - mean) ** 2 for r in batch.rewards) / (n - 1)) ** 0.5 if n > 1 else 0.0
-        metrics.update(
-            reward_mean=mean,
-            reward_std=std,
-            untokenized_calls=batch.untokenized,
-            sequence_splits=batch.splits,
-            stale_calls=batch.stale,
-            call_rewards=batch.call_rewards,
-            ranks=self.ranks.world,
-            # Why each split happened (core/drift.py): split_<reason>, every reason present, 0 if none.
-            **{f"split_{reason}": float(batch.split_reasons.get(reason, 0)) for reason in REASONS},
-        )
+        metrics.reward_mean = mean
+        metrics.reward_std = (sum((r - mean) ** 2 for r in batch.rewards) / (n - 1)) ** 0.5 if n > 1 else 0.0
+        metrics.untokenized_calls, metrics.stale_calls, metrics.call_rewards = batch.untokenized, batch.stale, batch.call_rewards
+        metrics.sequence_splits = batch.splits
+        metrics.count_splits(batch.split_reasons)  # why each split happened (core/drift.py)
+        metrics.ranks = self.ranks.world
         ages = batch.staleness or [0]
-        metrics.update(staleness_mean=sum(ages) / len(ages), staleness_max=max(ages))
+        metrics.staleness_mean, metrics.staleness_max = sum(ages) / len(ages), max(ages)
 
         def fill(directory: Path) -> None:
             model.save(directory)
-            metrics.update(seconds_load=t1 - t0, seconds_batch=t2 - t1, seconds_step=t3 - t2, seconds_save=time.perf_counter() - t3)
-            metrics["seconds"] = time.perf_counter() - t0
+            metrics.seconds_load, metrics.seconds_batch, metrics.seconds_step = t1 - t0, t2 - t1, t3 - t2
+            metrics.seconds_save = time.perf_counter() - t3
+            metrics.seconds = time.perf_counter() - t0
             (directory / "metrics.json").write_bytes(msgspec.json.encode(metrics))
 
         self.checkpoints.write(policy.name, step, fill)
+        m = metrics
         log.info(
             "%s step %d: reward %.3f±%.3f loss %.4f kl %.4f entropy %.3f from-base %.1e tokens %d |logp-vllm| %.1e outside-clip %.3f "
             "staleness %.1f/%d splits %d untokenized %d stale %d; load %.2fs batch %.2fs step %.2fs save %.2fs",
-            policy.name, step, metrics["reward_mean"], metrics["reward_std"], metrics["loss"], metrics["kl"], metrics["entropy"],
-            metrics["distance_from_base"], metrics["tokens"],
-            metrics["logprob_diff_mean"], metrics["outside_clip_fraction"], metrics["staleness_mean"], metrics["staleness_max"],
-            metrics["sequence_splits"], metrics["untokenized_calls"], metrics["stale_calls"],
-            metrics["seconds_load"], metrics["seconds_batch"], metrics["seconds_step"], metrics["seconds_save"],
+            policy.name, step, m.reward_mean, m.reward_std, m.loss, m.kl, m.entropy, m.distance_from_base, m.tokens,
+            m.logprob_diff_mean, m.outside_clip_fraction, m.staleness_mean, m.staleness_max,
+            m.sequence_splits, m.untokenized_calls, m.stale_calls, m.seconds_load, m.seconds_batch, m.seconds_step, m.seconds_save,
         )  # fmt: skip
         return metrics

@@ -17,6 +17,7 @@ import msgspec
 import torch
 
 from burnish_server.core.policies import LoraSettings, TrainSettings
+from burnish_server.core.steps import StepMetrics
 from burnish_server.trainer.base_model import SharedBase
 from burnish_server.trainer.grpo import grpo_loss
 from burnish_server.trainer.logprobs import sampled_logprobs
@@ -86,6 +87,15 @@ def filler(pad_id: int) -> list[tuple[Sequence, float]]:
     sequence = Sequence()
     sequence.add([pad_id], [pad_id], None)
     return [(sequence, 0.0)]
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """A checkpoint in memory: what a rank needs to resume a policy's model."""
+
+    adapter: dict[str, torch.Tensor]  # the LoRA weights, by peft's names
+    optimizer: dict[str, Any]  # torch's optimizer state_dict
+    step: int
 
 
 class PolicyModel:
@@ -172,7 +182,7 @@ class PolicyModel:
             base += self.base.squared_norm(layer.base_layer)
         return (moved / base) ** 0.5 if base else 0.0
 
-    def step(self, items: list[tuple[Sequence, float]]) -> dict[str, float]:
+    def step(self, items: list[tuple[Sequence, float]]) -> StepMetrics:
         """One optimizer step over (sequence, advantage) pairs: the loss is token-level over all of them.
 
         Besides the loss it reports how far the trainer's logprobs of the sampled tokens are
@@ -226,20 +236,22 @@ class PolicyModel:
         self.optimizer.zero_grad(set_to_none=True)
         self.step_count += 1
         n = max(compared["tokens"], 1.0)
-        return {
-            **sums,
-            "grad_norm": grad_norm,
-            "tokens": float(total),
-            "forced_tokens": float(forced),
-            "sequences": float(len(items)),
-            "logprob_diff_mean": compared["logprob_diff"] / n,
-            "outside_clip_fraction": compared["outside_clip"] / n,
-            "tis_capped_fraction": compared["tis_capped"] / n,
+        return StepMetrics(
+            loss=sums["loss"],
+            kl=sums["kl"],
+            clip_fraction=sums["clip_fraction"],
+            grad_norm=grad_norm,
+            tokens=float(total),
+            forced_tokens=float(forced),
+            sequences=float(len(items)),
+            logprob_diff_mean=compared["logprob_diff"] / n,
+            outside_clip_fraction=compared["outside_clip"] / n,
+            tis_capped_fraction=compared["tis_capped"] / n,
             # Learning health (docs/trainer.md): the policy's entropy on its sampled tokens, and
             # how far the adapter has moved the weights from the base's.
-            "entropy": entropy / max(total, 1),
-            "distance_from_base": self.distance_from_base(),
-        }
+            entropy=entropy / max(total, 1),
+            distance_from_base=self.distance_from_base(),
+        )
 
     def save(self, directory: Path) -> None:
         """Adapter (what vLLM loads), optimizer and trainer state: enough to resume exactly."""
@@ -264,24 +276,24 @@ class PolicyModel:
         (directory / "trainer_state.json").write_text(json.dumps(state, indent=2))
 
     @staticmethod
-    def read(directory: Path) -> dict[str, Any]:
-        """A checkpoint in memory: adapter weights, optimizer state, step. Rank 0 reads it and
-        sends it to the other ranks (trainer/models.py), which need not see the data directory."""
+    def read(directory: Path) -> Saved:
+        """A checkpoint in memory. Rank 0 reads it and sends it to the other ranks
+        (trainer/models.py), which need not see the data directory."""
         from safetensors.torch import load_file
 
-        return {
-            "adapter": load_file(directory / "adapter" / "adapter_model.safetensors"),
-            "optimizer": torch.load(directory / "optimizer.pt", map_location="cpu"),
-            "step": json.loads((directory / "trainer_state.json").read_text())["step"],
-        }
+        return Saved(
+            adapter=load_file(directory / "adapter" / "adapter_model.safetensors"),
+            optimizer=torch.load(directory / "optimizer.pt", map_location="cpu"),
+            step=json.loads((directory / "trainer_state.json").read_text())["step"],
+        )
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def restore(self, state: Saved) -> None:
         from peft import set_peft_model_state_dict
 
-        set_peft_model_state_dict(self.model, {k: v.to(self.device) for k, v in state["adapter"].items()}, adapter_name=self.adapter)
-        self.optimizer.load_state_dict(state["optimizer"])  # moves the state to the parameters' device
+        set_peft_model_state_dict(self.model, {k: v.to(self.device) for k, v in state.adapter.items()}, adapter_name=self.adapter)
+        self.optimizer.load_state_dict(state.optimizer)  # moves the state to the parameters' device
         self.configure(self.train)  # the saved state carries the old lr/betas: the policy's settings win
-        self.step_count = state["step"]
+        self.step_count = state.step
 
     def load(self, directory: Path) -> None:
         self.restore(self.read(directory))

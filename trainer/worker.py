@@ -206,8 +206,7 @@ class TrainerWorker:
             log.info("%s step %d: claimed %d groups, training from step %d", policy.name, step, len(ids), policy.head)
             read_s = time.perf_counter() - t0
             metrics = await asyncio.to_thread(self.held.step, policy, rows, step)
-            metrics["seconds_read"] = read_s
-            metrics["groups"] = len(ids)
+            metrics.seconds_read, metrics.groups = read_s, len(ids)
             became_head = await self.db.transaction(
                 record_step, policy.name, step, policy.head, ids, self.worker.worker_id, metrics, str(self.checkpoints.step(policy.name, step))
             )

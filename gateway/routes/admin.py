@@ -24,7 +24,20 @@ from burnish_server.core.access import PRINTABLE, SCOPES, KeyName, Limits, Proje
 from burnish_server.core.errors import Invalid
 from burnish_server.core.ids import ID_REGEX
 from burnish_server.core.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, TrainSettings, settings_conflicts
-from burnish_server.core.views import EvalList, KeyList, KeyView, MetricsList, NewKeyView, PolicyList, PolicyView, SessionList, SessionView, StepList
+from burnish_server.core.steps import StepMetrics
+from burnish_server.core.views import (
+    EvalList,
+    KeyList,
+    KeyView,
+    MetricsList,
+    NewKeyView,
+    PolicyList,
+    PolicyView,
+    SessionList,
+    SessionView,
+    StepFigures,
+    StepList,
+)
 from burnish_server.gateway import actions, downloads, openapi
 from burnish_server.gateway.access import ACCESS_ERRORS as ACCESS
 from burnish_server.gateway.access import BEARER
@@ -216,9 +229,20 @@ async def metrics(name: PolicyName, svc: NamedDependency[Services]) -> MetricsLi
     data = []
     for s in steps:
         score = scores.get(s.step)
-        held_out = {"eval_score": score.score if score else None, "eval_trajectories": score.trajectories if score else None}
-        decided = {"decision": s.decision, "decided_at": s.decided_at, "decisions": s.decisions}
-        data.append({"step": s.step, "created_at": s.created_at, "published_at": s.published_at, **(s.metrics or {}), **held_out, **decided})
+        figures = msgspec.structs.asdict(s.metrics) if isinstance(s.metrics, StepMetrics) else {}
+        data.append(
+            StepFigures(
+                step=s.step,
+                created_at=s.created_at,
+                published_at=s.published_at,
+                eval_score=score.score if score else None,
+                eval_trajectories=score.trajectories if score else None,
+                decision=s.decision,
+                decided_at=s.decided_at,
+                decisions=s.decisions,
+                **figures,
+            )
+        )
     return MetricsList(data=data)
 
 

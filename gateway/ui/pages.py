@@ -11,6 +11,7 @@ Everything is scoped as the API is: a key sees its project's data and the polici
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -23,6 +24,7 @@ from burnish_server.core.access import Principal, local, qualify
 from burnish_server.core.errors import NotFound
 from burnish_server.core.groups import group_state
 from burnish_server.core.policies import Policy, adapter_name, served_name
+from burnish_server.core.steps import StepMetrics
 from burnish_server.core.views import PolicyView, StepView
 from burnish_server.gateway.routes.common import CallIndex, GroupId, PolicyName, TrajectoryId
 from burnish_server.gateway.routing import Registry
@@ -65,8 +67,8 @@ async def policies_page(request: Request, svc: NamedDependency[Services], caller
 
 
 def _charts(status: PolicyView, steps: list[StepView], scores: dict[int, evals.Score]) -> list[charts.Chart]:
-    def metric(key: str) -> list[tuple[int, float | None]]:
-        return [(s.step, _number((s.metrics or {}).get(key))) for s in steps if isinstance(s.metrics, dict)]
+    def metric(figure: Callable[[StepMetrics], float | None]) -> list[tuple[int, float | None]]:
+        return [(s.step, figure(s.metrics)) for s in steps if isinstance(s.metrics, StepMetrics)]
 
     markers = [
         charts.Marker(s.step, f"{d.decision} by {d.by}: {d.reason}", f"m-{d.decision}")  # each Outcome has its mark (static/dashboard.css)
@@ -78,23 +80,19 @@ def _charts(status: PolicyView, steps: list[StepView], scores: dict[int, evals.S
     return [
         charts.Chart(
             "Reward: train (each step's groups) and held-out (each version)",
-            [charts.Series("train reward", metric("reward_mean"), "s-reward"), charts.Series("held-out score", held_out, "s-eval")],
+            [charts.Series("train reward", metric(lambda m: m.reward_mean), "s-reward"), charts.Series("held-out score", held_out, "s-eval")],
             markers,
         ),
         charts.Chart(
             "Step health: distance to vLLM's logprobs, clipped share, staleness",
             [
-                charts.Series("logprob_diff_mean", metric("logprob_diff_mean"), "s-diff"),
-                charts.Series("clip_fraction", metric("clip_fraction"), "s-clip"),
-                charts.Series("staleness_mean", metric("staleness_mean"), "s-stale"),
+                charts.Series("logprob_diff_mean", metric(lambda m: m.logprob_diff_mean), "s-diff"),
+                charts.Series("clip_fraction", metric(lambda m: m.clip_fraction), "s-clip"),
+                charts.Series("staleness_mean", metric(lambda m: m.staleness_mean), "s-stale"),
             ],
             markers,
         ),
     ]
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 # The versions table shows the newest this many; the timeline shows every one.
