@@ -81,7 +81,7 @@ async def run(swaps: int, data: Path, vllm_url: str, gateway_url: str, model: Pa
             t0 = time.perf_counter()  # checkpoint saved
             await worker.db.transaction(record_step, policy, n, n - 1, ids, "bench", metrics, str(worker.checkpoints.step(policy, n)))
             t1 = time.perf_counter()
-            await worker.publish_pending(await worker.db.read(get_policy, policy))
+            await worker.publisher.pending(await worker.db.read(get_policy, policy))
             t2 = time.perf_counter()
             while True:
                 r = await client.post("/t/probe/v1/chat/completions", json={"model": policy, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1})

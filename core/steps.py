@@ -1,7 +1,7 @@
 """A training step's figures: the one definition the trainer writes and every reader reads.
 
 The trainer fills it (trainer/policy_model.py: the loss; trainer/models.py: the batch and
-the timings; trainer/worker.py: the read), the store keeps it as the step's JSON, and the
+the timings; trainer/stepper.py: the read), the store keeps it as the step's JSON, and the
 health check, the drift report, /metrics, the dashboard, the trackers, Langfuse and the admin
 API read it back from here. docs/trainer.md says what each figure means.
 

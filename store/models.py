@@ -218,8 +218,7 @@ class StepRow(Base):
     # The checkpoint this step started from (step - 1, or the one rolled back to).
     parent: Mapped[int] = mapped_column(Integer)
     groups: Mapped[list[str]] = mapped_column(JSON)
-    # reward_mean/std, loss, kl, clip_fraction, grad_norm, tokens, sequences, sequence_splits,
-    # untokenized_calls, and seconds per phase (see trainer/worker.py).
+    # core/steps.py: StepMetrics, as JSON (read back with StepMetrics.read).
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
     checkpoint: Mapped[str] = mapped_column(String(1024))
     trainer: Mapped[str] = mapped_column(String(128))

@@ -22,7 +22,7 @@ from sqlalchemy import select
 from burnish_server.core.settings import Settings
 from burnish_server.serving.process import VLLMServer, last_lines
 from burnish_server.store.models import Group, StepRow
-from burnish_server.store.policies import get_policy, record_step
+from burnish_server.store.policies import get_policy, load_policies, record_step
 from burnish_server.store.training import claim_groups, count_ready, group_calls
 from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
 from tests.conftest import Gateway, served_step
@@ -70,8 +70,8 @@ async def test_a_trainer_steps_from_the_head_another_trainer_just_moved(make_gat
     settings = Settings.load({}, data_dir=gw.settings.data_dir, upstream=vllm.url)
     a, b = TrainerWorker(settings, WorkerSettings(worker_id="a")), TrainerWorker(settings, WorkerSettings(worker_id="b"))
     try:
-        stale = (await a.policies())[0]
-        assert await b.train_once((await b.policies())[0])
+        stale = (await a.db.read(load_policies))[0]
+        assert await b.train_once((await b.db.read(load_policies))[0])
         assert await a.train_once(stale)
         steps = [(s["step"], s["parent"], s["serving"]) for s in gw.admin().get("/admin/policies/agent/checkpoints").json()["data"]]
         assert steps == [(1, 0, False), (2, 1, True)] and served_step(gw) == 2
@@ -142,7 +142,7 @@ async def test_killed_trainer_resumes_without_loss_or_repeat(make_gateway, vllm:
 
     third = worker()
     await third.recover()
-    await third.publish_pending(await third.db.read(get_policy, "agent"))
+    await third.publisher.pending(await third.db.read(get_policy, "agent"))
     assert served_step(gw) == 1  # the recorded step is served now, not trained again
     assert "agent@1" in [m["id"] for m in httpx.get(vllm.url + "/v1/models").json()["data"]]
 
