@@ -36,7 +36,6 @@ from __future__ import annotations
 import base64
 import logging
 import os
-import queue
 import threading
 import time
 import uuid
@@ -50,6 +49,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from burnish_server.core.records import CallRecord
 from burnish_server.core.transcript import UnreadableCall, exchange
+from burnish_server.telemetry.exporter import Exporter
 from burnish_server.telemetry.watchers import Decision, Step
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ def trace_id(trajectory_id: str) -> str:
     return Langfuse.create_trace_id(seed=trajectory_id)
 
 
-class LangfuseExport:
+class LangfuseExport(Exporter[Item]):
     def __init__(
         self,
         *,
@@ -151,14 +151,12 @@ class LangfuseExport:
             "Items for Langfuse by kind and outcome: sent; failed (refused, or unreachable after retries); dropped (queue full)",
             ["kind", "outcome"], registry=registry,
         )  # fmt: skip
-        self._queue: queue.Queue[Item] = queue.Queue(maxsize=queue_size)
-        Gauge("burnish_langfuse_queue", "Items waiting to be sent to Langfuse", registry=registry).set_function(self._queue.qsize)
-        self._stopping = threading.Event()
+        super().__init__("burnish-langfuse", queue_size)
+        Gauge("burnish_langfuse_queue", "Items waiting to be sent to Langfuse", registry=registry).set_function(self.queue.qsize)
         self._lock = threading.Lock()  # counting, against close() giving up on a batch in flight
         self._inflight: dict[str, int] = {}  # by kind: items the thread took and has not counted
         self._abandoned = False
-        self._thread = threading.Thread(target=self._run, name="burnish-langfuse", daemon=True)
-        self._thread.start()
+        self.start()
 
     @classmethod
     def from_settings(cls, settings: Settings, registry: CollectorRegistry | None = None) -> LangfuseExport | None:
@@ -177,11 +175,8 @@ class LangfuseExport:
 
     # ---- the caller's side: never blocks -------------------------------------------------
 
-    def put(self, item: Item) -> None:
-        try:
-            self._queue.put_nowait(item)
-        except queue.Full:
-            self.items.labels(_kind(item), "dropped").inc()
+    def on_dropped(self, item: Item) -> None:
+        self.items.labels(_kind(item), "dropped").inc()
 
     # As a watcher of training (telemetry/watchers.py): each step and decision an event.
     def step(self, step: Step) -> None:
@@ -198,16 +193,11 @@ class LangfuseExport:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Send what is queued, for at most ``timeout_s``; what is left then is counted as dropped."""
-        self._stopping.set()
-        self._thread.join(timeout_s)
+        self.stop(timeout_s)
         with self._lock:
             self._abandoned = True  # a batch still in flight is counted here, not when it ends
             left = dict(self._inflight)
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
+        while (item := self.take(0)) is not None:
             left[_kind(item)] = left.get(_kind(item), 0) + 1
         for kind, n in left.items():
             if n > 0:
@@ -219,12 +209,11 @@ class LangfuseExport:
 
     # ---- the export thread ---------------------------------------------------------------
 
-    def _run(self) -> None:
+    def run(self) -> None:
         while True:
-            try:
-                first = self._queue.get(timeout=0.25)
-            except queue.Empty:
-                if self._stopping.is_set():
+            first = self.take()
+            if first is None:
+                if self.stopping.is_set():
                     return
                 continue
             # Each item is turned into Langfuse data as it is taken, so the work is spread over
@@ -233,11 +222,10 @@ class LangfuseExport:
             self._add(batch, first)
             deadline = time.monotonic() + LINGER_S
             while batch.taken < BATCH_MAX:
-                wait = 0 if self._stopping.is_set() else max(deadline - time.monotonic(), 0)
-                try:
-                    self._add(batch, self._queue.get(timeout=wait))
-                except queue.Empty:
+                item = self.take(0 if self.stopping.is_set() else max(deadline - time.monotonic(), 0))
+                if item is None:
                     break
+                self._add(batch, item)
             self._send(batch)
 
     def _add(self, batch: _Batch, item: Item) -> None:

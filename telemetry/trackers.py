@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import queue
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -37,6 +35,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import msgspec
 
+from burnish_server.telemetry.exporter import Exporter
 from burnish_server.telemetry.watchers import Decision, Step
 
 if TYPE_CHECKING:
@@ -211,16 +210,15 @@ class _Item(NamedTuple):
     values: dict[str, float]
 
 
-class Trackers:
+class Trackers(Exporter[_Item]):
     """The configured trackers, fed from one thread. Only the trainer's rank 0 makes one (the
     worker runs there alone), so each step is logged once."""
 
     def __init__(self, trackers: Sequence[Tracker], queue_size: int = QUEUE_SIZE) -> None:
+        super().__init__("burnish-trackers", queue_size)
         self.trackers = list(trackers)
-        self.queue: queue.Queue[_Item | None] = queue.Queue(queue_size)
         self.dropped = 0
-        self.thread = threading.Thread(target=self._run, name="burnish-trackers", daemon=True)
-        self.thread.start()
+        self.start()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Trackers | None:
@@ -254,15 +252,16 @@ class Trackers:
         self._put(policy, EVAL, step, {"score": float(score), "trajectories": float(trajectories)})
 
     def _put(self, policy: str, series: str, step: int, values: dict[str, float]) -> None:
-        item = _Item(policy, series, step, {f"{series}/{key}": value for key, value in values.items()})
-        try:
-            self.queue.put_nowait(item)
-        except queue.Full:
-            self.dropped += 1
-            log.warning("trackers are behind: %s@%d's %s dropped (%d so far)", policy, step, series, self.dropped)
+        self.put(_Item(policy, series, step, {f"{series}/{key}": value for key, value in values.items()}))
 
-    def _run(self) -> None:
-        while (item := self.queue.get()) is not None:
+    def on_dropped(self, item: _Item) -> None:
+        self.dropped += 1
+        log.warning("trackers are behind: %s@%d's %s dropped (%d so far)", item.policy, item.step, item.series, self.dropped)
+
+    def run(self) -> None:
+        while (item := self.take()) is not None or not self.stopping.is_set():
+            if item is None:
+                continue
             for tracker in self.trackers:
                 with _warned(tracker.name, f"logging {item.policy}@{item.step}'s {item.series}"):
                     tracker.log(*item)
@@ -273,12 +272,5 @@ class Trackers:
     def close(self, timeout_s: float = 30.0) -> None:
         """Log what is queued, end every run, and wait for it up to ``timeout_s`` (W&B uploads
         what it has not yet at its runs' end)."""
-        deadline = time.monotonic() + timeout_s
-        try:
-            self.queue.put(None, timeout=timeout_s)
-        except queue.Full:
-            log.warning("trackers: still behind after %.0fs; what is queued is lost", timeout_s)
-            return
-        self.thread.join(max(deadline - time.monotonic(), 0.0))
-        if self.thread.is_alive():
-            log.warning("trackers: not done after %.0fs; their runs may not be ended", timeout_s)
+        if not self.stop(timeout_s):
+            log.warning("trackers: not done after %.0fs; what is queued is lost, and their runs may not be ended", timeout_s)
