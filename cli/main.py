@@ -19,6 +19,7 @@ import click
 from burnish_server.cli.db import prune, restore
 from burnish_server.core import logs
 from burnish_server.core.access import SCOPES
+from burnish_server.core.policies import adapter_name
 from burnish_server.core.settings import Settings
 
 T = TypeVar("T")
@@ -399,4 +400,4 @@ def export_version(version: str, out: str, fmt: str, **options: object) -> None:
         path = export(Path(found.checkpoint) / "adapter", base, Path(out), fmt, name=f"{name}-{step}")  # type: ignore[arg-type]
     except ExportError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"{name}@{step} written as {fmt}: {path}")
+    click.echo(f"{adapter_name(name, step)} written as {fmt}: {path}")

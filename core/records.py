@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from burnish_server.core import tokens as packed
+from burnish_server.core.policies import adapter_name
 
 # Statuses of a call.
 OK = "ok"
@@ -80,7 +81,7 @@ class CallRecord(msgspec.Struct, kw_only=True):
 
     @property
     def version(self) -> str | None:
-        return f"{self.policy}@{self.policy_step or 0}" if self.policy else None
+        return adapter_name(self.policy, self.policy_step or 0) if self.policy else None
 
     def tokens(self) -> CallTokens | None:
         return unpack_tokens(self.prompt_token_ids, self.completion_token_ids, self.completion_logprobs, self.completion_lengths)

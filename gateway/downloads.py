@@ -15,6 +15,7 @@ from litestar.response import Stream
 
 from burnish_server.core.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, exported_config
 from burnish_server.core.errors import NotFound
+from burnish_server.core.policies import adapter_name
 from burnish_server.gateway.services import Services
 from burnish_server.store import policies as store
 
@@ -60,7 +61,7 @@ async def adapter_zip(svc: Services, name: str, step: int) -> Stream:
         raise NotFound(f"policy {name!r} has no step {step} (step 0 is the base model, with no adapter)", "checkpoint_not_found", "step")
     folder = Path(found.checkpoint) / "adapter"
     if not (folder / ADAPTER_WEIGHTS).is_file() or not (folder / ADAPTER_CONFIG).is_file():
-        raise NotFound(f"{name}@{step}'s adapter is not in {folder} on this gateway's machine", "checkpoint_not_found", "step")
+        raise NotFound(f"{adapter_name(name, step)}'s adapter is not in {folder} on this gateway's machine", "checkpoint_not_found", "step")
     config = exported_config((folder / ADAPTER_CONFIG).read_bytes(), policy.model_path or policy.base_model)
     filename = f"{name}-{step}-adapter.zip"
     return Stream(

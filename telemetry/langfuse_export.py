@@ -47,6 +47,7 @@ import httpx
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from burnish_server.core.policies import adapter_name
 from burnish_server.core.records import CallRecord
 from burnish_server.core.transcript import UnreadableCall, exchange
 from burnish_server.telemetry.exporter import Exporter
@@ -356,11 +357,11 @@ def _training_event(policy: str, step: int, name: str, at: datetime, fields: dic
     event is a moment: when it was recorded (a step's duration is in its metrics, "seconds")."""
     session = f"train:{policy}"
     attributes = {
-        "langfuse.trace.name": f"train {policy}@{step}",
+        "langfuse.trace.name": f"train {adapter_name(policy, step)}",
         "session.id": session,
         "langfuse.trace.metadata": {"policy": policy, "step": step},
         "langfuse.observation.type": "event",
-        "langfuse.version": f"{policy}@{step}",
+        "langfuse.version": adapter_name(policy, step),
         **fields,
     }
     return trace_id(f"{session}@{step}"), name, at, at, attributes

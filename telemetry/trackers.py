@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import msgspec
 
+from burnish_server.core.policies import adapter_name
 from burnish_server.telemetry.exporter import Exporter
 from burnish_server.telemetry.watchers import Decision, Step
 
@@ -263,7 +264,7 @@ class Trackers(Exporter[_Item]):
             if item is None:
                 continue
             for tracker in self.trackers:
-                with _warned(tracker.name, f"logging {item.policy}@{item.step}'s {item.series}"):
+                with _warned(tracker.name, f"logging {adapter_name(item.policy, item.step)}'s {item.series}"):
                     tracker.log(*item)
         for tracker in self.trackers:
             with _warned(tracker.name, "closing"):

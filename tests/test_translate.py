@@ -299,7 +299,7 @@ def long_stream(pieces: int) -> list[dict[str, Any]]:
 
 
 def test_a_long_answer_adds_up_piece_by_piece() -> None:
-    """The translators write text and arguments in pieces (core/translate/common.py: Pieces):
+    """The translators write text and arguments in pieces (core/translate/common.py: StreamedFields):
     what the done events, a result taken mid-stream and the final answer say is all of it."""
     n = 3000
     reasoning, text = "".join(f"r{i} " for i in range(n)), "".join(f"t{i} " for i in range(n))

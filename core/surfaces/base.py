@@ -148,7 +148,7 @@ class Surface:
 # ---- pieces of the assemblers -----------------------------------------------------------------
 
 
-class Pieces(list[str]):
+class StreamedText(list[str]):
     """A streamed string's pieces, joined once by ``joined``. Adding each piece to a string
     held in a dict copies the whole string every time: quadratic in a long answer (an
     8,000-token stream took 0.3 s of the loop's time to assemble that way)."""
@@ -157,16 +157,16 @@ class Pieces(list[str]):
 def append(target: dict[str, Any], key: str, piece: str | None) -> None:
     if piece is not None:
         pieces = target.get(key)
-        if isinstance(pieces, Pieces):
+        if isinstance(pieces, StreamedText):
             pieces.append(piece)
         else:
-            target[key] = Pieces((pieces or "", piece))
+            target[key] = StreamedText((pieces or "", piece))
 
 
 def joined(target: dict[str, Any]) -> dict[str, Any]:
     """``target`` with its streamed strings whole."""
     for key, value in target.items():
-        if isinstance(value, Pieces):
+        if isinstance(value, StreamedText):
             target[key] = "".join(value)
     return target
 

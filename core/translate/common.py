@@ -76,7 +76,7 @@ def completion_as_chunk(completion: answers.ChatCompletion) -> answers.ChatChunk
 Answer = TypeVar("Answer")
 
 
-class Pieces:
+class StreamedFields:
     """Text a stream writes in pieces into a field of an answer's struct: each piece is
     appended, and the field is written once, by ``settle``. (Adding each piece to the field's
     string copies the whole string every time: quadratic in a long answer, 1.5 s of the

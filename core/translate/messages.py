@@ -31,7 +31,7 @@ import msgspec
 
 from burnish_server.core import answers, wire
 from burnish_server.core.errors import Invalid
-from burnish_server.core.translate.common import Pieces, ToolCallDelta, check_tool, delta_of, sse, unsupported, usage_of
+from burnish_server.core.translate.common import StreamedFields, ToolCallDelta, check_tool, delta_of, sse, unsupported, usage_of
 from burnish_server.core.translate.common import Translator as Base
 
 # ---- the answer's shapes ------------------------------------------------------------------
@@ -204,7 +204,7 @@ class Translator(Base[Message]):
         self.blocks: list[Block] = []
         self.open: Block | None = None  # the block being written (Anthropic streams one at a time)
         self.arguments: dict[int, list[str]] = {}  # tool_use block index -> its arguments so far, in pieces
-        self.pieces = Pieces()  # the text and thinking being written
+        self.pieces = StreamedFields()  # the text and thinking being written
         self.calls: dict[int, int] = {}  # chat tool call index -> block index
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None

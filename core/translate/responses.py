@@ -32,7 +32,7 @@ import msgspec
 
 from burnish_server.core import answers, wire
 from burnish_server.core.errors import Invalid
-from burnish_server.core.translate.common import Pieces, ToolCallDelta, check_tool, delta_of, sse, unsupported, usage_of
+from burnish_server.core.translate.common import StreamedFields, ToolCallDelta, check_tool, delta_of, sse, unsupported, usage_of
 from burnish_server.core.translate.common import Translator as Base
 
 # ---- the answer's shapes ------------------------------------------------------------------
@@ -264,7 +264,7 @@ class Translator(Base[Response]):
         self.usage: Usage | None = None
         self.sequence = 0
         self.started = False
-        self.pieces = Pieces()  # the text and arguments being written
+        self.pieces = StreamedFields()  # the text and arguments being written
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
