@@ -7,33 +7,33 @@ gateway's routing table at once; other gateways follow within ``REFRESH_EVERY_S`
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from burnish_server.core.errors import Conflict
 from burnish_server.core.promotion import Outcome
 from burnish_server.gateway.services import Services
+from burnish_server.store import controls
 from burnish_server.store import policies as store
-from burnish_server.store import promotion
+
+T = TypeVar("T")
 
 
-async def write(svc: Services, fn: Any, *args: Any) -> Any:
-    """A write, then the gateway's own routing table re-read at once."""
+async def write(svc: Services, fn: Callable[..., T], *args: Any) -> T:
+    """A write (a function of the store's, run in one transaction), then the gateway's own routing table re-read at once."""
     result = await svc.db.transaction(fn, *args)
     svc.policies.replace(await svc.db.read(store.load_policies))
     return result
 
 
-def _update(conn: Any, name: str, values: dict[str, Any]) -> Any:
-    return store.update_policy(conn, name, **values)
-
-
 async def pause(svc: Services, name: str) -> None:
     """Stop training (the served version stays); a step already running finishes."""
-    await write(svc, _update, name, {"paused": True})
+    await write(svc, functools.partial(store.update_policy, paused=True), name)
 
 
 async def resume(svc: Services, name: str) -> None:
-    await write(svc, _update, name, {"paused": False})
+    await write(svc, functools.partial(store.update_policy, paused=False), name)
 
 
 async def train_now(svc: Services, name: str) -> None:
@@ -48,16 +48,11 @@ async def rollback(svc: Services, name: str, step: int) -> None:
     await write(svc, store.request_rollback, name, step)
 
 
-def _decide(conn: Any, name: str, decision: Outcome) -> Any:
-    store.lock_policy(conn, name)
-    return promotion.admin_decide(conn, store.get_policy(conn, name), decision)
-
-
 async def promote(svc: Services, name: str) -> None:
     """Serve the candidate on trial to every trajectory now (Conflict if there is none)."""
-    await write(svc, _decide, name, Outcome.PROMOTED)
+    await write(svc, controls.decide, name, Outcome.PROMOTED)
 
 
 async def reject(svc: Services, name: str) -> None:
     """End the candidate's trial: the served version keeps serving (Conflict if there is none)."""
-    await write(svc, _decide, name, Outcome.REJECTED)
+    await write(svc, controls.decide, name, Outcome.REJECTED)

@@ -1,4 +1,5 @@
-"""Reading the store back: one trajectory, one group, a filtered page, a streamed export.
+"""Reading the store back: one trajectory, one group, a streamed export (a list's pages are
+``store/listing.py``'s).
 
 Everything is returned as the API's typed answers (``core/views.py``); request and
 response bodies go out as ``msgspec.Raw``, the bytes that were recorded. Each call of a
@@ -9,22 +10,24 @@ merges on (``core/tokens.py: Continuity``), over the calls the trainer reads (``
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import msgspec
 from msgspec import UNSET, UnsetType
-from sqlalchemy import Select, func, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy import func, select
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from burnish_server.core.access import DEFAULT_PROJECT, local, local_optional
+from burnish_server.core.access import local, local_optional
 from burnish_server.core.drift import split_reason
 from burnish_server.core.groups import GroupState, cannot_train, group_state
+from burnish_server.core.listing import Filters, Keyset
 from burnish_server.core.records import OK, CallTokens, unpack_tokens
 from burnish_server.core.tokens import Continuity
 from burnish_server.core.views import CallTokensView, CallView, GroupView, RewardView, TrajectoryPage, TrajectoryView
+from burnish_server.store import listing
 from burnish_server.store.calls import to_record
+from burnish_server.store.listing import narrowed
 from burnish_server.store.models import Call, Group, Reward, Trajectory, iso
 from burnish_server.store.training import credited_groups
 
@@ -107,13 +110,13 @@ def call_view(row: Any, merging: Merging, reward: float | None = None) -> CallVi
 _CALLS_IN_ORDER = (Call.started_at, Call.pk)
 
 
-async def get_trajectory(conn: AsyncConnection, trajectory_id: str) -> TrajectoryView | None:
-    row = (await conn.execute(select(Trajectory).where(Trajectory.id == trajectory_id))).first()
+def get_trajectory(conn: Connection, trajectory_id: str) -> TrajectoryView | None:
+    row = conn.execute(select(Trajectory).where(Trajectory.id == trajectory_id)).first()
     if row is None:
         return None
-    calls = (await conn.execute(select(Call).where(Call.trajectory_id == trajectory_id).order_by(*_CALLS_IN_ORDER))).all()
-    rewards = (await conn.execute(select(Reward).where(Reward.trajectory_id == trajectory_id).order_by(Reward.pk))).all()
-    policy = (await conn.execute(select(Group.policy).where(Group.id == row.group_id))).scalar() if row.group_id is not None else None
+    calls = conn.execute(select(Call).where(Call.trajectory_id == trajectory_id).order_by(*_CALLS_IN_ORDER)).all()
+    rewards = conn.execute(select(Reward).where(Reward.trajectory_id == trajectory_id).order_by(Reward.pk)).all()
+    policy = conn.execute(select(Group.policy).where(Group.id == row.group_id)).scalar() if row.group_id is not None else None
     out = trajectory_view(row, len(calls))
     merging = Merging(policy)
     index = {c.pk: i for i, c in enumerate(calls)}
@@ -134,12 +137,12 @@ async def get_trajectory(conn: AsyncConnection, trajectory_id: str) -> Trajector
     return out
 
 
-async def get_group(conn: AsyncConnection, group_id: str) -> GroupView | None:
-    row = (await conn.execute(select(Group).where(Group.id == group_id))).first()
+def get_group(conn: Connection, group_id: str) -> GroupView | None:
+    row = conn.execute(select(Group).where(Group.id == group_id)).first()
     if row is None:
         return None
     members = (
-        await conn.execute(
+        conn.execute(
             select(Trajectory, func.count(Call.pk).label("call_count"))
             .outerjoin(Call, Call.trajectory_id == Trajectory.id)
             .where(Trajectory.group_id == group_id)
@@ -153,7 +156,7 @@ async def get_group(conn: AsyncConnection, group_id: str) -> GroupView | None:
     why = None
     if state == GroupState.CLOSED:
         rewards = [m.reward for m in members if m.reward is not None]
-        credited = (await conn.execute(credited_groups().where(Trajectory.group_id == group_id).limit(1))).first() is not None
+        credited = conn.execute(credited_groups().where(Trajectory.group_id == group_id).limit(1)).first() is not None
         why = cannot_train(
             size=len(members), rewarded=len(rewards), low=min(rewards, default=None), high=max(rewards, default=None), credited=credited, held_out=held_out
         )
@@ -174,48 +177,13 @@ async def get_group(conn: AsyncConnection, group_id: str) -> GroupView | None:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Filters:
-    # Whose trajectories: always one project's (core/access.py); group_id is stored (qualified).
-    project: str = DEFAULT_PROJECT
-    group_id: str | None = None
-    rewarded: bool | None = None
-    created_after: datetime | None = None
-    created_before: datetime | None = None
-    eval: bool | None = None
-
-    def apply(self, stmt: Select) -> Select:
-        stmt = stmt.where(Trajectory.project == self.project)
-        if self.group_id is not None:
-            stmt = stmt.where(Trajectory.group_id == self.group_id)
-        if self.rewarded is not None:
-            stmt = stmt.where(Trajectory.reward.is_not(None) if self.rewarded else Trajectory.reward.is_(None))
-        if self.eval is not None:
-            stmt = stmt.where(Trajectory.eval == self.eval)
-        if self.created_after is not None:
-            stmt = stmt.where(Trajectory.created_at > self.created_after)
-        if self.created_before is not None:
-            stmt = stmt.where(Trajectory.created_at < self.created_before)
-        return stmt
-
-
-async def list_trajectories(conn: AsyncConnection, filters: Filters, *, limit: int, after: str | None, order: str) -> TrajectoryPage | None:
-    """One page, OpenAI list style. ``after`` is the last id of the previous page; None if it is unknown."""
-    stmt = filters.apply(select(Trajectory))
-    if after is not None:
-        after_pk = (await conn.execute(select(Trajectory.pk).where(Trajectory.id == after))).scalar()
-        if after_pk is None:
-            return None
-        stmt = stmt.where(Trajectory.pk < after_pk if order == "desc" else Trajectory.pk > after_pk)
-    stmt = stmt.order_by(Trajectory.pk.desc() if order == "desc" else Trajectory.pk).limit(limit + 1)
-    rows = (await conn.execute(stmt)).all()
-    page = rows[:limit]
-    counts: dict[str, int] = {}
-    if page:
-        ids = [r.id for r in page]
-        counts = dict((await conn.execute(select(Call.trajectory_id, func.count()).where(Call.trajectory_id.in_(ids)).group_by(Call.trajectory_id))).all())
-    data = [trajectory_view(r, counts.get(r.id, 0)) for r in page]
-    return TrajectoryPage(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None, has_more=len(rows) > limit)
+def list_trajectories(conn: Connection, filters: Filters, keyset: Keyset) -> TrajectoryPage | None:
+    """One page, OpenAI list style (the listing the dashboard shows too); None if ``keyset.after`` names no trajectory."""
+    page = listing.trajectories(conn, filters, keyset)
+    if page is None:
+        return None
+    data = [trajectory_view(row, row.calls) for row in page.rows]
+    return TrajectoryPage(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None, has_more=page.has_more)
 
 
 async def export_jsonl(engine: AsyncEngine, filters: Filters, *, flush_bytes: int = 64 * 1024) -> AsyncIterator[bytes]:
@@ -229,7 +197,10 @@ async def export_jsonl(engine: AsyncEngine, filters: Filters, *, flush_bytes: in
     buffer = bytearray()
     while True:
         async with engine.connect() as conn:
-            page = (await conn.execute(filters.apply(select(Trajectory)).where(Trajectory.pk > last_pk).order_by(Trajectory.pk).limit(EXPORT_PAGE))).all()
+            trajectories = select(Trajectory)
+            if filters.state is not None:  # its group's state: the only filter that reads the group's columns
+                trajectories = trajectories.outerjoin(Group, Group.id == Trajectory.group_id)
+            page = (await conn.execute(narrowed(trajectories, filters).where(Trajectory.pk > last_pk).order_by(Trajectory.pk).limit(EXPORT_PAGE))).all()
             if not page:
                 break
             last_pk = page[-1].pk

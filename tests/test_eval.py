@@ -163,8 +163,7 @@ async def test_held_out_groups_are_never_claimed_nor_waiting(store) -> None:
     # The group view counts a member's mark.
     from burnish_server.store.reads import get_group
 
-    async with db.reader.connect() as conn:
-        view = await get_group(conn, "joined")
+    view = await db.read(get_group, "joined")
     assert view is not None and view.eval is True
 
 

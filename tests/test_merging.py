@@ -20,12 +20,13 @@ from typing import Any
 import msgspec
 import pytest
 
+from burnish_server.core.listing import Filters
 from burnish_server.core.policies import LoraSettings, Policy, TrainSettings
 from burnish_server.core.records import CallRecord
 from burnish_server.core.settings import Settings
 from burnish_server.core.tokens import pack_floats, pack_ids
 from burnish_server.store.database import Database
-from burnish_server.store.reads import Filters, export_jsonl, get_trajectory
+from burnish_server.store.reads import export_jsonl, get_trajectory
 from burnish_server.store.training import TrainingCall, group_calls
 from burnish_server.store.writer import Writer
 from burnish_server.store.writes import PostReward
@@ -203,12 +204,11 @@ async def test_the_trajectory_view_shows_the_same_splits_as_the_trainer(tokenize
             await writer.write(record(t, "alone", None))  # no group: read as its first policy's
         await writer.write(PostReward("kept", 1.0))
         await writer.write(PostReward("rewritten", 0.0))
-        async with db.reader.connect() as conn:
-            kept = await get_trajectory(conn, "kept")
-            rewritten = await get_trajectory(conn, "rewritten")
-            alone = await get_trajectory(conn, "alone")
+        kept = await db.read(get_trajectory, "kept")
+        rewritten = await db.read(get_trajectory, "rewritten")
+        alone = await db.read(get_trajectory, "alone")
         rows = await db.read(group_calls, ["g"])
-        exported = [json.loads(line) for chunk in [c async for c in export_jsonl(db.reader, Filters())] for line in chunk.splitlines()]
+        exported = [json.loads(line) for chunk in [c async for c in export_jsonl(db.reader, Filters(project="default"))] for line in chunk.splitlines()]
     finally:
         await writer.close()
         await db.dispose()

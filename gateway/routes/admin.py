@@ -44,7 +44,7 @@ from burnish_server.gateway.access import BEARER
 from burnish_server.gateway.errors import responses
 from burnish_server.gateway.routes.common import PolicyName, SessionId
 from burnish_server.gateway.services import Services
-from burnish_server.store import evals
+from burnish_server.store import controls
 from burnish_server.store import keys as key_store
 from burnish_server.store import policies as store
 
@@ -132,7 +132,7 @@ async def get_policy(name: PolicyName, svc: NamedDependency[Services]) -> Policy
 
 @patch("/policies/{name:str}", opt={"invalid": "invalid_policy"}, responses=responses(400, *ACCESS, 404, 409, 413))
 async def change_policy(name: PolicyName, data: JSONBody[PolicyPatch], svc: NamedDependency[Services]) -> PolicyView:
-    await actions.write(svc, functools.partial(_patch, max_lora_rank=svc.settings.max_lora_rank), name, data)
+    await actions.write(svc, controls.change_policy, name, functools.partial(_patched, data=data, max_lora_rank=svc.settings.max_lora_rank))
     return await _status(svc, name)
 
 
@@ -143,12 +143,11 @@ def _merge(current: msgspec.Struct, changes: dict[str, Any], kind: type[Any], ke
         raise Invalid(f"invalid {key}: {exc}", f"invalid_{key}", key) from None
 
 
-def _patch(conn: Any, name: str, data: JSONBody[PolicyPatch], max_lora_rank: int = 0) -> Any:
-    """Merge inside the write transaction, on the locked row, so two PATCHes of different keys
-    both stand; the merged settings are checked as a whole (a change that makes them conflict is
-    refused, and nothing is written)."""
-    store.lock_policy(conn, name)
-    current = store.get_policy(conn, name)
+def _patched(current: Policy, data: PolicyPatch, max_lora_rank: int = 0) -> dict[str, Any]:
+    """The columns a PATCH changes, merged with the policy as it stands on its locked row
+    (``store/controls.py: change_policy``), so two PATCHes of different keys both stand; the
+    merged settings are checked as a whole (a change that makes them conflict is refused, and
+    nothing is written)."""
     values: dict[str, Any] = {k: getattr(data, k) for k in ("base_model", "model_path", "project", "paused") if getattr(data, k) is not msgspec.UNSET}
     if data.shared_with is not msgspec.UNSET:
         values["shared_with"] = list(dict.fromkeys(data.shared_with))
@@ -157,7 +156,7 @@ def _patch(conn: Any, name: str, data: JSONBody[PolicyPatch], max_lora_rank: int
             values[key] = _merge(getattr(current, key), changes, kind, key)
     if "promotion" in values or "lora" in values:
         _refuse_conflicts(msgspec.structs.replace(current, **{k: v for k, v in values.items() if k in ("promotion", "lora")}), max_lora_rank)
-    return store.update_policy(conn, name, **values)
+    return values
 
 
 @post("/policies/{name:str}/pause", status_code=200, responses=responses(400, *ACCESS, 404))
@@ -218,14 +217,10 @@ async def reject(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView
     return await _status(svc, name)
 
 
-def _history(conn: Any, name: str) -> tuple[list[Any], dict[int, evals.Score]]:
-    return store.list_steps(conn, name), evals.scores_by_step(conn, name)
-
-
 @get("/policies/{name:str}/metrics", responses=responses(400, *ACCESS, 404))
 async def metrics(name: PolicyName, svc: NamedDependency[Services]) -> MetricsList:
     """One entry per step, oldest first, with the held-out score of that version (null where none)."""
-    steps, scores = await svc.db.read(_history, name)
+    steps, scores = await svc.db.read(controls.history, name)
     data = []
     for s in steps:
         score = scores.get(s.step)
@@ -246,16 +241,11 @@ async def metrics(name: PolicyName, svc: NamedDependency[Services]) -> MetricsLi
     return MetricsList(data=data)
 
 
-def _evals(conn: Any, name: str) -> EvalList:
-    served = store.get_policy(conn, name).step
-    return EvalList(data=evals.eval_scores(conn, name, served, every_version=True))
-
-
 @get("/policies/{name:str}/evals", responses=responses(400, *ACCESS, 404))
 async def eval_scores(name: PolicyName, svc: NamedDependency[Services]) -> EvalList:
     """Every version, oldest first (the base, step 0, included), with its held-out score: the mean
     reward of the rewarded eval trajectories it answered (null where none)."""
-    return await svc.db.read(_evals, name)
+    return await svc.db.read(controls.eval_list, name)
 
 
 class KeyIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -9,21 +9,21 @@ decoded by Litestar; ids are checked against their pattern before a handler runs
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from collections.abc import Callable
 from typing import Annotated, TypeVar
 
 import msgspec
 from litestar import get, post
 from litestar.di import NamedDependency
-from litestar.params import FromQuery, JSONBody, QueryParameter
+from litestar.params import JSONBody
 from litestar.response import Stream
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.engine import Connection
 
-from burnish_server.core.access import Principal, local, qualify_optional
+from burnish_server.core.access import Principal, local
 from burnish_server.core.errors import NotFound
-from burnish_server.core.ids import ID_REGEX
+from burnish_server.core.listing import Filters, Keyset
 from burnish_server.core.views import GroupView, TrajectoryPage, TrajectoryView
+from burnish_server.gateway import listing
 from burnish_server.gateway.access import ACCESS_ERRORS, BEARER
 from burnish_server.gateway.errors import responses
 from burnish_server.gateway.routes.common import CallIndex, GroupId, TrajectoryId
@@ -52,10 +52,9 @@ class RewardIn(msgspec.Struct, forbid_unknown_fields=True):
                 raise ValueError(f"component {name!r} must be a finite number")
 
 
-async def _read(svc: Services, read: Callable[[AsyncConnection, str], Awaitable[V | None]], key: str, kind: str) -> V:
+async def _read(svc: Services, read: Callable[[Connection, str], V | None], key: str, kind: str) -> V:
     """One trajectory or group (by its stored id) from the reader pool, or NotFound."""
-    async with svc.db.reader.connect() as conn:
-        out = await read(conn, key)
+    out = await svc.db.read(read, key)
     if out is None:  # another project's is not found either: its ids are stored apart
         raise NotFound(f"no {kind} {local(key)!r}", f"{kind}_not_found", f"{kind}_id")
     return out
@@ -119,63 +118,34 @@ async def get_group(group_id: GroupId, svc: NamedDependency[Services], caller: N
     return await _read(svc, reads.get_group, caller.stored(group_id), "group")
 
 
-OptionalId = Annotated[str | None, QueryParameter(pattern=ID_REGEX)]
-# schema_extra: Litestar leaves a bound of 0 out of an optional parameter's schema.
-UnixTime = Annotated[float | None, QueryParameter(ge=0, lt=1e11, description="Unix time in seconds", schema_extra={"minimum": 0.0})]
-
-
-def _filters(
-    caller: Principal, group_id: str | None, rewarded: bool | None, created_after: float | None, created_before: float | None, held_out: bool | None
-) -> reads.Filters:
-    def when(value: float | None) -> datetime | None:
-        return None if value is None else datetime.fromtimestamp(value, UTC)
-
-    group = qualify_optional(caller.project, group_id)
-    return reads.Filters(caller.project, group, rewarded, when(created_after), when(created_before), held_out)
-
-
-@get("/v1/trajectories", opt={"scope": "read"}, responses=responses(400, *ACCESS_ERRORS, 404), security=BEARER)
-async def list_trajectories(
-    svc: NamedDependency[Services],
-    caller: NamedDependency[Principal],
-    group_id: OptionalId = None,
-    rewarded: FromQuery[bool | None] = None,
-    created_after: UnixTime = None,
-    created_before: UnixTime = None,
-    eval: FromQuery[bool | None] = None,
-    limit: Annotated[int, QueryParameter(ge=1, le=1000)] = 100,
-    after: OptionalId = None,
-    order: Annotated[str, QueryParameter(pattern="^(asc|desc)$")] = "desc",
-) -> TrajectoryPage:
+@get(
+    "/v1/trajectories",
+    opt={"scope": "read", listing.OPT: listing.API},
+    dependencies=listing.DEPENDENCIES,
+    responses=responses(400, *ACCESS_ERRORS, 404),
+    security=BEARER,
+)
+async def list_trajectories(svc: NamedDependency[Services], filters: NamedDependency[Filters], keyset: NamedDependency[Keyset]) -> TrajectoryPage:
     """A page of trajectories, newest first by default; pass ``after=<last_id>`` for the next.
-    ``eval=true`` lists only the held-out trajectories, ``eval=false`` only the others."""
-    filters = _filters(caller, group_id, rewarded, created_after, created_before, eval)
-    async with svc.db.reader.connect() as conn:
-        out = await reads.list_trajectories(conn, filters, limit=limit, after=qualify_optional(caller.project, after), order=order)
+    ``eval=true`` lists only the held-out trajectories, ``eval=false`` only the others. The
+    dashboard's list of trajectories is this one (``gateway/listing.py``, ``store/listing.py``)."""
+    out = await svc.db.read(reads.list_trajectories, filters, keyset)
     if out is None:
-        raise NotFound(f"no trajectory {after!r} to page after", "trajectory_not_found", "after")
+        raise NotFound(f"no trajectory {local(keyset.after or '')!r} to page after", "trajectory_not_found", "after")
     return out
 
 
 @get(
     "/v1/trajectories/export",
-    opt={"scope": "read"},
+    opt={"scope": "read", listing.OPT: listing.API},
+    dependencies=listing.DEPENDENCIES,
     media_type="application/x-ndjson",
     response_description="Newline-delimited JSON: one TrajectoryView (with its calls) per line",
     responses=responses(400, *ACCESS_ERRORS),
     security=BEARER,
 )
-async def export_trajectories(
-    svc: NamedDependency[Services],
-    caller: NamedDependency[Principal],
-    group_id: OptionalId = None,
-    rewarded: FromQuery[bool | None] = None,
-    created_after: UnixTime = None,
-    created_before: UnixTime = None,
-    eval: FromQuery[bool | None] = None,
-) -> Stream:
-    """Every matching trajectory with its calls, one JSON line each, streamed."""
-    filters = _filters(caller, group_id, rewarded, created_after, created_before, eval)
+async def export_trajectories(svc: NamedDependency[Services], filters: NamedDependency[Filters]) -> Stream:
+    """Every matching trajectory with its calls, one JSON line each, oldest first, streamed."""
     return Stream(
         reads.export_jsonl(svc.db.reader, filters),
         media_type="application/x-ndjson",

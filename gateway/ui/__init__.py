@@ -1,7 +1,6 @@
 """The dashboard: server-rendered pages under ``/ui`` (docs/dashboard.md).
 
     auth.py      signing in (a session, gateway/sessions.py, whose cookie opens /ui), refusals as pages
-    filters.py   a list page's query string -> the store's filters
     pages.py     the pages (GET)
     controls.py  the admin actions as forms (POST)
     sessions.py  the admin's list of sign-ins, each with a button that ends it

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
+from urllib.parse import urlencode
 
 from litestar import Request, get
 from litestar.di import NamedDependency
@@ -23,19 +25,20 @@ from litestar.response import Template
 from burnish_server.core.access import Principal, local, qualify
 from burnish_server.core.errors import NotFound
 from burnish_server.core.groups import group_state
+from burnish_server.core.listing import Filters, Keyset
 from burnish_server.core.policies import Policy, adapter_name, served_name
 from burnish_server.core.steps import StepMetrics
 from burnish_server.core.views import PolicyView, StepView
+from burnish_server.gateway import listing as listings
 from burnish_server.gateway.routes.common import CallIndex, GroupId, PolicyName, TrajectoryId
 from burnish_server.gateway.routing import Registry
 from burnish_server.gateway.services import Services
-from burnish_server.gateway.ui import charts, filters
+from burnish_server.gateway.ui import charts
 from burnish_server.gateway.ui.auth import who
-from burnish_server.gateway.ui.filters import ALL
 from burnish_server.gateway.ui.status import Statuses
 from burnish_server.gateway.ui.tokens import Pieces
 from burnish_server.gateway.ui.trajectory import Group, advantage_of, panels
-from burnish_server.store import dashboard, evals, reads
+from burnish_server.store import dashboard, evals, listing, reads
 
 LIVE_EVERY_S = 5  # how often a live part of a page is fetched again
 
@@ -123,23 +126,54 @@ async def policy_page(
     )
 
 
-async def _list(request: Request, svc: Services, caller: Principal, read: Any, template: str) -> Template:
-    """A page of groups or trajectories: the filters from the query string, the page from the store."""
-    query = filters.parse(request.query_params, caller)
-    page = await svc.db.read(read, query.filters, query.before)
+# The fields a list's form shows, and the page's own: echoed as sent, so the form shows what was asked.
+FORM = ("project", "policy", "version", "state", "eval", "reward_min", "reward_max", "created_after", "created_before", "limit", "order")
+
+
+@dataclass(frozen=True)
+class Query:
+    """A list's query as its page shows it: the form's fields as sent, the filters as parsed (``gateway/listing.py``)."""
+
+    form: dict[str, str]
+    filters: Filters
+    after: str | None  # not the first page: rows after this one
+
+    def link(self, **changes: str | None) -> str:
+        """This query string with ``changes`` (None removes a field): for the next page, a chip's removal."""
+        values = {**self.form, **{k: v or "" for k, v in changes.items()}}
+        return urlencode({k: v for k, v in values.items() if v})
+
+    def next(self, page: listing.Page[Any]) -> str | None:
+        """The next page's query string; None on the last page. Its ``after`` names the last row
+        as the parser reads it: by its project's id, or by stored id in every project's list."""
+        if not page.has_more:
+            return None
+        last: str = page.rows[-1].id
+        return self.link(after=last if self.filters.project is None else local(last))
+
+
+async def _list(request: Request, svc: Services, caller: Principal, page: listing.Page[Any] | None, filters: Filters, template: str) -> Template:
+    """A page of groups or trajectories, as the API lists them (``store/listing.py``)."""
+    if page is None:
+        raise NotFound(f"no row {request.query_params.get('after')!r} to page after", "not_found", "after")
+    query = Query({k: request.query_params.get(k, "").strip()[:200] for k in FORM}, filters, request.query_params.get("after"))
     policies = sorted(p.name for p in svc.policies.listed(caller))
     known = await project_counts(request, svc) if caller.can("admin") else []
     return Template(template, context=context(request, caller, q=query, page=page, policies=policies, local=local, projects=known))
 
 
-@get("/groups", name="ui-groups")
-async def groups_page(request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Template:
-    return await _list(request, svc, caller, dashboard.group_list, "groups.html")
+@get("/groups", name="ui-groups", opt={listings.OPT: listings.DASHBOARD}, dependencies=listings.DEPENDENCIES)
+async def groups_page(
+    request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal], filters: NamedDependency[Filters], keyset: NamedDependency[Keyset]
+) -> Template:
+    return await _list(request, svc, caller, await svc.db.read(listing.group_list, filters, keyset), filters, "groups.html")
 
 
-@get("/trajectories", name="ui-trajectories")
-async def trajectories_page(request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Template:
-    return await _list(request, svc, caller, dashboard.trajectories, "trajectories.html")
+@get("/trajectories", name="ui-trajectories", opt={listings.OPT: listings.DASHBOARD}, dependencies=listings.DEPENDENCIES)
+async def trajectories_page(
+    request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal], filters: NamedDependency[Filters], keyset: NamedDependency[Keyset]
+) -> Template:
+    return await _list(request, svc, caller, await svc.db.read(listing.trajectories, filters, keyset), filters, "trajectories.html")
 
 
 # How long the projects' list and counts are kept before the store is asked again (the
@@ -163,7 +197,7 @@ async def _project(request: Request, svc: Services, caller: Principal, kind: Lit
     asked = request.query_params.get("project", "")
     if not caller.can("admin"):
         return caller.project
-    if asked and asked != ALL:
+    if asked and asked != listings.ALL:
         return asked
     if await svc.db.read(dashboard.find_project, kind, local_id, [caller.project]) is not None:
         return caller.project
@@ -179,8 +213,7 @@ def _stored(project: str, id: str) -> str:
 async def group_page(group_id: GroupId, request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal]) -> Template:
     project = await _project(request, svc, caller, "group", group_id)
     stored = _stored(project, group_id)
-    async with svc.db.reader.connect() as conn:
-        group = await reads.get_group(conn, stored)
+    group = await svc.db.read(reads.get_group, stored)
     if group is None:
         raise NotFound(f"no group {group_id!r}", "group_not_found", "group_id")
     row = await svc.db.read(dashboard.group_row, stored)
@@ -192,8 +225,7 @@ async def group_page(group_id: GroupId, request: Request, svc: NamedDependency[S
 
 async def _trajectory(svc: Services, project: str, trajectory_id: str) -> tuple[Any, Group | None, Policy | None]:
     stored = _stored(project, trajectory_id)
-    async with svc.db.reader.connect() as conn:
-        trajectory = await reads.get_trajectory(conn, stored)
+    trajectory = await svc.db.read(reads.get_trajectory, stored)
     if trajectory is None:
         raise NotFound(f"no trajectory {trajectory_id!r}", "trajectory_not_found", "trajectory_id")
     group = None

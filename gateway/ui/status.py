@@ -15,12 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, NamedTuple
 
 from burnish_server.core.errors import NotFound
-from burnish_server.core.views import PolicyView, StepView
-from burnish_server.store import evals
-from burnish_server.store import policies as store
+from burnish_server.store import controls
+from burnish_server.store.controls import Timeline
 from burnish_server.store.database import Database
 
 log = logging.getLogger("burnish.gateway")
@@ -28,17 +26,6 @@ log = logging.getLogger("burnish.gateway")
 EVERY_S = 5.0  # as often as a page's live part asks (pages.LIVE_EVERY_S)
 KEEP_S = 60.0  # a policy nobody viewed for this long is no longer refreshed
 BUSY_SHARE = 0.2  # at most this share of the time spent refreshing
-
-
-class Timeline(NamedTuple):
-    status: PolicyView
-    steps: list[StepView]  # oldest first
-    scores: dict[int, evals.Score]  # held-out score by version
-    at: float  # time.time() when it was read
-
-
-def _read(conn: Any, name: str) -> Timeline:
-    return Timeline(store.policy_status(conn, name), store.list_steps(conn, name), evals.scores_by_step(conn, name), time.time())
 
 
 class Statuses:
@@ -53,7 +40,7 @@ class Statuses:
         return found if found is not None else await self.refresh(name)
 
     async def refresh(self, name: str) -> Timeline:
-        self.snapshots[name] = snapshot = await self.db.read(_read, name)
+        self.snapshots[name] = snapshot = await self.db.read(controls.timeline, name)
         return snapshot
 
     async def run(self, every_s: float = EVERY_S) -> None:
