@@ -1,4 +1,4 @@
-"""The store's tables: groups, trajectories, calls, rewards; policies and their training steps.
+"""The store's tables: groups, trajectories, calls, rewards; policies and their training steps; each project's retention.
 
 Request and response bodies are stored as the JSON bytes that crossed the wire
 (``LargeBinary``), so recording never re-encodes them; token ids and logprobs are
@@ -300,3 +300,15 @@ class UiSessionRow(Base):
     # Its terms, from the settings of the gateway that made it.
     idle_s: Mapped[float] = mapped_column(Float)
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
+class RetentionRow(Base):
+    """A project's retention (``core.retention.Retention`` is its typed view); a project
+    without a row takes the server's default (``store/retention.py`` reads and writes it)."""
+
+    __tablename__ = "retention"
+
+    project: Mapped[str] = mapped_column(String(64), primary_key=True)
+    days: Mapped[float | None] = mapped_column(Float)
+    prune_trained: Mapped[bool] = mapped_column(Boolean, default=False)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

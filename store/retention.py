@@ -32,29 +32,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Boolean, DateTime, Float, String, and_, delete, exists, func, insert, or_, select
+from sqlalchemy import and_, delete, exists, func, insert, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
-from sqlalchemy.orm import Mapped, mapped_column
 
 from burnish_server.core.archive import ArchivedCall, ArchivedGroup, ArchivedReward, ArchivedTrajectory, ArchivedVerdict, utc
 from burnish_server.core.promotion import Outcome
 from burnish_server.core.retention import Retention
-from burnish_server.store.models import Base, Call, Group, PolicyRow, Reward, RulerVerdict, StepRow, Trajectory, utcnow
+from burnish_server.store.models import Call, Group, PolicyRow, RetentionRow, Reward, RulerVerdict, StepRow, Trajectory, utcnow
 from burnish_server.store.training import ready_groups
-
-
-class RetentionRow(Base):
-    """A project's retention (``core.retention.Retention`` is its typed view); a project
-    without a row takes the server's default."""
-
-    __tablename__ = "retention"
-
-    project: Mapped[str] = mapped_column(String(64), primary_key=True)
-    days: Mapped[float | None] = mapped_column(Float)
-    prune_trained: Mapped[bool] = mapped_column(Boolean, default=False)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-
 
 # ---- the setting --------------------------------------------------------------------------
 
