@@ -85,7 +85,7 @@ def _invalid(request: Request, exc: ValidationException) -> Response:
     first: dict[str, Any] = exc.extra[0] if isinstance(exc.extra, list) and exc.extra and isinstance(exc.extra[0], dict) else {}
     where, key, message = first.get("source"), first.get("key"), str(first.get("message", ""))
     if where == "path" or (where == "body" and _ID_PATTERN_TEXT in message):  # an id off its pattern, wherever it is
-        return error_response(request.scope, 400, f"invalid {key}: use {ID_RULE}", "invalid_id", key)
+        return error_response(request.scope, 400, f"invalid {key}: use {_rule(request, key) if where == 'path' else ID_RULE}", "invalid_id", key)
     if where == "body":
         what = request.route_handler.opt.get("invalid", "invalid_request")
         if message == "'data'":  # Litestar's words for a missing body
@@ -95,6 +95,14 @@ def _invalid(request: Request, exc: ValidationException) -> Response:
         return error_response(request.scope, 400, f"invalid {what.removeprefix('invalid_')}: {message}{at}", what, param)
     detail = f"{exc.detail}: {message} ({key or where})" if first else exc.detail
     return error_response(request.scope, 400, detail, "invalid_request", key)
+
+
+def _rule(request: Request, key: str | None) -> str:
+    """The rule a path parameter's pattern stands for, as the parameter's description states it
+    after its colon (``routes/common.py``: "a project: 1 to 64 characters ..."); else the ids' rule."""
+    field = request.route_handler.parsed_fn_signature.parameters.get(key or "")
+    described = getattr(field.kwarg_definition, "description", None) if field is not None else None
+    return described.split(": ", 1)[1] if isinstance(described, str) and ": " in described else ID_RULE
 
 
 def handle_unexpected(request: Request, exc: Exception) -> Response:

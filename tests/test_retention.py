@@ -22,6 +22,7 @@ from sqlalchemy import func, insert, select, update
 
 from burnish_server.cli.db import ArchiveWriter, prune_store, read_archive
 from burnish_server.cli.main import main as burnish
+from burnish_server.core.access import PROJECT_RULE
 from burnish_server.core.archive import FORMAT, ArchivedCall, ArchivedGroup, ArchivedReward, ArchivedTrajectory, ArchivedVerdict, decode, encode
 from burnish_server.core.errors import Conflict
 from burnish_server.core.policies import Policy
@@ -439,6 +440,7 @@ def test_the_retention_route_sets_and_reads_a_projects_setting(make_gateway: Cal
         for project in ("a.b", "-a", "x" * 65):
             r = c.get(f"/admin/projects/{project}/retention")
             assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_id", (project, r.text)
+            assert r.json()["error"]["message"] == f"invalid project: use {PROJECT_RULE}"  # the project's rule, not an id's
         # Only the admin can: keys of other scopes, and no key, are refused.
         keys = {s: c.post("/admin/keys", json={"name": s, "project": "team-a", "scopes": [s]}).json()["secret"] for s in ("call", "read", "metrics")}
     for scope, key in keys.items():

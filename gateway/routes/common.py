@@ -1,7 +1,9 @@
 """What the JSON API routes share: typed id parameters and the services dependency.
 
-Ids in paths are checked by Litestar against ``core.ids.ID_REGEX`` (so the OpenAPI schema
-shows the pattern, and a wrong one is a 400 ``invalid_id`` from ``gateway/errors.py``).
+Ids in paths are checked by Litestar against their pattern, ``core.ids.ID_REGEX`` or a
+project's ``PROJECT_REGEX`` (so the OpenAPI schema shows it, and a wrong one is a 400
+``invalid_id`` from ``gateway/errors.py``, whose message quotes the rule the description
+states after its colon).
 Handlers get ``Services`` by dependency injection (``svc``), never from a global, the
 caller (``caller``: its project namespaces every id it names, ``core/access.py``), and
 return the typed answers of ``core/views.py``, which Litestar encodes and documents.
@@ -16,7 +18,7 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.params import Parameter
 
-from burnish_server.core.access import Principal
+from burnish_server.core.access import PROJECT_REGEX, PROJECT_RULE, Principal
 from burnish_server.core.ids import ID_REGEX, ID_RULE
 from burnish_server.core.sessions import SESSION_ID_REGEX
 from burnish_server.gateway.access import principal
@@ -26,6 +28,7 @@ TrajectoryId = Annotated[str, Parameter(pattern=ID_REGEX, description=f"a trajec
 GroupId = Annotated[str, Parameter(pattern=ID_REGEX, description=f"a group id: {ID_RULE}")]
 PolicyName = Annotated[str, Parameter(pattern=ID_REGEX, description=f"a policy name: {ID_RULE}")]
 CallIndex = Annotated[int, Parameter(description="a call's index in its trajectory's calls, from 0; -1 is the last")]
+ProjectId = Annotated[str, Parameter(pattern=PROJECT_REGEX, description=f"a project: {PROJECT_RULE}")]
 SessionId = Annotated[str, Parameter(pattern=SESSION_ID_REGEX, description="a dashboard session's id: ses_ and 16 hex digits")]
 
 

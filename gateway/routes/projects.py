@@ -7,21 +7,17 @@ like the rest of ``/admin`` (``gateway/routes/admin.py``).
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from litestar import Router, get, put
 from litestar.di import NamedDependency
-from litestar.params import JSONBody, Parameter
+from litestar.params import JSONBody
 
-from burnish_server.core.access import PROJECT_REGEX, PROJECT_RULE
 from burnish_server.core.retention import Retention, RetentionView, effective
 from burnish_server.gateway.access import ACCESS_ERRORS as ACCESS
 from burnish_server.gateway.access import BEARER
 from burnish_server.gateway.errors import responses
+from burnish_server.gateway.routes.common import ProjectId
 from burnish_server.gateway.services import Services
 from burnish_server.store import retention as store
-
-Project = Annotated[str, Parameter(pattern=PROJECT_REGEX, description=f"a project: {PROJECT_RULE}")]
 
 
 async def _view(svc: Services, project: str) -> RetentionView:
@@ -38,14 +34,14 @@ async def _view(svc: Services, project: str) -> RetentionView:
 
 
 @get("/{project:str}/retention", responses=responses(400, *ACCESS))
-async def get_retention(project: Project, svc: NamedDependency[Services]) -> RetentionView:
+async def get_retention(project: ProjectId, svc: NamedDependency[Services]) -> RetentionView:
     """The project's retention, and what `burnish db prune` applies to it (its own days, else
     this gateway's BURNISH_RETENTION_DAYS; null: nothing is removed)."""
     return await _view(svc, project)
 
 
 @put("/{project:str}/retention", opt={"invalid": "invalid_retention"}, responses=responses(400, *ACCESS, 413))
-async def set_retention(project: Project, data: JSONBody[Retention], svc: NamedDependency[Services]) -> RetentionView:
+async def set_retention(project: ProjectId, data: JSONBody[Retention], svc: NamedDependency[Services]) -> RetentionView:
     """Set the project's retention: keep a trajectory `days` after its last call or reward (null:
     the server's default), and whether what a kept version trained on goes too. Nothing is
     removed until `burnish db prune` runs."""
