@@ -147,6 +147,28 @@ def insert_calls(conn: Connection, records: list[CallRecord]) -> None:
     conn.execute(_INSERT_CALLS, call_rows)
 
 
+def _rewarded(conn: Connection, trajectory_id: str) -> tuple[str | None, Any]:
+    """The trajectory a reward is for, held until the reward commits: its group id, and its
+    group's row (None outside a group) locked FOR UPDATE; then the trajectory's row FOR SHARE
+    (in the order the writer's upserts and ``burnish db prune`` take them: group, then
+    trajectory). On PostgreSQL a prune that deleted either meanwhile leaves no row here, and the
+    reward is a 404, never a foreign key's failure (a 500); on SQLite the locks are no-ops, the
+    writer being alone."""
+    found = conn.execute(select(Trajectory.group_id).where(Trajectory.id == trajectory_id)).first()
+    group = None
+    if found is not None and found.group_id is not None:
+        group = conn.execute(
+            select(Group.id, Group.expected_size, Group.closed_at, Group.close_reason).where(Group.id == found.group_id).with_for_update()
+        ).first()
+        if group is None:  # pruned with its group meanwhile
+            found = None
+    if found is not None and conn.execute(select(Trajectory.pk).where(Trajectory.id == trajectory_id).with_for_update(read=True)).first() is None:
+        found = None  # pruned meanwhile
+    if found is None:
+        raise NotFound(f"no trajectory {local(trajectory_id)!r}", "trajectory_not_found", "trajectory_id")
+    return found.group_id, group
+
+
 @dataclass(slots=True)
 class PostReward:
     trajectory_id: str
@@ -155,18 +177,13 @@ class PostReward:
     source: str = "user"
 
     def apply(self, conn: Connection) -> dict[str, Any]:
-        found = conn.execute(select(Trajectory.group_id).where(Trajectory.id == self.trajectory_id)).first()
-        if found is None:
-            raise NotFound(f"no trajectory {local(self.trajectory_id)!r}", "trajectory_not_found", "trajectory_id")
-        group_id = found[0]
-        group = None
-        if group_id is not None:
-            # Lock the group row: concurrent rewards of one group take turns, so
-            # the last of them sees all the others and closes the group.
-            group = conn.execute(select(Group.expected_size, Group.closed_at, Group.close_reason).where(Group.id == group_id).with_for_update()).one()
+        # The group's row locked: concurrent rewards of one group take turns, so the last of
+        # them sees all the others and closes the group.
+        group_id, group = _rewarded(conn, self.trajectory_id)
+        if group is not None:
             if group.closed_at is not None:
                 raise Conflict(
-                    f"group {local(group_id)!r} is closed{_why_closed(group.close_reason)}; its rewards can no longer change", "group_closed", "trajectory_id"
+                    f"group {local(group.id)!r} is closed{_why_closed(group.close_reason)}; its rewards can no longer change", "group_closed", "trajectory_id"
                 )
         now = utcnow()
         conn.execute(
@@ -199,14 +216,10 @@ class PostCallReward:
     components: dict[str, float] = field(default_factory=dict)
 
     def apply(self, conn: Connection) -> dict[str, Any]:
-        found = conn.execute(select(Trajectory.group_id).where(Trajectory.id == self.trajectory_id)).first()
-        if found is None:
-            raise NotFound(f"no trajectory {local(self.trajectory_id)!r}", "trajectory_not_found", "trajectory_id")
-        if found.group_id is not None:
-            # Locked as PostReward locks it: a call's reward cannot slip in after the group closed.
-            closed = conn.execute(select(Group.closed_at).where(Group.id == found.group_id).with_for_update()).scalar_one()
-            if closed is not None:
-                raise Conflict(f"group {local(found.group_id)!r} is closed; its rewards can no longer change", "group_closed", "trajectory_id")
+        # Locked as PostReward locks them: a call's reward cannot slip in after the group closed.
+        group_id, group = _rewarded(conn, self.trajectory_id)
+        if group is not None and group.closed_at is not None:
+            raise Conflict(f"group {local(group.id)!r} is closed; its rewards can no longer change", "group_closed", "trajectory_id")
         calls = list(conn.execute(select(Call.pk).where(Call.trajectory_id == self.trajectory_id).order_by(Call.started_at, Call.pk)).scalars())
         if not -len(calls) <= self.index < len(calls):
             raise NotFound(f"trajectory {local(self.trajectory_id)!r} has {len(calls)} calls; no call {self.index}", "call_not_found", "index")
@@ -216,7 +229,7 @@ class PostCallReward:
                 trajectory_id=self.trajectory_id, call_pk=call_pk, reward=self.reward, components=self.components, source="user", created_at=utcnow()
             )
         )
-        return {"group_id": found.group_id, "call": self.index % len(calls)}
+        return {"group_id": group_id, "call": self.index % len(calls)}
 
 
 def _why_closed(reason: str | None) -> str:
