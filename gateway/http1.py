@@ -60,9 +60,6 @@ from burnish_server.core.errors import (
 HIGH_WATER = 256 * 1024  # bytes of body held before the connection stops reading
 LOW_WATER = 64 * 1024  # ... and starts again
 MAX_HEAD_BYTES = 64 * 1024  # an answer's status line and headers, at most
-# An idle connection is not reused past this age: servers close theirs after a while (uvicorn,
-# which vLLM runs on, after 5 s), and one closed just as a request is written fails it.
-IDLE_EXPIRY_S = 4.0
 _NO_BODY_STATUSES = frozenset({204, 304})
 
 Origin = tuple[str, str, int]  # scheme, host, port
@@ -351,7 +348,7 @@ class Pool:
     origins (default: the system's trust store)."""
 
     def __init__(
-        self, limit: int, connect_timeout: float | None, *, per_origin: int | None = None, idle_expiry: float = IDLE_EXPIRY_S, tls: ssl.SSLContext | None = None
+        self, limit: int, connect_timeout: float | None, *, per_origin: int | None = None, idle_expiry: float, tls: ssl.SSLContext | None = None
     ) -> None:
         self.limit = limit
         self.per_origin = min(per_origin or limit, limit)

@@ -77,17 +77,19 @@ class RulerFailed(Exception):
     """No valid verdict after every attempt: a message for the caller and the store, in our words."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Judge:
+    """A judge's endpoint and how to call it; the defaults are Settings' (judge_*), given by
+    routes/ruler.py: judge."""
+
     base_url: str  # OpenAI style, ending in /v1
     model: str
-    api_key: str = ""
-    attempts: int = 3
-    timeout_s: float = 120.0  # one call, whole (connecting, sending, every byte of the answer)
-    connect_timeout_s: float = 5.0
-    max_tokens: int = 2048
-    # Whether a failed verdict's text (a completion) may go to the log (BURNISH_LOG_BODIES).
-    log_answers: bool = False
+    api_key: str
+    attempts: int
+    timeout_s: float  # one call, whole (connecting, sending, every byte of the answer)
+    connect_timeout_s: float
+    max_tokens: int
+    log_answers: bool  # whether a failed verdict's text (a completion) may go to the log (BURNISH_LOG_BODIES)
 
     @property
     def name(self) -> str:

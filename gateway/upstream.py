@@ -140,9 +140,9 @@ class Upstream:
         else:
             several = len(replicas.replicas) > 1 or bool(settings.upstream_discover)
             per_replica = settings.max_connections_per_replica or (settings.max_connections // 2 if several else settings.max_connections)
-            limits = {"per_origin": per_replica, "idle_expiry": settings.upstream_idle_expiry, "tls": tls}
-            self.pool = Pool(settings.max_connections, settings.upstream_connect_timeout, **limits)  # type: ignore[arg-type]
-            self.checks = Pool(settings.health_check_connections, settings.upstream_connect_timeout, **limits)  # type: ignore[arg-type]
+            idle = settings.upstream_idle_expiry
+            self.pool = Pool(settings.max_connections, settings.upstream_connect_timeout, per_origin=per_replica, idle_expiry=idle, tls=tls)
+            self.checks = Pool(settings.health_check_connections, settings.upstream_connect_timeout, per_origin=per_replica, idle_expiry=idle, tls=tls)
 
     async def aclose(self) -> None:
         await self.pool.aclose()

@@ -110,9 +110,9 @@ class LangfuseExport(Exporter[Item]):
         public_key: str,
         secret_key: str,
         base_url: str,
-        timeout_s: float = 10.0,
-        attempts: int = 3,
-        queue_size: int = 10_000,
+        timeout_s: float,
+        attempts: int,
+        queue_size: int,
         registry: CollectorRegistry | None = None,
     ) -> None:
         if timeout_s <= 0 or attempts < 1:

@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 
 from burnish_server.core.errors import Invalid, UpstreamConnectError, UpstreamPoolTimeout, UpstreamProtocolError, UpstreamReadError
+from burnish_server.core.settings import Settings
 from burnish_server.gateway.http1 import HIGH_WATER, MAX_HEAD_BYTES, Pool
+
+IDLE = Settings().upstream_idle_expiry
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 Answer = Callable[[asyncio.StreamWriter], Awaitable[None]]
@@ -58,7 +61,7 @@ class Server:
 
 @pytest.fixture
 async def pool() -> AsyncIterator[Pool]:
-    pool = Pool(4, 5)
+    pool = Pool(4, 5, idle_expiry=IDLE)
     yield pool
     await pool.aclose()
 
@@ -159,7 +162,7 @@ async def test_a_slow_reader_holds_a_bounded_part_of_a_large_body(pool: Pool) ->
 async def test_requests_beyond_the_limit_wait_for_a_connection() -> None:
     server = Server()
     url = await server.start()
-    pool = Pool(1, 5)
+    pool = Pool(1, 5, idle_expiry=IDLE)
     first = await pool.request(b"POST", url, b"/", [], b"{}", 5, 5)
     second = asyncio.ensure_future(post(pool, url))
     await asyncio.sleep(0.1)
@@ -221,7 +224,7 @@ async def test_an_https_upstream_is_spoken_to_over_tls(pool: Pool, tmp_path: Pat
     assert server.connections == 1 and server.heads[0].startswith(b"POST / HTTP/1.1\r\n")
     with pytest.raises(UpstreamConnectError):  # a certificate no one trusts
         monkeypatch.delenv("SSL_CERT_FILE")
-        await post(Pool(1, 5), url)
+        await post(Pool(1, 5, idle_expiry=IDLE), url)
 
 
 async def test_a_kept_alive_connection_closed_as_the_request_goes_out_is_retried_on_a_new_one(pool: Pool) -> None:
@@ -282,7 +285,7 @@ async def test_an_answer_that_came_whole_is_reused_even_unread(pool: Pool) -> No
 
 async def test_waiting_for_a_busy_pool_is_bounded() -> None:
     url = await Server().start()
-    pool = Pool(1, 5)
+    pool = Pool(1, 5, idle_expiry=IDLE)
     held = await pool.request(b"POST", url, b"/", [], b"{}", 5, 5)
     with pytest.raises(UpstreamPoolTimeout) as waited:
         await pool.request(b"POST", url, b"/", [], b"{}", 0.2, 0.2)
@@ -297,7 +300,7 @@ async def test_a_stalled_replica_holds_at_most_its_share_of_the_connections() ->
     holds two, and the other still gets the third at once."""
     stalled, healthy = Server(_never), Server()
     slow_url, fast_url = await stalled.start(), await healthy.start()
-    pool = Pool(3, 5, per_origin=2)
+    pool = Pool(3, 5, per_origin=2, idle_expiry=IDLE)
     waiting = [asyncio.ensure_future(pool.request(b"POST", slow_url, b"/", [], b"{}", 30, 30)) for _ in range(3)]
     await asyncio.sleep(0.2)
     assert stalled.connections == 2  # the third waits for one of the replica's own two
