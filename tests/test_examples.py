@@ -1,6 +1,6 @@
 """examples/ against a real gateway and vLLM: the tool-using agent plays a round, the demo's
 task is split and scored as its docs say, and its plots are written. (The digits example's
-learning is tests/test_learning.py; the demo's real model through the product, tests/test_gguf.py.)"""
+learning is tests/test_learning.py; the demo's real model through the product, tests/test_default_model.py.)"""
 
 from __future__ import annotations
 
