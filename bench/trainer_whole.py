@@ -144,11 +144,11 @@ async def whole(args: argparse.Namespace, model: Path, vocab: int, work: Path) -
             step_s=m.seconds_step,
             save_s=m.seconds_save,
             publish_s=step.publish_seconds,
-            # The worker's step (m["seconds"]) is load + batch + step + save + writing metrics.json.
-            record_s=figures["wall_s"] - m["seconds_read"] - m["seconds"] - step.publish_seconds,
-            sequences=m["sequences"],
-            sampled=m["tokens"],
-            loss=m["loss"],
+            # The worker's step (m.seconds) is load + batch + step + save + writing metrics.json.
+            record_s=figures["wall_s"] - m.seconds_read - (m.seconds or 0.0) - step.publish_seconds,
+            sequences=m.sequences,
+            sampled=m.tokens,
+            loss=m.loss,
         )
     return {
         "model": args.model,

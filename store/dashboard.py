@@ -100,13 +100,15 @@ def _held_out(conn: Connection, policy: str, step: int, project: str) -> list[An
     return out
 
 
-class Comparison(NamedTuple):
+class HeldOutAnswers(NamedTuple):
+    """Two versions' answers to held-out tasks, side by side (the dashboard's compare page)."""
+
     pairs: list[tuple[str, Answer | None, Answer | None]]  # by task: version a's answer, version b's
     a: list[Answer]
     b: list[Answer]
 
 
-def compare(conn: Connection, policy: str, a: int, b: int, project: str) -> Comparison:
+def held_out_answers(conn: Connection, policy: str, a: int, b: int, project: str) -> HeldOutAnswers:
     """Two versions' answers to the same held-out tasks, matched by the task's text (its first
     user message), the newest answer of each version to each task; tasks only one version
     answered are listed after those both did."""
@@ -116,4 +118,4 @@ def compare(conn: Connection, policy: str, a: int, b: int, project: str) -> Comp
     both = [t for t in by_task_a if t in by_task_b]
     alone = [t for t in by_task_a if t not in by_task_b] + [t for t in by_task_b if t not in by_task_a]
     pairs = [(t, by_task_a.get(t), by_task_b.get(t)) for t in both + alone]
-    return Comparison(pairs, first_a, first_b)
+    return HeldOutAnswers(pairs, first_a, first_b)

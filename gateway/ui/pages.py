@@ -36,7 +36,7 @@ from burnish_server.gateway.services import Services
 from burnish_server.gateway.ui import charts
 from burnish_server.gateway.ui.auth import who
 from burnish_server.gateway.ui.status import Statuses
-from burnish_server.gateway.ui.tokens import Pieces
+from burnish_server.gateway.ui.tokens import TokenTexts
 from burnish_server.gateway.ui.trajectory import Group, advantage_of, panels
 from burnish_server.store import dashboard, evals, listing, reads
 
@@ -275,8 +275,8 @@ async def tokens_fragment(
     panel = shown[index]
     tokens = panel.choices[choice]
     model = served_name(policy, 0) if policy is not None else (panel.call.model or "")
-    pieces: Pieces = request.app.state.setdefault("ui_pieces", Pieces())
-    texts = await pieces.texts(svc.upstream, model, [t.id for t in tokens])
+    known: TokenTexts = request.app.state.setdefault("ui_token_texts", TokenTexts())
+    texts = await known.texts(svc.upstream, model, [t.id for t in tokens])
     # htmx asks for the fragment that replaces the ids on the trajectory page; a browser without scripts gets a page.
     template = "_tokens.html" if request.headers.get("hx-request") == "true" else "tokens.html"
     return Template(
@@ -295,7 +295,7 @@ async def compare_page(
 ) -> Template:
     policy = visible_policy(svc, caller, name)
     b = policy.step if b is None else b
-    result = await svc.db.read(dashboard.compare, name, a, b, caller.project)
+    result = await svc.db.read(dashboard.held_out_answers, name, a, b, caller.project)
     _, steps, scores, _ = await statuses(request).get(name)  # each version's score over every held-out task
     return Template(
         "compare.html",

@@ -31,7 +31,9 @@ class _Detokenized(msgspec.Struct):
     prompt: str
 
 
-class Pieces:
+class TokenTexts:
+    """Each token id's text, per model, as vLLM detokenizes it: asked once, kept."""
+
     def __init__(self) -> None:
         self.known: dict[tuple[str, int], str] = {}
 
