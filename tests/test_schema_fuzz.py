@@ -22,6 +22,10 @@ What the configuration says, and why:
   alone but together they could never decide (``max_trajectories`` below
   ``min_trajectories``, core/policies.py: settings_conflicts): a relation between fields that
   the schema cannot say, so 400 is an accepted answer to valid data there too.
+- The trajectory list and its export take their filters as text, read by one parser for the
+  API and the dashboard (gateway/listing.py), so a schema-valid value may be refused 400: a
+  filter that is not a number or a date, ``version`` without ``policy`` (a relation between
+  parameters no schema can say). 400 is accepted there; any 5xx is still a failure.
 - ``ensure_resource_availability`` off for rollback: its 404 says that the policy has no
   checkpoint at the step asked for (``checkpoint_not_found``), not that the policy is gone.
 - RULER may answer 502: its judge is the one a policy names (``ruler.judge_base_url``, which
@@ -78,6 +82,10 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403",
 [[operations]]
 include-path-regex = "/rollback$"
 checks.ensure_resource_availability.enabled = false
+
+[[operations]]
+include-path-regex = "^/v1/trajectories(/export)?$"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409", "429"]
 
 [[operations]]
 include-path-regex = "/ruler$"
