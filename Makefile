@@ -46,7 +46,7 @@ install: $(VENV)/.installed
 	@echo "installed in $(VENV): run '. $(VENV)/bin/activate' to put burnish on your PATH"
 
 test: $(VENV)/.installed $(VENV)/.lint .tools/docker/cli-plugins/docker-compose .tools/chromium
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(PYTEST_ARGS)
 
 # Style, types and the layer contract (docs/architecture.md).
 lint: $(VENV)/.lint .tools/typing/burnish_server

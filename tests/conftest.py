@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from burnish_server.cli.up import TINY_MODEL_ARGS
@@ -35,6 +35,11 @@ from tests.servers import ServerThread, free_port
 from tests.upstream import Upstream
 
 PG_URL = os.environ.get("BURNISH_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
+# Under pytest-xdist (make test runs two workers), each worker empties a database of its own:
+# test_gw0, test_gw1, ... on the same server, made at first use.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if WORKER:
+    PG_URL = f"{PG_URL}_{WORKER}"
 # In CI the PostgreSQL tests must run: an unreachable server fails them instead of skipping.
 PG_REQUIRED = os.environ.get("CI", "").lower() in {"1", "true"} or os.environ.get("BURNISH_REQUIRE_PG") == "1"
 
@@ -48,7 +53,21 @@ def _pg_reachable() -> bool:
         return False
 
 
+async def _create_pg() -> None:
+    """The worker's own database, made if the server lacks it (CREATE DATABASE runs outside a transaction)."""
+    url = make_url(PG_URL)
+    engine = create_async_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        async with engine.connect() as conn:
+            if not (await conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": url.database})).first():
+                await conn.execute(text(f'CREATE DATABASE "{url.database}"'))
+    finally:
+        await engine.dispose()
+
+
 async def _reset_pg() -> None:
+    if WORKER:
+        await _create_pg()
     engine = create_async_engine(PG_URL)
     async with engine.begin() as conn:
         await conn.execute(text("DROP SCHEMA public CASCADE"))
