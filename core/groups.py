@@ -7,7 +7,9 @@ A group is a set of trajectories answering one task. It moves forward only:
                                        └──(the step fails, or its lease ends)──▶ closed
 
 A closed group is *ready* for training when every member has a reward and the rewards are
-not all equal (equal rewards give zero advantages: nothing to learn). Readiness depends on
+not all equal (equal rewards give zero advantages: nothing to learn), for a policy that
+trains on GRPO alone; with supervised steps, every member rewarded is enough, and with
+distillation a closed group is ready as it is (core/policies.py: Objective). Readiness depends on
 the members, so the store computes it in SQL (``store/groups.py``, beside the same states
 as SQL expressions). A group idle for its policy's ``group_idle_close_s`` (no member's call,
 no reward) closes by itself, so an agent that never says how many attempts a task gets, or
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
+
+from burnish_server.core.policies import Objective
 
 
 class GroupState(enum.StrEnum):
@@ -44,15 +48,20 @@ def rewards_final(state: GroupState) -> bool:
     return state in (GroupState.TRAINING, GroupState.TRAINED)
 
 
-def cannot_train(*, size: int, rewarded: int, low: float | None, high: float | None, credited: bool, held_out: bool) -> str | None:
+def cannot_train(
+    *, size: int, rewarded: int, low: float | None, high: float | None, credited: bool, held_out: bool, objective: Objective = Objective()
+) -> str | None:
     """Why a closed group will never be trained, in words a user can act on; None where it
     can be. The same rule as readiness in ``store/training.py``: every member rewarded, and
-    rewards that differ or a call's own reward to learn from."""
+    rewards that differ or a call's own reward to learn from; less where the policy's
+    objective asks less (core/policies.py: Objective)."""
     if held_out:
         return "held out for evaluation: scored, never trained on"
+    if not objective.needs_rewards:
+        return None
     if rewarded < size:
         return f"{size - rewarded} of its {size} members have no reward: every member needs one (post it, or let RULER score the group)"
-    if credited:
+    if credited or not objective.needs_spread:
         return None
     if size == 1:
         return "one member: GRPO learns from how a group's attempts at one task differ, and a lone attempt has nothing to differ from (give a task several attempts, in one group)"

@@ -28,6 +28,9 @@ from msgspec import Meta
 
 from burnish_server.core.access import PRINTABLE
 
+# Text the store keeps: PostgreSQL's text cannot hold a NUL character.
+NO_NUL = r"^[^\x00]*$"
+
 
 class LoraSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     # vLLM must be started with --max-lora-rank at least this (burnish up: 16).
@@ -35,6 +38,55 @@ class LoraSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     alpha: Annotated[int, Meta(ge=1)] = 32
     dropout: Annotated[float, Meta(ge=0, lt=1)] = 0.0
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+class Objective(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a step minimises: a weighted sum of objectives, each normalised by the tokens it
+    trains on (docs/trainer.md, "Objectives"). Any may be 0; not all of them.
+
+    grpo     the group-relative policy gradient on rewards (trainer/grpo.py)
+    sft      supervised: the log-likelihood of each group's best members at or above
+             ``sft_min_reward`` (rejection-sampling fine-tuning)
+    distill  on-policy distillation: the per-token reverse KL to the policy's ``teacher`` on
+             the policy's own samples (trainer/objectives.py)
+    """
+
+    grpo: Annotated[float, Meta(ge=0, le=1000)] = 1.0
+    sft: Annotated[float, Meta(ge=0, le=1000)] = 0.0
+    distill: Annotated[float, Meta(ge=0, le=1000)] = 0.0
+
+    @property
+    def needs_rewards(self) -> bool:
+        """A group trains only once every member has a reward (GRPO compares them, SFT picks by them).
+        Distillation alone needs none: the teacher scores the samples."""
+        return self.distill == 0
+
+    @property
+    def needs_spread(self) -> bool:
+        """A group trains only where its rewards differ (or a call's own reward is not 0): GRPO
+        alone learns nothing from a tie."""
+        return self.sft == 0 and self.distill == 0
+
+
+# The three objectives by name: ``"objective": "distill"`` is ``{"grpo": 0, "distill": 1}``.
+OBJECTIVES = {"grpo": Objective(), "sft": Objective(grpo=0, sft=1), "distill": Objective(grpo=0, distill=1)}
+
+
+class TeacherTurn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    role: Literal["system", "user", "assistant"]
+    content: Annotated[str, Meta(max_length=100_000, pattern=NO_NUL)]
+
+
+class Teacher(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Who scores the policy's samples for on-policy distillation.
+
+    The policy's own base model, with its adapter off, shown ``context`` before each
+    conversation (after the conversation's own system message, if it has one): context
+    distillation. Instructions go in a system turn; worked examples as earlier user and
+    assistant turns, which small models follow far more readily than examples described in
+    a system prompt."""
+
+    context: Annotated[tuple[TeacherTurn, ...], Meta(min_length=1, max_length=200)]
 
 
 class TrainSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -81,10 +133,19 @@ class TrainSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     turn_discount: Annotated[float, Meta(ge=0, le=1)] = 1.0
     # Seeds the LoRA initialisation (and dropout): two runs on the same data start alike.
     seed: int = 0
+    # What the step minimises: weights (Objective), or one objective by name (OBJECTIVES).
+    objective: Objective | Literal["grpo", "sft", "distill"] = "grpo"
+    # SFT from traffic: a group's best-rewarded members train as demonstrations when their
+    # reward is at least this.
+    sft_min_reward: float = 1.0
+    # The teacher of on-policy distillation; needed where the objective distills.
+    teacher: Teacher | None = None
 
+    @property
+    def weights(self) -> Objective:
+        """The objective as weights, whichever way it was set."""
+        return OBJECTIVES[self.objective] if isinstance(self.objective, str) else self.objective
 
-# Text the store keeps: PostgreSQL's text cannot hold a NUL character.
-NO_NUL = r"^[^\x00]*$"
 
 # A judge's base URL: http or https, a host, an optional path; no query, fragment or space
 # (the gateway appends /chat/completions to it).
@@ -168,11 +229,19 @@ def vllm_max_lora_rank(rank: int) -> int:
     return next(r for r in VLLM_LORA_RANKS if r >= rank)
 
 
-def settings_conflicts(promotion: PromotionSettings, lora: LoraSettings, max_lora_rank: int | None = None) -> list[str]:
+def settings_conflicts(promotion: PromotionSettings, lora: LoraSettings, max_lora_rank: int | None = None, train: TrainSettings | None = None) -> list[str]:
     """Combinations of a policy's settings that can never do what they configure, each with
     the fields in conflict and the smallest value that works. Refused when set (the admin API);
     a policy stored before the check shows them as warnings in its status."""
     out = []
+    weights = train.weights if train is not None else Objective()
+    if weights.grpo == weights.sft == weights.distill == 0:
+        out.append("train.objective weighs every objective 0: nothing would train; give grpo, sft or distill a weight above 0")
+    if weights.distill > 0 and train is not None and train.teacher is None:
+        out.append(
+            "train.objective distills but train.teacher is not set: set train.teacher.context to the turns the teacher sees first "
+            '(e.g. {"context": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]})'
+        )
     if promotion.watched and promotion.rollback_window < promotion.min_trajectories:
         out.append(
             f"promotion.rollback_window ({promotion.rollback_window}) is below promotion.min_trajectories ({promotion.min_trajectories}): "

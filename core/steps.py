@@ -25,6 +25,15 @@ class StepMetrics(msgspec.Struct, kw_only=True):
     kl: float = 0.0
     clip_fraction: float = 0.0
     grad_norm: float = 0.0
+    # Each objective (core/policies.py: Objective): its loss, unweighted, and the tokens it
+    # trained on (a token may count for several). ``loss`` is their weighted sum.
+    grpo_loss: float = 0.0
+    grpo_tokens: float = 0.0
+    sft_loss: float = 0.0  # mean negative log-likelihood of the demonstration tokens
+    sft_tokens: float = 0.0
+    teacher_kl: float = 0.0  # mean log(policy / teacher) of the sampled tokens the teacher scored: the reverse KL's estimate
+    distill_tokens: float = 0.0
+    teacher_unrendered_calls: int = 0  # calls the teacher could not be shown faithfully (trainer/teacher.py): not distilled
     # What it trained on.
     groups: int = 0
     sequences: float = 0.0
@@ -62,6 +71,7 @@ class StepMetrics(msgspec.Struct, kw_only=True):
     seconds_load: float = 0.0
     seconds_batch: float = 0.0
     seconds_step: float = 0.0
+    seconds_teacher: float = 0.0  # the teacher's forward passes, within seconds_step
     seconds_save: float = 0.0
 
     @classmethod

@@ -121,7 +121,7 @@ def request_training(conn: Connection, name: str) -> int:
     get_policy(conn, name)
     ready = count_ready(conn, name)
     if ready == 0:
-        raise Conflict(f"policy {name!r} has no ready groups (closed, all rewarded, rewards not all equal)", "no_ready_groups")
+        raise Conflict(f"policy {name!r} has no ready groups (closed; on GRPO alone, every member rewarded and rewards not all equal)", "no_ready_groups")
     conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(train_requested_at=utcnow(), updated_at=utcnow()))
     return ready
 
@@ -302,7 +302,7 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
         eval=eval_scores(conn, name, policy.step, every_version=False),
         splits=split_totals(history),
         health=health(history, recent_groups(conn, name)),
-        settings_warnings=settings_conflicts(policy.promotion, policy.lora),
+        settings_warnings=settings_conflicts(policy.promotion, policy.lora, train=policy.train),
         train_requested_at=iso(policy.train_requested_at),
         load_error=policy.load_error,
         load_error_at=iso(row.load_error_at),

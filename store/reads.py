@@ -22,6 +22,7 @@ from burnish_server.core.access import local, local_optional
 from burnish_server.core.drift import split_reason
 from burnish_server.core.groups import GroupState, cannot_train, group_state
 from burnish_server.core.listing import Filters, Keyset
+from burnish_server.core.policies import Objective
 from burnish_server.core.records import OK, CallTokens, unpack_tokens
 from burnish_server.core.tokens import Continuity
 from burnish_server.core.views import CallTokensView, CallView, GroupView, RewardView, TrajectoryPage, TrajectoryView
@@ -29,7 +30,7 @@ from burnish_server.store import listing
 from burnish_server.store.calls import to_record
 from burnish_server.store.listing import narrowed
 from burnish_server.store.models import Call, Group, Reward, Trajectory, iso
-from burnish_server.store.training import credited_groups
+from burnish_server.store.training import credited_groups, training_rules
 
 EXPORT_PAGE = 256  # trajectories per query while exporting
 _encode = msgspec.json.Encoder().encode
@@ -157,8 +158,15 @@ def get_group(conn: Connection, group_id: str) -> GroupView | None:
     if state == GroupState.CLOSED:
         rewards = [m.reward for m in members if m.reward is not None]
         credited = conn.execute(credited_groups().where(Trajectory.group_id == group_id).limit(1)).first() is not None
+        objective = training_rules(conn, row.policy).objective if row.policy is not None else Objective()
         why = cannot_train(
-            size=len(members), rewarded=len(rewards), low=min(rewards, default=None), high=max(rewards, default=None), credited=credited, held_out=held_out
+            size=len(members),
+            rewarded=len(rewards),
+            low=min(rewards, default=None),
+            high=max(rewards, default=None),
+            credited=credited,
+            held_out=held_out,
+            objective=objective,
         )
     return GroupView(
         id=local(row.id),

@@ -40,7 +40,7 @@ from burnish_server.core.archive import ArchivedCall, ArchivedGroup, ArchivedRew
 from burnish_server.core.promotion import Outcome
 from burnish_server.core.retention import Retention
 from burnish_server.store.models import Call, Group, PolicyRow, RetentionRow, Reward, RulerVerdict, StepRow, Trajectory, utcnow
-from burnish_server.store.training import ready_groups
+from burnish_server.store.training import ready_groups, training_rules
 
 # ---- the setting --------------------------------------------------------------------------
 
@@ -186,7 +186,7 @@ def select_batch(
         ready: set[str] = set()
         for policy in {row.policy for row in untrained if row.policy is not None}:
             ids = [row.id for row in untrained if row.policy == policy]
-            ready |= set(conn.execute(ready_groups(policy, now=utcnow()).where(Group.id.in_(ids))).scalars())
+            ready |= set(conn.execute(ready_groups(policy, now=utcnow(), rules=training_rules(conn, policy)).where(Group.id.in_(ids))).scalars())
         goes: list[str] = []
         for row in found:
             if row.trained_at is None and (row.claimed_by is not None or row.id in ready):

@@ -22,9 +22,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
+import msgspec
 from sqlalchemy import Select, and_, case, func, or_, select, update
 from sqlalchemy.engine import Connection
 
+from burnish_server.core.policies import Objective, TrainSettings
 from burnish_server.core.records import OK, CallRecord
 from burnish_server.core.settings import Settings
 from burnish_server.store import groups
@@ -72,20 +74,34 @@ def credited_groups() -> Select:
     )
 
 
-def training_projects(conn: Connection, policy: str) -> list[str] | None:
-    """The projects whose groups may train the policy: its own and those it is shared with;
-    None for a policy shared by every project (core/policies.py: open_to)."""
-    row = conn.execute(select(PolicyRow.project, PolicyRow.shared_with).where(PolicyRow.name == policy)).one_or_none()
-    if row is None or row.project is None:
-        return None
-    return [row.project, *(row.shared_with or ())]
+class Training(NamedTuple):
+    """What decides which of a policy's groups may train it."""
+
+    projects: list[str] | None  # the projects whose groups may: its own and those it is shared with; None: every project's
+    objective: Objective  # whether a group needs rewards, and rewards that differ
 
 
-def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S, projects: list[str] | None = None) -> Select:
-    """Ids of the policy's ready, unclaimed groups, oldest closed first; only ``projects``' where
-    given (a group of a project the policy was unshared from waits, untrained)."""
-    credited = credited_groups()
+def training_rules(conn: Connection, policy: str) -> Training:
+    """The policy's ``Training`` (core/policies.py: open_to, TrainSettings.weights)."""
+    row = conn.execute(select(PolicyRow.project, PolicyRow.shared_with, PolicyRow.train).where(PolicyRow.name == policy)).one_or_none()
+    if row is None:
+        return Training(None, Objective())
+    weights = msgspec.convert(row.train or {}, TrainSettings).weights
+    return Training(None if row.project is None else [row.project, *(row.shared_with or ())], weights)
+
+
+def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S, rules: Training = Training(None, Objective())) -> Select:
+    """Ids of the policy's ready, unclaimed groups, oldest closed first; only ``rules.projects``'
+    where given (a group of a project the policy was unshared from waits, untrained). What
+    ready asks of the members' rewards depends on the objective (core/policies.py: Objective):
+    GRPO alone, every member rewarded and rewards that differ; with SFT, every member rewarded;
+    distillation, nothing (the teacher scores the samples)."""
     members = group_members()
+    rewards = []
+    if rules.objective.needs_rewards:
+        rewards.append(members.c.size == members.c.rewarded)
+    if rules.objective.needs_spread:
+        rewards.append(or_(members.c.high > members.c.low, Group.id.in_(credited_groups())))
     return (
         select(Group.id)
         .join(members, members.c.group_id == Group.id)
@@ -94,17 +110,16 @@ def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S
             Group.eval.is_(False),
             # Closed, or being trained by a trainer whose lease ran out (it died mid-step).
             or_(groups.is_closed(), and_(groups.is_training(), Group.claimed_at < now - timedelta(seconds=lease_s))),
-            members.c.size == members.c.rewarded,
-            or_(members.c.high > members.c.low, Group.id.in_(credited)),
+            *rewards,
             members.c.held_out == 0,
-            *([Group.project.in_(projects)] if projects is not None else []),
+            *([Group.project.in_(rules.projects)] if rules.projects is not None else []),
         )
         .order_by(Group.closed_at, Group.pk)
     )
 
 
 def count_ready(conn: Connection, policy: str, lease_s: float = DEFAULT_LEASE_S) -> int:
-    query = ready_groups(policy, now=utcnow(), lease_s=lease_s, projects=training_projects(conn, policy)).subquery()
+    query = ready_groups(policy, now=utcnow(), lease_s=lease_s, rules=training_rules(conn, policy)).subquery()
     return conn.execute(select(func.count()).select_from(query)).scalar_one()
 
 
@@ -119,8 +134,7 @@ def claim_groups(conn: Connection, policy: str, worker: str, count: int, lease_s
     conn.execute(select(PolicyRow.pk).where(PolicyRow.name == policy).with_for_update())
     if other_trainer_busy(conn, policy, worker, lease_s):
         return []
-    projects = training_projects(conn, policy)
-    query = ready_groups(policy, now=now, lease_s=lease_s, projects=projects).limit(count).with_for_update(skip_locked=True, of=Group)
+    query = ready_groups(policy, now=now, lease_s=lease_s, rules=training_rules(conn, policy)).limit(count).with_for_update(skip_locked=True, of=Group)
     ids = list(conn.execute(query).scalars())
     if not ids or len(ids) < (count if minimum is None else minimum):
         return []
@@ -155,7 +169,7 @@ def release_groups(conn: Connection, worker: str, ids: list[str] | None = None) 
 class TrainingCall(NamedTuple):
     group_id: str
     trajectory_id: str
-    reward: float
+    reward: float | None  # None: not rewarded (a group that distills needs no reward)
     call: CallRecord
     call_reward: float | None = None  # posted for this call alone (credit per turn)
 

@@ -157,27 +157,30 @@ def test_seeded_requests_with_long_prompts_at_once_leave_vllm_serving(vllm: VLLM
 
 
 def test_lora_adapter_is_served_by_policy_step(gw: Gateway, vllm: VLLMServer, tiny_model: Path, tmp_path: Path) -> None:
-    adapter = tmp_path / "agent-1"
+    # A policy name of its own: the session's vLLM is shared with other files on this
+    # worker, and a trainer there may already have loaded its own "agent@1".
+    gw.create_policy("v-lora", "tiny")
+    adapter = tmp_path / "v-lora-1"
     subprocess.run([sys.executable, "-c", MAKE_ADAPTER, str(tiny_model), str(adapter)], check=True, timeout=300)
-    r = httpx.post(vllm.url + "/v1/load_lora_adapter", json={"lora_name": "agent@1", "lora_path": str(adapter)}, timeout=60)
+    r = httpx.post(vllm.url + "/v1/load_lora_adapter", json={"lora_name": "v-lora@1", "lora_path": str(adapter)}, timeout=60)
     assert r.status_code == 200, r.text
     try:
         client = openai.OpenAI(base_url=gw.url + "/t/v-lora/v1", api_key="k")
-        base_text = client.chat.completions.create(model="agent", messages=MESSAGES, **GREEDY).choices[0].message.content
+        base_text = client.chat.completions.create(model="v-lora", messages=MESSAGES, **GREEDY).choices[0].message.content
 
-        set_served_step(gw, 1)
-        raw = client.chat.completions.with_raw_response.create(model="agent", messages=MESSAGES, **GREEDY)
+        set_served_step(gw, 1, policy="v-lora")
+        raw = client.chat.completions.with_raw_response.create(model="v-lora", messages=MESSAGES, **GREEDY)
         tuned = raw.parse()
-        assert raw.headers["x-policy-version"] == "agent@1" and tuned.model == "agent@1"
-        lora_direct = direct(vllm).chat.completions.create(model="agent@1", messages=MESSAGES, **GREEDY)
+        assert raw.headers["x-policy-version"] == "v-lora@1" and tuned.model == "v-lora@1"
+        lora_direct = direct(vllm).chat.completions.create(model="v-lora@1", messages=MESSAGES, **GREEDY)
         assert tuned.choices[0].message.content == lora_direct.choices[0].message.content != base_text
 
-        pinned = client.chat.completions.create(model="agent@0", messages=MESSAGES, **GREEDY)
+        pinned = client.chat.completions.create(model="v-lora@0", messages=MESSAGES, **GREEDY)
         assert pinned.choices[0].message.content == base_text
         calls = gw.trajectory("v-lora")["calls"]
         assert [c["policy_step"] for c in calls] == [0, 1, 0]
     finally:
-        httpx.post(vllm.url + "/v1/unload_lora_adapter", json={"lora_name": "agent@1"}, timeout=60)
+        httpx.post(vllm.url + "/v1/unload_lora_adapter", json={"lora_name": "v-lora@1"}, timeout=60)
 
 
 def test_burnish_up_starts_serves_and_stops_cleanly(tiny_model: Path, tmp_path: Path) -> None:

@@ -58,6 +58,17 @@ class LossParts:
     tis_capped: torch.Tensor
 
 
+def behaviour_gap(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor, settings: TrainSettings) -> tuple[float, float]:
+    """How far the trainer is from vLLM on the ``mask``ed tokens, as sums: |logp - behaviour|,
+    and the tokens whose ratio to the behaviour is outside the clip range. No gradient."""
+    with torch.no_grad():
+        mask = mask.to(logprobs.dtype)
+        gap = logprobs.detach() - behaviour_logprobs
+        ratio = torch.exp(gap)
+        outside = ((ratio < 1 - settings.clip_eps_low) | (ratio > 1 + settings.clip_eps_high)).to(mask.dtype)
+        return float((gap.abs() * mask).sum()), float((outside * mask).sum())
+
+
 def grpo_loss(
     logprobs: torch.Tensor,
     behaviour_logprobs: torch.Tensor,

@@ -6,8 +6,9 @@ said to the other ranks (trainer/distributed.py: ``Ranks.broadcast``), which do 
 writes checkpoints; a checkpoint it reads is sent to the others with the step.
 
     step(policy, calls, n)   the model at the policy's head (built, or restored from its checkpoint)
-                             -> (sequence, advantage) pairs (trainer/sequences.py)
-                             -> one GRPO step (trainer/policy_model.py), each rank on its share
+                             -> (sequence, advantage) pairs (trainer/sequences.py), each call with
+                                its teacher's prompt where the policy distills (trainer/teacher.py)
+                             -> one step of the policy's objectives (trainer/policy_model.py), each rank on its share
                              -> rank 0 saves checkpoint n (trainer/checkpoints.py)
     forget(policy)           its adapter and optimizer off the base (the base too, with its last policy)
     keep_alive()             rank 0 idle: a word now and then, so that the others do not time out
@@ -33,6 +34,7 @@ from burnish_server.trainer.checkpoints import Checkpoints
 from burnish_server.trainer.distributed import Ranks
 from burnish_server.trainer.policy_model import PolicyModel
 from burnish_server.trainer.sequences import training_batch
+from burnish_server.trainer.teacher import ContextTeacher
 
 log = logging.getLogger("burnish.trainer")
 
@@ -157,7 +159,9 @@ class Models:
         t0 = time.perf_counter()
         model = self.model(policy)
         t1 = time.perf_counter()
-        batch = training_batch(rows, policy.train, head=policy.head)
+        teacher = policy.train.teacher
+        prompts = ContextTeacher(model.tokenizer, teacher).prompt if teacher is not None and policy.train.weights.distill > 0 else None
+        batch = training_batch(rows, policy.train, head=policy.head, teacher_prompt=prompts)
         t2 = time.perf_counter()
         metrics = model.step(batch.items)
         t3 = time.perf_counter()
@@ -171,6 +175,7 @@ class Models:
         metrics.reward_std = (sum((r - mean) ** 2 for r in batch.rewards) / (n - 1)) ** 0.5 if n > 1 else 0.0
         metrics.untokenized_calls, metrics.stale_calls, metrics.call_rewards = batch.untokenized, batch.stale, batch.call_rewards
         metrics.sequence_splits = batch.splits
+        metrics.teacher_unrendered_calls = batch.unrendered
         metrics.count_splits(batch.split_reasons)  # why each split happened (core/drift.py)
         metrics.ranks = self.ranks.world
         ages = batch.staleness or [0]

@@ -8,6 +8,7 @@ and its default is in ``core/policies.py`` (LoraSettings, TrainSettings).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +20,9 @@ import torch
 from burnish_server.core.policies import LoraSettings, TrainSettings
 from burnish_server.core.steps import StepMetrics
 from burnish_server.trainer.base_model import SharedBase
-from burnish_server.trainer.grpo import grpo_loss
+from burnish_server.trainer.grpo import behaviour_gap, grpo_loss
 from burnish_server.trainer.logprobs import sampled_logprobs
+from burnish_server.trainer.objectives import distill_loss, sft_loss
 from burnish_server.trainer.sequences import Sequence
 
 
@@ -33,6 +35,11 @@ class Batch:
     behaviour_logprobs: torch.Tensor  # [B, T]
     has_behaviour: torch.Tensor  # [B, T], False: no recorded logprobs, taken as on-policy (ratio 1)
     advantages: torch.Tensor  # [B, T]: the sequence's advantage, plus each call's credit per turn
+    # Each objective's tokens, all of them among ``sampled`` (trainer/sequences.py: Sequence.grpo, imitate, taught).
+    grpo: torch.Tensor  # [B, T]
+    imitate: torch.Tensor  # [B, T]
+    taught: torch.Tensor  # [B, T]
+    teacher_logprobs: torch.Tensor  # [B, T], the teacher's where taught
 
 
 def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, device: torch.device, packed: bool = False) -> Batch:
@@ -49,17 +56,34 @@ def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, d
         return torch.tensor([row + [fill] * (width - len(row)) for row in values], device=device, dtype=dtype)
 
     tokens = rows(lambda s, a: s.tokens)
+    sampled = rows(lambda s, a: [0, *s.trained()[1:]])
     return Batch(
         input_ids=tensor(tokens, pad_id),
         attention_mask=None if packed else tensor([[1] * len(row) for row in tokens], 0),
         position_ids=tensor([list(range(len(row))) for row in tokens], 0) if packed else None,
         # A sequence's first token has nothing before it to be predicted from (packed, the one
         # before it is the previous sequence's last): never trained.
-        sampled=tensor(rows(lambda s, a: [0, *s.trained()[1:]]), 0),
+        sampled=tensor(sampled, 0),
         behaviour_logprobs=tensor(rows(lambda s, a: s.behaviour_logprobs), 0.0, torch.float32),
         has_behaviour=tensor(rows(lambda s, a: [s.has_behaviour_logprobs] * len(s.tokens)), False),
         advantages=tensor(rows(lambda s, a: [a + c for c in s.credit]), 0.0, torch.float32),
+        grpo=tensor([[m * s.grpo for m in row] for (s, _), row in zip(items, sampled)], 0),
+        imitate=tensor([[m * s.imitate for m in row] for (s, _), row in zip(items, sampled)], 0),
+        taught=tensor([[m * t for m, t in zip(row, s.taught or [0] * len(row))] for (s, _), row in zip(items, sampled)], 0),
+        teacher_logprobs=tensor(rows(lambda s, a: s.teacher_logprobs or [0.0] * len(s.tokens)), 0.0, torch.float32),
     )
+
+
+def taught_tokens(items: list[tuple[Sequence, float]], max_len: int) -> tuple[int, int, int]:
+    """The tokens each objective trains on in ``items`` (GRPO, SFT, distillation), as the loss counts them."""
+    grpo = imitate = taught = 0
+    for seq, _ in items:
+        trained = [0, *seq.trained()[1:]][:max_len]
+        n = sum(trained)
+        grpo += n * seq.grpo
+        imitate += n * seq.imitate
+        taught += sum(m * t for m, t in zip(trained, seq.taught or []))
+    return grpo, imitate, taught
 
 
 def micro_batches(items: list[tuple[Sequence, float]], max_tokens: int, max_len: int, packed: bool = False) -> Iterator[list[tuple[Sequence, float]]]:
@@ -182,24 +206,73 @@ class PolicyModel:
             base += self.base.squared_norm(layer.base_layer)
         return (moved / base) ** 0.5 if base else 0.0
 
+    @torch.no_grad()
+    def teach(self, items: list[tuple[Sequence, float]]) -> None:
+        """The teacher's logprob of each sampled token it can score (``Sequence.teacher_logprobs``
+        and ``taught``): the base model, adapter off, on each call's teacher prompt
+        (trainer/teacher.py) followed by the tokens the policy sampled, in micro-batches as the
+        step's. A token past ``max_seq_len`` in the teacher's longer sequence is not taught."""
+        spans: list[tuple[Sequence, int, int]] = []  # (student sequence, its span's start, length)
+        asked: list[tuple[Sequence, float]] = []
+        for seq, _ in items:
+            seq.teacher_logprobs, seq.taught = [0.0] * len(seq.tokens), [0] * len(seq.tokens)
+            for span in seq.spans:
+                if span.teacher_prompt is None or span.length == 0:
+                    continue
+                question = Sequence()
+                question.add(span.teacher_prompt, seq.tokens[span.start : span.start + span.length], None)
+                spans.append((seq, span.start, span.length))
+                asked.append((question, 0.0))
+        where = {id(question): at for (question, _), at in zip(asked, spans)}
+        max_len, packed = self.train.max_seq_len, self.base.packs
+        chunks = list(micro_batches(asked, self.train.micro_batch_tokens, max_len, packed))
+        ranks = self.base.ranks
+        for index in range(ranks.most(len(chunks)) if ranks.sharded else len(chunks)):
+            chunk = chunks[index] if index < len(chunks) else filler(self.pad_id)
+            batch = make_batch(chunk, self.pad_id, max_len, self.device, packed)
+            with self.model.disable_adapter():
+                logprobs = self.token_logprobs(batch).cpu()
+            if index >= len(chunks):
+                continue
+            offset = 0
+            for row, (question, _) in enumerate(chunk):
+                seq, start, length = where[id(question)]
+                line = logprobs[0, offset:] if packed else logprobs[row]
+                prompt = len(question.tokens) - length
+                for i in range(min(length, max_len - prompt)):
+                    seq.teacher_logprobs[start + i] = float(line[prompt + i])
+                    seq.taught[start + i] = 1
+                offset += min(len(question.tokens), max_len)
+
     def step(self, items: list[tuple[Sequence, float]]) -> StepMetrics:
-        """One optimizer step over (sequence, advantage) pairs: the loss is token-level over all of them.
+        """One optimizer step over (sequence, advantage) pairs: the policy's objectives
+        (core/policies.py: Objective), each token-level over the tokens it trains on, weighted
+        and summed; the teacher scores the samples first where the policy distills.
 
         Besides the loss it reports how far the trainer's logprobs of the sampled tokens are
         from those vLLM recorded (``logprob_diff``, ``outside_clip``: over the tokens that have
         recorded logprobs), which says whether the samples are still on-policy enough to learn from."""
         self.activate()
-        self.model.train()
         settings, ranks, packed = self.train, self.base.ranks, self.base.packs
+        weights = settings.weights
         trained = [s.trained() for s, _ in items]
         total = sum(sum(mask[: self.train.max_seq_len]) for mask in trained)  # over every rank's share
         forced = sum(s.sampled for s, _ in items) - sum(sum(mask) for mask in trained)
         # This rank's share of the sequences (all of them, on one rank), in micro-batches; under
         # FSDP2 every rank runs as many as the busiest, the others' extra ones empty.
         mine = ranks.share(items, [min(len(s.tokens), self.train.max_seq_len) for s, _ in items])
+        t0 = time.perf_counter()
+        if weights.distill > 0:
+            self.model.eval()
+            self.teach(mine)
+        seconds_teacher = time.perf_counter() - t0
+        self.model.train()
+        # Each objective is normalised by its own tokens, over the whole step (every rank's share).
+        n_grpo, n_sft, _ = taught_tokens(items, self.train.max_seq_len)
+        n_distill = int(ranks.sum([float(taught_tokens(mine, self.train.max_seq_len)[2])])[0])
         chunks = list(micro_batches(mine, self.train.micro_batch_tokens, self.train.max_seq_len, packed))
         passes = ranks.most(len(chunks)) if ranks.sharded else len(chunks)
-        sums = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0}
+        sums = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "grpo_loss": 0.0, "sft_nll": 0.0, "teacher_kl": 0.0}
         compared = {"logprob_diff": 0.0, "outside_clip": 0.0, "tis_capped": 0.0, "tokens": 0.0}
         entropy = 0.0
         for index in range(passes):
@@ -209,23 +282,38 @@ class PolicyModel:
             logprobs = self.token_logprobs(batch, spread)
             # Without recorded behaviour logprobs the step is on-policy: ratio 1.
             behaviour = torch.where(batch.has_behaviour, batch.behaviour_logprobs, logprobs.detach())
-            reference = None
-            if settings.kl_coef > 0:
-                with torch.no_grad(), self.model.disable_adapter():
-                    reference = self.token_logprobs(batch)
-            parts = grpo_loss(logprobs, behaviour, batch.advantages, batch.sampled, settings, reference, normaliser=total)
-            (parts.loss if real else parts.loss * 0).backward()
+            loss = logprobs.sum() * 0  # an objective with no tokens here adds nothing, but the pass still backpropagates (FSDP2's collectives)
+            if weights.grpo > 0 and n_grpo:
+                reference = None
+                if settings.kl_coef > 0:
+                    with torch.no_grad(), self.model.disable_adapter():
+                        reference = self.token_logprobs(batch)
+                parts = grpo_loss(logprobs, behaviour, batch.advantages, batch.grpo, settings, reference, normaliser=n_grpo)
+                loss = loss + weights.grpo * parts.loss
+                sums["grpo_loss"] += parts.loss.item()
+                sums["kl"] += parts.kl.item()
+                sums["clip_fraction"] += parts.clip_fraction.item() * parts.tokens / n_grpo
+                compared["tis_capped"] += parts.tis_capped.item()
+            if weights.sft > 0 and n_sft:
+                sft = sft_loss(logprobs, batch.imitate, n_sft)
+                loss = loss + weights.sft * sft.loss
+                sums["sft_nll"] += sft.total.item()
+            if weights.distill > 0 and n_distill:
+                taught = distill_loss(logprobs, behaviour, batch.teacher_logprobs, batch.taught, n_distill)
+                loss = loss + weights.distill * taught.loss
+                sums["teacher_kl"] += taught.total.item()
+            (loss if real else loss * 0).backward()
             if not real:
                 continue
             # Normalised by the step's token count, the micro-batches' terms add up to the step's.
             entropy += float((spread[0] * batch.sampled).sum())
-            sums["loss"] += parts.loss.item()
-            sums["kl"] += parts.kl.item()
-            sums["clip_fraction"] += parts.clip_fraction.item() * parts.tokens / max(total, 1)
-            # Rows without recorded logprobs compare with themselves (a gap of 0): left out.
+            sums["loss"] += loss.item()
+            # How far the trainer is from vLLM on every trained token that has recorded logprobs
+            # (rows without them compare with themselves, a gap of 0: left out).
+            gap, outside = behaviour_gap(logprobs.detach(), behaviour, batch.sampled * batch.has_behaviour, settings)
             compared["tokens"] += float((batch.sampled * batch.has_behaviour).sum().item())
-            for name in ("logprob_diff", "outside_clip", "tis_capped"):
-                compared[name] += getattr(parts, name).item()
+            compared["logprob_diff"] += gap
+            compared["outside_clip"] += outside
         # Every rank's gradients and figures, summed: the step's, as one rank would have them.
         ranks.sum_gradients(self.params)
         *summed, entropy = ranks.sum([*sums.values(), *compared.values(), entropy])
@@ -244,6 +332,13 @@ class PolicyModel:
             tokens=float(total),
             forced_tokens=float(forced),
             sequences=float(len(items)),
+            grpo_loss=sums["grpo_loss"],
+            grpo_tokens=float(n_grpo if weights.grpo > 0 else 0),
+            sft_loss=sums["sft_nll"] / max(n_sft, 1),
+            sft_tokens=float(n_sft if weights.sft > 0 else 0),
+            teacher_kl=sums["teacher_kl"] / max(n_distill, 1),
+            distill_tokens=float(n_distill if weights.distill > 0 else 0),
+            seconds_teacher=seconds_teacher,
             logprob_diff_mean=compared["logprob_diff"] / n,
             outside_clip_fraction=compared["outside_clip"] / n,
             tis_capped_fraction=compared["tis_capped"] / n,

@@ -31,7 +31,7 @@ sample of the same prompt, and is not merged with other calls (nor counted as a 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +44,10 @@ from burnish_server.core.tokens import Continuity
 from burnish_server.store.training import TrainingCall
 from burnish_server.trainer.grpo import group_advantages
 
+# A call's prompt as the teacher sees it (trainer/teacher.py), from the recorded call and the
+# prompt ids vLLM saw; None where it cannot be rendered faithfully (the call is not distilled).
+TeacherPrompt = Callable[[CallRecord, list[int]], list[int] | None]
+
 
 @dataclass
 class SampledCall:
@@ -53,6 +57,17 @@ class SampledCall:
     completions: list[list[int]]  # one per choice
     logprobs: list[list[float]] | None  # the behaviour policy's, aligned with completions
     credit: float = 0.0  # its credit per turn (core/credit.py: turn_credits), for every choice
+    teacher_prompt: list[int] | None = None  # where the policy distills: its prompt with the teacher's context
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One call's sampled tokens in a sequence (``tokens[start : start + length]``), and the
+    teacher's prompt for them: the teacher scores each call on its own."""
+
+    start: int
+    length: int
+    teacher_prompt: list[int] | None
 
 
 @dataclass
@@ -64,8 +79,17 @@ class Sequence:
     credit: list[float] = field(default_factory=list)
     has_behaviour_logprobs: bool = True
     calls: int = 0
+    spans: list[Span] = field(default_factory=list)
+    # Which objectives train on it (core/policies.py: Objective): GRPO where its group's rewards
+    # say something; SFT where it is one of its group's best; distillation where the teacher
+    # scored its tokens (``taught`` 1, ``teacher_logprobs`` theirs).
+    grpo: bool = True
+    imitate: bool = False
+    teacher_logprobs: list[float] | None = None
+    taught: list[int] | None = None
 
-    def add(self, context: list[int], sampled: list[int], logprobs: list[float] | None, credit: float = 0.0) -> None:
+    def add(self, context: list[int], sampled: list[int], logprobs: list[float] | None, credit: float = 0.0, teacher_prompt: list[int] | None = None) -> None:
+        self.spans.append(Span(len(self.tokens) + len(context), len(sampled), teacher_prompt))
         self.tokens += context + sampled
         self.mask += [0] * len(context) + [1] * len(sampled)
         self.credit += [0.0] * len(context) + [credit] * len(sampled)
@@ -110,18 +134,18 @@ def build_sequences(calls: Iterable[SampledCall]) -> Merged:
         if extends is None:  # several choices (or none): each its own sequence
             for i, completion in enumerate(call.completions):
                 seq = Sequence()
-                seq.add(call.prompt, completion, call.logprobs[i] if call.logprobs else None, call.credit)
+                seq.add(call.prompt, completion, call.logprobs[i] if call.logprobs else None, call.credit, call.teacher_prompt)
                 done.append(seq)
             continue
         completion = call.completions[0]
         logprobs = call.logprobs[0] if call.logprobs else None
         if extends and current is not None:  # current.tokens is the history the prompt extends
-            current.add(call.prompt[len(current.tokens) :], completion, logprobs, call.credit)
+            current.add(call.prompt[len(current.tokens) :], completion, logprobs, call.credit, call.teacher_prompt)
             continue
         if current is not None:
             done.append(current)
         current = Sequence()
-        current.add(call.prompt, completion, logprobs, call.credit)
+        current.add(call.prompt, completion, logprobs, call.credit, call.teacher_prompt)
     if current is not None:
         done.append(current)
     return Merged([s for s in done if s.sampled > 0], continuity.splits, split_at)
@@ -141,27 +165,31 @@ class Batch:
     """A step's training data: (sequence, advantage) pairs, and what went into them."""
 
     items: list[tuple[Sequence, float]]
-    rewards: list[float]  # one per trajectory
+    rewards: list[float]  # one per rewarded trajectory
     untokenized: int  # calls skipped: recorded without prompt or completion ids
     splits: int  # calls that started a new sequence of their trajectory (Merged.splits, summed)
     stale: int = 0  # calls skipped: sampled more than max_staleness steps before the trained one
     staleness: list[int] = field(default_factory=list)  # of each call trained: head - its sampling step
     call_rewards: int = 0  # calls that carried a reward of their own (credit per turn)
     split_reasons: dict[str, int] = field(default_factory=dict)  # core/drift.py: why each split happened
+    unrendered: int = 0  # calls the teacher could not be shown faithfully: not distilled
 
 
-def training_batch(rows: list[TrainingCall], settings: TrainSettings, head: int = 0) -> Batch:
+def training_batch(rows: list[TrainingCall], settings: TrainSettings, head: int = 0, teacher_prompt: TeacherPrompt | None = None) -> Batch:
     """The claimed groups' calls -> (sequence, advantage) pairs, advantages relative within each
     group, plus each call's credit per turn on its tokens. ``head``: the step the batch trains
-    from (staleness is measured against it)."""
+    from (staleness is measured against it). Each sequence says which objectives train on it
+    (``Sequence.grpo``, ``imitate``); with ``teacher_prompt``, each call gets its teacher's prompt."""
+    weights = settings.weights
     by_trajectory: dict[str, dict[str, list[TrainingCall]]] = {}
-    rewards: dict[str, float] = {}
+    rewards: dict[str, float | None] = {}
     for row in rows:
         by_trajectory.setdefault(row.group_id, {}).setdefault(row.trajectory_id, []).append(row)
         rewards[row.trajectory_id] = row.reward
     trajectories: dict[str, dict[str, list[SampledCall]]] = {}
     records: dict[str, list[CallRecord]] = {}  # per trajectory, the records of its calls in ``trajectories``
-    untokenized = splits = stale = 0
+    credited: set[str] = set()  # groups with a call's own reward that is not 0
+    untokenized = splits = stale = unrendered = 0
     staleness: list[int] = []
     for group_id, group_rows in by_trajectory.items():
         for trajectory_id, calls in group_rows.items():
@@ -179,17 +207,36 @@ def training_batch(rows: list[TrainingCall], settings: TrainSettings, head: int 
                     continue
                 staleness.append(age)
                 call.credit = credit
+                if credit:
+                    credited.add(group_id)
+                if teacher_prompt is not None:
+                    call.teacher_prompt = teacher_prompt(row.call, call.prompt)
+                    unrendered += call.teacher_prompt is None
                 members.append(call)
                 records.setdefault(trajectory_id, []).append(row.call)
     items: list[tuple[Sequence, float]] = []
     reasons: Counter[str] = Counter()
-    for group in trajectories.values():
+    for group_id, group in trajectories.items():
         names = list(group)
-        advantages = group_advantages(torch.tensor([rewards[t] for t in names]), scale=settings.scale_advantages, eps=settings.advantage_eps)
-        for name, advantage in zip(names, advantages.tolist()):
+        scores = [rewards[t] for t in names]
+        rewarded = [r for r in scores if r is not None]
+        complete = len(rewarded) == len(scores)  # a group that only distills may have no rewards
+        if complete:
+            advantages = group_advantages(torch.tensor(rewarded), scale=settings.scale_advantages, eps=settings.advantage_eps).tolist()
+        else:
+            advantages = [0.0] * len(names)
+        # GRPO learns from a group whose rewards differ, or a call's own reward; a tie is left
+        # out of its term (it would only dilute it), as it is left out of readiness.
+        grpo = weights.grpo > 0 and complete and (max(rewarded) > min(rewarded) or group_id in credited)
+        best = max(rewarded) if complete else None
+        for name, advantage, reward in zip(names, advantages, scores):
             merged = build_sequences(group[name])
             splits += merged.splits
             reasons.update(split_reason(records[name][before], records[name][index]) for index, before in merged.split_at)
-            items += [(seq, advantage) for seq in merged.sequences]
+            for seq in merged.sequences:
+                seq.grpo = grpo
+                seq.imitate = weights.sft > 0 and reward is not None and reward == best and reward >= settings.sft_min_reward
+                items.append((seq, advantage))
     posted = sum(row.call_reward is not None for row in rows)
-    return Batch(items, [rewards[t] for m in trajectories.values() for t in m], untokenized, splits, stale, staleness, posted, dict(reasons))
+    kept = [r for m in trajectories.values() for t in m if (r := rewards[t]) is not None]
+    return Batch(items, kept, untokenized, splits, stale, staleness, posted, dict(reasons), unrendered)

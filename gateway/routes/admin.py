@@ -114,7 +114,7 @@ async def create_policy(data: JSONBody[PolicyIn], svc: NamedDependency[Services]
 def _refuse_conflicts(policy: Policy, max_lora_rank: int) -> None:
     """Settings that could never do what they configure are refused, naming the fields and the
     smallest value that works (core/policies.py: settings_conflicts)."""
-    if found := settings_conflicts(policy.promotion, policy.lora, max_lora_rank or None):
+    if found := settings_conflicts(policy.promotion, policy.lora, max_lora_rank or None, policy.train):
         raise Invalid("; ".join(found), "conflicting_settings", found[0].split(" ", 1)[0])
 
 
