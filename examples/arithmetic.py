@@ -86,6 +86,7 @@ class Task:
     shaped: Callable[[str, Any], float]  # the train reward
     temperature: float = TEMPERATURE
     max_tokens: int = 16
+    held_out: str = "right"  # what the held-out score is, for the plot
 
 
 SUMS = Task(
@@ -141,6 +142,10 @@ async def train(
     train_set, held_out = task.split()
     status = await client.status(policy)
     step, per_step = status["step"], status["train"]["groups_per_step"]
+    # On GRPO alone only groups whose rewards differ train (a tie teaches nothing); with SFT or
+    # distillation in the objective, every group does.
+    objective = status["train"].get("objective", "grpo")
+    grpo_alone = objective == "grpo" or (isinstance(objective, dict) and not objective.get("sft") and not objective.get("distill"))
     curve: dict[str, list] = {"round_reward": [], "eval": [], "exact": []}
     t0 = time.monotonic()
     base, base_exact = await evaluate(client, task, step, held_out, policy=policy)
@@ -152,8 +157,7 @@ async def train(
         results = await play_round(client, task, round_no, train_set, groups=groups, size=size, policy=policy)
         rewards = [r for r, _ in results]
         curve["round_reward"].append(sum(rewards) / len(rewards))
-        # Only groups whose rewards differ are trained (a tie teaches nothing).
-        trainable += sum(max(rewards[g * size : (g + 1) * size]) > min(rewards[g * size : (g + 1) * size]) for g in range(groups))
+        trainable += sum(not grpo_alone or max(rewards[g * size : (g + 1) * size]) > min(rewards[g * size : (g + 1) * size]) for g in range(groups))
         step = await client.wait_for_step(policy, status["step"] + trainable // per_step)
         line = f"round {round_no + 1:3d}  train reward {curve['round_reward'][-1]:.3f}  now serving {policy}@{step}  {time.monotonic() - t0:5.0f}s"
         if (round_no + 1) % eval_every == 0 or round_no + 1 == rounds:
@@ -163,11 +167,11 @@ async def train(
             line += f"  held-out: right {score:.3f}, exact {exact_share:.3f}"
         print(line, flush=True)
         if plot is not None:
-            write_plot(curve, plot, **({} if task is SUMS else {"title": f"SmolLM2-135M learning {task.name}"}))
+            write_plot(curve, plot, **({} if task is SUMS else {"title": f"SmolLM2-135M learning {task.name}", "held_out": task.held_out}))
     return curve
 
 
-def write_plot(curve: dict[str, list], path: Path, title: str = "SmolLM2-135M learning sums: 'What is a + b?'") -> None:
+def write_plot(curve: dict[str, list], path: Path, title: str = "SmolLM2-135M learning sums: 'What is a + b?'", held_out: str = "right") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -177,7 +181,7 @@ def write_plot(curve: dict[str, list], path: Path, title: str = "SmolLM2-135M le
     rounds = range(1, len(curve["round_reward"]) + 1)
     ax.plot(rounds, curve["round_reward"], marker="o", markersize=2, label="train reward (right + brevity)")
     evals = curve["eval"]
-    ax.plot([r for r, _, _ in evals], [s for _, _, s in evals], marker="s", label="held-out score (right)")
+    ax.plot([r for r, _, _ in evals], [s for _, _, s in evals], marker="s", label=f"held-out score ({held_out})")
     for r, step, s in evals:
         ax.annotate(f"@{step}", (r, s), textcoords="offset points", xytext=(0, 5), fontsize=7, ha="center")
     ax.set(xlabel="round", ylabel="score", title=title, ylim=(0, 1))

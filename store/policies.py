@@ -27,7 +27,7 @@ from burnish_server.core.views import CandidateView, PolicyView, ReplicaView, St
 from burnish_server.store import groups, promotion
 from burnish_server.store.evals import eval_scores
 from burnish_server.store.models import Group, PolicyRow, StepRow, iso, utcnow
-from burnish_server.store.training import complete_groups, count_ready, credited_groups, group_members
+from burnish_server.store.training import complete_groups, count_ready, credited_groups, group_members, training_rules
 
 
 def to_policy(row: Any) -> Policy:
@@ -242,12 +242,17 @@ def recent_groups(conn: Connection, policy: str, last: int = RECENT_GROUPS) -> R
     ).all()
     rewarded = [r for r in rows if r.size == r.rewarded]
     tied = [r.low for r in rewarded if r.low == r.high and not r[4] and r.size > 1]
+    objective = training_rules(conn, policy).objective
+    if not objective.needs_rewards:  # a policy that distills trains on every closed group
+        return RecentGroups(groups=len(rows), tied=0)
+    if not objective.needs_spread:  # with SFT, a tie trains too
+        tied = []
     return RecentGroups(
         groups=len(rows),
         tied=len(tied),
         tied_reward=sum(tied) / len(tied) if tied else None,
         unrewarded=len(rows) - len(rewarded),
-        lone=sum(1 for r in rewarded if r.size == 1 and not r[4]),
+        lone=sum(1 for r in rewarded if r.size == 1 and not r[4]) if objective.needs_spread else 0,
     )
 
 

@@ -104,3 +104,35 @@ def test_without_an_idle_time_a_group_waits_to_be_closed(make_gateway, upstream)
     time.sleep(2)
     assert group(gw, "waits")["state"] == "open"
     assert gw.policy()["train"]["group_idle_close_s"] is None
+
+
+TEACHER = {"context": [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hi"}]}
+
+
+def test_a_policy_that_distills_trains_on_every_closed_group_rewarded_or_not(gw: Gateway) -> None:
+    """Distillation needs no reward (the teacher scores the samples): a closed group is ready as it
+    is, says nothing against itself, and the health does not warn of ties; SFT needs rewards but
+    not their spread. A distilling objective without a teacher is refused, naming the field."""
+    with gw.admin() as c:
+        refused = c.patch("/admin/policies/agent", json={"train": {"objective": "distill"}})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "conflicting_settings", refused.text
+        assert "train.teacher" in refused.json()["error"]["message"]
+        zero = c.patch("/admin/policies/agent", json={"train": {"objective": {"grpo": 0}}})
+        assert zero.status_code == 400 and "weighs every objective 0" in zero.json()["error"]["message"]
+        assert c.patch("/admin/policies/agent", json={"train": {"objective": {"grpo": 1, "distill": 0.5}, "teacher": TEACHER}}).status_code == 200
+    for name in ("quiet", "tie"):
+        for i in range(2):
+            call(gw, name, f"{name}-{i}")
+    for i in range(2):
+        assert reward(gw, f"tie-{i}", 0.5).status_code == 200
+    for name in ("quiet", "tie"):
+        with gw.client() as c:
+            assert c.post(f"/v1/groups/{name}/close").status_code == 200
+    assert group(gw, "quiet")["cannot_train"] is None and group(gw, "tie")["cannot_train"] is None
+    status = gw.policy()
+    assert status["groups_ready"] == 2 and status["health"]["warning"] is None
+    assert status["train"]["objective"] == {"grpo": 1.0, "sft": 0.0, "distill": 0.5}
+    with gw.admin() as c:  # SFT alone: the tie is ready (its members are all the best), the unrewarded group not
+        assert c.patch("/admin/policies/agent", json={"train": {"objective": "sft", "sft_min_reward": 0.5}}).status_code == 200
+    assert gw.policy()["groups_ready"] == 1
+    assert group(gw, "quiet")["cannot_train"].startswith("2 of its 2 members have no reward")

@@ -209,3 +209,44 @@ def test_distillation_moves_the_policy_towards_the_teacher_in_context(tiny_model
         assert metrics.distill_tokens == sum(s.sampled for s, _ in items) and metrics.grpo_tokens == 0
         kls.append(metrics.teacher_kl)
     assert sum(kls[-3:]) / 3 < 0.7 * sum(kls[:3]) / 3, kls
+
+
+async def test_a_policy_distills_through_the_gateway_and_vllm_with_no_reward_posted(make_gateway, vllm, tiny_model: Path) -> None:
+    """End to end on the tiny model: calls through the gateway to vLLM, groups closed without a
+    reward, the trainer's teacher shown its context, a step of distillation alone, published and
+    served. Every call's prompt as vLLM rendered it is the teacher's render without the context."""
+    import httpx
+
+    from burnish_server.core.settings import Settings
+    from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
+
+    gw = make_gateway(upstream=vllm.url, upstream_timeout=120)
+    teacher = {
+        "context": [{"role": "system", "content": "Answer in digits."}, {"role": "user", "content": "digits"}, {"role": "assistant", "content": "1 2 3"}]
+    }
+    gw.create_policy(
+        "distilled", "tiny", model_path=str(tiny_model), lora={"rank": 8, "alpha": 16},
+        train={"learning_rate": 5e-3, "groups_per_step": 2, "objective": "distill", "teacher": teacher},
+    )  # fmt: skip
+    async with httpx.AsyncClient(base_url=gw.url, timeout=120) as client:
+        for g in ("d1", "d2"):
+            for i in range(3):
+                r = await client.post(
+                    f"/g/{g}/t/{g}-{i}/v1/chat/completions", json={"model": "distilled", "messages": [{"role": "user", "content": "digits"}], "max_tokens": 8}
+                )
+                assert r.status_code == 200, r.text
+            assert (await client.post(f"/v1/groups/{g}/close")).status_code == 200
+    assert gw.policy("distilled")["groups_ready"] == 2
+    settings = Settings.load({}, data_dir=gw.settings.data_dir, upstream=vllm.url)
+    worker = TrainerWorker(settings, WorkerSettings(worker_id="distill-test"))
+    await worker.recover()
+    try:
+        assert await worker.run_once()
+        status = gw.policy("distilled")
+        metrics = status["last_step"]["metrics"]
+        assert status["step"] == 1 and metrics["groups"] == 2
+        assert metrics["distill_tokens"] == metrics["tokens"] > 0 and metrics["grpo_tokens"] == metrics["sft_tokens"] == 0
+        assert metrics["teacher_unrendered_calls"] == 0 and metrics["teacher_kl"] != 0 and metrics["seconds_teacher"] > 0
+    finally:
+        await worker.close()
+        httpx.post(vllm.url + "/v1/unload_lora_adapter", json={"lora_name": "distilled@1"})

@@ -64,6 +64,16 @@ class Stop(msgspec.Struct, frozen=True):
 Command = Train | Forget | Alive | Stop
 
 
+def objectives(m: StepMetrics) -> str:
+    """The log line's words for the objectives beside GRPO, where the step had any."""
+    out = ""
+    if m.sft_tokens:
+        out += f"; sft loss {m.sft_loss:.4f} on {m.sft_tokens:.0f} tokens"
+    if m.distill_tokens or m.teacher_unrendered_calls:
+        out += f"; teacher kl {m.teacher_kl:.4f} on {m.distill_tokens:.0f} tokens, {m.teacher_unrendered_calls} calls unrendered, {m.seconds_teacher:.2f}s"
+    return out
+
+
 class Models:
     def __init__(self, settings: Settings, checkpoints: Checkpoints, ranks: Ranks | None = None) -> None:
         self.settings, self.checkpoints = settings, checkpoints
@@ -192,9 +202,10 @@ class Models:
         m = metrics
         log.info(
             "%s step %d: reward %.3f±%.3f loss %.4f kl %.4f entropy %.3f from-base %.1e tokens %d |logp-vllm| %.1e outside-clip %.3f "
-            "staleness %.1f/%d splits %d untokenized %d stale %d; load %.2fs batch %.2fs step %.2fs save %.2fs",
+            "staleness %.1f/%d splits %d untokenized %d stale %d; load %.2fs batch %.2fs step %.2fs save %.2fs%s",
             policy.name, step, m.reward_mean, m.reward_std, m.loss, m.kl, m.entropy, m.distance_from_base, m.tokens,
             m.logprob_diff_mean, m.outside_clip_fraction, m.staleness_mean, m.staleness_max,
             m.sequence_splits, m.untokenized_calls, m.stale_calls, m.seconds_load, m.seconds_batch, m.seconds_step, m.seconds_save,
+            objectives(m),
         )  # fmt: skip
         return metrics

@@ -154,8 +154,8 @@ def _patched(current: Policy, data: PolicyPatch, max_lora_rank: int = 0) -> dict
     for key, kind in (("lora", LoraSettings), ("train", TrainSettings), ("ruler", RulerSettings), ("promotion", PromotionSettings)):
         if (changes := getattr(data, key)) is not msgspec.UNSET:
             values[key] = _merge(getattr(current, key), changes, kind, key)
-    if "promotion" in values or "lora" in values:
-        _refuse_conflicts(msgspec.structs.replace(current, **{k: v for k, v in values.items() if k in ("promotion", "lora")}), max_lora_rank)
+    if {"promotion", "lora", "train"} & values.keys():
+        _refuse_conflicts(msgspec.structs.replace(current, **{k: v for k, v in values.items() if k in ("promotion", "lora", "train")}), max_lora_rank)
     return values
 
 

@@ -80,6 +80,21 @@ def _charts(status: PolicyView, steps: list[StepView], scores: dict[int, evals.S
     ]
     markers.append(charts.Marker(status.step, f"served now ({status.served_version})", "m-serving"))
     held_out: list[tuple[int, float | None]] = [(step, score.score) for step, score in sorted(scores.items())]
+
+    def share(tokens: Callable[[StepMetrics], float]) -> Callable[[StepMetrics], float | None]:
+        return lambda m: tokens(m) / m.tokens if m.tokens else None
+
+    objectives = charts.Chart(
+        "Objectives beside GRPO: reverse KL to the teacher, SFT loss, and the share of tokens each trained",
+        [
+            charts.Series("teacher_kl", metric(lambda m: m.teacher_kl if m.distill_tokens else None), "s-teacher"),
+            charts.Series("sft_loss", metric(lambda m: m.sft_loss if m.sft_tokens else None), "s-sft"),
+            charts.Series("distilled share", metric(share(lambda m: m.distill_tokens)), "s-diff"),
+            charts.Series("SFT share", metric(share(lambda m: m.sft_tokens)), "s-clip"),
+        ],
+        markers,
+    )
+    beyond_grpo = any(isinstance(s.metrics, StepMetrics) and (s.metrics.sft_tokens or s.metrics.distill_tokens) for s in steps)
     return [
         charts.Chart(
             "Reward: train (each step's groups) and held-out (each version)",
@@ -95,6 +110,7 @@ def _charts(status: PolicyView, steps: list[StepView], scores: dict[int, evals.S
             ],
             markers,
         ),
+        *([objectives] if beyond_grpo else []),
     ]
 
 

@@ -1,0 +1,89 @@
+"""Teaching a format GRPO never finds: on-policy distillation from the model itself, shown examples.
+
+    python examples/distill.py                              # distill (starts `burnish up`, SmolLM2, CPU)
+    python examples/distill.py --objective grpo             # GRPO alone, the same budget
+    python examples/distill.py --objective grpo+distill     # both, weighted 1 and 1
+
+The task is examples/sweep.py's ``larger``: "Which is larger, 47 or 52? Reply with only the
+larger number." SmolLM2-135M answers in a sentence ("52 is the larger number."): the bare
+number it is asked for is what it never samples, so GRPO's rewards for it never differ and
+nothing teaches it. The same model shown three worked examples first, as earlier user and
+assistant turns, answers with a bare number. That model is the teacher: the policy's base with
+its adapter off and those turns before each conversation (``train.teacher.context``), scoring
+every token the policy samples; the policy learns to answer so without them.
+
+Held-out score: ``form``, the share of held-out questions (greedy, pinned versions, never
+trained on) answered with one of the two numbers and nothing else. ``exact`` is the share
+answered with the larger one alone. The train reward (GRPO's) is the sweep's: 0.7 for naming
+the larger and not the other, up to 0.3 for brevity.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import time
+
+from arithmetic import Task, loop_arguments, train  # noqa: I001  (examples/ is run as a folder of scripts)
+from digits import burnish_running, gateway_arguments
+from sweep import LARGER
+
+from burnish import AsyncClient
+
+# Worked examples for the teacher, outside the task's numbers (two digits): nothing held out leaks in.
+EXAMPLES = ((318, 142), (205, 610), (733, 459))
+OBJECTIVES = {
+    "grpo": "grpo",
+    "distill": "distill",
+    "grpo+distill": {"grpo": 1.0, "distill": 1.0},
+}
+BARE = re.compile(r"\s*(\d+)\.?\s*")
+
+
+def form(text: str, pair: tuple[int, int]) -> float:
+    """1 if the reply is one of the two numbers and nothing else (a trailing period allowed)."""
+    found = BARE.fullmatch(text)
+    return float(found is not None and int(found.group(1)) in pair)
+
+
+TASK = Task(**{**LARGER.__dict__, "right": form, "held_out": "form: a bare number"})
+
+
+def teacher() -> dict:
+    turns = []
+    for a, b in EXAMPLES:
+        turns += [{"role": "user", "content": TASK.prompt((a, b))}, {"role": "assistant", "content": str(max(a, b))}]
+    return {"context": turns}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    gateway_arguments(parser, plot="distill.png")
+    parser.add_argument("--objective", choices=sorted(OBJECTIVES), default="distill")
+    loop_arguments(parser)
+    parser.set_defaults(rounds=12, eval_every=3)
+    args = parser.parse_args()
+
+    async def run() -> dict[str, list]:
+        async with AsyncClient(args.gateway, admin_token=args.admin_token) as client:
+            train_settings: dict = {"objective": OBJECTIVES[args.objective]}
+            if args.objective != "grpo":
+                train_settings["teacher"] = teacher()
+            await client.update_policy(args.policy, train=train_settings)
+            status = await client.status(args.policy)
+            print("objective:", json.dumps(status["train"]["objective"]), flush=True)
+            return await train(client, args.rounds, args.groups, args.size, args.eval_every, args.policy, args.plot, task=TASK)
+
+    started = time.monotonic()
+    with burnish_running(args, model="smollm2"):
+        curve = asyncio.run(run())
+    print(
+        f"{args.objective}: held-out form {' -> '.join(f'{s:.3f} (@{step})' for _, step, s in curve['eval'])}; "
+        f"exact {curve['exact'][0]:.3f} -> {curve['exact'][-1]:.3f}; {time.monotonic() - started:.0f}s"
+    )
+
+
+if __name__ == "__main__":
+    main()
