@@ -356,6 +356,32 @@ def status(policy: str | None, url: str | None, token: str | None, as_json: bool
     click.echo("\n".join(render(p) for p in policies) if policies else "no policy yet: burnish up makes one, or POST /admin/policies")
 
 
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--policy", default="agent", show_default=True, help="the policy that imitates them")
+@click.option("--url", help="the gateway [default: http://127.0.0.1:<BURNISH_PORT>]")
+@click.option("--token", help="an API key or the admin token [BURNISH_ADMIN_TOKEN, else <data_dir>/admin-token as burnish up makes it]")
+@click.option("--data-dir", help="[BURNISH_DATA_DIR]")
+@click.option("--port", type=int, help="[BURNISH_PORT]")
+def sft(file: str, policy: str, url: str | None, token: str | None, **options: object) -> None:
+    """Post FILE (JSON Lines, one conversation a line, in chat format) as demonstrations for
+    POLICY to imitate; they train where its train.objective gives sft a weight."""
+    from pathlib import Path
+
+    from burnish_server.cli.sft import SftFailed, post, read
+
+    settings = _settings(**options)
+    if token is None:
+        token_file = settings.data_path / "admin-token"
+        token = settings.admin_token or (token_file.read_text().strip() if token_file.exists() else "")
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    try:
+        ids = post(url or f"http://{host}:{settings.port}", token, policy, read(Path(file)))
+    except SftFailed as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"posted {len(ids)} demonstrations for {policy} (trajectories {ids[0]} .. {ids[-1]})")
+
+
 @main.command("export")
 @click.argument("version")
 @click.argument("out", type=click.Path(file_okay=False))

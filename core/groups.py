@@ -49,7 +49,15 @@ def rewards_final(state: GroupState) -> bool:
 
 
 def cannot_train(
-    *, size: int, rewarded: int, low: float | None, high: float | None, credited: bool, held_out: bool, objective: Objective = Objective()
+    *,
+    size: int,
+    rewarded: int,
+    low: float | None,
+    high: float | None,
+    credited: bool,
+    held_out: bool,
+    objective: Objective = Objective(),
+    demonstration: bool = False,
 ) -> str | None:
     """Why a closed group will never be trained, in words a user can act on; None where it
     can be. The same rule as readiness in ``store/training.py``: every member rewarded, and
@@ -57,6 +65,8 @@ def cannot_train(
     objective asks less (core/policies.py: Objective)."""
     if held_out:
         return "held out for evaluation: scored, never trained on"
+    if demonstration:
+        return None if objective.sft > 0 else "a demonstration: it trains a policy whose train.objective gives sft a weight"
     if not objective.needs_rewards:
         return None
     if rewarded < size:

@@ -23,6 +23,7 @@ OK = "ok"
 UPSTREAM_ERROR = "upstream_error"
 CLIENT_DISCONNECTED = "client_disconnected"
 UPSTREAM_CUT = "upstream_cut"
+DEMONSTRATION = "demonstration"  # posted for the policy to imitate, never served (core/demonstrations.py)
 
 
 class CallTokens(msgspec.Struct, frozen=True):

@@ -27,7 +27,7 @@ from burnish_server.gateway.access import BEARER, PUBLIC, SECURITY_SCHEMES, Acce
 from burnish_server.gateway.edge import Gateway
 from burnish_server.gateway.errors import responses
 from burnish_server.gateway.metrics import CONTENT_TYPE, Metrics
-from burnish_server.gateway.routes import admin, projects, proxy, ruler, trajectories
+from burnish_server.gateway.routes import admin, demonstrations, projects, proxy, ruler, trajectories
 from burnish_server.gateway.routes.common import DEPENDENCIES
 from burnish_server.gateway.routing import Registry, follow
 from burnish_server.gateway.services import Services
@@ -190,7 +190,7 @@ def create_app(settings: Settings | None = None) -> Gateway:
             # The JSON APIs decode their bodies strictly; the proxy (the hot path) reads its own.
             Router(
                 path="/",
-                route_handlers=[*trajectories.route_handlers, *ruler.route_handlers, admin.router, projects.router],
+                route_handlers=[*trajectories.route_handlers, *demonstrations.route_handlers, *ruler.route_handlers, admin.router, projects.router],
                 request_class=openapi.StrictRequest,
             ),
             # The dashboard (docs/dashboard.md): pages under the API's access rules, and its vendored script.

@@ -22,6 +22,7 @@ from burnish_server.core.errors import Conflict, NotFound
 from burnish_server.core.health import RecentGroups, health
 from burnish_server.core.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, TrainSettings, adapter_name, settings_conflicts
 from burnish_server.core.promotion import DecisionRecord, Outcome
+from burnish_server.core.records import DEMONSTRATION
 from burnish_server.core.steps import StepMetrics, split_totals
 from burnish_server.core.views import CandidateView, PolicyView, ReplicaView, StepView
 from burnish_server.store import groups, promotion
@@ -236,7 +237,13 @@ def recent_groups(conn: Connection, policy: str, last: int = RECENT_GROUPS) -> R
         select(members.c.size, members.c.rewarded, members.c.low, members.c.high, credited)
         .select_from(Group)
         .join(members, members.c.group_id == Group.id)
-        .where(Group.policy == policy, Group.eval.is_(False), Group.closed_at.is_not(None), members.c.held_out == 0)
+        .where(
+            Group.policy == policy,
+            Group.eval.is_(False),
+            Group.closed_at.is_not(None),
+            members.c.held_out == 0,
+            Group.close_reason != DEMONSTRATION,  # posted, not sampled: no reward to tie or lack
+        )
         .order_by(Group.closed_at.desc(), Group.pk.desc())
         .limit(last)
     ).all()

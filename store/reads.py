@@ -23,7 +23,7 @@ from burnish_server.core.drift import split_reason
 from burnish_server.core.groups import GroupState, cannot_train, group_state
 from burnish_server.core.listing import Filters, Keyset
 from burnish_server.core.policies import Objective
-from burnish_server.core.records import OK, CallTokens, unpack_tokens
+from burnish_server.core.records import DEMONSTRATION, OK, CallTokens, unpack_tokens
 from burnish_server.core.tokens import Continuity
 from burnish_server.core.views import CallTokensView, CallView, GroupView, RewardView, TrajectoryPage, TrajectoryView
 from burnish_server.store import listing
@@ -167,6 +167,7 @@ def get_group(conn: Connection, group_id: str) -> GroupView | None:
             credited=credited,
             held_out=held_out,
             objective=objective,
+            demonstration=row.close_reason == DEMONSTRATION,
         )
     return GroupView(
         id=local(row.id),

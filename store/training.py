@@ -27,7 +27,7 @@ from sqlalchemy import Select, and_, case, func, or_, select, update
 from sqlalchemy.engine import Connection
 
 from burnish_server.core.policies import Objective, TrainSettings
-from burnish_server.core.records import OK, CallRecord
+from burnish_server.core.records import DEMONSTRATION, OK, CallRecord
 from burnish_server.core.settings import Settings
 from burnish_server.store import groups
 from burnish_server.store.calls import to_record
@@ -102,6 +102,10 @@ def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S
         rewards.append(members.c.size == members.c.rewarded)
     if rules.objective.needs_spread:
         rewards.append(or_(members.c.high > members.c.low, Group.id.in_(credited_groups())))
+    # Posted demonstrations (core/demonstrations.py) train SFT alone, and need no reward.
+    demonstration = Group.close_reason == DEMONSTRATION
+    sampled = or_(Group.close_reason.is_(None), Group.close_reason != DEMONSTRATION)
+    kind = or_(demonstration, and_(sampled, *rewards)) if rules.objective.sft > 0 else and_(sampled, *rewards)
     return (
         select(Group.id)
         .join(members, members.c.group_id == Group.id)
@@ -110,7 +114,7 @@ def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S
             Group.eval.is_(False),
             # Closed, or being trained by a trainer whose lease ran out (it died mid-step).
             or_(groups.is_closed(), and_(groups.is_training(), Group.claimed_at < now - timedelta(seconds=lease_s))),
-            *rewards,
+            kind,
             members.c.held_out == 0,
             *([Group.project.in_(rules.projects)] if rules.projects is not None else []),
         )
@@ -175,8 +179,8 @@ class TrainingCall(NamedTuple):
 
 
 def group_calls(conn: Connection, ids: list[str]) -> list[TrainingCall]:
-    """Every ok call the group's policy answered in the groups' trajectories, with the
-    trajectory's reward, in order. Calls to other models (a judge, a tool's own model, another
+    """Every ok call the group's policy answered in the groups' trajectories (and every
+    demonstration posted for it), with the trajectory's reward, in order. Calls to other models (a judge, a tool's own model, another
     policy) stay in the trajectory but are not this policy's samples: they are not trained.
     Nor is anything held out: a mark that arrived after the claim still keeps its trajectory
     (or group) out of the step."""
@@ -186,7 +190,9 @@ def group_calls(conn: Connection, ids: list[str]) -> list[TrainingCall]:
         .join(Call, Call.trajectory_id == Trajectory.id)
         .join(Group, Group.id == Trajectory.group_id)
         .outerjoin(posted, posted.c.call_pk == Call.pk)
-        .where(Trajectory.group_id.in_(ids), Call.status == OK, Call.policy == Group.policy, Group.eval.is_(False), Trajectory.eval.is_(False))
+        .where(
+            Trajectory.group_id.in_(ids), Call.status.in_((OK, DEMONSTRATION)), Call.policy == Group.policy, Group.eval.is_(False), Trajectory.eval.is_(False)
+        )
         .order_by(Trajectory.group_id, Trajectory.pk, Call.started_at, Call.pk)
     )
     return [TrainingCall(row.group_id, row.trajectory_id, row.reward, to_record(row, row.group_id), row.call_reward) for row in rows]

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 
 from burnish_server.core.access import local, project_of
 from burnish_server.core.errors import Conflict, NotFound
-from burnish_server.core.records import CallRecord
+from burnish_server.core.records import DEMONSTRATION, CallRecord
 from burnish_server.store.calls import CALL_COLUMNS, to_row
 from burnish_server.store.models import Call, Group, Reward, Trajectory, utcnow
 
@@ -275,3 +275,20 @@ class CloseGroup:
         if row.closed_at is None:  # closing twice is not an error: the first close stands
             conn.execute(update(Group).where(Group.id == self.group_id).values(closed_at=utcnow(), close_reason="closed"))
         return {"group_id": self.group_id}
+
+
+@dataclass(slots=True)
+class RecordDemonstrations:
+    """Posted demonstrations (core/demonstrations.py: ``record``), each a trajectory in a group
+    of its own, closed at once: it takes no reward and waits for a policy that trains on SFT."""
+
+    records: list[CallRecord]
+
+    def apply(self, conn: Connection) -> dict[str, Any]:
+        ids = [r.trajectory_id for r in self.records]
+        taken = set(conn.execute(select(Trajectory.id).where(Trajectory.id.in_(ids))).scalars())
+        if taken:
+            raise Conflict(f"trajectory {local(sorted(taken)[0])!r} exists already: a demonstration is a trajectory of its own", "trajectory_exists", "id")
+        insert_calls(conn, self.records)
+        conn.execute(update(Group).where(Group.id.in_(ids)).values(closed_at=utcnow(), close_reason=DEMONSTRATION))
+        return {"ids": ids}

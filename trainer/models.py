@@ -31,6 +31,7 @@ from burnish_server.core.steps import StepMetrics
 from burnish_server.store.training import TrainingCall
 from burnish_server.trainer.base_model import Holding, SharedBase
 from burnish_server.trainer.checkpoints import Checkpoints
+from burnish_server.trainer.demonstrations import Demonstrations
 from burnish_server.trainer.distributed import Ranks
 from burnish_server.trainer.policy_model import PolicyModel
 from burnish_server.trainer.sequences import training_batch
@@ -171,7 +172,8 @@ class Models:
         t1 = time.perf_counter()
         teacher = policy.train.teacher
         prompts = ContextTeacher(model.tokenizer, teacher).prompt if teacher is not None and policy.train.weights.distill > 0 else None
-        batch = training_batch(rows, policy.train, head=policy.head, teacher_prompt=prompts)
+        shown = Demonstrations(model.tokenizer).sequence if policy.train.weights.sft > 0 else None
+        batch = training_batch(rows, policy.train, head=policy.head, teacher_prompt=prompts, demonstration=shown)
         t2 = time.perf_counter()
         metrics = model.step(batch.items)
         t3 = time.perf_counter()

@@ -39,7 +39,7 @@ import torch
 from burnish_server.core.credit import trained_mask, turn_credits
 from burnish_server.core.drift import split_reason
 from burnish_server.core.policies import TrainSettings
-from burnish_server.core.records import CallRecord
+from burnish_server.core.records import DEMONSTRATION, CallRecord
 from burnish_server.core.tokens import Continuity
 from burnish_server.store.training import TrainingCall
 from burnish_server.trainer.grpo import group_advantages
@@ -175,11 +175,18 @@ class Batch:
     unrendered: int = 0  # calls the teacher could not be shown faithfully: not distilled
 
 
-def training_batch(rows: list[TrainingCall], settings: TrainSettings, head: int = 0, teacher_prompt: TeacherPrompt | None = None) -> Batch:
+def training_batch(
+    rows: list[TrainingCall],
+    settings: TrainSettings,
+    head: int = 0,
+    teacher_prompt: TeacherPrompt | None = None,
+    demonstration: Callable[[CallRecord], Sequence | None] | None = None,
+) -> Batch:
     """The claimed groups' calls -> (sequence, advantage) pairs, advantages relative within each
     group, plus each call's credit per turn on its tokens. ``head``: the step the batch trains
     from (staleness is measured against it). Each sequence says which objectives train on it
-    (``Sequence.grpo``, ``imitate``); with ``teacher_prompt``, each call gets its teacher's prompt."""
+    (``Sequence.grpo``, ``imitate``); with ``teacher_prompt``, each call gets its teacher's prompt;
+    a posted demonstration becomes the sequence ``demonstration`` renders (trainer/demonstrations.py)."""
     weights = settings.weights
     by_trajectory: dict[str, dict[str, list[TrainingCall]]] = {}
     rewards: dict[str, float | None] = {}
@@ -191,12 +198,20 @@ def training_batch(rows: list[TrainingCall], settings: TrainSettings, head: int 
     credited: set[str] = set()  # groups with a call's own reward that is not 0
     untokenized = splits = stale = unrendered = 0
     staleness: list[int] = []
+    items: list[tuple[Sequence, float]] = []
     for group_id, group_rows in by_trajectory.items():
         for trajectory_id, calls in group_rows.items():
             # A call's credit counts the rewards of every later call, trained or not.
             credits = turn_credits([row.call_reward for row in calls], settings.turn_discount)
             members = trajectories.setdefault(group_id, {}).setdefault(trajectory_id, [])
             for row, credit in zip(calls, credits):
+                if row.call.status == DEMONSTRATION:  # posted, not sampled: SFT alone trains it
+                    shown = demonstration(row.call) if demonstration is not None else None
+                    if shown is None:
+                        untokenized += 1
+                    else:
+                        items.append((shown, 0.0))
+                    continue
                 call = sampled_call(row.call)
                 if call is None:
                     untokenized += 1
@@ -214,7 +229,6 @@ def training_batch(rows: list[TrainingCall], settings: TrainSettings, head: int 
                     unrendered += call.teacher_prompt is None
                 members.append(call)
                 records.setdefault(trajectory_id, []).append(row.call)
-    items: list[tuple[Sequence, float]] = []
     reasons: Counter[str] = Counter()
     for group_id, group in trajectories.items():
         names = list(group)

@@ -90,6 +90,13 @@ class Routes:
     def close_group(self, group_id: str) -> Any:
         return self._send(Call("POST", f"/v1/groups/{group_id}/close"))
 
+    def demonstrate(self, policy: str, conversations: list[Any]) -> Any:
+        """Post conversations for ``policy`` to imitate (supervised fine-tuning, where its
+        objective has ``sft``): each a list of chat messages ending with the assistant's, or
+        ``{"messages": [...], "tools": [...]}``. At most 1,000 a call; their ids come back."""
+        data = [c if isinstance(c, dict) else {"messages": list(c)} for c in conversations]
+        return self._send(Call("POST", "/v1/demonstrations", {"policy": policy, "data": data}))
+
     def ruler(self, group_id: str, rubric: str | None = None, **judge: Any) -> Any:
         """Score the group's trajectories with an LLM judge (judge_model, combine); the judge's endpoint is the gateway's setting."""
         body = {k: v for k, v in {"rubric": rubric, **judge}.items() if v is not None}
