@@ -80,13 +80,16 @@ class TeacherTurn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class Teacher(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Who scores the policy's samples for on-policy distillation.
 
-    The policy's own base model, with its adapter off, shown ``context`` before each
-    conversation (after the conversation's own system message, if it has one): context
-    distillation. Instructions go in a system turn; worked examples as earlier user and
-    assistant turns, which small models follow far more readily than examples described in
-    a system prompt."""
+    ``model`` None: the policy's own base model, with its adapter off, in the trainer. A name:
+    a model vLLM serves with the policy's tokenizer (a larger sibling), asked for its
+    logprobs of each sampled token (``prompt_logprobs``); another tokenizer is refused when set.
+    ``context``: turns shown before each conversation (after its own system message, if it
+    has one): instructions in a system turn, worked examples as earlier user and assistant
+    turns, which small models follow far more readily than examples described in a system
+    prompt. The base needs a context to teach anything; a served model may go without."""
 
-    context: Annotated[tuple[TeacherTurn, ...], Meta(min_length=1, max_length=200)]
+    context: Annotated[tuple[TeacherTurn, ...], Meta(max_length=200)] = ()
+    model: Annotated[str, Meta(min_length=1, max_length=256, pattern=PRINTABLE)] | None = None
 
 
 class TrainSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -237,6 +240,10 @@ def settings_conflicts(promotion: PromotionSettings, lora: LoraSettings, max_lor
     weights = train.weights if train is not None else Objective()
     if weights.grpo == weights.sft == weights.distill == 0:
         out.append("train.objective weighs every objective 0: nothing would train; give grpo, sft or distill a weight above 0")
+    if train is not None and train.teacher is not None and not train.teacher.context and train.teacher.model is None:
+        out.append(
+            "train.teacher has neither a context nor a model: the base model alone would teach what the policy already is; give it context turns, or a model vLLM serves"
+        )
     if weights.distill > 0 and train is not None and train.teacher is None:
         out.append(
             "train.objective distills but train.teacher is not set: set train.teacher.context to the turns the teacher sees first "

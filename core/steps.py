@@ -34,6 +34,7 @@ class StepMetrics(msgspec.Struct, kw_only=True):
     teacher_kl: float = 0.0  # mean log(policy / teacher) of the sampled tokens the teacher scored: the reverse KL's estimate
     distill_tokens: float = 0.0
     teacher_unrendered_calls: int = 0  # calls the teacher could not be shown faithfully (trainer/teacher.py): not distilled
+    teacher_requests: int = 0  # to a teacher vLLM serves (serving/scoring.py), each scoring many calls
     # What it trained on.
     groups: int = 0
     sequences: float = 0.0
@@ -71,7 +72,7 @@ class StepMetrics(msgspec.Struct, kw_only=True):
     seconds_load: float = 0.0
     seconds_batch: float = 0.0
     seconds_step: float = 0.0
-    seconds_teacher: float = 0.0  # the teacher's forward passes, within seconds_step
+    seconds_teacher: float = 0.0  # the teacher's scoring: its forward passes (within seconds_step), or its requests to vLLM
     seconds_save: float = 0.0
 
     @classmethod

@@ -4,6 +4,7 @@ on-policy distillation, on the tiny model, offline."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -250,3 +251,62 @@ async def test_a_policy_distills_through_the_gateway_and_vllm_with_no_reward_pos
     finally:
         await worker.close()
         httpx.post(vllm.url + "/v1/unload_lora_adapter", json={"lora_name": "distilled@1"})
+
+
+def test_a_served_teacher_must_share_the_policys_tokenizer(make_gateway, upstream, database_url: str) -> None:
+    """Checked when set, on create and on PATCH: vLLM's /tokenize of one probe under the teacher
+    and under the base must give the same ids (the test upstream tokenizes `other-*` otherwise)."""
+    gw = make_gateway(database_url)
+    gw.create_policy("agent")
+    upstream.models = ["tiny", "tiny-large", "other-family"]
+
+    def patch(teacher: dict) -> Any:
+        with gw.admin() as c:
+            return c.patch("/admin/policies/agent", json={"train": {"objective": "distill", "teacher": teacher}})
+
+    other = patch({"model": "other-family"})
+    assert other.status_code == 400 and other.json()["error"]["code"] == "teacher_tokenizer", other.text
+    assert "tokenizes otherwise than the policy's base 'tiny'" in other.json()["error"]["message"]
+    absent = patch({"model": "absent"})
+    assert absent.status_code == 400 and "could not check the tokenizer of 'absent'" in absent.json()["error"]["message"]
+    assert patch({}).json()["error"]["code"] == "conflicting_settings"  # neither a context nor a model
+    assert gw.policy()["train"]["objective"] == "grpo"  # nothing refused was kept
+    assert patch({"model": "tiny-large"}).status_code == 200
+    assert gw.policy()["train"]["teacher"] == {"context": [], "model": "tiny-large"}
+    with gw.admin() as c:
+        made = c.post("/admin/policies", json={"name": "b", "base_model": "tiny", "train": {"objective": "distill", "teacher": {"model": "other-family"}}})
+        assert made.status_code == 400 and made.json()["error"]["code"] == "teacher_tokenizer"
+
+
+def test_a_teacher_vllm_serves_scores_as_the_base_in_the_trainer(vllm, tiny_model: Path) -> None:
+    """The same model as the teacher two ways, vLLM's prompt logprobs (serving/scoring.py) and
+    the trainer's own forward pass with the adapter off, give the same logprobs of the sampled tokens."""
+    from burnish_server.serving.scoring import VLLMScorer
+    from burnish_server.trainer.teacher import served_scores
+
+    teacher = Teacher(context=(TeacherTurn("user", "Say 7."), TeacherTurn("assistant", "7 7 7")))
+    model = PolicyModel(str(tiny_model), LORA, TrainSettings(objective="distill", teacher=teacher))
+    context = ContextTeacher(model.tokenizer, teacher)
+    messages = [{"role": "user", "content": "Say 7."}]
+    prompt = context.render(messages, None)
+
+    def items() -> list[tuple[Sequence, float]]:
+        out = []
+        for completion in ([9, 10, 11], [12, 13], [14]):
+            call = sampled_call(_record("t", prompt, completion, messages))
+            assert call is not None
+            call.teacher_prompt = context.prompt(_record("t", prompt, completion, messages), prompt)
+            out.append((build_sequences([call]).sequences[0], 0.0))
+        return out
+
+    ours, theirs = items(), items()
+    model.teach(ours)
+    scorer = VLLMScorer(vllm.url)
+    try:
+        served_scores(theirs, scorer, "tiny", 4096)
+    finally:
+        scorer.close()
+    assert scorer.requests == 1
+    for (a, _), (b, _) in zip(ours, theirs):
+        assert a.taught == b.taught and sum(a.taught or []) == a.sampled
+        assert a.teacher_logprobs == pytest.approx(b.teacher_logprobs, abs=2e-3)

@@ -5,6 +5,9 @@ client must see. Token ids are the UTF-8 bytes of the text and logprobs are
 ``-(i + 1) / 100``, in vLLM's field layout (``prompt_token_ids``, ``token_ids``)
 when the request sets ``return_token_ids``.
 
+``/tokenize`` answers the prompt's UTF-8 bytes too, shifted by one for a model named
+``other-...`` (a teacher with another tokenizer).
+
 Faults, chosen per request by the ``X-Fault`` header (the gateway forwards it):
   ``503-once:<key>``  first request with that key gets 503, later ones succeed
   ``status:<code>``   always that status, OpenAI error body
@@ -122,6 +125,11 @@ class Upstream:
             req = json.loads(body)
         except ValueError:
             return await self._json(send, 400, {"error": {"message": "bad json", "type": "BadRequestError", "code": 400}})
+        if path == "/tokenize":  # the UTF-8 bytes, as its answers' ids; a model named other-* has another tokenizer
+            model, ids = str(req.get("model", "")), list(str(req.get("prompt", "")).encode())
+            if model not in self.models:
+                return await self._json(send, 404, {"error": {"message": f"The model `{model}` does not exist.", "type": "NotFoundError", "code": 404}})
+            return await self._json(send, 200, {"tokens": [i + 1 for i in ids] if model.startswith("other-") else ids, "count": len(ids)})
         handler = {
             "/v1/chat/completions": self.chat,
             "/v1/completions": self.completions,

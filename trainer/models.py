@@ -28,6 +28,7 @@ import msgspec
 from burnish_server.core.policies import Policy
 from burnish_server.core.settings import Settings
 from burnish_server.core.steps import StepMetrics
+from burnish_server.serving.scoring import VLLMScorer
 from burnish_server.store.training import TrainingCall
 from burnish_server.trainer.base_model import Holding, SharedBase
 from burnish_server.trainer.checkpoints import Checkpoints
@@ -35,7 +36,7 @@ from burnish_server.trainer.demonstrations import Demonstrations
 from burnish_server.trainer.distributed import Ranks
 from burnish_server.trainer.policy_model import PolicyModel
 from burnish_server.trainer.sequences import training_batch
-from burnish_server.trainer.teacher import ContextTeacher
+from burnish_server.trainer.teacher import ContextTeacher, served_scores
 
 log = logging.getLogger("burnish.trainer")
 
@@ -175,7 +176,18 @@ class Models:
         shown = Demonstrations(model.tokenizer).sequence if policy.train.weights.sft > 0 else None
         batch = training_batch(rows, policy.train, head=policy.head, teacher_prompt=prompts, demonstration=shown)
         t2 = time.perf_counter()
+        served = 0
+        if prompts is not None and teacher is not None and teacher.model is not None:
+            scorer = VLLMScorer(self.settings.upstreams[0], api_key=self.settings.upstream_api_key)
+            try:
+                served_scores(batch.items, scorer, teacher.model, policy.train.max_seq_len)
+            finally:
+                scorer.close()
+            served = scorer.requests
+        t_served = time.perf_counter() - t2
         metrics = model.step(batch.items)
+        metrics.seconds_teacher += t_served
+        metrics.teacher_requests = served
         t3 = time.perf_counter()
         model.step_count = step
         self.used_at[policy.name] = time.monotonic()  # idle from the step's end (unload_idle)

@@ -215,6 +215,8 @@ class PolicyModel:
         spans: list[tuple[Sequence, int, int]] = []  # (student sequence, its span's start, length)
         asked: list[tuple[Sequence, float]] = []
         for seq, _ in items:
+            if seq.taught is not None:  # scored already (a teacher vLLM serves: trainer/teacher.py)
+                continue
             seq.teacher_logprobs, seq.taught = [0.0] * len(seq.tokens), [0] * len(seq.tokens)
             for span in seq.spans:
                 if span.teacher_prompt is None or span.length == 0:

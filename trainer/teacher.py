@@ -22,11 +22,14 @@ from typing import Any
 from burnish_server.core.policies import Teacher
 from burnish_server.core.records import CallRecord
 from burnish_server.core.transcript import UnreadableCall, exchange
+from burnish_server.serving.scoring import VLLMScorer
+from burnish_server.trainer.sequences import Sequence
 
 
 class ContextTeacher:
     """The teacher's prompts for one step's calls (a cache keyed by the recorded request: a
-    group's members mostly share their first prompt)."""
+    group's members mostly share their first prompt). Without a context, a call's prompt is
+    the one the policy saw, as recorded."""
 
     def __init__(self, tokenizer: Any, teacher: Teacher) -> None:
         self.tokenizer = tokenizer
@@ -39,6 +42,8 @@ class ContextTeacher:
 
     def prompt(self, call: CallRecord, recorded: list[int]) -> list[int] | None:
         """The teacher's prompt for a call whose prompt ids were ``recorded``; None where it cannot be made faithfully."""
+        if not self.context:
+            return recorded
         key = (call.request, tuple(recorded))
         if key not in self.made:
             self.made[key] = self._prompt(call, recorded)
@@ -57,3 +62,25 @@ class ContextTeacher:
             return self.render(messages[:lead] + self.context + messages[lead:], turn.tools)
         except Exception:  # a template that refuses the conversation (jinja's own errors): not distilled
             return None
+
+
+def served_scores(items: list[tuple[Sequence, float]], scorer: VLLMScorer, model: str, max_len: int) -> None:
+    """A teacher vLLM serves (``Teacher.model``): its logprob of each sampled token it can score,
+    into ``Sequence.teacher_logprobs`` and ``taught``, as ``PolicyModel.teach`` fills them for the
+    base. One request scores many calls (serving/scoring.py); a call's tokens past ``max_len``
+    in the teacher's sequence are not taught, as in the trainer."""
+    asked: list[tuple[list[int], int]] = []
+    where: list[tuple[Sequence, int, int]] = []
+    for seq, _ in items:
+        seq.teacher_logprobs, seq.taught = [0.0] * len(seq.tokens), [0] * len(seq.tokens)
+        for span in seq.spans:
+            if span.teacher_prompt is None or span.length == 0:
+                continue
+            ids = [*span.teacher_prompt, *seq.tokens[span.start : span.start + span.length]][:max_len]
+            if len(ids) <= len(span.teacher_prompt):
+                continue
+            asked.append((ids, len(span.teacher_prompt)))
+            where.append((seq, span.start, len(ids) - len(span.teacher_prompt)))
+    for (seq, start, length), scores in zip(where, scorer.logprobs(model, asked)):
+        seq.teacher_logprobs[start : start + length] = scores
+        seq.taught[start : start + length] = [1] * length

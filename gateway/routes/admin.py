@@ -44,6 +44,7 @@ from burnish_server.gateway.access import BEARER
 from burnish_server.gateway.errors import responses
 from burnish_server.gateway.routes.common import PolicyName, SessionId
 from burnish_server.gateway.services import Services
+from burnish_server.gateway.teachers import check_teacher
 from burnish_server.store import controls
 from burnish_server.store import keys as key_store
 from burnish_server.store import policies as store
@@ -107,6 +108,7 @@ async def create_policy(data: JSONBody[PolicyIn], svc: NamedDependency[Services]
         paused=data.paused,
     )
     _refuse_conflicts(policy, svc.settings.max_lora_rank)
+    await check_teacher(svc.upstream, policy)
     await actions.write(svc, store.create_policy, policy)
     return await _status(svc, data.name)
 
@@ -132,6 +134,12 @@ async def get_policy(name: PolicyName, svc: NamedDependency[Services]) -> Policy
 
 @patch("/policies/{name:str}", opt={"invalid": "invalid_policy"}, responses=responses(400, *ACCESS, 404, 409, 413))
 async def change_policy(name: PolicyName, data: JSONBody[PolicyPatch], svc: NamedDependency[Services]) -> PolicyView:
+    if (data.train is not msgspec.UNSET and "teacher" in data.train) or data.base_model is not msgspec.UNSET:
+        # A served teacher's tokenizer is checked against vLLM before the write (the check is
+        # asked over HTTP; the write's own merge runs in the store's transaction).
+        current = await svc.db.read(store.get_policy, name)
+        changed = _patched(current, data, svc.settings.max_lora_rank)
+        await check_teacher(svc.upstream, msgspec.structs.replace(current, **{k: v for k, v in changed.items() if k in ("train", "base_model")}))
     await actions.write(svc, controls.change_policy, name, functools.partial(_patched, data=data, max_lora_rank=svc.settings.max_lora_rank))
     return await _status(svc, name)
 
