@@ -178,3 +178,32 @@ async def test_a_step_of_sft_on_posted_demonstrations_through_the_trainer(make_g
     finally:
         await worker.close()
         httpx.post(vllm.url + "/v1/unload_lora_adapter", json={"lora_name": "imitator@1"})
+
+
+def test_a_teachers_answers_to_recorded_prompts_become_demonstrations(gw: Gateway, upstream) -> None:
+    """The policy's newest distinct prompts (never a held-out one), answered greedily by the
+    model named, each recorded as a demonstration of the prompt and its answer."""
+    upstream.models = ["tiny", "big-sibling"]
+    with gw.client() as c:
+        for i, text in enumerate(("one", "two", "two")):  # two trajectories ask the same
+            body = {"model": "agent", "messages": [{"role": "user", "content": text}]}
+            assert c.post(f"/t/asked-{i}/v1/chat/completions", json=body).status_code == 200
+        held_out = {"model": "agent", "messages": [{"role": "user", "content": "secret"}]}
+        assert c.post("/eval/t/held/v1/chat/completions", json=held_out).status_code == 200
+    upstream.requests.clear()
+    with gw.admin() as c:
+        r = c.post("/admin/policies/agent/teacher-answers", json={"model": "big-sibling", "limit": 10})
+        assert r.status_code == 201, r.text
+        out = r.json()
+        assert (out["asked"], out["failed"], len(out["ids"]), out["trains"]) == (2, 0, 2, False)
+        asked = [json.loads(req["body"]) for req in upstream.requests]
+        assert sorted(a["messages"][0]["content"] for a in asked) == ["one", "two"]
+        assert all(a["model"] == "big-sibling" and a["temperature"] == 0 for a in asked)
+        answers = []
+        for trajectory in out["ids"]:
+            (call,) = c.get(f"/v1/trajectories/{trajectory}").json()["calls"]
+            assert call["status"] == DEMONSTRATION
+            answers.append((call["request"]["messages"][0]["content"], call["response"]["choices"][0]["message"]["content"]))
+        assert sorted(answers) == [("one", "You said: one ok"), ("two", "You said: two ok")]
+        missing = c.post("/admin/policies/nobody/teacher-answers", json={"model": "big-sibling"})
+        assert missing.status_code == 404

@@ -42,6 +42,7 @@ from burnish_server.gateway import actions, downloads, openapi
 from burnish_server.gateway.access import ACCESS_ERRORS as ACCESS
 from burnish_server.gateway.access import BEARER
 from burnish_server.gateway.errors import responses
+from burnish_server.gateway.routes import demonstrations
 from burnish_server.gateway.routes.common import PolicyName, SessionId
 from burnish_server.gateway.services import Services
 from burnish_server.gateway.teachers import check_teacher
@@ -331,6 +332,7 @@ router = Router(
         reject,
         metrics,
         eval_scores,
+        *demonstrations.admin_handlers,
         create_key,
         list_keys,
         get_key,

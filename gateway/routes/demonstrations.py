@@ -1,4 +1,6 @@
-"""``POST /v1/demonstrations``: conversations a policy imitates (core/demonstrations.py).
+"""``POST /v1/demonstrations``: conversations a policy imitates (core/demonstrations.py); and
+``POST /admin/policies/{name}/teacher-answers``: a teacher's answers to the policy's recorded
+prompts, recorded as demonstrations.
 
 Each demonstration is recorded as one call, in a trajectory and group of its own, closed at
 once; the ids come back so that each can be read (``GET /v1/trajectories/{id}``) or exported
@@ -8,21 +10,33 @@ step taking ``groups_per_step`` of them as it takes groups.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
 from datetime import UTC, datetime
+from typing import Annotated, Any
 
+import httpx
 import msgspec
 from litestar import post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from burnish_server.core.access import Principal, local
-from burnish_server.core.demonstrations import DemonstrationsIn, record
+from burnish_server.core.access import DEFAULT_PROJECT, PRINTABLE, Principal, local, qualify
+from burnish_server.core.demonstrations import MAX_DEMONSTRATIONS, Demonstration, DemonstrationsIn, record
 from burnish_server.core.errors import Invalid, NotFound
+from burnish_server.core.records import CallRecord
+from burnish_server.core.transcript import exchange
 from burnish_server.gateway.access import ACCESS_ERRORS, BEARER
 from burnish_server.gateway.errors import responses
+from burnish_server.gateway.routes.common import PolicyName
 from burnish_server.gateway.services import Services
+from burnish_server.store.prompts import recent_prompts
 from burnish_server.store.writes import RecordDemonstrations
+
+log = logging.getLogger("burnish.gateway")
+
+TEACHER_AT_ONCE = 8  # prompts in flight to the teacher
 
 
 class DemonstrationsOut(msgspec.Struct):
@@ -54,3 +68,68 @@ async def post_demonstrations(data: JSONBody[DemonstrationsIn], svc: NamedDepend
 
 
 route_handlers = [post_demonstrations]
+
+
+class TeacherAnswersIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Ask ``model`` (any model the gateway's upstream serves) to answer the policy's ``limit``
+    newest distinct prompts, and record each answer as a demonstration."""
+
+    model: Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=PRINTABLE)]
+    limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_DEMONSTRATIONS)] = 100
+    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=32_768)] = 512
+
+
+class TeacherAnswersOut(DemonstrationsOut):
+    asked: int  # prompts sent to the teacher
+    failed: int  # of which it gave no answer (each logged): not recorded
+
+
+@post("/policies/{name:str}/teacher-answers", status_code=201, opt={"invalid": "invalid_teacher_answers"}, responses=responses(400, *ACCESS_ERRORS, 404, 413))
+async def teacher_answers(name: PolicyName, data: JSONBody[TeacherAnswersIn], svc: NamedDependency[Services]) -> TeacherAnswersOut:
+    """A teacher's answers to the policy's recorded prompts, as demonstrations (SFT): the
+    prompts of its newest calls (held-out ones never), answered greedily by ``model``."""
+    policy = svc.policies.policies.get(name)
+    if policy is None:
+        raise NotFound(f"no policy {name!r}", "policy_not_found", "name")
+    prompts = await svc.db.read(recent_prompts, policy.name, data.limit)
+    replica = next((r.url for r in svc.upstream.replicas.order(None, data.model) if r.healthy), None)
+    if replica is None:
+        raise Invalid("no upstream replica answers: the teacher cannot be asked", "upstream_unavailable", "model")
+    headers = {"authorization": f"Bearer {svc.settings.upstream_api_key}"} if svc.settings.upstream_api_key else {}
+    gate = asyncio.Semaphore(TEACHER_AT_ONCE)
+
+    async def answer(call: CallRecord) -> Demonstration | None:
+        turn = exchange(call)
+        body: dict[str, Any] = {"model": data.model, "messages": [m.chat() for m in turn.prompt], "temperature": 0, "max_tokens": data.max_tokens}
+        if turn.tools:
+            body["tools"] = turn.tools
+        async with gate:
+            try:
+                r = await svc.judge_http.post(replica.rstrip("/") + "/v1/chat/completions", json=body, headers=headers, timeout=svc.settings.upstream_timeout)
+                said = r.json()["choices"][0]["message"] if r.status_code == 200 else None
+            except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+                log.warning("teacher %s gave no answer to a prompt of %s: %s", data.model, name, exc)
+                return None
+        if said is None:
+            log.warning("teacher %s refused a prompt of %s: %s %s", data.model, name, r.status_code, r.text[:200])
+            return None
+        try:
+            shown = msgspec.convert(
+                {"messages": [*body["messages"], {k: said.get(k) for k in ("role", "content", "tool_calls")}], "tools": turn.tools}, Demonstration
+            )
+        except msgspec.ValidationError as exc:
+            log.warning("teacher %s answered a prompt of %s in a form no demonstration takes: %s", data.model, name, exc)
+            return None
+        return shown if shown.problem() is None else None
+
+    answers = [a for a in await asyncio.gather(*(answer(call) for call in prompts)) if a is not None]
+    project = policy.project or DEFAULT_PROJECT
+    now = datetime.now(UTC)
+    records = [record(d, policy.name, qualify(project, f"demo-{uuid.uuid4().hex}"), now) for d in answers]
+    if records:
+        await svc.writer.write(RecordDemonstrations(records))
+    ids = [local(r.trajectory_id) for r in records]
+    return TeacherAnswersOut(policy=policy.name, ids=ids, trains=policy.train.weights.sft > 0, asked=len(prompts), failed=len(prompts) - len(records))
+
+
+admin_handlers = [teacher_answers]
