@@ -67,6 +67,9 @@ def test_posted_demonstrations_are_trajectories_of_their_own_ready_only_for_sft(
     assert group["state"] == "closed" and group["close_reason"] == "demonstration"
     assert group["cannot_train"].startswith("a demonstration: it trains a policy whose train.objective gives sft a weight")
     assert gw.policy()["groups_ready"] == 0 and gw.policy()["health"]["warning"] is None
+    with gw.admin() as c:  # the dashboard marks it
+        page = c.get(f"/ui/trajectories/{out['ids'][0]}")
+        assert page.status_code == 200 and "A demonstration: posted for agent to imitate" in page.text and 'class="badge demo"' in page.text
     with gw.admin() as c:
         assert c.patch("/admin/policies/agent", json={"train": {"objective": {"grpo": 1, "sft": 1}}}).status_code == 200
     assert gw.policy()["groups_ready"] == 2
