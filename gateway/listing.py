@@ -20,8 +20,8 @@ parser below checks the same patterns and sets itself, so that its errors name t
 both doors (Litestar's would be "Validation failed" on a dashboard page) and the dashboard
 may name stored ids (``project/id``) where the API takes its own project's. What the schema
 accepts, the API accepts, but for what no schema can say: ``version`` without ``policy``,
-and a date that fits the pattern but not the calendar (February 30; a year 1 or 9999 time
-whose zone takes it out of range once in UTC).
+a date that fits the pattern but not the calendar (February 30; a year 1 or 9999 time whose
+zone takes it out of range once in UTC), and a key (not an admin) naming another project.
 """
 
 from __future__ import annotations
