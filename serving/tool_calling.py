@@ -96,6 +96,19 @@ def default_system(template: str) -> str | None:
     return found.group(1) if found is not None and _PROBE not in found.group(1) else None
 
 
+def served_template_path(model: Path) -> Path:
+    """Where ``choose`` writes burnish's tool template for a model folder it serves with it."""
+    return model.with_name(model.name + "-tools.jinja")
+
+
+def served_template(model: Path) -> str | None:
+    """The chat template vLLM serves a model folder with, where it is not the folder's own
+    (burnish's tool template, written by ``choose``); None: the model's own. The trainer renders
+    demonstrations and teacher prompts with it, so they are the tokens vLLM reads."""
+    path = served_template_path(model)
+    return path.read_text() if path.is_file() else None
+
+
 def own_template(model: Path) -> str | None:
     """The chat template in a Hugging Face model folder (chat_template.jinja, or
     tokenizer_config.json's, where a list of named templates counts as all of them)."""
@@ -132,7 +145,7 @@ def choose(model: Path | None, vllm_args: Sequence[str], *, converted: bool = Fa
     if parser is not None:
         return ToolCalling(parser, None, f"tool calls: the model's own chat template, parser {parser}")
     if converted and template is not None and "<|im_start|>" in template and model is not None:
-        path = tool_template(default_system(template), model.with_name(model.name + "-tools.jinja"))
+        path = tool_template(default_system(template), served_template_path(model))
         note = f"tool calls: burnish's ChatML tool template ({path}; the model's own renders no tools), parser hermes, arguments held to each tool's schema"
         return ToolCalling("hermes", path, note, strict=True)
     why = "its chat template renders no tools" if template else "no chat template was found for it here"

@@ -406,3 +406,39 @@ def test_a_trained_version_exported_in_every_format_answers_as_vllm_served_it(up
         _same(_served(vllm.url, "merged"), served, "merged in vLLM")
     finally:
         vllm.stop()
+
+
+def test_smollm2_distills_and_imitates_with_tools_rendered_as_vllm_serves_them(up: Up) -> None:
+    """SmolLM2's step of distillation and SFT through the default `burnish up`: its own calls
+    (one with a forced tool call under burnish's tool template) scored by its base shown a
+    context, and a posted demonstration with a tool call. Every call reaches the teacher and
+    every demonstration renders (the trainer renders with the template vLLM serves): none is
+    skipped."""
+    base = up.data / "models" / "smollm2"
+    teacher = {"context": [{"role": "user", "content": "Say the word apple."}, {"role": "assistant", "content": "apple"}]}
+    train = {"objective": {"grpo": 0, "sft": 1, "distill": 1}, "teacher": teacher, "groups_per_step": 2}
+    r = httpx.post(f"{up.url}/admin/policies", headers=up.admin, json={"name": "taught", "base_model": "smollm2", "model_path": str(base), "train": train})
+    assert r.status_code == 201, r.text
+    llm = openai.OpenAI(base_url=f"{up.url}/g/taught-g/t/taught-1/v1", api_key="x", max_retries=0, timeout=120)
+    messages = [{"role": "user", "content": QUESTION}]
+    llm.chat.completions.create(model="taught", messages=messages, max_tokens=8, temperature=1.0)
+    llm.chat.completions.create(model="taught", messages=messages, tools=[CHAT_TOOL], tool_choice="required", max_tokens=CALL_MAX, temperature=1.0)
+    assert httpx.post(f"{up.url}/v1/groups/taught-g/close").status_code == 200
+    demonstration = [
+        *messages,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"word": "apple", "language": "en"}'}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "7"},
+        {"role": "assistant", "content": "The secret number of apple is 7."},
+    ]
+    posted = httpx.post(f"{up.url}/v1/demonstrations", json={"policy": "taught", "data": [{"messages": demonstration, "tools": [CHAT_TOOL]}]})
+    assert posted.status_code == 201 and posted.json()["trains"] is True, posted.text
+    from burnish import Client
+
+    assert Client(up.url).wait_for_step("taught", 1, timeout=600) == 1
+    (metrics,) = httpx.get(f"{up.url}/admin/policies/taught/metrics", headers=up.admin).json()["data"]
+    assert metrics["teacher_unrendered_calls"] == 0 and metrics["untokenized_calls"] == 0, metrics
+    assert metrics["distill_tokens"] > 0 and metrics["sft_tokens"] > 0 and metrics["groups"] == 2, metrics

@@ -1,5 +1,6 @@
 """A posted demonstration (core/demonstrations.py) as a training sequence: the conversation
-rendered with the chat template, its assistant turns the only tokens trained.
+rendered with the chat template vLLM serves the model with, its assistant turns the only
+tokens trained.
 
     messages ──(for each assistant turn i)──▶ render(messages[:i], add_generation_prompt)   the context
                                               render(messages[:i + 1])                       + the turn
@@ -23,11 +24,13 @@ from burnish_server.trainer.sequences import Sequence
 
 
 class Demonstrations:
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Any, template: str | None = None) -> None:
+        self.tokenizer, self.template = tokenizer, template  # template: vLLM's where not the tokenizer's (serving/tool_calling.py: served_template)
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, prompt: bool) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=prompt, tokenize=True, return_dict=False)
+        ids = self.tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=prompt, tokenize=True, return_dict=False, chat_template=self.template
+        )
         return list(ids)
 
     def sequence(self, call: CallRecord) -> Sequence | None:

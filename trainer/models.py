@@ -29,6 +29,7 @@ from burnish_server.core.policies import Policy
 from burnish_server.core.settings import Settings
 from burnish_server.core.steps import StepMetrics
 from burnish_server.serving.scoring import VLLMScorer
+from burnish_server.serving.tool_calling import served_template
 from burnish_server.store.training import TrainingCall
 from burnish_server.trainer.base_model import Holding, SharedBase
 from burnish_server.trainer.checkpoints import Checkpoints
@@ -172,8 +173,9 @@ class Models:
         model = self.model(policy)
         t1 = time.perf_counter()
         teacher = policy.train.teacher
-        prompts = ContextTeacher(model.tokenizer, teacher).prompt if teacher is not None and policy.train.weights.distill > 0 else None
-        shown = Demonstrations(model.tokenizer).sequence if policy.train.weights.sft > 0 else None
+        template = served_template(Path(policy.model_path or policy.base_model))  # vLLM's, where burnish chose it
+        prompts = ContextTeacher(model.tokenizer, teacher, template).prompt if teacher is not None and policy.train.weights.distill > 0 else None
+        shown = Demonstrations(model.tokenizer, template).sequence if policy.train.weights.sft > 0 else None
         batch = training_batch(rows, policy.train, head=policy.head, teacher_prompt=prompts, demonstration=shown)
         t2 = time.perf_counter()
         served = 0

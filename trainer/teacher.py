@@ -31,13 +31,15 @@ class ContextTeacher:
     group's members mostly share their first prompt). Without a context, a call's prompt is
     the one the policy saw, as recorded."""
 
-    def __init__(self, tokenizer: Any, teacher: Teacher) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Any, teacher: Teacher, template: str | None = None) -> None:
+        self.tokenizer, self.template = tokenizer, template  # template: vLLM's where not the tokenizer's (serving/tool_calling.py: served_template)
         self.context = [{"role": turn.role, "content": turn.content} for turn in teacher.context]
         self.made: dict[tuple[bytes, tuple[int, ...]], list[int] | None] = {}
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False)
+        ids = self.tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, chat_template=self.template
+        )
         return list(ids)
 
     def prompt(self, call: CallRecord, recorded: list[int]) -> list[int] | None:
