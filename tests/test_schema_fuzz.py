@@ -30,6 +30,9 @@ What the configuration says, and why:
   statuses ``positive_data_acceptance`` expects there, and a check of this module's,
   ``list_parameters_accepted``, fails a 400 to a schema-valid query unless the error's
   ``param`` is ``version``, ``created_after`` or ``created_before``.
+- A demonstration (``POST /v1/demonstrations``) must end with the assistant's message, and a
+  tool result must name its call: relations between a body's items, so 400 is accepted there
+  (and on ``teacher-answers``, which says 400 when no upstream replica answers).
 - ``ensure_resource_availability`` off for rollback: its 404 says that the policy has no
   checkpoint at the step asked for (``checkpoint_not_found``), not that the policy is gone.
 - RULER may answer 502: its judge is the one a policy names (``ruler.judge_base_url``, which
@@ -98,6 +101,12 @@ checks.ensure_resource_availability.enabled = false
 # 400 here only for what no schema can say: list_parameters_accepted below narrows it.
 [[operations]]
 include-path-regex = "{LIST_PATHS}"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409", "429"]
+
+# A demonstration's rules tie its messages together (the last one the assistant's, a tool
+# result its call's id): no schema says that, so a schema-valid body may be refused 400.
+[[operations]]
+include-path-regex = "^/v1/demonstrations$|/teacher-answers$"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409", "429"]
 
 [[operations]]

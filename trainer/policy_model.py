@@ -241,9 +241,11 @@ class PolicyModel:
                 seq, start, length = where[id(question)]
                 line = logprobs[0, offset:] if packed else logprobs[row]
                 prompt = len(question.tokens) - length
+                scores, taught = seq.teacher_logprobs, seq.taught
+                assert scores is not None and taught is not None  # made above
                 for i in range(min(length, max_len - prompt)):
-                    seq.teacher_logprobs[start + i] = float(line[prompt + i])
-                    seq.taught[start + i] = 1
+                    scores[start + i] = float(line[prompt + i])
+                    taught[start + i] = 1
                 offset += min(len(question.tokens), max_len)
 
     def step(self, items: list[tuple[Sequence, float]]) -> StepMetrics:

@@ -84,5 +84,7 @@ def served_scores(items: list[tuple[Sequence, float]], scorer: VLLMScorer, model
             asked.append((ids, len(span.teacher_prompt)))
             where.append((seq, span.start, len(ids) - len(span.teacher_prompt)))
     for (seq, start, length), scores in zip(where, scorer.logprobs(model, asked)):
-        seq.teacher_logprobs[start : start + length] = scores
-        seq.taught[start : start + length] = [1] * length
+        known, taught = seq.teacher_logprobs, seq.taught
+        assert known is not None and taught is not None  # made above
+        known[start : start + length] = scores
+        taught[start : start + length] = [1] * length
