@@ -93,7 +93,12 @@ ROUTES: list[tuple[str, str, str, dict[str, Any] | None]] = [
     ("call", "POST", "/v1/trajectories/t1/reward", {"reward": 1.0}),
     ("call", "POST", "/v1/groups/g1/close", None),
     ("call", "POST", "/v1/groups/g1/ruler", {}),
-    ("call", "POST", "/v1/demonstrations", {"policy": "agent", "data": [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hi"}]}]}),
+    (
+        "call",
+        "POST",
+        "/v1/demonstrations",
+        {"policy": "agent", "data": [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hi"}]}]},
+    ),
     ("call|read", "GET", "/v1/trajectories/t1", None),
     ("call|read", "GET", "/v1/groups/g1", None),
     ("read", "GET", "/v1/trajectories", None),
