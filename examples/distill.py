@@ -3,6 +3,7 @@
     python examples/distill.py                              # distill (starts `burnish up`, SmolLM2, CPU)
     python examples/distill.py --objective grpo             # GRPO alone, the same budget
     python examples/distill.py --objective grpo+distill     # both, weighted 1 and 1
+    python examples/distill.py --compare distill.log grpo.log --plot compare.png   # runs' output, one plot
 
 The task is examples/sweep.py's ``larger``: "Which is larger, 47 or 52? Reply with only the
 larger number." SmolLM2-135M answers in a sentence ("52 is the larger number."): the bare
@@ -25,6 +26,7 @@ import asyncio
 import json
 import re
 import time
+from pathlib import Path
 
 from arithmetic import Task, loop_arguments, train  # noqa: I001  (examples/ is run as a folder of scripts)
 from digits import burnish_running, gateway_arguments
@@ -58,13 +60,53 @@ def teacher() -> dict:
     return {"context": turns}
 
 
+# What a run prints, read back by --compare: the held-out line before training and after each evaluated round.
+BEFORE = re.compile(r"^agent@0 \(before training\) .*: right ([0-9.]+), exact ([0-9.]+)")
+ROUND = re.compile(r"^round +(\d+) .* +(\d+)s +held-out: right ([0-9.]+), exact ([0-9.]+)")
+
+
+def compare(logs: list[Path], plot: Path) -> None:
+    """One plot of several runs' held-out form (solid) and exact answers (dashed) by round,
+    from what each printed (``python examples/distill.py ... > run.log``); and a table."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for log in logs:
+        text = log.read_text().splitlines()
+        name = next((line.split(":", 1)[1].strip().strip('"') for line in text if line.startswith("objective:")), log.stem)
+        name = {"grpo": "GRPO alone", "distill": "distillation", '{"grpo":1.0,"distill":1.0}': "GRPO + distillation"}.get(name, name)
+        points = [(0, 0, float(m[1]), float(m[2])) for line in text if (m := BEFORE.match(line))]
+        points += [(int(m[1]), int(m[2]), float(m[3]), float(m[4])) for line in text if (m := ROUND.match(line))]
+        line = ax.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=f"{name}: bare number")[0]
+        ax.plot([p[0] for p in points], [p[3] for p in points], linestyle="--", color=line.get_color(), label=f"{name}: bare and right")
+        print(f"| {name} | " + " | ".join(f"{form:.3f} / {exact:.3f} ({seconds}s)" for _, seconds, form, exact in points) + " |")
+    ax.set(
+        xlabel="round (4 groups x 8 answers)",
+        ylabel="held-out share (64 questions)",
+        title="SmolLM2-135M: 'Reply with only the larger number.'",
+        ylim=(0, 1.05),
+    )
+    ax.legend(loc="center right", fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(plot, dpi=100)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     gateway_arguments(parser, plot="distill.png")
     parser.add_argument("--objective", choices=sorted(OBJECTIVES), default="distill")
+    parser.add_argument("--compare", type=Path, nargs="+", metavar="LOG", help="plot earlier runs' printed output together instead of running")
     loop_arguments(parser)
     parser.set_defaults(rounds=12, eval_every=3)
     args = parser.parse_args()
+    if args.compare:
+        compare(args.compare, args.plot)
+        return
 
     async def run() -> dict[str, list]:
         async with AsyncClient(args.gateway, admin_token=args.admin_token) as client:
