@@ -310,3 +310,19 @@ def test_a_teacher_vllm_serves_scores_as_the_base_in_the_trainer(vllm, tiny_mode
     for (a, _), (b, _) in zip(ours, theirs):
         assert a.taught == b.taught and sum(a.taught or []) == a.sampled
         assert a.teacher_logprobs == pytest.approx(b.teacher_logprobs, abs=2e-3)
+
+
+def test_a_step_with_nothing_to_train_leaves_the_adapter_as_it_was(tiny_model: Path) -> None:
+    """Distillation alone, and no token the teacher could score: the step moves nothing (AdamW's
+    momentum from an earlier step included)."""
+    model = PolicyModel(str(tiny_model), LORA, TrainSettings(learning_rate=1e-2))
+    _random_adapter(model, 4)
+    seq = Sequence()
+    seq.add([3, 4, 5], [6, 7], None)
+    model.step([(seq, 1.0)])  # a GRPO step: AdamW now has momentum
+    before = [p.detach().clone() for p in model.params]
+    model.configure(TrainSettings(learning_rate=1e-2, objective="distill", teacher=Teacher(model="tiny")))
+    unscored = Sequence()
+    unscored.add([3, 4, 5], [6, 7], None)  # its span has no teacher prompt
+    metrics = model.step([(unscored, 0.0)])
+    assert metrics.distill_tokens == 0 and all(torch.equal(a, b) for a, b in zip(before, model.params))

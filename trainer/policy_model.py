@@ -324,7 +324,10 @@ class PolicyModel:
         sums.update(zip(sums, summed))
         compared.update(zip(compared, summed[len(sums) :]))
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.train.grad_clip).item()
-        self.optimizer.step()
+        # No objective had a token (every call unrendered for a teacher, say): no update at all,
+        # not even AdamW's momentum carrying the weights on from the steps before.
+        if (weights.grpo > 0) * n_grpo + (weights.sft > 0) * n_sft + (weights.distill > 0) * n_distill:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step_count += 1
         n = max(compared["tokens"], 1.0)
