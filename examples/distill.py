@@ -60,6 +60,7 @@ def teacher() -> dict:
     return {"context": turns}
 
 
+NAMES = {"grpo": "GRPO alone", "distill": "distillation", "grpo+distill": "GRPO + distillation"}
 # What a run prints, read back by --compare: the held-out line before training and after each evaluated round.
 BEFORE = re.compile(r"^agent@0 \(before training\) .*: right ([0-9.]+), exact ([0-9.]+)")
 ROUND = re.compile(r"^round +(\d+) .* +(\d+)s +held-out: right ([0-9.]+), exact ([0-9.]+)")
@@ -76,8 +77,8 @@ def compare(logs: list[Path], plot: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     for log in logs:
         text = log.read_text().splitlines()
-        name = next((line.split(":", 1)[1].strip().strip('"') for line in text if line.startswith("objective:")), log.stem)
-        name = {"grpo": "GRPO alone", "distill": "distillation", '{"grpo":1.0,"distill":1.0}': "GRPO + distillation"}.get(name, name)
+        objective = next((json.loads(line.split(":", 1)[1]) for line in text if line.startswith("objective:")), log.stem)
+        name = NAMES.get(objective if isinstance(objective, str) else "+".join(k for k, v in objective.items() if v), str(objective))
         points = [(0, 0, float(m[1]), float(m[2])) for line in text if (m := BEFORE.match(line))]
         points += [(int(m[1]), int(m[2]), float(m[3]), float(m[4])) for line in text if (m := ROUND.match(line))]
         line = ax.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=f"{name}: bare number")[0]
