@@ -66,6 +66,9 @@ TINY_MODEL_DEFAULTS = Defaults(
 # each layer, and a fresh mapping per large tensor to give memory back: bench/agent_memory.py),
 # so the faster setting stays the default and the smaller one is a setting away.
 CPU_MICRO_BATCH_TOKENS = 2048
+# The gateway starts in 2-5 s; on two cores busy with vLLM and a trainer, its imports and the
+# store's migrations took over 60 s once (a suite beside two learning runs).
+GATEWAY_START_S = 180
 
 
 @dataclass(frozen=True)
@@ -251,7 +254,7 @@ def run_up(
             return 1
         gateway = spawn("gateway", "gateway", "--upstream", upstream, "--host", settings.host, "--port", str(settings.port), *store)
         url = f"http://{settings.host}:{settings.port}"
-        if not _wait_http(url + "/health", gateway, timeout=60):
+        if not _wait_http(url + "/health", gateway, timeout=GATEWAY_START_S):
             click.echo(f"the gateway did not start. Last lines of {logs / 'gateway.log'}:\n{last_lines(logs / 'gateway.log')}", err=True)
             return 1
         spawn("trainer", "trainer", "--upstream", upstream, *store)
