@@ -114,6 +114,16 @@ def upgrade(revision: str, **options: object) -> None:
     click.echo(f"database at {revision}: {_display_url(settings)}")
 
 
+def _gateway(settings: Settings, url: str | None, token: str | None) -> tuple[str, str]:
+    """The running gateway a command talks to (``--url``, else this machine's on its port) and
+    the token it sends (``--token``, else the admin token: set, or as ``burnish up`` wrote it)."""
+    if token is None:
+        token_file = settings.data_path / "admin-token"
+        token = settings.admin_token or (token_file.read_text().strip() if token_file.exists() else "")
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    return url or f"http://{host}:{settings.port}", token
+
+
 def _display_url(settings: Settings) -> str:
     from sqlalchemy.engine import make_url
 
@@ -341,13 +351,9 @@ def status(policy: str | None, url: str | None, token: str | None, as_json: bool
 
     from burnish_server.cli.status import StatusFailed, fetch, render
 
-    settings = _settings(**options)
-    if token is None:
-        token_file = settings.data_path / "admin-token"
-        token = settings.admin_token or (token_file.read_text().strip() if token_file.exists() else "")
-    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    url, token = _gateway(_settings(**options), url, token)
     try:
-        policies = fetch(url or f"http://{host}:{settings.port}", token, policy)
+        policies = fetch(url, token, policy)
     except StatusFailed as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
@@ -370,13 +376,9 @@ def sft(file: str, policy: str, url: str | None, token: str | None, **options: o
 
     from burnish_server.cli.sft import SftFailed, post, read
 
-    settings = _settings(**options)
-    if token is None:
-        token_file = settings.data_path / "admin-token"
-        token = settings.admin_token or (token_file.read_text().strip() if token_file.exists() else "")
-    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    url, token = _gateway(_settings(**options), url, token)
     try:
-        ids = post(url or f"http://{host}:{settings.port}", token, policy, read(Path(file)))
+        ids = post(url, token, policy, read(Path(file)))
     except SftFailed as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"posted {len(ids)} demonstrations for {policy} (trajectories {ids[0]} .. {ids[-1]})")
