@@ -45,8 +45,9 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 install: $(VENV)/.installed
 	@echo "installed in $(VENV): run '. $(VENV)/bin/activate' to put burnish on your PATH"
 
+# Two workers, a test file on one, in the order tests/conftest.py collects them (the longest first).
 test: $(VENV)/.installed $(VENV)/.lint .tools/docker/cli-plugins/docker-compose .tools/chromium
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Style, types and the layer contract (docs/architecture.md).
 lint: $(VENV)/.lint .tools/typing/burnish_server

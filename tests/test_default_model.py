@@ -18,6 +18,7 @@ import json
 import os
 import zipfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,27 @@ def test_burnish_up_says_which_template_and_parser_it_serves_tools_with(up: Up) 
     assert rest == CHATML_TOOLS.read_text() and json.dumps(SMOLLM2_SYSTEM) in first
 
 
+def test_a_gguf_file_named_by_path_gets_what_the_embedded_default_gets(up: Up, tmp_path: Path) -> None:
+    """The same SmolLM2, named by its GGUF path or left to the default: the same training
+    defaults, and the same tool template with SmolLM2's own default system prompt. Both read
+    the folder this module's ``burnish up`` converted (a conversion is kept once)."""
+    from burnish_server.cli.up import prepare_model
+    from burnish_server.core.settings import Settings
+    from burnish_server.serving.models import embedded_gguf
+
+    settings = Settings.load(None, data_dir=str(tmp_path))
+    gguf = embedded_gguf()
+    (tmp_path / "models").mkdir()
+    for name in ("smollm2", gguf.name.removesuffix(".gguf")):
+        (tmp_path / "models" / name).symlink_to(up.data / "models" / "smollm2")
+    embedded = prepare_model(settings, None, 8000, [])
+    by_path = prepare_model(settings, str(gguf), 8000, [])
+    assert by_path.defaults == embedded.defaults and by_path.defaults.train.learning_rate == 5.3e-4
+    assert embedded.tools.template is not None and by_path.tools.template is not None
+    assert by_path.tools.template.read_text() == embedded.tools.template.read_text()
+    assert json.dumps(SMOLLM2_SYSTEM) in by_path.tools.template.read_text().split("\n", 1)[0]
+
+
 def test_without_tools_smollm2_sees_what_its_own_template_shows_it(up: Up) -> None:
     """burnish's template adds tools and changes nothing else: the demo's prompts are the ones
     SmolLM2's own template writes, token for token, as vLLM served them."""
@@ -126,7 +148,8 @@ def test_a_forced_tool_call_parses_and_fits_its_schema(up: Up, choice: str) -> N
     tool_choice = "required" if choice == "required" else CHAT_FORCED
     llm = client(up, f"forced-{choice}")
     messages = [{"role": "user", "content": QUESTION}]
-    for seed in range(2):  # each call takes 5-15 s on two cores
+
+    def plain(seed: int) -> None:
         reply = llm.chat.completions.create(
             model="agent", messages=messages, tools=[CHAT_TOOL], tool_choice=tool_choice, max_tokens=CALL_MAX, temperature=1.0, seed=seed
         )
@@ -134,12 +157,19 @@ def test_a_forced_tool_call_parses_and_fits_its_schema(up: Up, choice: str) -> N
         assert calls and all(c.function.name == "lookup" for c in calls), reply
         for call in calls:
             fits(call.function.arguments)
+
+    def streamed(seed: int) -> None:
         stream = llm.chat.completions.create(
             model="agent", messages=messages, tools=[CHAT_TOOL], tool_choice=tool_choice, max_tokens=CALL_MAX, temperature=1.0, seed=seed, stream=True
         )
         pieces = [d for chunk in stream if chunk.choices for d in chunk.choices[0].delta.tool_calls or []]
         assert pieces and pieces[0].function and pieces[0].function.name == "lookup"
         fits("".join(d.function.arguments or "" for d in pieces if d.index == 0 and d.function))
+
+    # Each call takes 5-15 s on two cores: the four go at once, and vLLM batches them.
+    with ThreadPoolExecutor(4) as pool:
+        for done in [pool.submit(play, seed) for play in (plain, streamed) for seed in range(2)]:
+            done.result()
     recorded(up, f"forced-{choice}", 4)
 
 
@@ -336,10 +366,6 @@ def test_a_trained_version_exported_in_every_format_answers_as_vllm_served_it(up
     import subprocess
     import sys
 
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from burnish_server.serving.process import VLLMServer
     from tests.servers import free_port
 
@@ -368,13 +394,39 @@ def test_a_trained_version_exported_in_every_format_answers_as_vllm_served_it(up
     served = _served(up.url, "exported@1")
 
     env = {**os.environ, "BURNISH_DATA_DIR": str(up.data)}
-    written = {}
-    for fmt in ("adapter", "merged", "gguf"):
+    written: dict[str, str] = {}
+
+    def export(fmt: str) -> None:
         done = subprocess.run(
             [sys.executable, "-m", "burnish_server.cli", "export", "exported@1", str(tmp_path / fmt), "--format", fmt], env=env, capture_output=True, text=True
         )
         assert done.returncode == 0, done.stderr
         written[fmt] = done.stdout.strip().rsplit(": ", 1)[1]
+
+    # The merged folder first: vLLM starts on it while the rest is exported and compared.
+    export("merged")
+    vllm = VLLMServer(
+        model=written["merged"], served_model_name="merged", log_path=tmp_path / "merged-vllm.log", port=free_port(), dtype="float32", max_model_len=2048
+    ).start()
+    try:
+        for fmt in ("adapter", "gguf"):
+            export(fmt)
+        _compare_exports(up, written, served)
+        # vLLM serves the merged folder as a plain model, with no LoRA.
+        vllm.wait_healthy(timeout=300)
+        _same(_served(vllm.url, "merged"), served, "merged in vLLM")
+    finally:
+        vllm.stop()
+
+
+def _compare_exports(up: Up, written: dict[str, str], served: list[tuple[list[str], list[float]]]) -> None:
+    """The adapter over the API and the dashboard is the exported one; each format, loaded by
+    peft or transformers, answers as vLLM served the version."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = up.data / "models" / "smollm2"
     # The same adapter over the admin API and from the dashboard's version row, as a zip.
     for path in ("/admin/policies/exported/checkpoints/1/adapter", "/ui/policies/exported/versions/1/adapter"):
         r = httpx.get(up.url + path, headers=up.admin)
@@ -396,16 +448,6 @@ def test_a_trained_version_exported_in_every_format_answers_as_vllm_served_it(up
     gguf = Path(written["gguf"])
     from_gguf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     _same(_generated(from_gguf, AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)), served, "gguf")
-    # vLLM serves the merged folder as a plain model, with no LoRA.
-    vllm = VLLMServer(
-        model=written["merged"], served_model_name="merged", log_path=tmp_path / "merged-vllm.log", port=free_port(), dtype="float32", max_model_len=2048
-    )
-    vllm.start()
-    try:
-        vllm.wait_healthy(timeout=300)
-        _same(_served(vllm.url, "merged"), served, "merged in vLLM")
-    finally:
-        vllm.stop()
 
 
 def test_smollm2_distills_and_imitates_with_tools_rendered_as_vllm_serves_them(up: Up) -> None:

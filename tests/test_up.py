@@ -16,11 +16,10 @@ import click
 import pytest
 from sqlalchemy import update
 
-from burnish_server.cli.up import _ensure_policy, prepare_model
+from burnish_server.cli.up import _ensure_policy
 from burnish_server.core.defaults import LLAMA_PROJECTIONS, ModelShape, defaults, learning_rate
 from burnish_server.core.policies import LoraSettings, Policy, TrainSettings
 from burnish_server.core.settings import Settings
-from burnish_server.serving.models import embedded_gguf
 from burnish_server.serving.process import VLLMFailed, VLLMServer, free_ports
 from burnish_server.store.database import Database
 from burnish_server.store.models import PolicyRow
@@ -42,21 +41,6 @@ def test_one_rule_gives_every_pretrained_model_its_learning_rate_from_its_width(
     # Alpha stays 32 whatever the rank; an alpha changed by hand moves the rate inversely.
     assert learning_rate(SMOLLM2, alpha=64) == pytest.approx(learning_rate(SMOLLM2) / 2)
     assert defaults(SMOLLM2, micro_batch_tokens=2048).train.micro_batch_tokens == 2048
-
-
-def test_a_gguf_file_named_by_path_gets_what_the_embedded_default_gets(tmp_path: Path) -> None:
-    """The same SmolLM2, named by its GGUF path or left to the default: the same training
-    defaults, and the same tool template with SmolLM2's own default system prompt."""
-    settings = Settings.load(None, data_dir=str(tmp_path))
-    embedded = prepare_model(settings, None, 8000, [])
-    gguf = embedded_gguf()
-    # The same conversion, kept once: the file named by path reads the embedded one's folder.
-    (tmp_path / "models" / gguf.name.removesuffix(".gguf")).symlink_to(tmp_path / "models" / "smollm2")
-    by_path = prepare_model(settings, str(gguf), 8000, [])
-    assert by_path.defaults == embedded.defaults and by_path.defaults.train.learning_rate == 5.3e-4
-    assert embedded.tools.template is not None and by_path.tools.template is not None
-    assert by_path.tools.template.read_text() == embedded.tools.template.read_text()
-    assert '"You are a helpful AI assistant named SmolLM, trained by Hugging Face"' in by_path.tools.template.read_text().split("\n", 1)[0]
 
 
 def _up(data: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
