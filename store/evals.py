@@ -34,8 +34,8 @@ class Score(NamedTuple):
     score: float
 
 
-def _scores(policy: str | None = None) -> Select:
-    """(policy, step, trajectories, mean reward) for each version with rewarded eval trajectories."""
+def _scores() -> Select:
+    """(policy, step, trajectories, mean reward) for each policy's versions with rewarded eval trajectories."""
     held_out = (
         select(Trajectory.id, Trajectory.reward)
         # `= true` (not `IS true`): the form SQLite's planner matches to the partial index.
@@ -45,7 +45,7 @@ def _scores(policy: str | None = None) -> Select:
     latest = (
         select(Call.policy, held_out.c.id, held_out.c.reward, func.coalesce(func.max(Call.policy_step), 0).label("step"))
         .join(held_out, held_out.c.id == Call.trajectory_id)
-        .where(Call.status == OK, Call.policy.is_not(None) if policy is None else Call.policy == policy)
+        .where(Call.status == OK, Call.policy.is_not(None))
         .group_by(Call.policy, held_out.c.id, held_out.c.reward)
         .subquery()
     )
@@ -57,8 +57,22 @@ def _scores(policy: str | None = None) -> Select:
 
 
 def scores_by_step(conn: Connection, policy: str) -> dict[int, Score]:
-    """The policy's held-out score at each version that has one."""
-    return {row.step: Score(row.trajectories, float(row.score)) for row in conn.execute(_scores(policy))}
+    """The policy's held-out score at each version that has one. Each rewarded held-out
+    trajectory (the partial index) looks up its latest step of this policy in the calls'
+    ``(policy, trajectory_id, ...)`` index: one probe each, never the policy's other calls."""
+    step = (
+        select(func.max(func.coalesce(Call.policy_step, 0)))
+        .where(Call.trajectory_id == Trajectory.id, Call.policy == policy, Call.status == OK)
+        .scalar_subquery()
+    )
+    # `= true` (not `IS true`): the form SQLite's planner matches to the partial index.
+    latest = select(Trajectory.reward, step.label("step")).where(Trajectory.eval == true(), Trajectory.reward.is_not(None)).subquery()
+    query = (
+        select(latest.c.step, func.count().label("trajectories"), func.avg(latest.c.reward).label("score"))
+        .where(latest.c.step.is_not(None))  # held out, but it never called this policy
+        .group_by(latest.c.step)
+    )
+    return {row.step: Score(row.trajectories, float(row.score)) for row in conn.execute(query)}
 
 
 def eval_scores(conn: Connection, policy: str, served: int, *, every_version: bool) -> list[EvalScore]:

@@ -43,12 +43,22 @@ class Base(DeclarativeBase):
     )
 
 
+WAITING = "closed_at IS NOT NULL AND trained_at IS NULL"
+
+
 class Group(Base):
     """Trajectories that answer the same task; GRPO compares them."""
 
     __tablename__ = "groups"
-    # A policy's open groups, oldest first: what the idle close reads (store/writes.py).
-    __table_args__ = (Index("ix_groups_open", "policy", "created_at", sqlite_where=text("closed_at IS NULL"), postgresql_where=text("closed_at IS NULL")),)
+    __table_args__ = (
+        # A policy's open groups, oldest first: what the idle close reads (store/writes.py).
+        Index("ix_groups_open", "policy", "created_at", sqlite_where=text("closed_at IS NULL"), postgresql_where=text("closed_at IS NULL")),
+        # A policy's closed groups no trainer has finished, oldest closed first: the training
+        # queue that readiness and the trainer's poll read (store/training.py: waiting).
+        Index("ix_groups_waiting", "policy", "closed_at", sqlite_where=text(WAITING), postgresql_where=text(WAITING)),
+        # A policy's groups by when they closed: its last closed groups (store/policies.py: recent_groups).
+        Index("ix_groups_policy_closed", "policy", "closed_at"),
+    )
 
     pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
     # Namespaced by project: "<project>/<id>", or the bare id in the default project (core/access.py).
@@ -62,7 +72,7 @@ class Group(Base):
     # "ruler" (a verdict closed it) or "idle" (its policy's group_idle_close_s passed).
     close_reason: Mapped[str | None] = mapped_column(String(16))
     # The policy whose calls made this group (the first one seen); what it trains.
-    policy: Mapped[str | None] = mapped_column(String(128), index=True)
+    policy: Mapped[str | None] = mapped_column(String(128))
     # Training: a trainer claims a ready group, then marks it trained at a step.
     claimed_by: Mapped[str | None] = mapped_column(String(128))
     claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -86,13 +96,16 @@ class Trajectory(Base):
         Index("ix_trajectories_eval", "eval", sqlite_where=text("eval = 1"), postgresql_where=text("eval")),
         # A project's page of trajectories, newest first.
         Index("ix_trajectories_project_pk", "project", "pk"),
+        # A group's members with what readiness counts of them (store/training.py:
+        # group_members), read from the index alone.
+        Index("ix_trajectories_group_members", "group_id", "eval", "reward"),
     )
 
     pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
     # Namespaced by project, like Group.id.
     id: Mapped[str] = mapped_column(String(STORED_ID_MAX), unique=True)
     project: Mapped[str] = mapped_column(String(64), default=DEFAULT_PROJECT, server_default=DEFAULT_PROJECT)
-    group_id: Mapped[str | None] = mapped_column(ForeignKey("groups.id"), index=True)
+    group_id: Mapped[str | None] = mapped_column(ForeignKey("groups.id"))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     # The latest reward; every posted reward is also kept in `rewards`.

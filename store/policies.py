@@ -28,7 +28,7 @@ from burnish_server.core.views import CandidateView, PolicyView, ReplicaView, St
 from burnish_server.store import groups, promotion
 from burnish_server.store.evals import eval_scores
 from burnish_server.store.models import Group, PolicyRow, StepRow, iso, utcnow
-from burnish_server.store.training import complete_groups, count_ready, credited_groups, group_members, training_rules
+from burnish_server.store.training import complete_groups, count_ready, credited, group_members, training_rules
 
 
 def to_policy(row: Any) -> Policy:
@@ -231,21 +231,21 @@ def recent_groups(conn: Connection, policy: str, last: int = RECENT_GROUPS) -> R
     sees it (``store/training.py: ready_groups``): every trajectory rewarded alike and no
     call's credit to train on; and how many can never train for want of a reward or of a
     second member (core/groups.py: cannot_train)."""
-    members = group_members()
-    credited = Group.id.in_(credited_groups())
-    rows = conn.execute(
-        select(members.c.size, members.c.rewarded, members.c.low, members.c.high, credited)
-        .select_from(Group)
-        .join(members, members.c.group_id == Group.id)
+    closed = (
+        select(Group.id)
         .where(
             Group.policy == policy,
             Group.eval.is_(False),
             Group.closed_at.is_not(None),
-            members.c.held_out == 0,
             Group.close_reason != DEMONSTRATION,  # posted, not sampled: no reward to tie or lack
         )
         .order_by(Group.closed_at.desc(), Group.pk.desc())
         .limit(last)
+    )
+    # The members of those groups alone (ix_groups_policy_closed, then the trajectories' group_id).
+    members = group_members(closed)
+    rows = conn.execute(
+        select(members.c.size, members.c.rewarded, members.c.low, members.c.high, credited(members.c.group_id)).where(members.c.held_out == 0)
     ).all()
     rewarded = [r for r in rows if r.size == r.rewarded]
     tied = [r.low for r in rewarded if r.low == r.high and not r[4] and r.size > 1]

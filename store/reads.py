@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 from msgspec import UNSET, UnsetType
-from sqlalchemy import func, select
+from sqlalchemy import func, literal, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -30,7 +30,7 @@ from burnish_server.store import listing
 from burnish_server.store.calls import to_record
 from burnish_server.store.listing import narrowed
 from burnish_server.store.models import Call, Group, Reward, Trajectory, iso
-from burnish_server.store.training import credited_groups, training_rules
+from burnish_server.store.training import credited, training_rules
 
 EXPORT_PAGE = 256  # trajectories per query while exporting
 _encode = msgspec.json.Encoder().encode
@@ -157,14 +157,14 @@ def get_group(conn: Connection, group_id: str) -> GroupView | None:
     why = None
     if state == GroupState.CLOSED:
         rewards = [m.reward for m in members if m.reward is not None]
-        credited = conn.execute(credited_groups().where(Trajectory.group_id == group_id).limit(1)).first() is not None
+        is_credited = bool(conn.execute(select(credited(literal(group_id)))).scalar())
         objective = training_rules(conn, row.policy).objective if row.policy is not None else Objective()
         why = cannot_train(
             size=len(members),
             rewarded=len(rewards),
             low=min(rewards, default=None),
             high=max(rewards, default=None),
-            credited=credited,
+            credited=is_credited,
             held_out=held_out,
             objective=objective,
             demonstration=row.close_reason == DEMONSTRATION,

@@ -23,8 +23,9 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 import msgspec
-from sqlalchemy import Select, and_, case, func, or_, select, update
+from sqlalchemy import ColumnElement, Select, and_, case, exists, func, or_, select, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.orm import InstrumentedAttribute, aliased
 
 from burnish_server.core.policies import Objective, TrainSettings
 from burnish_server.core.records import DEMONSTRATION, OK, CallRecord
@@ -37,16 +38,17 @@ from burnish_server.store.models import Call, Group, PolicyRow, Reward, Trajecto
 DEFAULT_LEASE_S = Settings().trainer_lease
 
 
-def call_rewards() -> Any:
-    """Each rewarded call's newest reward (``call_pk``, ``reward``), as a subquery."""
-    newest = select(func.max(Reward.pk)).where(Reward.call_pk.is_not(None)).group_by(Reward.call_pk)
-    return select(Reward.call_pk, Reward.reward).where(Reward.pk.in_(newest)).subquery()
+def call_reward() -> Any:
+    """A call's newest reward of its own (credit per turn), or NULL: a scalar subquery correlated
+    with ``Call``, one probe of the rewards' ``call_pk`` index per call read."""
+    return select(Reward.reward).where(Reward.call_pk == Call.pk).order_by(Reward.pk.desc()).limit(1).scalar_subquery()
 
 
-def group_members() -> Any:
-    """Per group, as a subquery: its members (``size``), how many have a reward
-    (``rewarded``), the lowest and highest (``low``, ``high``: equal when the group tied), and
-    how many are held out (``held_out``)."""
+def group_members(among: Select) -> Any:
+    """Per group of ``among`` (a query of group ids), as a subquery: its members (``size``), how
+    many have a reward (``rewarded``), the lowest and highest (``low``, ``high``: equal when the
+    group tied), and how many are held out (``held_out``). Read for those groups only, through
+    the trajectories' ``group_id`` index: it costs what ``among`` holds, not the store's history."""
     return (
         select(
             Trajectory.group_id.label("group_id"),
@@ -56,21 +58,24 @@ def group_members() -> Any:
             func.max(Trajectory.reward).label("high"),
             func.sum(case((Trajectory.eval, 1), else_=0)).label("held_out"),
         )
-        .where(Trajectory.group_id.is_not(None))
+        .where(Trajectory.group_id.in_(among))
         .group_by(Trajectory.group_id)
         .subquery()
     )
 
 
-def credited_groups() -> Select:
-    """Ids of the groups with a non-zero reward posted for one of their calls: trainable
-    however their trajectories' rewards compare (credit per turn)."""
-    posted = call_rewards()
-    return (
-        select(Trajectory.group_id.label("group_id"))
-        .join(Call, Call.trajectory_id == Trajectory.id)
-        .join(posted, posted.c.call_pk == Call.pk)
-        .where(posted.c.reward != 0)
+def credited(group_id: ColumnElement[str] | InstrumentedAttribute[str]) -> ColumnElement[bool]:
+    """Whether the group ``group_id`` names has a non-zero reward posted for one of its calls:
+    trainable however its trajectories' rewards compare (credit per turn). Correlated with the
+    group and read from its members' rewards (by ``trajectory_id``: a call's reward is kept
+    under its trajectory too), a call's newest one counting; never the calls' rows."""
+    newer = aliased(Reward)
+    return exists().where(
+        Trajectory.group_id == group_id,
+        Reward.trajectory_id == Trajectory.id,
+        Reward.call_pk.is_not(None),
+        Reward.reward != 0,
+        ~exists().where(newer.call_pk == Reward.call_pk, newer.pk > Reward.pk),
     )
 
 
@@ -90,18 +95,26 @@ def training_rules(conn: Connection, policy: str) -> Training:
     return Training(None if row.project is None else [row.project, *(row.shared_with or ())], weights)
 
 
+def waiting(policy: str) -> tuple[ColumnElement[bool], ...]:
+    """The policy's closed groups that no trainer has finished: what may be ready. These terms
+    match the partial index ``ix_groups_waiting``, so that readiness costs what waits (ties,
+    held-out and unrewarded groups included), not the policy's trained history."""
+    return (Group.policy == policy, Group.closed_at.is_not(None), Group.trained_at.is_(None))
+
+
 def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S, rules: Training = Training(None, Objective())) -> Select:
     """Ids of the policy's ready, unclaimed groups, oldest closed first; only ``rules.projects``'
     where given (a group of a project the policy was unshared from waits, untrained). What
     ready asks of the members' rewards depends on the objective (core/policies.py: Objective):
     GRPO alone, every member rewarded and rewards that differ; with SFT, every member rewarded;
     distillation, nothing (the teacher scores the samples)."""
-    members = group_members()
+    queue = select(Group.id).where(*waiting(policy), Group.eval.is_(False))
+    members = group_members(queue)
     rewards = []
     if rules.objective.needs_rewards:
         rewards.append(members.c.size == members.c.rewarded)
     if rules.objective.needs_spread:
-        rewards.append(or_(members.c.high > members.c.low, Group.id.in_(credited_groups())))
+        rewards.append(or_(members.c.high > members.c.low, credited(Group.id)))
     # Posted demonstrations (core/demonstrations.py) train SFT alone, and need no reward.
     demonstration = Group.close_reason == DEMONSTRATION
     sampled = or_(Group.close_reason.is_(None), Group.close_reason != DEMONSTRATION)
@@ -110,7 +123,7 @@ def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S
         select(Group.id)
         .join(members, members.c.group_id == Group.id)
         .where(
-            Group.policy == policy,
+            *waiting(policy),
             Group.eval.is_(False),
             # Closed, or being trained by a trainer whose lease ran out (it died mid-step).
             or_(groups.is_closed(), and_(groups.is_training(), Group.claimed_at < now - timedelta(seconds=lease_s))),
@@ -184,12 +197,10 @@ def group_calls(conn: Connection, ids: list[str]) -> list[TrainingCall]:
     policy) stay in the trajectory but are not this policy's samples: they are not trained.
     Nor is anything held out: a mark that arrived after the claim still keeps its trajectory
     (or group) out of the step."""
-    posted = call_rewards()
     rows = conn.execute(
-        select(Trajectory.group_id, Trajectory.reward, posted.c.reward.label("call_reward"), Call)
+        select(Trajectory.group_id, Trajectory.reward, call_reward().label("call_reward"), Call)
         .join(Call, Call.trajectory_id == Trajectory.id)
         .join(Group, Group.id == Trajectory.group_id)
-        .outerjoin(posted, posted.c.call_pk == Call.pk)
         .where(
             Trajectory.group_id.in_(ids), Call.status.in_((OK, DEMONSTRATION)), Call.policy == Group.policy, Group.eval.is_(False), Trajectory.eval.is_(False)
         )

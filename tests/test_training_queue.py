@@ -8,10 +8,11 @@ from typing import Any
 
 import msgspec
 import pytest
-from sqlalchemy import update
+from sqlalchemy import event, update
 
 from burnish_server.store.database import Database
 from burnish_server.store.models import Group, utcnow
+from burnish_server.store.policies import recent_groups
 from burnish_server.store.training import claim_groups, complete_groups, count_ready, group_calls, release_groups
 from burnish_server.store.writer import Writer
 from burnish_server.store.writes import CloseGroup, PostReward
@@ -169,3 +170,40 @@ async def test_a_group_of_equal_rewards_is_ready_when_a_call_carries_credit_of_i
     assert await db.transaction(claim_groups, "agent", "w1", 2, 900.0, 1) == ["credited"]
     rows = await db.read(group_calls, ["credited"])
     assert [(r.trajectory_id, r.reward, r.call_reward) for r in rows] == [("credited-0", 0.3, None), ("credited-1", 0.3, -0.25)]
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_the_queue_and_the_recent_ties_read_what_waits_not_the_policys_history(store) -> None:
+    """Readiness (the trainer's poll, the status's ready count) starts from the groups that wait
+    (``ix_groups_waiting``), the ties from the policy's last closed groups, and both reach the
+    members through indexes: no table is scanned, so their cost follows what waits, not how
+    much the store has trained on. Read from SQLite's plan, with its statistics as the gateway
+    keeps them."""
+    db, writer = store
+    for i in range(6):
+        await make_group(writer, f"old{i}", [0.0, 1.0])
+    await db.transaction(claim_groups, "agent", "w", 6)
+    await db.transaction(complete_groups, [f"old{i}" for i in range(6)], "w", 1)
+    await make_group(writer, "new", [0.0, 1.0])
+    await make_group(writer, "tie", [0.5, 0.5])
+    await db.optimize()
+    plans: list[str] = []
+
+    def explain(conn: Any, read: Any, *args: Any) -> None:
+        caught: list[tuple[str, Any]] = []
+        listen = lambda *a: caught.append(a[2:4])  # noqa: E731 (statement, parameters)
+        event.listen(conn.engine, "before_cursor_execute", listen)
+        try:
+            read(conn, *args)
+        finally:
+            event.remove(conn.engine, "before_cursor_execute", listen)
+        for statement, parameters in caught:
+            plans.extend(row[3] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters))
+
+    await db.read(explain, count_ready, "agent")
+    assert any("ix_groups_waiting" in line for line in plans), plans
+    await db.read(explain, recent_groups, "agent")
+    assert any("ix_groups_policy_closed" in line for line in plans), plans
+    assert not [line for line in plans if line.startswith("SCAN") and "anon" not in line], plans
+    assert await db.read(count_ready, "agent") == 1
+    assert (await db.read(recent_groups, "agent")).tied == 1
