@@ -21,29 +21,37 @@ each has (docs/performance.md, "The store's reads"):
 * ``canary``, ``eval``: ``promotion.evidence`` of ``agent``'s candidate under a canary and an
   eval rule (50 ms); ``regression``: ``regression_samples`` between trials (50 ms);
 * ``scores``: ``scores_by_step``, the held-out score of each version (the trainer's trackers).
+
+Last, what a recorded call costs the store's write path as it holds this history: ``--probe-calls``
+calls of a day after the month inserted through ``Database.transaction``, 200 a commit (the
+gateway's group commit writes its batches so), in microseconds a call.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import statistics
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import msgspec
+from sqlalchemy import Connection, insert
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dashboard_pages import drop, make  # noqa: E402
-from promotion_queries import SERVED  # noqa: E402
+from promotion_queries import SERVED, Traffic  # noqa: E402
 
 from burnish_server.store import promotion  # noqa: E402
 from burnish_server.store.database import Database  # noqa: E402
 from burnish_server.store.evals import scores_by_step  # noqa: E402
+from burnish_server.store.models import Call, Trajectory  # noqa: E402
 from burnish_server.store.policies import get_policy, load_policies, policy_status, recent_groups  # noqa: E402
 from burnish_server.store.training import claim_groups, count_ready, release_groups  # noqa: E402
 
@@ -60,7 +68,21 @@ async def poll(db: Database) -> list[str]:
     return ids
 
 
-async def time_reads(url: str, kind: str, repeat: int) -> None:
+async def write_cost(url: str, calls: int, body_bytes: int) -> float:
+    """Microseconds a recorded call takes to write, 200 a commit, on top of the store's history."""
+    db = Database(url)
+    start = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)
+    probe = Traffic(calls, 2, start, body_bytes)
+    await db.transaction(Connection.execute, insert(Trajectory), probe.trajectories(0, probe.t))
+    begun = time.perf_counter()
+    for lo in range(0, calls, 200):
+        await db.transaction(Connection.execute, insert(Call), probe.calls(lo, min(lo + 200, calls)))
+    took = (time.perf_counter() - begun) / calls * 1e6
+    await db.dispose()
+    return took
+
+
+async def time_reads(url: str, kind: str, repeat: int, only: str | None) -> None:
     db = Database(url)
     await db.migrate()  # a store filled by an older checkout gets this one's indexes
     await db.optimize()  # SQLite's planner statistics, as the gateway refreshes them at its start
@@ -80,6 +102,8 @@ async def time_reads(url: str, kind: str, repeat: int) -> None:
     }
     print(f"\n{kind}: ms           first      p50      p95   budget")
     for name, read in reads.items():
+        if only and not re.search(only, name):
+            continue
         db = Database(url)
         seconds = []
         for _ in range(repeat + 1):
@@ -112,10 +136,14 @@ def main() -> None:
     parser.add_argument("--long-steps", type=int, default=1000, help="steps of the policy longrun (0: no such policy)")
     parser.add_argument("--keep", action="store_true", help="leave the filled databases for a later --reuse")
     parser.add_argument("--reuse", action="store_true", help="time the databases a run with --keep left, without filling")
+    parser.add_argument("--only", help="time only the reads whose name matches this regular expression")
+    parser.add_argument("--probe-calls", type=int, default=10_000, help="calls written at the end for the write path's cost (0: none)")
     args = parser.parse_args()
     for kind in ("sqlite", "postgresql") if args.database == "both" else (args.database,):
         url = asyncio.run(make(kind, args))
-        asyncio.run(time_reads(url, kind, args.repeat))
+        asyncio.run(time_reads(url, kind, args.repeat, args.only))
+        if args.probe_calls:
+            print(f"  write: {asyncio.run(write_cost(url, args.probe_calls, args.body_bytes)):.0f} us a recorded call (200 a commit)")
         if not args.keep:
             asyncio.run(drop(kind))
 
