@@ -227,7 +227,8 @@ RECENT_GROUPS = 16
 
 
 def recent_groups(conn: Connection, policy: str, last: int = RECENT_GROUPS) -> RecentGroups:
-    """The policy's ``last`` closed groups (held-out ones apart): how many tied, as readiness
+    """The policy's ``last`` closed groups (held-out ones apart, and any with a held-out member
+    left out of the count): how many tied, as readiness
     sees it (``store/training.py: ready_groups``): every trajectory rewarded alike and no
     call's credit to train on; and how many can never train for want of a reward or of a
     second member (core/groups.py: cannot_train)."""
@@ -242,7 +243,7 @@ def recent_groups(conn: Connection, policy: str, last: int = RECENT_GROUPS) -> R
         .order_by(Group.closed_at.desc(), Group.pk.desc())
         .limit(last)
     )
-    # The members of those groups alone (ix_groups_policy_closed, then the trajectories' group_id).
+    # Those groups from ix_groups_policy_closed, and their members alone (ix_trajectories_group_members).
     members = group_members(closed)
     rows = conn.execute(
         select(members.c.size, members.c.rewarded, members.c.low, members.c.high, credited(members.c.group_id)).where(members.c.held_out == 0)
