@@ -47,8 +47,8 @@ def call_reward() -> Any:
 def group_members(among: Select) -> Any:
     """Per group of ``among`` (a query of group ids), as a subquery: its members (``size``), how
     many have a reward (``rewarded``), the lowest and highest (``low``, ``high``: equal when the
-    group tied), and how many are held out (``held_out``). Read for those groups only, through
-    the trajectories' ``group_id`` index: it costs what ``among`` holds, not the store's history."""
+    group tied), and how many are held out (``held_out``). Read for those groups only, from
+    ``ix_trajectories_group_members`` alone: it costs what ``among`` holds, not the store's history."""
     return (
         select(
             Trajectory.group_id.label("group_id"),

@@ -359,9 +359,10 @@ def burnish_up(data: Path, *args: str, timeout: float = 600) -> Iterator[Up]:
 # ---- the two workers of `make test` --------------------------------------------------------
 
 # The files that take minutes (measured with --durations, on two cores), longest first. `make
-# test` hands whole files to two workers (--dist loadfile) in the order they are collected: the
-# longest going first, the short ones fill in behind them and the two workers end together,
-# where in name order the schema's fuzzing (three minutes) started last, alone.
+# test` hands whole files to two workers (--dist loadfile) in the order they are collected
+# (--no-loadscope-reorder): the longest go first, the short ones fill in behind them, and the
+# two workers end together. Ordered by their number of tests (xdist's default), the schema's
+# fuzzing (three minutes, two tests) started last, alone.
 LONGEST_FIRST = ("test_default_model.py", "test_schema_fuzz.py", "test_promotion.py", "test_vllm.py", "test_replicas.py", "test_ruler.py")
 
 
