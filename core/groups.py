@@ -9,9 +9,10 @@ A group is a set of trajectories answering one task. It moves forward only:
 A closed group is *ready* for training when every member has a reward and the rewards are
 not all equal (equal rewards give zero advantages: nothing to learn), for a policy that
 trains on GRPO alone; with supervised steps, every member rewarded is enough, and with
-distillation a closed group is ready as it is (core/policies.py: Objective). Readiness depends on
-the members, so the store computes it in SQL (``store/groups.py``, beside the same states
-as SQL expressions). A group idle for its policy's ``group_idle_close_s`` (no member's call,
+distillation a closed group is ready as it is (core/policies.py: Objective). What a closed
+group lacks (``Lack``) is settled once when it closes, since its rewards can no longer change,
+and kept on its row, so that the training queue reads a ready group as one index entry
+(``store/training.py``). A group idle for its policy's ``group_idle_close_s`` (no member's call,
 no reward) closes by itself, so an agent that never says how many attempts a task gets, or
 whose last attempt died, still trains. A closed group that can never train says why
 (``cannot_train``).
@@ -23,6 +24,26 @@ import enum
 from datetime import datetime
 
 from burnish_server.core.policies import Objective
+
+
+class Lack(enum.IntEnum):
+    """What a closed group lacks to train, worst last: a policy's objective tolerates up to some
+    level (``tolerated``). Rewards of a closed group can no longer change (only a RULER verdict
+    rewrites them), so this is settled when it closes and stays true; a call that arrives after
+    (a member joining late, a mark for evaluation) makes the store settle it again."""
+
+    NOTHING = 0  # every member rewarded, and rewards that differ or a call's own reward
+    SPREAD = 1  # every member rewarded alike, and no call's own reward: a tie
+    REWARDS = 2  # some member has no reward
+    HELD_OUT = 3  # a member is held out for evaluation: never trained on
+
+
+def tolerated(objective: Objective) -> Lack:
+    """The worst ``Lack`` a group may have and still train the objective: GRPO alone needs
+    rewards that differ, supervised steps every member rewarded, distillation alone nothing."""
+    if not objective.needs_rewards:
+        return Lack.REWARDS
+    return Lack.NOTHING if objective.needs_spread else Lack.SPREAD
 
 
 class GroupState(enum.StrEnum):

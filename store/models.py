@@ -12,7 +12,23 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, MetaData, String, Text, UniqueConstraint, text
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from burnish_server.core.access import DEFAULT_PROJECT, STORED_ID_MAX
@@ -53,9 +69,10 @@ class Group(Base):
     __table_args__ = (
         # A policy's open groups, oldest first: what the idle close reads (store/writes.py).
         Index("ix_groups_open", "policy", "created_at", sqlite_where=text("closed_at IS NULL"), postgresql_where=text("closed_at IS NULL")),
-        # A policy's closed groups no trainer has finished, oldest closed first: the training
-        # queue that readiness and the trainer's poll read (store/training.py: waiting).
-        Index("ix_groups_waiting", "policy", "closed_at", sqlite_where=text(WAITING), postgresql_where=text(WAITING)),
+        # A policy's closed groups no trainer has finished, by what they lack, oldest closed
+        # first: the training queue that readiness and the trainer's poll read, a ready group
+        # one entry however many ties wait beside it (store/training.py: ready_groups).
+        Index("ix_groups_waiting", "policy", "lacks", "closed_at", sqlite_where=text(WAITING), postgresql_where=text(WAITING)),
         # A policy's groups by when they closed: its last closed groups (store/policies.py: recent_groups).
         Index("ix_groups_policy_closed", "policy", "closed_at"),
     )
@@ -85,6 +102,9 @@ class Group(Base):
     # Held out for evaluation: a member's call was marked (X-Eval, /eval/...). Never trained
     # on; once set, never cleared.
     eval: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    # What it lacks to train (core.groups.Lack), settled when it closes (store/training.py:
+    # settle); None while open, or until settled again after a call that came after its close.
+    lacks: Mapped[int | None] = mapped_column(SmallInteger)
 
 
 class Trajectory(Base):

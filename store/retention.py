@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, exists, func, insert, or_, select
+from sqlalchemy import and_, delete, exists, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -341,6 +341,7 @@ def restore_records(conn: Connection, records: list[ArchivedTrajectory]) -> tupl
     they are not in the store; a trajectory that is, is skipped. Returns (restored, skipped)."""
     upsert = _upsert(conn)
     restored = skipped = 0
+    joined: set[str] = set()
     for record in records:
         if record.group is not None:
             group = {name: getattr(record.group, name) for name in _GROUP_FIELDS}
@@ -365,6 +366,11 @@ def restore_records(conn: Connection, records: list[ArchivedTrajectory]) -> tupl
                 row["call_pk"] = None if row["call_pk"] is None else keys[row["call_pk"]]
             conn.execute(insert(Reward), rows)
         restored += 1
+        if record.group_id is not None:
+            joined.add(record.group_id)
+    # A member back in its group changes what the group lacks: worked out again (store/training.py: settle).
+    if joined:
+        conn.execute(update(Group).where(Group.id.in_(sorted(joined))).values(lacks=None))
     return restored, skipped
 
 
@@ -374,7 +380,9 @@ def _tables() -> dict[str, tuple[str, ...]]:
     return {
         "calls": tuple(c.name for c in Call.__table__.columns),
         "rewards": tuple(c.name for c in Reward.__table__.columns),
-        "groups": tuple(c.name for c in Group.__table__.columns),
+        # What a group lacks to train is worked out again from its members: a restored group
+        # comes back unsettled (store/training.py: settle), never with a stale answer.
+        "groups": tuple(c.name for c in Group.__table__.columns if c.name != "lacks"),
         "trajectories": tuple(c.name for c in Trajectory.__table__.columns),
         "ruler_verdicts": tuple(c.name for c in RulerVerdict.__table__.columns),
     }

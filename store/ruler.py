@@ -28,6 +28,7 @@ from burnish_server.core.verdicts import Score
 from burnish_server.store import groups
 from burnish_server.store.calls import to_record
 from burnish_server.store.models import Call, Group, PolicyRow, Reward, RulerVerdict, Trajectory, utcnow
+from burnish_server.store.training import settle
 
 # A gateway that died while judging a group of a policy with automatic RULER: another
 # (or the restarted one) takes the group again after this long.
@@ -112,6 +113,7 @@ def store_verdict(conn: Connection, group_id: str, key: str, judge: str, scores:
     if group.closed_at is None:
         values.update(closed_at=now, close_reason="ruler")
     conn.execute(update(Group).where(Group.id == group_id).values(**values))
+    settle(conn, [group_id])  # closed by this verdict, or closed before and its rewards rewritten
     return rewards
 
 

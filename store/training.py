@@ -27,6 +27,7 @@ from sqlalchemy import ColumnElement, Select, and_, case, exists, func, or_, sel
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import InstrumentedAttribute, aliased
 
+from burnish_server.core.groups import Lack, tolerated
 from burnish_server.core.policies import Objective, TrainSettings
 from burnish_server.core.records import DEMONSTRATION, OK, CallRecord
 from burnish_server.core.settings import Settings
@@ -69,13 +70,19 @@ def credited(group_id: ColumnElement[str] | InstrumentedAttribute[str]) -> Colum
     trainable however its trajectories' rewards compare (credit per turn). Correlated with the
     group and read from its members' rewards (by ``trajectory_id``: a call's reward is kept
     under its trajectory too), a call's newest one counting; never the calls' rows."""
-    newer = aliased(Reward)
-    return exists().where(
-        Trajectory.group_id == group_id,
-        Reward.trajectory_id == Trajectory.id,
-        Reward.call_pk.is_not(None),
-        Reward.reward != 0,
-        ~exists().where(newer.call_pk == Reward.call_pk, newer.pk > Reward.pk),
+    # Its own names for the members and rewards: inside an aggregate of the members (``lacks``)
+    # it must not take the outer query's rows for its own.
+    member, reward, newer = aliased(Trajectory), aliased(Reward), aliased(Reward)
+    return (
+        exists()
+        .where(
+            member.group_id == group_id,
+            reward.trajectory_id == member.id,
+            reward.call_pk.is_not(None),
+            reward.reward != 0,
+            ~exists().where(newer.call_pk == reward.call_pk, newer.pk > reward.pk),
+        )
+        .correlate_except(member, reward, newer)
     )
 
 
@@ -95,6 +102,43 @@ def training_rules(conn: Connection, policy: str) -> Training:
     return Training(None if row.project is None else [row.project, *(row.shared_with or ())], weights)
 
 
+def lacks(group_id: ColumnElement[str] | InstrumentedAttribute[str]) -> Any:
+    """What the group ``group_id`` names lacks to train (core/groups.py: Lack), worked out from
+    its members (``ix_trajectories_group_members``) and their calls' rewards: a scalar subquery
+    correlated with the group. The worst lack wins: a held-out member, then a missing reward,
+    then a tie with no call's own reward."""
+    return (
+        select(
+            case(
+                (func.max(case((Trajectory.eval, 1), else_=0)) == 1, Lack.HELD_OUT.value),
+                (func.count(Trajectory.reward) < func.count(), Lack.REWARDS.value),
+                (or_(func.max(Trajectory.reward) > func.min(Trajectory.reward), credited(group_id)), Lack.NOTHING.value),
+                else_=Lack.SPREAD.value,
+            )
+        )
+        .where(Trajectory.group_id == group_id)
+        .scalar_subquery()
+    )
+
+
+def settle(conn: Connection, ids: list[str]) -> None:
+    """Work out and keep what the groups ``ids`` lack (``Group.lacks``): run where a group closes,
+    where a verdict rewrites its rewards, and by the trainer for groups a late call unsettled.
+    Their rewards no longer change once closed, so what is kept stays true. The caller holds
+    the groups' rows locked (FOR UPDATE): on PostgreSQL this statement's snapshot then holds
+    every member that joined before, and none can join until it commits."""
+    if ids:
+        conn.execute(update(Group).where(Group.id.in_(ids)).values(lacks=lacks(Group.id)))
+
+
+def settle_waiting(conn: Connection, policy: str) -> None:
+    """Settle the policy's waiting groups that are not (a call came after they closed, or they
+    closed before migration 0017), in the writer's lock order; one another transaction holds
+    is left for the next time, and read from its members meanwhile."""
+    stale = select(Group.id).where(*waiting(policy), Group.lacks.is_(None)).order_by(Group.id).with_for_update(skip_locked=True)
+    settle(conn, list(conn.execute(stale).scalars()))
+
+
 def waiting(policy: str) -> tuple[ColumnElement[bool], ...]:
     """The policy's closed groups that no trainer has finished: what may be ready. These terms
     match the partial index ``ix_groups_waiting``, so that readiness costs what waits (ties,
@@ -102,33 +146,38 @@ def waiting(policy: str) -> tuple[ColumnElement[bool], ...]:
     return (Group.policy == policy, Group.closed_at.is_not(None), Group.trained_at.is_(None))
 
 
-def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S, rules: Training = Training(None, Objective())) -> Select:
+def ready_groups(
+    policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S, rules: Training = Training(None, Objective()), settled: bool = True
+) -> Select:
     """Ids of the policy's ready, unclaimed groups, oldest closed first; only ``rules.projects``'
     where given (a group of a project the policy was unshared from waits, untrained). What
-    ready asks of the members' rewards depends on the objective (core/policies.py: Objective):
-    GRPO alone, every member rewarded and rewards that differ; with SFT, every member rewarded;
-    distillation, nothing (the teacher scores the samples)."""
-    queue = select(Group.id).where(*waiting(policy), Group.eval.is_(False))
-    members = group_members(queue)
-    rewards = []
-    if rules.objective.needs_rewards:
-        rewards.append(members.c.size == members.c.rewarded)
-    if rules.objective.needs_spread:
-        rewards.append(or_(members.c.high > members.c.low, credited(Group.id)))
+    ready asks of a group depends on the objective (core/groups.py: tolerated): GRPO alone,
+    every member rewarded and rewards that differ; with SFT, every member rewarded;
+    distillation, nothing (the teacher scores the samples).
+
+    ``settled``: the groups whose lack is kept on their row, read from ``ix_groups_waiting`` by
+    it, so that the poll costs what is ready, not the ties and unrewarded groups that wait
+    forever beside it. Else the groups not settled (closed before migration 0017, or a call came
+    after they closed), each worked out from its members (``lacks``) until the trainer's next
+    claim settles it (``settle_waiting``)."""
+    lack: Any = Group.lacks if settled else lacks(Group.id)
+    tolerance = int(tolerated(rules.objective))
+    # On GRPO alone (the default), one value of the index: its entries come oldest closed first.
+    fits = lack == tolerance if tolerance == Lack.NOTHING else lack <= tolerance
     # Posted demonstrations (core/demonstrations.py) train SFT alone, and need no reward.
-    demonstration = Group.close_reason == DEMONSTRATION
     sampled = or_(Group.close_reason.is_(None), Group.close_reason != DEMONSTRATION)
-    kind = or_(demonstration, and_(sampled, *rewards)) if rules.objective.sft > 0 else and_(sampled, *rewards)
+    kind = and_(sampled, fits)
+    if rules.objective.sft > 0:
+        kind = or_(kind, and_(Group.close_reason == DEMONSTRATION, lack < int(Lack.HELD_OUT)))
     return (
         select(Group.id)
-        .join(members, members.c.group_id == Group.id)
         .where(
             *waiting(policy),
+            Group.lacks.is_not(None) if settled else Group.lacks.is_(None),
             Group.eval.is_(False),
             # Closed, or being trained by a trainer whose lease ran out (it died mid-step).
             or_(groups.is_closed(), and_(groups.is_training(), Group.claimed_at < now - timedelta(seconds=lease_s))),
             kind,
-            members.c.held_out == 0,
             *([Group.project.in_(rules.projects)] if rules.projects is not None else []),
         )
         .order_by(Group.closed_at, Group.pk)
@@ -136,8 +185,10 @@ def ready_groups(policy: str, *, now: datetime, lease_s: float = DEFAULT_LEASE_S
 
 
 def count_ready(conn: Connection, policy: str, lease_s: float = DEFAULT_LEASE_S) -> int:
-    query = ready_groups(policy, now=utcnow(), lease_s=lease_s, rules=training_rules(conn, policy)).subquery()
-    return conn.execute(select(func.count()).select_from(query)).scalar_one()
+    """The policy's ready groups: those settled, and those not yet settled that are."""
+    rules, now = training_rules(conn, policy), utcnow()
+    counts = (select(func.count()).select_from(ready_groups(policy, now=now, lease_s=lease_s, rules=rules, settled=s).subquery()) for s in (True, False))
+    return sum(conn.execute(count).scalar_one() for count in counts)
 
 
 def claim_groups(conn: Connection, policy: str, worker: str, count: int, lease_s: float = DEFAULT_LEASE_S, minimum: int | None = None) -> list[str]:
@@ -151,6 +202,7 @@ def claim_groups(conn: Connection, policy: str, worker: str, count: int, lease_s
     conn.execute(select(PolicyRow.pk).where(PolicyRow.name == policy).with_for_update())
     if other_trainer_busy(conn, policy, worker, lease_s):
         return []
+    settle_waiting(conn, policy)  # those a writer holds stay unsettled, and wait for the next poll
     query = ready_groups(policy, now=now, lease_s=lease_s, rules=training_rules(conn, policy)).limit(count).with_for_update(skip_locked=True, of=Group)
     ids = list(conn.execute(query).scalars())
     if not ids or len(ids) < (count if minimum is None else minimum):

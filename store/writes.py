@@ -17,15 +17,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import exists, func, insert, or_, select, update
+from sqlalchemy import bindparam, exists, func, insert, null, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from burnish_server.core.access import local, project_of
 from burnish_server.core.errors import Conflict, NotFound
+from burnish_server.core.groups import Lack
 from burnish_server.core.records import DEMONSTRATION, CallRecord
 from burnish_server.store.calls import CALL_COLUMNS, to_row
 from burnish_server.store.models import Call, Group, Reward, Trajectory, utcnow
+from burnish_server.store.training import settle
 
 
 @functools.cache
@@ -37,10 +39,13 @@ def _upserts(dialect: str) -> tuple[Any, Any]:
         index_elements=["id"],
         # The first size (and policy) given wins; a later call may fill it in if none was given.
         # A call marked for evaluation makes the group held out, and nothing makes it trainable again.
+        # A call after the group closed may bring a member with no reward, or a mark: what the
+        # group lacks is settled again (store/training.py: settle), never read stale.
         set_={
             "expected_size": func.coalesce(Group.expected_size, groups.excluded.expected_size),
             "policy": func.coalesce(Group.policy, groups.excluded.policy),
             "eval": or_(Group.eval, groups.excluded.eval),
+            "lacks": null(),
         },
     )
     trajectories = upsert(Trajectory)
@@ -57,6 +62,12 @@ def _upserts(dialect: str) -> tuple[Any, Any]:
 
 
 _INSERT_CALLS = insert(Call)
+# A held-out trajectory's group, marked on its row as never to train (see _held_out).
+_HOLD_OUT = (
+    update(Group)
+    .where(Group.id == select(Trajectory.group_id).where(Trajectory.id == bindparam("trajectory_id")).scalar_subquery())
+    .values(lacks=bindparam("lacks"))
+)
 
 
 class _Prepared:
@@ -92,12 +103,13 @@ class _Prepared:
 
 
 @functools.cache
-def _prepared_sqlite(dialect: Any) -> tuple[_Prepared, _Prepared, _Prepared]:
+def _prepared_sqlite(dialect: Any) -> tuple[_Prepared, _Prepared, _Prepared, _Prepared]:
     groups, trajectories = _upserts("sqlite")
     return (
         _Prepared(groups, dialect, ("id", "project", "expected_size", "policy", "eval", "created_at")),
         _Prepared(trajectories, dialect, ("id", "project", "group_id", "eval", "created_at", "updated_at")),
         _Prepared(_INSERT_CALLS, dialect, CALL_COLUMNS),
+        _Prepared(_HOLD_OUT, dialect, ("trajectory_id", "lacks")),
     )
 
 
@@ -134,17 +146,29 @@ def insert_calls(conn: Connection, records: list[CallRecord]) -> None:
     trajectory_rows = [trajectories[t] for t in sorted(trajectories)]
     call_rows = [to_row(rec) for rec in records]
     if conn.dialect.name == "sqlite":
-        upsert_groups, upsert_trajectories, insert_rows = _prepared_sqlite(conn.dialect)
+        upsert_groups, upsert_trajectories, insert_rows, hold_out = _prepared_sqlite(conn.dialect)
         if group_rows:
             upsert_groups.executemany(conn, group_rows)
         upsert_trajectories.executemany(conn, trajectory_rows)
         insert_rows.executemany(conn, call_rows)
+        if held_out := _held_out(records):
+            hold_out.executemany(conn, held_out)
         return
     upsert_groups, upsert_trajectories = _upserts(conn.dialect.name)
     if group_rows:
         conn.execute(upsert_groups, group_rows)
     conn.execute(upsert_trajectories, trajectory_rows)
     conn.execute(_INSERT_CALLS, call_rows)
+    if held_out := _held_out(records):
+        conn.execute(_HOLD_OUT, held_out)
+
+
+def _held_out(records: list[CallRecord]) -> list[dict[str, Any]]:
+    """A call marked for evaluation without its group's key (``X-Trajectory-Id`` alone) still
+    holds its trajectory's group out: ``_HOLD_OUT``'s rows, which say so on the group's row
+    (core/groups.py: Lack.HELD_OUT)."""
+    marked = sorted({rec.trajectory_id for rec in records if rec.eval and rec.group_id is None})
+    return [{"trajectory_id": t, "lacks": int(Lack.HELD_OUT)} for t in marked]
 
 
 def _rewarded(conn: Connection, trajectory_id: str) -> tuple[str | None, Any]:
@@ -199,6 +223,7 @@ class PostReward:
             ).scalar_one()
             if rewarded >= group.expected_size:
                 conn.execute(update(Group).where(Group.id == group_id).values(closed_at=now, close_reason="complete"))
+                settle(conn, [group.id])
                 closed = True
         return {"group_id": group_id, "group_closed": closed}
 
@@ -260,6 +285,7 @@ def close_idle_groups(conn: Connection, idle_s: Mapping[str, float], now: dateti
         )
         if ids:
             conn.execute(update(Group).where(Group.id.in_(ids), Group.closed_at.is_(None)).values(closed_at=now, close_reason="idle"))
+            settle(conn, ids)
             closed += ids
     return closed
 
@@ -274,6 +300,7 @@ class CloseGroup:
             raise NotFound(f"no group {local(self.group_id)!r}", "group_not_found", "group_id")
         if row.closed_at is None:  # closing twice is not an error: the first close stands
             conn.execute(update(Group).where(Group.id == self.group_id).values(closed_at=utcnow(), close_reason="closed"))
+            settle(conn, [self.group_id])
         return {"group_id": self.group_id}
 
 
@@ -291,4 +318,5 @@ class RecordDemonstrations:
             raise Conflict(f"trajectory {local(sorted(taken)[0])!r} exists already: a demonstration is a trajectory of its own", "trajectory_exists", "id")
         insert_calls(conn, self.records)
         conn.execute(update(Group).where(Group.id.in_(ids)).values(closed_at=utcnow(), close_reason=DEMONSTRATION))
+        settle(conn, ids)
         return {"ids": ids}

@@ -151,7 +151,8 @@ OLD_KEPT = {"ready-0", "ready-1", "trained1-0", "trained1-1", "trained2-0", "tra
 
 def dump(conn: Any, ids: set[str] | None = None) -> dict[str, Any]:
     """Every trajectory (of ``ids``) with its calls, rewards, group and verdict, keys left out
-    (a restored call gets a new one; a reward names its call by its place)."""
+    (a restored call gets a new one; a reward names its call by its place), and what a group
+    lacks to train (worked out again after a restore)."""
     out: dict[str, Any] = {}
     query = select(Trajectory) if ids is None else select(Trajectory).where(Trajectory.id.in_(ids))
     for t in conn.execute(query):
@@ -163,7 +164,7 @@ def dump(conn: Any, ids: set[str] | None = None) -> dict[str, Any]:
         row["rewards"] = [{k: (places[v] if k == "call_pk" and v is not None else v) for k, v in r._mapping.items() if k != "pk"} for r in rewards]
         if t.group_id:
             group = conn.execute(select(Group).where(Group.id == t.group_id)).one()
-            row["group"] = {k: v for k, v in group._mapping.items() if k != "pk"}
+            row["group"] = {k: v for k, v in group._mapping.items() if k not in ("pk", "lacks")}
             if group.ruler_key:
                 verdict = conn.execute(select(RulerVerdict).where(RulerVerdict.key == group.ruler_key)).one()
                 row["verdict"] = {k: v for k, v in verdict._mapping.items() if k != "pk"}

@@ -8,8 +8,9 @@ from typing import Any
 
 import msgspec
 import pytest
-from sqlalchemy import event, update
+from sqlalchemy import event, select, update
 
+from burnish_server.core.groups import Lack
 from burnish_server.store.database import Database
 from burnish_server.store.models import Group, utcnow
 from burnish_server.store.policies import recent_groups
@@ -172,6 +173,45 @@ async def test_a_group_of_equal_rewards_is_ready_when_a_call_carries_credit_of_i
     assert [(r.trajectory_id, r.reward, r.call_reward) for r in rows] == [("credited-0", 0.3, None), ("credited-1", 0.3, -0.25)]
 
 
+async def lacks_of(db: Database, group: str) -> int | None:
+    async with db.reader.connect() as conn:
+        return (await conn.execute(select(Group.lacks).where(Group.id == group))).scalar_one()
+
+
+async def test_a_call_after_a_group_closed_unsettles_what_it_lacks(store) -> None:
+    """What a closed group lacks is kept on its row (``Group.lacks``); a call that arrives after
+    the close may change it (a member with no reward, a mark for evaluation with or without the
+    group's key), and the queue never reads a stale answer: the group is worked out from its
+    members until the trainer's next claim settles it again."""
+    db, writer = store
+    for name in ("late-member", "late-mark", "marked-by-trajectory", "late-turn"):
+        await make_group(writer, name, [0.0, 1.0])
+        assert await lacks_of(db, name) == Lack.NOTHING
+    assert await db.read(count_ready, "agent") == 4
+    await writer.write(record("late-member-2", group="late-member", policy="agent", policy_step=0))  # joins, can never be rewarded
+    await writer.write(record("late-mark-0", group="late-mark", policy="agent", policy_step=0, eval=True))
+    await writer.write(record("marked-by-trajectory-1", policy="agent", policy_step=0, eval=True))  # X-Trajectory-Id alone
+    await writer.write(record("late-turn-1", group="late-turn", policy="agent", policy_step=0))  # a member's own next call
+    assert await lacks_of(db, "late-member") is None and await lacks_of(db, "late-turn") is None
+    assert await lacks_of(db, "marked-by-trajectory") == Lack.HELD_OUT
+    assert await db.read(count_ready, "agent") == 1  # worked out from the members: only late-turn
+    assert await db.transaction(claim_groups, "agent", "w1", 4, 900.0, 1) == ["late-turn"]
+    assert [await lacks_of(db, g) for g in ("late-member", "late-mark", "late-turn")] == [Lack.REWARDS, Lack.HELD_OUT, Lack.NOTHING]
+
+
+async def test_groups_closed_before_their_lack_was_kept_are_worked_out_then_settled(store) -> None:
+    """A store migrated from before 0017 has every group unsettled: ready ones are counted from
+    their members, and the trainer's first claim settles the policy's waiting groups."""
+    db, writer = store
+    await make_group(writer, "ready", [0.0, 1.0])
+    await make_group(writer, "tie", [0.5, 0.5])
+    await make_group(writer, "unrewarded", [0.5, None])
+    await db.transaction(lambda conn: conn.execute(update(Group).values(lacks=None)))
+    assert await db.read(count_ready, "agent") == 1
+    assert await db.transaction(claim_groups, "agent", "w1", 1) == ["ready"]
+    assert [await lacks_of(db, g) for g in ("ready", "tie", "unrewarded")] == [Lack.NOTHING, Lack.SPREAD, Lack.REWARDS]
+
+
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 async def test_the_queue_and_the_recent_ties_read_what_waits_not_the_policys_history(store) -> None:
     """Readiness (the trainer's poll, the status's ready count) starts from the groups that wait
@@ -201,7 +241,7 @@ async def test_the_queue_and_the_recent_ties_read_what_waits_not_the_policys_his
             plans.extend(row[3] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters))
 
     await db.read(explain, count_ready, "agent")
-    assert any("ix_groups_waiting" in line for line in plans), plans
+    assert any("ix_groups_waiting (policy=? AND lacks=?" in line for line in plans), plans
     await db.read(explain, recent_groups, "agent")
     assert any("ix_groups_policy_closed" in line for line in plans), plans
     assert not [line for line in plans if line.startswith("SCAN") and "anon" not in line], plans
