@@ -77,6 +77,7 @@ from burnish_server.core.settings import Settings  # noqa: E402
 from burnish_server.gateway.app import create_app  # noqa: E402
 from burnish_server.store.database import Database  # noqa: E402
 from burnish_server.store.models import Group, PolicyRow, Reward, StepRow  # noqa: E402
+from burnish_server.store.training import lacks  # noqa: E402
 from tests.servers import ServerThread  # noqa: E402
 
 SQLITE_PATH = Path("/tmp/bench_dashboard.db")
@@ -449,6 +450,8 @@ async def make(kind: str, args: argparse.Namespace) -> str:
     await asyncio.to_thread(fill, url, traffic)
     await db.transaction(add_policies, traffic)
     await db.transaction(add_steps, traffic, args.long_steps)
+    # What each closed group lacks to train, as the store settles it when a group closes.
+    await db.transaction(lambda c: c.execute(update(Group).where(Group.closed_at.is_not(None)).values(lacks=lacks(Group.id))))
     # The pk arithmetic behind the per-call rewards holds: the first call of the last trajectory.
     last = traffic.t - 1
     pk = await db.read(lambda c: c.execute(text("SELECT min(pk) FROM calls WHERE trajectory_id = :t"), {"t": traffic.ids[last]}).scalar_one())

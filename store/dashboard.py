@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, NamedTuple
 
-from sqlalchemy import exists, func, select, true
+from sqlalchemy import func, select, true
 from sqlalchemy.engine import Connection
 
 from burnish_server.core.access import qualify
@@ -70,13 +70,13 @@ def _held_out(conn: Connection, policy: str, step: int, project: str) -> list[An
     """The newest rewarded held-out trajectories ``policy``'s version ``step`` answered (the
     latest version among their ok calls, as ``store/evals.py`` scores them). The read starts
     from the held-out trajectories (a partial index holds only them), newest first, and looks
-    each one's version up in the calls' (policy, trajectory_id, policy_step) index: it stops at
+    each one's version up among its own calls (``ix_calls_trajectory``): it stops at
     COMPARE_MAX, whatever the policy's history."""
     mine = (Call.trajectory_id == Trajectory.id, Call.policy == policy, Call.status == OK)
     version = select(func.coalesce(func.max(Call.policy_step), 0)).where(*mine).scalar_subquery()
     rows = conn.execute(
         select(Trajectory.id, Trajectory.reward)
-        .where(Trajectory.eval == true(), Trajectory.reward.is_not(None), Trajectory.project == project, exists().where(*mine), version == step)
+        .where(Trajectory.eval == true(), Trajectory.reward.is_not(None), Trajectory.project == project, select(Call.pk).where(*mine).exists(), version == step)
         .order_by(Trajectory.pk.desc())
         .limit(COMPARE_MAX)
     ).all()

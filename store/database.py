@@ -258,7 +258,23 @@ ANALYSIS_LIMIT = 1000
 
 def _optimize(conn: Connection) -> None:
     conn.exec_driver_sql(f"PRAGMA analysis_limit={ANALYSIS_LIMIT}")
-    conn.exec_driver_sql("PRAGMA optimize=0x10002")  # 0x10000: every table, analysed or not yet
+    if _unanalysed(conn):
+        # A new store, or a migration's new index. PRAGMA optimize's 0x10000 (every table, used
+        # or not) is SQLite 3.46's: an older library (Python's own may be 3.40) would leave the
+        # planner guessing until a connection happened to close after using the table.
+        conn.exec_driver_sql("ANALYZE")
+    else:
+        conn.exec_driver_sql("PRAGMA optimize=0x10002")  # 0x10000: every table, analysed or not yet
+
+
+def _unanalysed(conn: Connection) -> bool:
+    """Whether an index of a table that holds rows has no statistics (``sqlite_stat1``)."""
+    if conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE name = 'sqlite_stat1'").first() is None:
+        return True
+    indexes = conn.exec_driver_sql("SELECT name, tbl_name FROM sqlite_master WHERE type = 'index'").all()
+    known = {row[0] for row in conn.exec_driver_sql("SELECT idx FROM sqlite_stat1")}
+    # An empty table's indexes get no statistics: analysing it again would find none.
+    return any(name not in known and conn.exec_driver_sql(f'SELECT 1 FROM "{table}" LIMIT 1').first() is not None for name, table in indexes)
 
 
 def _configure_sqlite(

@@ -59,7 +59,7 @@ def _scores() -> Select:
 def scores_by_step(conn: Connection, policy: str) -> dict[int, Score]:
     """The policy's held-out score at each version that has one. Each rewarded held-out
     trajectory (the partial index) looks up its latest step of this policy in the calls'
-    ``(policy, trajectory_id, ...)`` index: one probe each, never the policy's other calls."""
+    index (``ix_calls_trajectory``): one probe each, never the policy's other calls."""
     step = (
         select(func.max(func.coalesce(Call.policy_step, 0)))
         .where(Call.trajectory_id == Trajectory.id, Call.policy == policy, Call.status == OK)

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 import msgspec
-from sqlalchemy import Select, and_, exists, func, select
+from sqlalchemy import Select, and_, func, select
 from sqlalchemy.engine import Connection
 
 from burnish_server.core.listing import Filters, Keyset
@@ -67,11 +67,12 @@ class Page(msgspec.Struct, Generic[R], frozen=True):
 
 def _answered_by(policy: str, version: int | None) -> Any:
     """The trajectory has a call that ``policy`` (at ``version``) answered: read from the calls'
-    (policy, trajectory_id, policy_step) index alone."""
+    index (``ix_calls_trajectory``) alone."""
     where = [Call.trajectory_id == Trajectory.id, Call.policy == policy]
     if version is not None:
         where.append(Call.policy_step == version)
-    return exists().where(*where)
+    # `SELECT pk`, not `*`: SQLite would read each call's row where the index holds all it needs.
+    return select(Call.pk).where(*where).exists()
 
 
 def narrowed(stmt: Select, filters: Filters) -> Select:

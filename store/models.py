@@ -142,9 +142,12 @@ class Call(Base):
 
     __tablename__ = "calls"
     __table_args__ = (
-        Index("ix_calls_trajectory_id_started_at", "trajectory_id", "started_at"),
-        # A policy's calls per trajectory, with what the promotion queries read (store/promotion.py).
-        Index("ix_calls_policy_trajectory", "policy", "trajectory_id", "policy_step", "status", "started_at"),
+        # A trajectory's calls in order, with what a lookup of its versions reads (which policy
+        # and step answered, and how it ended): held-out scores, a version's filter, a trial.
+        Index("ix_calls_trajectory", "trajectory_id", "started_at", "policy", "policy_step", "status"),
+        # A version's calls by time: what a canary trial served, a version's newest trajectories
+        # (the rollback watch: store/promotion.py).
+        Index("ix_calls_version", "policy", "policy_step", "started_at", "trajectory_id", "status"),
         Index("ix_calls_response_id", "response_id"),
     )
 

@@ -25,8 +25,9 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
-from sqlalchemy import func, select, true, update
+from sqlalchemy import ColumnElement, case, func, select, true, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.orm import aliased
 
 from burnish_server.core.errors import Conflict
 from burnish_server.core.policies import Policy
@@ -34,40 +35,43 @@ from burnish_server.core.promotion import Comparison, DecisionRecord, Outcome, S
 from burnish_server.core.records import OK
 from burnish_server.store.models import Call, PolicyRow, StepRow, Trajectory, utcnow
 
+# The rollback watch reads a version's newest calls this many windows at a time, then this many
+# times more while the window is not full (``_latest``): a trajectory makes a few calls.
+READ_AHEAD = 4
 
-def _versions(policy: str, since: datetime | None = None) -> Any:
-    """Per trajectory that called the policy (since ``since``), the lowest and highest step
-    its ok calls were answered by (``id``, ``low``, ``high``), as a subquery: it is one
-    version's when the two are equal."""
-    return (
-        select(Call.trajectory_id.label("id"), func.min(Call.policy_step).label("low"), func.max(Call.policy_step).label("high"))
-        .where(Call.policy == policy, Call.status == OK, *([Call.started_at >= since] if since else []))
-        .group_by(Call.trajectory_id)
-        .subquery()
-    )
+
+def _version(policy: str, trajectory_id: Any, since: datetime | None = None) -> Any:
+    """The one step that answered the trajectory's ok calls to the policy (since ``since``), or
+    NULL where they span versions: a scalar subquery correlated with ``trajectory_id``, read from
+    the trajectory's own calls (``ix_calls_trajectory``). One expression of both bounds: SQLite
+    answers a lone ``min()`` from the first index that orders it, here every call of the policy."""
+    step = Call.policy_step
+    mine = (Call.trajectory_id == trajectory_id, Call.policy == policy, Call.status == OK, *([Call.started_at >= since] if since else []))
+    return select(case((func.min(step) == func.max(step), func.max(step)))).where(*mine).scalar_subquery()
 
 
 def samples(conn: Connection, policy: str, steps: list[int], *, since: datetime | None = None, held_out: bool = False) -> dict[int, Sample]:
-    """Rewarded trajectories per version among ``steps``: count, mean and variance of rewards."""
-    versions = _versions(policy, since)
-    reward = Trajectory.reward
-    query = (
-        select(versions.c.high, func.count(), func.avg(reward), func.sum(reward * reward))
-        .join(Trajectory, Trajectory.id == versions.c.id)
-        .where(
-            versions.c.low == versions.c.high,
-            versions.c.high.in_(steps),
-            reward.is_not(None),
-            *([Trajectory.eval == true()] if held_out else []),
-        )
-        .group_by(versions.c.high)
-    )
-    out = {step: Sample(0, None, 0.0) for step in steps}
-    for step, n, mean, squares in conn.execute(query):
-        # The sample variance from the sums (clamped: rounding may leave it a hair below 0).
-        variance = max((squares - n * mean * mean) / (n - 1), 0.0) if n > 1 else 0.0
-        out[step] = Sample(n, float(mean), variance)
-    return out
+    """Rewarded trajectories per version among ``steps``: count, mean and variance of rewards.
+
+    With ``since`` (a canary's trial), the trajectories are found from the versions' calls since
+    then (``ix_calls_version``: what the trial served); else the held-out ones, from their
+    partial index (an eval trial reads the held-out set). Each trajectory's versions are then
+    looked up among its own calls: the cost follows the trial, not the policy's history."""
+    which: ColumnElement[bool]
+    if since is not None:
+        served = select(Call.trajectory_id).where(Call.policy == policy, Call.policy_step.in_(steps), Call.started_at >= since, Call.status == OK)
+        which = Trajectory.id.in_(served)
+    else:
+        # `= true` (not `IS true`): the form SQLite's planner matches to the partial index.
+        which = Trajectory.eval == true() if held_out else true()
+    found = select(Trajectory.id, Trajectory.reward).where(which, Trajectory.reward.is_not(None)).subquery()
+    # Summed here, not in SQL: SQLite would look each trajectory's version up once for every
+    # place the query names it (the filter, the grouping, the row).
+    rewards: dict[int, list[float]] = {step: [] for step in steps}
+    for row in conn.execute(select(found.c.reward, _version(policy, found.c.id, since).label("step"))):
+        if row.step in rewards:
+            rewards[row.step].append(float(row.reward))
+    return {step: Sample.of(found_rewards) for step, found_rewards in rewards.items()}
 
 
 def trial_samples(conn: Connection, policy: Policy) -> tuple[Sample, Sample] | None:
@@ -108,16 +112,26 @@ def regression_samples(conn: Connection, policy: Policy) -> tuple[int, Sample, S
 
 
 def _latest(conn: Connection, policy: str, step: int, window: int) -> Sample:
-    """The newest ``window`` rewarded trajectories that version ``step`` alone answered."""
-    versions = _versions(policy)
-    rewards = conn.execute(
-        select(Trajectory.reward)
-        .join(versions, versions.c.id == Trajectory.id)
-        .where(versions.c.low == step, versions.c.high == step, Trajectory.reward.is_not(None))
-        .order_by(Trajectory.rewarded_at.desc(), Trajectory.pk.desc())
-        .limit(window)
-    ).scalars()
-    return Sample.of([float(r) for r in rewards if r is not None])
+    """The newest ``window`` rewarded trajectories that version ``step`` alone answered, newest
+    by their calls. The version's calls are walked newest first (``ix_calls_version``), each
+    call's trajectory checked (rewarded, and no other version's call among its own), until the
+    window is full: its cost follows the window, not the version's history. A trajectory of
+    several calls comes up once per call, hence the read ahead."""
+    mine = aliased(Call)  # the trajectory's own calls, apart from the version's call that found it
+    other = select(mine.pk).where(mine.trajectory_id == Trajectory.id, mine.policy == policy, mine.status == OK, mine.policy_step != step).exists()
+    newest = (
+        select(Trajectory.id, Trajectory.reward)
+        .join(Call, Call.trajectory_id == Trajectory.id)
+        .where(Call.policy == policy, Call.policy_step == step, Call.status == OK, Trajectory.reward.is_not(None), ~other)
+        .order_by(Call.started_at.desc())
+    )
+    rows = READ_AHEAD * window
+    while True:
+        found = conn.execute(newest.limit(rows)).all()
+        rewards = list({row.id: float(row.reward) for row in found}.values())  # each trajectory once, where its newest call puts it
+        if len(rewards) >= window or len(found) < rows:
+            return Sample.of(rewards[:window])
+        rows *= READ_AHEAD
 
 
 def mark_candidate(conn: Connection, name: str, step: int, seconds: float | None) -> None:

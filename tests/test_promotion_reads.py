@@ -1,0 +1,115 @@
+"""The promotion's reads in the store, on SQLite and PostgreSQL: which trajectories a trial and the
+rollback watch count, and (SQLite's plan) that they read the versions' calls, not the policy's
+history. The trial's decisions through the gateway and the trainer are tests/test_promotion.py's."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+
+from burnish_server.core.promotion import Sample
+from burnish_server.store import promotion
+from burnish_server.store.models import utcnow
+from burnish_server.store.writes import PostReward
+from tests.test_store import record
+
+START = utcnow() - timedelta(hours=2)
+
+
+async def trajectory(writer: Any, name: str, steps: list[int], minute: int, reward: float | None, *, eval: bool = False, status: str = "ok") -> None:
+    """A trajectory of ``agent`` whose calls (one a minute from ``minute``) ``steps`` answered."""
+    for i, step in enumerate(steps):
+        at = START + timedelta(minutes=minute + i)
+        await writer.write(record(name, policy="agent", policy_step=step, started_at=at, finished_at=at, eval=eval, status=status))
+    if reward is not None:
+        await writer.write(PostReward(name, reward))
+
+
+async def test_a_canary_counts_what_each_version_alone_served_since_its_trial_began(store) -> None:
+    db, writer = store
+    since = START + timedelta(minutes=30)
+    await trajectory(writer, "old", [1], 0, 0.9)  # before the trial
+    await trajectory(writer, "straddles", [1, 1], 29, 0.9)  # began before: only its call since counts
+    await trajectory(writer, "served-a", [1], 40, 0.2)
+    await trajectory(writer, "served-b", [1, 1], 41, 0.4)
+    await trajectory(writer, "candidate", [2], 42, 0.8)
+    await trajectory(writer, "mixed", [1, 2], 43, 0.0)  # both versions: neither's
+    await trajectory(writer, "pinned-base", [0, 2], 44, 0.0)  # a pinned call to the base: neither's
+    await trajectory(writer, "failed-call", [2], 45, 0.1, status="upstream_error")  # no ok call
+    await trajectory(writer, "unrewarded", [2], 46, None)
+    await trajectory(writer, "other", [3], 47, 0.5)  # another version
+    found = await db.read(lambda conn: promotion.samples(conn, "agent", [1, 2], since=since))
+    assert found[1].n == 3 and found[1].mean == pytest.approx((0.9 + 0.2 + 0.4) / 3)
+    assert found[2] == Sample(1, 0.8, 0.0)
+
+
+async def test_an_eval_trial_counts_the_held_out_trajectories_of_each_version(store) -> None:
+    db, writer = store
+    await trajectory(writer, "h1", [1], 0, 0.2, eval=True)
+    await trajectory(writer, "h2", [2, 2], 5, 0.6, eval=True)
+    await trajectory(writer, "h3", [1, 2], 10, 0.9, eval=True)  # spans versions
+    await trajectory(writer, "train", [2], 15, 0.1)  # not held out
+    found = await db.read(lambda conn: promotion.samples(conn, "agent", [1, 2], held_out=True))
+    assert found == {1: Sample(1, 0.2, 0.0), 2: Sample(1, 0.6, 0.0)}
+
+
+async def test_the_rollback_watch_reads_a_versions_newest_rewarded_trajectories(store) -> None:
+    db, writer = store
+    for i in range(12):  # newest last; every third unrewarded
+        await trajectory(writer, f"t{i}", [5], i * 3, None if i % 3 == 0 else float(i))
+    await trajectory(writer, "mixed", [4, 5], 100, 50.0)  # the newest calls, but also another version's
+    assert await db.read(promotion._latest, "agent", 5, 3) == Sample.of([11.0, 10.0, 8.0])
+    # A window larger than what the first read ahead holds reads further back, then stops at the oldest.
+    assert (await db.read(promotion._latest, "agent", 5, 20)).n == 8
+
+
+# What `ANALYZE` (as Database.optimize runs it) found in bench/store_reads.py's store of a
+# million calls: twenty rows here would rightly be scanned, and the plans at scale are the point.
+MILLION_CALLS = {
+    "ix_calls_version": ("calls", "1014420 1001 1001 1 1 1"),
+    "ix_calls_trajectory": ("calls", "926016 5 1 1 1 1"),
+    "ix_calls_response_id": ("calls", "1043072 1001"),
+    "ix_trajectories_eval": ("trajectories", "13440 1001"),
+    "sqlite_autoindex_trajectories_1": ("trajectories", "266002 1"),
+    "ix_trajectories_group_members": ("trajectories", "1334762 13 13 3"),
+    "ix_trajectories_project_pk": ("trajectories", "279056 1001 1"),
+}
+
+
+def at_a_million_calls(conn: Any) -> None:
+    """SQLite's planner statistics as a million calls leave them (the documented way to test plans)."""
+    conn.exec_driver_sql("DELETE FROM sqlite_stat1 WHERE tbl IN ('calls', 'trajectories')")
+    for index, (table, stat) in MILLION_CALLS.items():
+        conn.exec_driver_sql("INSERT INTO sqlite_stat1 (tbl, idx, stat) VALUES (?, ?, ?)", (table, index, stat))
+    conn.exec_driver_sql("ANALYZE sqlite_schema")  # the planner reads them again
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_the_promotion_reads_start_from_the_versions_calls(store) -> None:
+    """No table scanned, and the calls read by version or by trajectory (SQLite's plan)."""
+    db, writer = store
+    for i in range(20):
+        await trajectory(writer, f"t{i}", [i % 3], i, 0.1 * i, eval=i % 4 == 0)
+    await db.optimize()
+    await db.transaction(at_a_million_calls)
+    plans: list[str] = []
+
+    def explain(conn: Any, read: Any, *args: Any, **kwargs: Any) -> None:
+        caught: list[tuple[str, Any]] = []
+        listen = lambda *a: caught.append(a[2:4])  # noqa: E731 (statement, parameters)
+        event.listen(conn.engine, "before_cursor_execute", listen)
+        try:
+            read(conn, *args, **kwargs)
+        finally:
+            event.remove(conn.engine, "before_cursor_execute", listen)
+        for statement, parameters in caught:
+            plans.extend(row[3] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters))
+
+    await db.read(lambda conn: explain(conn, promotion.samples, "agent", [1, 2], since=START + timedelta(minutes=10)))
+    await db.read(lambda conn: explain(conn, promotion._latest, "agent", 1, 3))
+    assert any("ix_calls_version" in line for line in plans), plans
+    await db.read(lambda conn: explain(conn, promotion.samples, "agent", [1, 2], held_out=True))
+    assert not [line for line in plans if line.startswith("SCAN") and "anon" not in line], plans
