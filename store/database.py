@@ -120,8 +120,12 @@ class Database:
                 self.here = create_engine(sync_url, pool_size=1, max_overflow=0, connect_args={"check_same_thread": False})
                 _configure_sqlite(self.here, sqlite_synchronous, immediate=True, busy_timeout_ms=0, autocheckpoint=AUTOCHECKPOINT_PAGES)
         else:
-            self.reader = create_async_engine(self.url, pool_size=reader_pool_size, pool_pre_ping=True)
-            self.writer = create_async_engine(self.url, pool_size=1, max_overflow=0, pool_pre_ping=True)
+            # No JIT: the store's queries are short, and a correlated subquery's estimate (the
+            # training queue's unsettled groups) crossed jit_above_cost, which then spent 30-200
+            # ms compiling a query that reads no rows.
+            args = {"server_settings": {"jit": "off"}} if self.url.get_driver_name() == "asyncpg" else {}
+            self.reader = create_async_engine(self.url, pool_size=reader_pool_size, pool_pre_ping=True, connect_args=args)
+            self.writer = create_async_engine(self.url, pool_size=1, max_overflow=0, pool_pre_ping=True, connect_args=args)
             self._write_thread = None
             self.here = None
 
