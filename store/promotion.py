@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
-from sqlalchemy import ColumnElement, case, func, select, true, update
+from sqlalchemy import case, func, select, true, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import aliased
 
@@ -40,35 +40,45 @@ from burnish_server.store.models import Call, PolicyRow, StepRow, Trajectory, ut
 READ_AHEAD = 4
 
 
-def _version(policy: str, trajectory_id: Any, since: datetime | None = None) -> Any:
-    """The one step that answered the trajectory's ok calls to the policy (since ``since``), or
-    NULL where they span versions: a scalar subquery correlated with ``trajectory_id``, read from
-    the trajectory's own calls (``ix_calls_trajectory``). One expression of both bounds: SQLite
-    answers a lone ``min()`` from the first index that orders it, here every call of the policy."""
+def _version(policy: str, trajectory_id: Any) -> Any:
+    """The one step that answered the trajectory's ok calls to the policy, or NULL where they span
+    versions: a scalar subquery correlated with ``trajectory_id``, read from the trajectory's own
+    calls (``ix_calls_trajectory``). One expression of both bounds: SQLite answers a lone
+    ``min()`` from the first index that orders it, here every call of the policy."""
     step = Call.policy_step
-    mine = (Call.trajectory_id == trajectory_id, Call.policy == policy, Call.status == OK, *([Call.started_at >= since] if since else []))
+    mine = (Call.trajectory_id == trajectory_id, Call.policy == policy, Call.status == OK)
     return select(case((func.min(step) == func.max(step), func.max(step)))).where(*mine).scalar_subquery()
 
 
 def samples(conn: Connection, policy: str, steps: list[int], *, since: datetime | None = None, held_out: bool = False) -> dict[int, Sample]:
     """Rewarded trajectories per version among ``steps``: count, mean and variance of rewards.
 
-    With ``since`` (a canary's trial), the trajectories are found from the versions' calls since
-    then (``ix_calls_version``: what the trial served); else the held-out ones, from their
-    partial index (an eval trial reads the held-out set). Each trajectory's versions are then
-    looked up among its own calls: the cost follows the trial, not the policy's history."""
-    which: ColumnElement[bool]
+    With ``since`` (a canary's trial), what every version of the policy served since then, read
+    in one pass of ``ix_calls_version`` (a range per step) and grouped by trajectory: the cost
+    follows the trial, not the policy's history. Else the held-out trajectories, from their
+    partial index, each one's version looked up among its own calls (an eval trial reads the
+    held-out set)."""
     if since is not None:
-        served = select(Call.trajectory_id).where(Call.policy == policy, Call.policy_step.in_(steps), Call.started_at >= since, Call.status == OK)
-        which = Trajectory.id.in_(served)
+        # Steps are numbered from 0 and never deleted: these are all the versions that can have served.
+        top = conn.execute(select(func.max(StepRow.step)).where(StepRow.policy == policy)).scalar() or 0
+        step = Call.policy_step
+        versions = (
+            select(Call.trajectory_id.label("id"), case((func.min(step) == func.max(step), func.max(step))).label("step"))
+            .where(Call.policy == policy, step.in_(range(max(top, *steps) + 1)), Call.started_at >= since, Call.status == OK)
+            .group_by(Call.trajectory_id)
+            .subquery()
+        )
+        rows = select(versions.c.step, Trajectory.reward).join(Trajectory, Trajectory.id == versions.c.id)
+        rows = rows.where(versions.c.step.in_(steps), Trajectory.reward.is_not(None))
     else:
         # `= true` (not `IS true`): the form SQLite's planner matches to the partial index.
         which = Trajectory.eval == true() if held_out else true()
-    found = select(Trajectory.id, Trajectory.reward).where(which, Trajectory.reward.is_not(None)).subquery()
-    # Summed here, not in SQL: SQLite would look each trajectory's version up once for every
-    # place the query names it (the filter, the grouping, the row).
+        found = select(Trajectory.id, Trajectory.reward).where(which, Trajectory.reward.is_not(None)).subquery()
+        rows = select(_version(policy, found.c.id).label("step"), found.c.reward)
+    # Summed here, not in SQL: SQLite would look each held-out trajectory's version up once for
+    # every place the query names it (the filter, the grouping, the row).
     rewards: dict[int, list[float]] = {step: [] for step in steps}
-    for row in conn.execute(select(found.c.reward, _version(policy, found.c.id, since).label("step"))):
+    for row in conn.execute(rows):
         if row.step in rewards:
             rewards[row.step].append(float(row.reward))
     return {step: Sample.of(found_rewards) for step, found_rewards in rewards.items()}
