@@ -45,9 +45,13 @@ def _version(policy: str, trajectory_id: Any) -> Any:
     versions: a scalar subquery correlated with ``trajectory_id``, read from the trajectory's own
     calls (``ix_calls_trajectory``). One expression of both bounds: SQLite answers a lone
     ``min()`` from the first index that orders it, here every call of the policy."""
-    step = Call.policy_step
     mine = (Call.trajectory_id == trajectory_id, Call.policy == policy, Call.status == OK)
-    return select(case((func.min(step) == func.max(step), func.max(step)))).where(*mine).scalar_subquery()
+    return select(_one_step()).where(*mine).scalar_subquery()
+
+
+def _one_step() -> Any:
+    """Over a trajectory's calls (an aggregate): the step that answered all of them, or NULL."""
+    return case((func.min(Call.policy_step) == func.max(Call.policy_step), func.max(Call.policy_step)))
 
 
 def samples(conn: Connection, policy: str, steps: list[int], *, since: datetime | None = None, held_out: bool = False) -> dict[int, Sample]:
@@ -61,10 +65,9 @@ def samples(conn: Connection, policy: str, steps: list[int], *, since: datetime 
     if since is not None:
         # Steps are numbered from 0 and never deleted: these are all the versions that can have served.
         top = conn.execute(select(func.max(StepRow.step)).where(StepRow.policy == policy)).scalar() or 0
-        step = Call.policy_step
         versions = (
-            select(Call.trajectory_id.label("id"), case((func.min(step) == func.max(step), func.max(step))).label("step"))
-            .where(Call.policy == policy, step.in_(range(max(top, *steps) + 1)), Call.started_at >= since, Call.status == OK)
+            select(Call.trajectory_id.label("id"), _one_step().label("step"))
+            .where(Call.policy == policy, Call.policy_step.in_(range(max(top, *steps) + 1)), Call.started_at >= since, Call.status == OK)
             .group_by(Call.trajectory_id)
             .subquery()
         )
