@@ -67,6 +67,7 @@ def gateway(**options: object) -> None:
         http="httptools",
         access_log=False,
         log_level=settings.log_level.lower(),
+        timeout_keep_alive=settings.keep_alive_timeout,
         timeout_graceful_shutdown=30,
     )
     if settings.workers == 1:

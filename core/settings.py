@@ -70,6 +70,11 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     # Run open (no API key needed) on an address other than loopback, while no key exists.
     # Without it such a gateway refuses to start until a key is made (docs/security.md).
     insecure: bool = False
+    # Seconds the gateway keeps a client's idle connection open. uvicorn's own 5 s equals the
+    # idle expiry of httpx (so of the openai and anthropic SDKs): a client that reuses a
+    # connection just as the gateway closes it gets a ReadError (a load balancer, a 502).
+    # Longer than the clients' and a load balancer's own (60 s on AWS), as nginx's 75 s is.
+    keep_alive_timeout: Annotated[int, Meta(ge=1)] = 75
 
     # Requests with a larger body get 413 before anything is forwarded.
     max_body_bytes: int = 32 * 1024 * 1024

@@ -241,7 +241,7 @@ def make_gateway(upstream_server: tuple[Upstream, str], tmp_path: Path) -> Itera
             admin_token=overrides.pop("admin_token", ADMIN_TOKEN),
             **overrides,
         )
-        server = ServerThread(create_app(settings)).start()
+        server = ServerThread(create_app(settings), keep_alive=settings.keep_alive_timeout).start()  # as `burnish gateway` serves it
         servers.append(server)
         return Gateway(server.url, settings)
 

@@ -26,13 +26,15 @@ async def http_body(scope: dict[str, Any], receive: Any, send: Any) -> bytes | N
 
 
 class ServerThread:
-    def __init__(self, app: Any, *, log_level: str = "warning", root_path: str = "") -> None:
+    def __init__(self, app: Any, *, log_level: str = "warning", root_path: str = "", keep_alive: int = 5) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, log_level=log_level, lifespan="on", http="httptools", timeout_graceful_shutdown=5, root_path=root_path)
+        config = uvicorn.Config(
+            app, log_level=log_level, lifespan="on", http="httptools", timeout_graceful_shutdown=5, root_path=root_path, timeout_keep_alive=keep_alive
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -40,6 +41,14 @@ def test_gateway_command_serves_records_and_stops(upstream_server, tmp_path: Pat
         client = openai.OpenAI(base_url=url + "/t/cli-1/v1", api_key="k")
         reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
         assert reply.choices[0].message.content == "You said: hi ok"
+        # An idle connection outlives the clients' own expiry (5 s in httpx): at uvicorn's 5 s,
+        # a client reusing it just as the gateway closed it got a ReadError.
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: gw\r\n\r\n")
+            assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+            time.sleep(5.5)
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: gw\r\n\r\n")
+            assert conn.recv(65536).startswith(b"HTTP/1.1 200")
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0

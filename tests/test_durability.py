@@ -24,7 +24,10 @@ from tests.servers import free_port
 from tests.upstream import Upstream
 
 WORKERS = 32
-KILL_AFTER_S = 2.0
+# The kill comes once both are past: at least this long under load, and this many calls
+# acknowledged (a loaded CI machine acknowledged 84 in 2 s: too few to prove anything), or
+# at the latest after GIVE_UP_S.
+KILL_AFTER_S, KILL_AFTER_CALLS, GIVE_UP_S = 2.0, 150, 60.0
 
 
 def test_kill_9_under_load_loses_nothing_acknowledged(database_url: str, upstream_server: tuple[Upstream, str], tmp_path: Path) -> None:
@@ -53,7 +56,7 @@ def test_kill_9_under_load_loses_nothing_acknowledged(database_url: str, upstrea
         acked_rewards: list[str] = []
 
         async def load() -> None:
-            stop = time.monotonic() + KILL_AFTER_S
+            start = time.monotonic()
             headers = {"authorization": f"Bearer {key}"}
             async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as client:
 
@@ -74,7 +77,9 @@ def test_kill_9_under_load_loses_nothing_acknowledged(database_url: str, upstrea
                                 acked_rewards.append(trajectory)
                         except httpx.HTTPError:
                             return  # the gateway is gone
-                        if time.monotonic() > stop and proc.poll() is None:
+                        under_load = time.monotonic() - start
+                        due = under_load > KILL_AFTER_S and len(acked_calls) > KILL_AFTER_CALLS
+                        if (due or under_load > GIVE_UP_S) and proc.poll() is None:
                             proc.send_signal(signal.SIGKILL)
 
                 await asyncio.gather(*(worker(w) for w in range(WORKERS)))
