@@ -7,26 +7,37 @@ that answered its ok calls to that policy (``calls.policy``, ``calls.policy_step
 switched while it ran), the latest step: the trajectory ended on that version. Only rewarded
 eval trajectories count; one that called two policies counts for each.
 
-The read starts from the eval trajectories (a partial index holds only them) and reaches
-their calls by trajectory, so its cost follows the held-out set, not the whole store.
-These are sync functions of a ``Connection``, run with ``Database.read``.
+Each rewarded held-out trajectory's versions are *settled* into ``held_out`` when its reward is
+stored (``settle``): a row per policy it called, with the lowest and highest step of its ok
+calls and its reward, indexed by version. A call that comes after marks the trajectory
+unsettled (``trajectories.scored`` false, store/writes.py) until its next reward or the
+trainer's next poll settles it again (``settle_unscored``); meanwhile its rows are passed over
+and its versions worked out from its calls. So a policy's scores read that policy's entries
+and a few unsettled trajectories, not the whole held-out set's calls, and are never stale.
+
+These are sync functions of a ``Connection``, run with ``Database.read`` (the settling ones
+with ``Database.transaction``).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Collection, Sequence
+from typing import Any, NamedTuple
 
-from sqlalchemy import Select, func, select, true
+from sqlalchemy import delete, false, func, insert, select, true, update
 from sqlalchemy.engine import Connection
 
 from burnish_server.core.policies import adapter_name
 from burnish_server.core.records import OK
 from burnish_server.core.views import EvalScore
-from burnish_server.store.models import Call, PolicyRow, StepRow, Trajectory
+from burnish_server.store.models import Call, HeldOut, PolicyRow, StepRow, Trajectory
 
 # /metrics shows, per policy, the base (step 0), the served step and this many newest steps
 # with held-out scores: a bounded number of series however long a policy trains.
 METRICS_NEWEST = 3
+# Unsettled trajectories the trainer's poll settles at a time (a store upgraded or restored
+# may hold many; each poll takes this many more).
+SETTLE_BATCH = 500
 
 
 class Score(NamedTuple):
@@ -34,45 +45,92 @@ class Score(NamedTuple):
     score: float
 
 
-def _scores() -> Select:
-    """(policy, step, trajectories, mean reward) for each policy's versions with rewarded eval trajectories."""
-    held_out = (
-        select(Trajectory.id, Trajectory.reward)
-        # `= true` (not `IS true`): the form SQLite's planner matches to the partial index.
-        .where(Trajectory.eval == true(), Trajectory.reward.is_not(None))
-        .subquery()
+class Version(NamedTuple):
+    """A rewarded held-out trajectory's steps of a policy: the lowest and highest of its ok calls."""
+
+    first: int
+    last: int
+    reward: float
+
+
+def _step() -> Any:
+    return func.coalesce(Call.policy_step, 0)
+
+
+def settle(conn: Connection, pks: Sequence[int]) -> None:
+    """Write the ``held_out`` rows of those trajectories (by pk) that are held out and rewarded,
+    from their calls, and mark them scored. The caller holds their rows: its reward's UPDATE,
+    or ``settle_unscored``'s lock."""
+    if not pks:
+        return
+    conn.execute(delete(HeldOut).where(HeldOut.trajectory_pk.in_(pks)))
+    rewarded = (Trajectory.pk.in_(pks), Trajectory.eval == true(), Trajectory.reward.is_not(None))
+    versions = (
+        select(Trajectory.pk, Call.policy, func.min(_step()), func.max(_step()), Trajectory.reward)
+        .join(Call, Call.trajectory_id == Trajectory.id)
+        .where(*rewarded, Call.status == OK, Call.policy.is_not(None))
+        .group_by(Trajectory.pk, Call.policy, Trajectory.reward)
     )
-    latest = (
-        select(Call.policy, held_out.c.id, held_out.c.reward, func.coalesce(func.max(Call.policy_step), 0).label("step"))
-        .join(held_out, held_out.c.id == Call.trajectory_id)
-        .where(Call.status == OK, Call.policy.is_not(None))
-        .group_by(Call.policy, held_out.c.id, held_out.c.reward)
-        .subquery()
+    conn.execute(insert(HeldOut).from_select(["trajectory_pk", "policy", "first_step", "last_step", "reward"], versions))
+    conn.execute(update(Trajectory).where(*rewarded, Trajectory.scored == false()).values(scored=True))
+
+
+def _unscored() -> Any:
+    """Rewarded held-out trajectories whose ``held_out`` rows do not stand (ix_trajectories_unscored)."""
+    # `= true`, `= false` (not `IS`): the form SQLite's planner matches to the partial index.
+    return select(Trajectory.pk, Trajectory.id, Trajectory.reward).where(
+        Trajectory.eval == true(), Trajectory.reward.is_not(None), Trajectory.scored == false()
     )
+
+
+def any_unscored(conn: Connection) -> bool:
+    return conn.execute(_unscored().with_only_columns(Trajectory.pk).limit(1)).first() is not None
+
+
+def settle_unscored(conn: Connection, limit: int = SETTLE_BATCH) -> None:
+    """Settle what later calls unsettled (the trainer's poll; rows another transaction holds wait)."""
+    pks = list(conn.execute(_unscored().with_only_columns(Trajectory.pk).order_by(Trajectory.pk).limit(limit).with_for_update(skip_locked=True)).scalars())
+    settle(conn, pks)
+
+
+def _fresh(policy: str | None) -> Any:
+    """(policy, first, last, reward) of each unsettled trajectory, from its calls."""
+    unscored = _unscored().subquery()
     return (
-        select(latest.c.policy, latest.c.step, func.count().label("trajectories"), func.avg(latest.c.reward).label("score"))
-        .group_by(latest.c.policy, latest.c.step)
-        .order_by(latest.c.policy, latest.c.step)
+        select(Call.policy, func.min(_step()).label("first"), func.max(_step()).label("last"), unscored.c.reward)
+        .join(unscored, unscored.c.id == Call.trajectory_id)
+        .where(Call.status == OK, Call.policy.is_not(None) if policy is None else Call.policy == policy)
+        .group_by(unscored.c.pk, Call.policy, unscored.c.reward)
     )
+
+
+def _settled() -> Any:
+    """The ``held_out`` rows that stand: an unsettled trajectory's are passed over."""
+    return HeldOut.trajectory_pk.not_in(_unscored().with_only_columns(Trajectory.pk))
+
+
+def versions(conn: Connection, policy: str, last: Collection[int]) -> list[Version]:
+    """The rewarded held-out trajectories whose latest step of ``policy`` is among ``last``."""
+    rows = select(HeldOut.first_step, HeldOut.last_step, HeldOut.reward).where(HeldOut.policy == policy, HeldOut.last_step.in_(last), _settled())
+    found = [Version(*row) for row in conn.execute(rows)]
+    return found + [Version(r.first, r.last, r.reward) for r in conn.execute(_fresh(policy)) if r.last in last]
+
+
+def _scores(conn: Connection, policy: str | None) -> dict[tuple[str, int], Score]:
+    """(policy, step) -> the held-out score, of one policy or all: the settled rows summed per
+    version (an index-only read of ``ix_held_out_version``), then the unsettled added."""
+    which = [_settled()] if policy is None else [HeldOut.policy == policy, _settled()]
+    summed = select(HeldOut.policy, HeldOut.last_step, func.count(), func.sum(HeldOut.reward)).where(*which).group_by(HeldOut.policy, HeldOut.last_step)
+    totals: dict[tuple[str, int], tuple[int, float]] = {(p, step): (n, total) for p, step, n, total in conn.execute(summed)}
+    for row in conn.execute(_fresh(policy)):
+        n, total = totals.get((row.policy, row.last), (0, 0.0))
+        totals[row.policy, row.last] = (n + 1, total + row.reward)
+    return {key: Score(n, total / n) for key, (n, total) in sorted(totals.items())}
 
 
 def scores_by_step(conn: Connection, policy: str) -> dict[int, Score]:
-    """The policy's held-out score at each version that has one. Each rewarded held-out
-    trajectory (the partial index) looks up its latest step of this policy in the calls'
-    index (``ix_calls_trajectory``): one probe each, never the policy's other calls."""
-    step = (
-        select(func.max(func.coalesce(Call.policy_step, 0)))
-        .where(Call.trajectory_id == Trajectory.id, Call.policy == policy, Call.status == OK)
-        .scalar_subquery()
-    )
-    # `= true` (not `IS true`): the form SQLite's planner matches to the partial index.
-    latest = select(Trajectory.reward, step.label("step")).where(Trajectory.eval == true(), Trajectory.reward.is_not(None)).subquery()
-    query = (
-        select(latest.c.step, func.count().label("trajectories"), func.avg(latest.c.reward).label("score"))
-        .where(latest.c.step.is_not(None))  # held out, but it never called this policy
-        .group_by(latest.c.step)
-    )
-    return {row.step: Score(row.trajectories, float(row.score)) for row in conn.execute(query)}
+    """The policy's held-out score at each version that has one."""
+    return {step: score for (_, step), score in _scores(conn, policy).items()}
 
 
 def eval_scores(conn: Connection, policy: str, served: int, *, every_version: bool) -> list[EvalScore]:
@@ -103,8 +161,8 @@ def for_metrics(conn: Connection) -> dict[tuple[str, int], Score]:
     and the ``METRICS_NEWEST`` newest steps that have a score, so label cardinality stays bounded."""
     served: dict[str, int] = dict(conn.execute(select(PolicyRow.name, PolicyRow.step)).all())
     by_policy: dict[str, dict[int, Score]] = {}
-    for row in conn.execute(_scores()):
-        by_policy.setdefault(row.policy, {})[row.step] = Score(row.trajectories, float(row.score))
+    for (policy, step), score in _scores(conn, None).items():
+        by_policy.setdefault(policy, {})[step] = score
     out: dict[tuple[str, int], Score] = {}
     for policy, scores in by_policy.items():
         keep = {0, served.get(policy, 0), *sorted(scores)[-METRICS_NEWEST:]}

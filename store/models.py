@@ -60,6 +60,8 @@ class Base(DeclarativeBase):
 
 
 WAITING = "closed_at IS NOT NULL AND trained_at IS NULL"
+# In each dialect's own words: SQLite's planner uses a partial index only for a query that names its terms as written.
+UNSCORED = {"sqlite": "eval = 1 AND reward IS NOT NULL AND scored = 0", "postgresql": "eval AND reward IS NOT NULL AND NOT scored"}
 
 
 class Group(Base):
@@ -119,6 +121,9 @@ class Trajectory(Base):
         # A group's members with what readiness counts of them (store/training.py:
         # group_members), read from the index alone.
         Index("ix_trajectories_group_members", "group_id", "eval", "reward"),
+        # Held out and rewarded, but not settled into `held_out` (a few at most): read apart. Keyed
+        # by `scored`, which the query names: SQLite prefers an index it searches to one it scans.
+        Index("ix_trajectories_unscored", "scored", sqlite_where=text(UNSCORED["sqlite"]), postgresql_where=text(UNSCORED["postgresql"])),
     )
 
     pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
@@ -135,6 +140,27 @@ class Trajectory(Base):
     # Held out for evaluation: one of its calls was marked. Never trained on; once set, never
     # cleared.
     eval: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    # Held out and rewarded: its rows in `held_out` are its versions and reward as they stand.
+    # Settled when its reward is stored (store/evals.py: settle); false again after any later
+    # call, until settled again (a rewarded held-out trajectory that is not: ix_trajectories_unscored).
+    scored: Mapped[bool] = mapped_column(Boolean, server_default="0")  # no Python default: the writer's prepared insert names its columns
+
+
+class HeldOut(Base):
+    """A rewarded held-out trajectory's version of a policy it called, and its reward: what held-out
+    scores and an eval trial read, a version's entries together (store/evals.py)."""
+
+    __tablename__ = "held_out"
+    __table_args__ = (Index("ix_held_out_version", "policy", "last_step", "first_step", "reward", "trajectory_pk"),)
+
+    trajectory_pk: Mapped[int] = mapped_column(PK, ForeignKey("trajectories.pk"), primary_key=True)
+    policy: Mapped[str] = mapped_column(String(128), primary_key=True)
+    # The lowest and highest step that answered its ok calls to the policy: the same where one
+    # version answered them all (an eval trial counts only those); the highest is the version
+    # it ended on (its held-out score's).
+    first_step: Mapped[int] = mapped_column(Integer)
+    last_step: Mapped[int] = mapped_column(Integer)
+    reward: Mapped[float] = mapped_column(Float)
 
 
 class Call(Base):

@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
-from sqlalchemy import case, func, select, true, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import aliased
 
@@ -33,20 +33,12 @@ from burnish_server.core.errors import Conflict
 from burnish_server.core.policies import Policy
 from burnish_server.core.promotion import Comparison, DecisionRecord, Outcome, Sample, trial
 from burnish_server.core.records import OK
+from burnish_server.store import evals
 from burnish_server.store.models import Call, PolicyRow, StepRow, Trajectory, utcnow
 
 # The rollback watch reads a version's newest calls this many windows at a time, then this many
 # times more while the window is not full (``_latest``): a trajectory makes a few calls.
 READ_AHEAD = 4
-
-
-def _version(policy: str, trajectory_id: Any) -> Any:
-    """The one step that answered the trajectory's ok calls to the policy, or NULL where they span
-    versions: a scalar subquery correlated with ``trajectory_id``, read from the trajectory's own
-    calls (``ix_calls_trajectory``). One expression of both bounds: SQLite answers a lone
-    ``min()`` from the first index that orders it, here every call of the policy."""
-    mine = (Call.trajectory_id == trajectory_id, Call.policy == policy, Call.status == OK)
-    return select(_one_step()).where(*mine).scalar_subquery()
 
 
 def _one_step() -> Any:
@@ -59,9 +51,8 @@ def samples(conn: Connection, policy: str, steps: list[int], *, since: datetime 
 
     With ``since`` (a canary's trial), what every version of the policy served since then, read
     in one pass of ``ix_calls_version`` (a range per step) and grouped by trajectory: the cost
-    follows the trial, not the policy's history. Else the held-out trajectories, from their
-    partial index, each one's version looked up among its own calls (an eval trial reads the
-    held-out set)."""
+    follows the trial, not the policy's history. Else the held-out trajectories the versions
+    answered alone, as settled (``store/evals.py``): the versions' own entries."""
     if since is not None:
         # Steps are numbered from 0 and never deleted: these are all the versions that can have served.
         top = conn.execute(select(func.max(StepRow.step)).where(StepRow.policy == policy)).scalar() or 0
@@ -73,17 +64,14 @@ def samples(conn: Connection, policy: str, steps: list[int], *, since: datetime 
         )
         rows = select(versions.c.step, Trajectory.reward).join(Trajectory, Trajectory.id == versions.c.id)
         rows = rows.where(versions.c.step.in_(steps), Trajectory.reward.is_not(None))
+        found = [(row.step, row.reward) for row in conn.execute(rows)]
     else:
-        # `= true` (not `IS true`): the form SQLite's planner matches to the partial index.
-        which = Trajectory.eval == true() if held_out else true()
-        found = select(Trajectory.id, Trajectory.reward).where(which, Trajectory.reward.is_not(None)).subquery()
-        rows = select(_version(policy, found.c.id).label("step"), found.c.reward)
-    # Summed here, not in SQL: SQLite would look each held-out trajectory's version up once for
-    # every place the query names it (the filter, the grouping, the row).
+        assert held_out, "a trial reads the traffic since it began, or the held-out set"
+        found = [(v.last, v.reward) for v in evals.versions(conn, policy, steps) if v.first == v.last]
     rewards: dict[int, list[float]] = {step: [] for step in steps}
-    for row in conn.execute(rows):
-        if row.step in rewards:
-            rewards[row.step].append(float(row.reward))
+    for step, reward in found:
+        if step in rewards:
+            rewards[step].append(float(reward))
     return {step: Sample.of(found_rewards) for step, found_rewards in rewards.items()}
 
 

@@ -39,7 +39,7 @@ from sqlalchemy.engine import Connection
 from burnish_server.core.archive import ArchivedCall, ArchivedGroup, ArchivedReward, ArchivedTrajectory, ArchivedVerdict, utc
 from burnish_server.core.promotion import Outcome
 from burnish_server.core.retention import Retention
-from burnish_server.store.models import Call, Group, PolicyRow, RetentionRow, Reward, RulerVerdict, StepRow, Trajectory, utcnow
+from burnish_server.store.models import Call, Group, HeldOut, PolicyRow, RetentionRow, Reward, RulerVerdict, StepRow, Trajectory, utcnow
 from burnish_server.store.training import ready_groups, training_rules
 
 # ---- the setting --------------------------------------------------------------------------
@@ -316,6 +316,7 @@ def delete_batch(conn: Connection, units: list[Unit], archive: Callable[[list[Ar
     if archive is None or not going:
         return counts, going
     conn.execute(delete(Reward).where(Reward.trajectory_id.in_(ids)))
+    conn.execute(delete(HeldOut).where(HeldOut.trajectory_pk.in_(select(Trajectory.pk).where(Trajectory.id.in_(ids)))))
     conn.execute(delete(Call).where(Call.trajectory_id.in_(ids)))
     conn.execute(delete(Trajectory).where(Trajectory.id.in_(ids)))
     if gone_groups:
@@ -383,7 +384,8 @@ def _tables() -> dict[str, tuple[str, ...]]:
         # What a group lacks to train is worked out again from its members: a restored group
         # comes back unsettled (store/training.py: settle), never with a stale answer.
         "groups": tuple(c.name for c in Group.__table__.columns if c.name != "lacks"),
-        "trajectories": tuple(c.name for c in Trajectory.__table__.columns),
+        # Likewise a held-out trajectory's scored versions (store/evals.py: settle).
+        "trajectories": tuple(c.name for c in Trajectory.__table__.columns if c.name != "scored"),
         "ruler_verdicts": tuple(c.name for c in RulerVerdict.__table__.columns),
     }
 

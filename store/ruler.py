@@ -25,7 +25,7 @@ from burnish_server.core.errors import Conflict, NotFound
 from burnish_server.core.groups import group_state, rewards_final
 from burnish_server.core.records import OK, CallRecord
 from burnish_server.core.verdicts import Score
-from burnish_server.store import groups
+from burnish_server.store import evals, groups
 from burnish_server.store.calls import to_record
 from burnish_server.store.models import Call, Group, PolicyRow, Reward, RulerVerdict, Trajectory, utcnow
 from burnish_server.store.training import settle
@@ -109,6 +109,7 @@ def store_verdict(conn: Connection, group_id: str, key: str, judge: str, scores:
             insert(Reward).values(trajectory_id=trajectory_id, reward=reward, components=components, source="ruler", explanation=s.explanation, created_at=now)
         )
         rewards[trajectory_id] = reward
+    evals.settle(conn, [m.pk for m in members.values() if m.eval])  # held-out members' scores, with these rewards
     values: dict[str, Any] = {"ruler_at": now, "ruler_key": key, "ruler_error": None}
     if group.closed_at is None:
         values.update(closed_at=now, close_reason="ruler")

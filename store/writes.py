@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, exists, func, insert, null, or_, select, update
+from sqlalchemy import bindparam, exists, false, func, insert, null, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -25,6 +25,7 @@ from burnish_server.core.access import local, project_of
 from burnish_server.core.errors import Conflict, NotFound
 from burnish_server.core.groups import Lack
 from burnish_server.core.records import DEMONSTRATION, CallRecord
+from burnish_server.store import evals
 from burnish_server.store.calls import CALL_COLUMNS, to_row
 from burnish_server.store.models import Call, Group, Reward, Trajectory, utcnow
 from burnish_server.store.training import settle
@@ -52,10 +53,12 @@ def _upserts(dialect: str) -> tuple[Any, Any]:
     trajectories = trajectories.on_conflict_do_update(
         index_elements=["id"],
         # A trajectory joins a group once; the first group it was seen with stays. Held out once, always.
+        # A call may change a held-out trajectory's versions: settled again (store/evals.py: settle).
         set_={
             "group_id": func.coalesce(Trajectory.group_id, trajectories.excluded.group_id),
             "updated_at": trajectories.excluded.updated_at,
             "eval": or_(Trajectory.eval, trajectories.excluded.eval),
+            "scored": false(),
         },
     )
     return groups, trajectories
@@ -210,9 +213,14 @@ class PostReward:
                     f"group {local(group.id)!r} is closed{_why_closed(group.close_reason)}; its rewards can no longer change", "group_closed", "trajectory_id"
                 )
         now = utcnow()
-        conn.execute(
-            update(Trajectory).where(Trajectory.id == self.trajectory_id).values(reward=self.reward, reward_components=self.components, rewarded_at=now)
-        )
+        stored = conn.execute(
+            update(Trajectory)
+            .where(Trajectory.id == self.trajectory_id)
+            .values(reward=self.reward, reward_components=self.components, rewarded_at=now)
+            .returning(Trajectory.pk, Trajectory.eval)
+        ).one()
+        if stored.eval:  # its held-out scores' rows, with this reward
+            evals.settle(conn, [stored.pk])
         conn.execute(
             insert(Reward).values(trajectory_id=self.trajectory_id, reward=self.reward, components=self.components, source=self.source, created_at=now)
         )

@@ -8,11 +8,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, select, true
 
 from burnish_server.core.promotion import Sample
-from burnish_server.store import promotion
-from burnish_server.store.models import utcnow
+from burnish_server.store import evals, promotion
+from burnish_server.store.evals import Score
+from burnish_server.store.models import Trajectory, utcnow
 from burnish_server.store.writes import PostReward
 from tests.test_store import record
 
@@ -56,6 +57,46 @@ async def test_an_eval_trial_counts_the_held_out_trajectories_of_each_version(st
     assert found == {1: Sample(1, 0.2, 0.0), 2: Sample(1, 0.6, 0.0)}
 
 
+async def test_held_out_scores_follow_a_call_after_the_reward_until_settled_again(store) -> None:
+    """A held-out trajectory's versions are settled with its reward; a later call unsettles them
+    (read from its calls meanwhile), and the trainer's poll or its next reward settles them again."""
+    db, writer = store
+
+    async def read() -> tuple[dict[int, Score], dict[int, Sample], dict[tuple[str, int], Score]]:
+        scores = await db.read(evals.scores_by_step, "agent")
+        trial = await db.read(lambda conn: promotion.samples(conn, "agent", [1, 2], held_out=True))
+        return scores, trial, await db.read(evals.for_metrics)
+
+    async def scored() -> dict[str, bool]:
+        return dict((await db.read(lambda conn: conn.execute(select(Trajectory.id, Trajectory.scored).where(Trajectory.eval == true())))).all())
+
+    await trajectory(writer, "h1", [1], 0, 0.2, eval=True)
+    await trajectory(writer, "h2", [2], 5, 0.6, eval=True)
+    await trajectory(writer, "h3", [2], 6, None, eval=True)  # not rewarded: not scored
+    assert await scored() == {"h1": True, "h2": True, "h3": False}
+    settled = await read()
+    assert settled[0] == {1: Score(1, 0.2), 2: Score(1, 0.6)}
+    assert settled[1] == {1: Sample(1, 0.2, 0.0), 2: Sample(1, 0.6, 0.0)}
+    assert settled[2] == {("agent", 1): Score(1, 0.2), ("agent", 2): Score(1, 0.6)}
+    # h1 goes on at step 2: it ended on 2 (its score's version), and spans two (no trial's).
+    at = START + timedelta(minutes=30)
+    await writer.write(record("h1", policy="agent", policy_step=2, started_at=at, finished_at=at))
+    assert (await scored())["h1"] is False
+    moved = await read()
+    assert moved[0] == {2: Score(2, pytest.approx(0.4))}
+    assert moved[1] == {1: Sample.of([]), 2: Sample(1, 0.6, 0.0)}
+    assert moved[2] == {("agent", 2): Score(2, pytest.approx(0.4))}
+    await db.transaction(evals.settle_unscored)  # the trainer's poll
+    assert (await scored())["h1"] is True and await read() == moved
+    # A trajectory rewarded, then marked held out by a later call, is scored from then on.
+    await trajectory(writer, "late", [1], 40, 0.9)
+    await writer.write(record("late", policy="agent", policy_step=1, started_at=at, finished_at=at, eval=True))
+    assert (await read())[0] == {1: Score(1, 0.9), 2: Score(2, pytest.approx(0.4))}
+    await writer.write(PostReward("late", 0.1))  # its next reward settles it, with that reward
+    assert (await scored())["late"] is True
+    assert (await read())[0] == {1: Score(1, 0.1), 2: Score(2, pytest.approx(0.4))}
+
+
 async def test_the_rollback_watch_reads_a_versions_newest_rewarded_trajectories(store) -> None:
     db, writer = store
     for i in range(12):  # newest last; every third unrewarded
@@ -76,12 +117,15 @@ MILLION_CALLS = {
     "sqlite_autoindex_trajectories_1": ("trajectories", "266002 1"),
     "ix_trajectories_group_members": ("trajectories", "1334762 13 13 3"),
     "ix_trajectories_project_pk": ("trajectories", "279056 1001 1"),
+    "ix_trajectories_unscored": ("trajectories", "3 3"),
+    "ix_held_out_version": ("held_out", "8064 1613 81 81 1 1"),
+    "pk_held_out": ("held_out", "8064 1 1"),
 }
 
 
 def at_a_million_calls(conn: Any) -> None:
     """SQLite's planner statistics as a million calls leave them (the documented way to test plans)."""
-    conn.exec_driver_sql("DELETE FROM sqlite_stat1 WHERE tbl IN ('calls', 'trajectories')")
+    conn.exec_driver_sql("DELETE FROM sqlite_stat1 WHERE tbl IN ('calls', 'trajectories', 'held_out')")
     for index, (table, stat) in MILLION_CALLS.items():
         conn.exec_driver_sql("INSERT INTO sqlite_stat1 (tbl, idx, stat) VALUES (?, ?, ?)", (table, index, stat))
     conn.exec_driver_sql("ANALYZE sqlite_schema")  # the planner reads them again
@@ -112,4 +156,9 @@ async def test_the_promotion_reads_start_from_the_versions_calls(store) -> None:
     await db.read(lambda conn: explain(conn, promotion._latest, "agent", 1, 3))
     assert any("ix_calls_version" in line for line in plans), plans
     await db.read(lambda conn: explain(conn, promotion.samples, "agent", [1, 2], held_out=True))
+    await db.read(lambda conn: explain(conn, evals.scores_by_step, "agent"))
     assert not [line for line in plans if line.startswith("SCAN") and "anon" not in line], plans
+    # The held-out reads: the versions' settled entries alone, and the unsettled trajectories.
+    assert any("COVERING INDEX ix_held_out_version" in line for line in plans), plans
+    assert any("ix_trajectories_unscored" in line for line in plans), "\n".join(plans)
+    assert not any("ix_trajectories_eval" in line for line in plans), plans

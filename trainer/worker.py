@@ -30,7 +30,7 @@ from burnish_server.core.promotion import DecisionRecord
 from burnish_server.core.settings import Settings
 from burnish_server.serving.fleet import Fleet
 from burnish_server.store.database import Database
-from burnish_server.store.evals import Score, scores_by_step
+from burnish_server.store.evals import Score, any_unscored, scores_by_step, settle_unscored
 from burnish_server.store.policies import get_policy, load_policies
 from burnish_server.telemetry.langfuse_export import LangfuseExport
 from burnish_server.telemetry.trackers import Trackers
@@ -92,6 +92,8 @@ class TrainerWorker:
         """One pass over the policies: serve what should be served, decide candidates' trials,
         train what is ready. Trained anything?"""
         trained = False
+        if await self.db.read(any_unscored):  # held-out trajectories called after their reward
+            await self.db.transaction(settle_unscored)
         policies = await self.db.read(load_policies)
         for policy in policies:
             if await self.publisher.pending(policy):  # it may have put a candidate on trial
