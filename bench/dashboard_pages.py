@@ -76,6 +76,7 @@ from burnish_server.core.policies import LoraSettings, PromotionSettings, TrainS
 from burnish_server.core.settings import Settings  # noqa: E402
 from burnish_server.gateway.app import create_app  # noqa: E402
 from burnish_server.store.database import Database  # noqa: E402
+from burnish_server.store.evals import any_unscored, settle_unscored  # noqa: E402
 from burnish_server.store.models import Group, PolicyRow, Reward, StepRow  # noqa: E402
 from burnish_server.store.training import lacks  # noqa: E402
 from tests.servers import ServerThread  # noqa: E402
@@ -452,6 +453,9 @@ async def make(kind: str, args: argparse.Namespace) -> str:
     await db.transaction(add_steps, traffic, args.long_steps)
     # What each closed group lacks to train, as the store settles it when a group closes.
     await db.transaction(lambda c: c.execute(update(Group).where(Group.closed_at.is_not(None)).values(lacks=lacks(Group.id))))
+    # Each rewarded held-out trajectory's versions, as the store settles them with its reward.
+    while await db.read(any_unscored):
+        await db.transaction(settle_unscored, 10_000)
     # The pk arithmetic behind the per-call rewards holds: the first call of the last trajectory.
     last = traffic.t - 1
     pk = await db.read(lambda c: c.execute(text("SELECT min(pk) FROM calls WHERE trajectory_id = :t"), {"t": traffic.ids[last]}).scalar_one())
