@@ -12,7 +12,7 @@ stored (``settle``): a row per policy it called, with the lowest and highest ste
 calls and its reward, indexed by version. A call that comes after marks the trajectory
 unsettled (``trajectories.scored`` false, store/writes.py) until its next reward or the
 trainer's next poll settles it again (``settle_unscored``); meanwhile its rows are passed over
-and its versions worked out from its calls. So a policy's scores read that policy's entries
+and its versions worked out from its calls, in the same statement. So a policy's scores read that policy's entries
 and a few unsettled trajectories, not the whole held-out set's calls, and are never stale.
 
 These are sync functions of a ``Connection``, run with ``Database.read`` (the settling ones
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import delete, false, func, insert, select, true, update
+from sqlalchemy import delete, false, func, insert, select, true, union_all, update
 from sqlalchemy.engine import Connection
 
 from burnish_server.core.policies import adapter_name
@@ -93,39 +93,41 @@ def settle_unscored(conn: Connection, limit: int = SETTLE_BATCH) -> None:
     settle(conn, pks)
 
 
-def _fresh(policy: str | None) -> Any:
-    """(policy, first, last, reward) of each unsettled trajectory, from its calls."""
+def _rows(policy: str | None, last: Collection[int] | None = None) -> Any:
+    """(policy, first, last, reward) of each rewarded held-out trajectory and policy it called:
+    the settled rows that stand (``ix_held_out_version``), then each unsettled trajectory's from
+    its calls. One statement, so one snapshot: on PostgreSQL a trajectory settled or unsettled
+    between two statements would count twice, or not at all."""
+    settled = select(HeldOut.policy, HeldOut.first_step.label("first"), HeldOut.last_step.label("last"), HeldOut.reward)
+    # The rows of a trajectory a later call unsettled are passed over: its calls say what stands.
+    settled = settled.where(HeldOut.trajectory_pk.not_in(_unscored().with_only_columns(Trajectory.pk)))
     unscored = _unscored().subquery()
-    return (
-        select(Call.policy, func.min(_step()).label("first"), func.max(_step()).label("last"), unscored.c.reward)
+    fresh = (
+        select(Call.policy, func.min(_step()), func.max(_step()), unscored.c.reward)
         .join(unscored, unscored.c.id == Call.trajectory_id)
-        .where(Call.status == OK, Call.policy.is_not(None) if policy is None else Call.policy == policy)
+        .where(Call.status == OK, Call.policy.is_not(None))
         .group_by(unscored.c.pk, Call.policy, unscored.c.reward)
     )
-
-
-def _settled() -> Any:
-    """The ``held_out`` rows that stand: an unsettled trajectory's are passed over."""
-    return HeldOut.trajectory_pk.not_in(_unscored().with_only_columns(Trajectory.pk))
+    if policy is not None:
+        settled, fresh = settled.where(HeldOut.policy == policy), fresh.where(Call.policy == policy)
+    if last is not None:
+        settled = settled.where(HeldOut.last_step.in_(last))
+    rows = union_all(settled, fresh).subquery()
+    return rows if last is None else select(rows).where(rows.c.last.in_(last)).subquery()
 
 
 def versions(conn: Connection, policy: str, last: Collection[int]) -> list[Version]:
     """The rewarded held-out trajectories whose latest step of ``policy`` is among ``last``."""
-    rows = select(HeldOut.first_step, HeldOut.last_step, HeldOut.reward).where(HeldOut.policy == policy, HeldOut.last_step.in_(last), _settled())
-    found = [Version(*row) for row in conn.execute(rows)]
-    return found + [Version(r.first, r.last, r.reward) for r in conn.execute(_fresh(policy)) if r.last in last]
+    rows = _rows(policy, last)
+    return [Version(*row) for row in conn.execute(select(rows.c.first, rows.c.last, rows.c.reward))]
 
 
 def _scores(conn: Connection, policy: str | None) -> dict[tuple[str, int], Score]:
-    """(policy, step) -> the held-out score, of one policy or all: the settled rows summed per
-    version (an index-only read of ``ix_held_out_version``), then the unsettled added."""
-    which = [_settled()] if policy is None else [HeldOut.policy == policy, _settled()]
-    summed = select(HeldOut.policy, HeldOut.last_step, func.count(), func.sum(HeldOut.reward)).where(*which).group_by(HeldOut.policy, HeldOut.last_step)
-    totals: dict[tuple[str, int], tuple[int, float]] = {(p, step): (n, total) for p, step, n, total in conn.execute(summed)}
-    for row in conn.execute(_fresh(policy)):
-        n, total = totals.get((row.policy, row.last), (0, 0.0))
-        totals[row.policy, row.last] = (n + 1, total + row.reward)
-    return {key: Score(n, total / n) for key, (n, total) in sorted(totals.items())}
+    """(policy, step) -> the held-out score, of one policy or all: an index-only sum of the
+    settled rows per version, the few unsettled added."""
+    rows = _rows(policy)
+    summed = select(rows.c.policy, rows.c.last, func.count(), func.avg(rows.c.reward)).group_by(rows.c.policy, rows.c.last)
+    return {(p, step): Score(n, float(mean)) for p, step, n, mean in conn.execute(summed.order_by(rows.c.policy, rows.c.last))}
 
 
 def scores_by_step(conn: Connection, policy: str) -> dict[int, Score]:

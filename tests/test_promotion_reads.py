@@ -119,7 +119,7 @@ MILLION_CALLS = {
     "ix_trajectories_project_pk": ("trajectories", "279056 1001 1"),
     "ix_trajectories_unscored": ("trajectories", "3 3"),
     "ix_held_out_version": ("held_out", "8064 1613 81 81 1 1"),
-    "pk_held_out": ("held_out", "8064 1 1"),
+    "sqlite_autoindex_held_out_1": ("held_out", "8064 1 1"),
 }
 
 
