@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import delete, false, func, insert, select, true, union_all, update
+from sqlalchemy import String, delete, false, func, insert, literal, select, true, union_all, update
 from sqlalchemy.engine import Connection
 
 from burnish_server.core.policies import adapter_name
@@ -102,14 +102,26 @@ def _rows(policy: str | None, last: Collection[int] | None = None) -> Any:
     # The rows of a trajectory a later call unsettled are passed over: its calls say what stands.
     settled = settled.where(HeldOut.trajectory_pk.not_in(_unscored().with_only_columns(Trajectory.pk)))
     unscored = _unscored().subquery()
-    fresh = (
-        select(Call.policy, func.min(_step()), func.max(_step()), unscored.c.reward)
-        .join(unscored, unscored.c.id == Call.trajectory_id)
-        .where(Call.status == OK, Call.policy.is_not(None))
-        .group_by(unscored.c.pk, Call.policy, unscored.c.reward)
-    )
-    if policy is not None:
-        settled, fresh = settled.where(HeldOut.policy == policy), fresh.where(Call.policy == policy)
+    if policy is None:  # every policy's (/metrics): grouped by the policies the trajectories called
+        fresh = (
+            select(Call.policy, func.min(_step()), func.max(_step()), unscored.c.reward)
+            .join(unscored, unscored.c.id == Call.trajectory_id)
+            .where(Call.status == OK, Call.policy.is_not(None))
+            .group_by(unscored.c.pk, Call.policy, unscored.c.reward)
+        )
+    else:
+        # One policy's: each unsettled trajectory's steps looked up among its own calls
+        # (ix_calls_trajectory), whatever the planner guesses of how many are unsettled
+        # (PostgreSQL, misled by `scored` following `eval`, read all the policy's calls instead).
+        settled = settled.where(HeldOut.policy == policy)
+        mine = (Call.trajectory_id == unscored.c.id, Call.policy == policy, Call.status == OK)
+        steps = select(
+            literal(policy, String).label("policy"),
+            select(func.min(_step())).where(*mine).scalar_subquery().label("first"),
+            select(func.max(_step())).where(*mine).scalar_subquery().label("last"),
+            unscored.c.reward,
+        ).subquery()
+        fresh = select(steps).where(steps.c.last.is_not(None))  # it called the policy
     if last is not None:
         settled = settled.where(HeldOut.last_step.in_(last))
     rows = union_all(settled, fresh).subquery()
