@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -43,12 +43,17 @@ def test_gateway_command_serves_records_and_stops(upstream_server, tmp_path: Pat
         assert reply.choices[0].message.content == "You said: hi ok"
         # An idle connection outlives the clients' own expiry (5 s in httpx): at uvicorn's 5 s,
         # a client reusing it just as the gateway closed it got a ReadError.
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
-            conn.sendall(b"GET /health HTTP/1.1\r\nHost: gw\r\n\r\n")
-            assert conn.recv(65536).startswith(b"HTTP/1.1 200")
-            time.sleep(5.5)
-            conn.sendall(b"GET /health HTTP/1.1\r\nHost: gw\r\n\r\n")
-            assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+        # http.client reads whole responses (headers and body may arrive in separate segments) and
+        # raises RemoteDisconnected, never reconnecting, when the server closed the connection.
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            for pause in (0, 5.5):
+                time.sleep(pause)
+                conn.request("GET", "/health")
+                response = conn.getresponse()
+                assert (response.status, response.read()) == (200, b'{"status":"ok"}')
+        finally:
+            conn.close()
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
