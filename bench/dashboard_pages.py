@@ -429,6 +429,14 @@ async def slowest(url: str, runs: list[tuple[float, str, Any]], count: int) -> s
     return "\n".join(out)
 
 
+async def vacuum(url: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(make_url(url).set(drivername="postgresql").render_as_string(hide_password=False))
+    await conn.execute("VACUUM ANALYZE")
+    await conn.close()
+
+
 async def make(kind: str, args: argparse.Namespace) -> str:
     """A fresh store filled with the month, or the one a run with --keep left (--reuse)."""
     url = f"sqlite+aiosqlite:///{SQLITE_PATH}"
@@ -456,6 +464,8 @@ async def make(kind: str, args: argparse.Namespace) -> str:
     # Each rewarded held-out trajectory's versions, as the store settles them with its reward.
     while await db.read(any_unscored):
         await db.transaction(settle_unscored, 10_000)
+    if kind == "postgresql":  # the settling rewrote rows and filled held_out: vacuumed, as autovacuum would have by now
+        await vacuum(url)
     # The pk arithmetic behind the per-call rewards holds: the first call of the last trajectory.
     last = traffic.t - 1
     pk = await db.read(lambda c: c.execute(text("SELECT min(pk) FROM calls WHERE trajectory_id = :t"), {"t": traffic.ids[last]}).scalar_one())

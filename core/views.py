@@ -150,8 +150,10 @@ class CandidateView(View, kw_only=True):
     since: str | None
     rule: str
     share: float | None  # of unpinned trajectories (canary); null: pinned calls only
-    # The test as it stands (null under manual): counts, means, bounds, decision if any.
+    # The test (null under manual): counts, means, bounds, decision if any; as the trainer last
+    # read it, every few seconds, or as it stands where the trainer has not read it yet.
     test: Comparison | None
+    tested_at: str | None = None  # when the test shown was read
 
 
 class EvalScore(View, kw_only=True):
@@ -202,10 +204,10 @@ class PolicyView(View, kw_only=True):
     # Groups the policy trains on (held-out groups are not among them: they never wait for training).
     groups_ready: int
     groups_open: int
-    groups_trained: int
+    groups_trained: int  # by the steps that trained them (record_step): pruned ones still count
     # Closed and not taken by a trainer: the ready ones, and those that cannot train (health says why).
     groups_closed: int = 0
-    groups_eval: int  # groups held out for evaluation, whatever their state
+    groups_eval: int  # groups with a member held out for evaluation, not trained
     last_step: StepView | None
     # Calls whose prompt did not extend their trajectory, in every step trained, by reason
     # (core/drift.py; docs/trainer.md, "The drift report").

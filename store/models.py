@@ -60,6 +60,7 @@ class Base(DeclarativeBase):
 
 
 WAITING = "closed_at IS NOT NULL AND trained_at IS NULL"
+CLAIMED = "claimed_by IS NOT NULL AND trained_at IS NULL"
 # In each dialect's own words: SQLite's planner uses a partial index only for a query that names its terms as written.
 UNSCORED = {"sqlite": "eval = 1 AND reward IS NOT NULL AND scored = 0", "postgresql": "eval AND reward IS NOT NULL AND NOT scored"}
 
@@ -75,6 +76,9 @@ class Group(Base):
         # first: the training queue that readiness and the trainer's poll read, a ready group
         # one entry however many ties wait beside it (store/training.py: ready_groups).
         Index("ix_groups_waiting", "policy", "lacks", "closed_at", sqlite_where=text(WAITING), postgresql_where=text(WAITING)),
+        # A policy's groups a trainer holds (a step's worth at most): whether another trainer is
+        # mid-step (store/training.py: other_trainer_busy), and the status' count of closed groups.
+        Index("ix_groups_claimed", "policy", sqlite_where=text(CLAIMED), postgresql_where=text(CLAIMED)),
         # A policy's groups by when they closed: its last closed groups (store/policies.py: recent_groups).
         Index("ix_groups_policy_closed", "policy", "closed_at"),
     )
@@ -257,6 +261,10 @@ class PolicyRow(Base):
     # The version on trial (core/promotion.py), and since when it serves.
     candidate: Mapped[int | None] = mapped_column(Integer)
     candidate_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Its test as the trainer last read it (core.promotion.Comparison), and when: the status
+    # shows it rather than read the trial again (a canary's costs what the trial served).
+    candidate_test: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    candidate_tested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # POST /admin/policies/{name}/train: train on what is ready, even short of groups_per_step.
     train_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # The last failure to load a version into vLLM; cleared when one loads.

@@ -158,6 +158,7 @@ def record_step(conn: Connection, name: str, step: int, parent: int, groups: lis
     the head, unless a rollback moved the head while it trained (then it is kept, unserved).
     Returns whether it became the head."""
     complete_groups(conn, groups, worker, step)
+    metrics = msgspec.structs.replace(metrics, groups=len(groups))  # what the status counts as trained
     conn.execute(
         insert(StepRow).values(
             policy=name, step=step, parent=parent, groups=groups, metrics=msgspec.to_builtins(metrics), checkpoint=checkpoint, trainer=worker
@@ -264,17 +265,18 @@ def recent_groups(conn: Connection, policy: str, last: int = RECENT_GROUPS) -> R
     )
 
 
-def _candidate(conn: Connection, policy: Policy) -> CandidateView | None:
+def _candidate(conn: Connection, policy: Policy, row: Any) -> CandidateView | None:
     if policy.candidate is None:
         return None
-    rule = policy.promotion.rule
+    test, tested_at = promotion.shown_test(conn, policy, row.candidate_test, row.candidate_tested_at)
     return CandidateView(
         step=policy.candidate,
         version=adapter_name(policy.name, policy.candidate),
         since=iso(policy.candidate_since),
-        rule=rule,
+        rule=policy.promotion.rule,
         share=policy.promotion.canary_share if policy.promotion.canary else None,
-        test=promotion.evidence(conn, policy),
+        test=test,
+        tested_at=iso(tested_at),
     )
 
 
@@ -286,10 +288,7 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
     # Every step's metrics, oldest first: the splits by reason and the run's health are read from them.
     history = [StepMetrics.read(m) for m in conn.execute(select(StepRow.metrics).where(StepRow.policy == name).order_by(StepRow.step)).scalars()]
     # Held-out groups apart: they never wait for training, whatever their state.
-    by_state: dict[tuple[bool, str], int] = {
-        (held_out, state): n
-        for held_out, state, n in conn.execute(select(Group.eval, groups.STATE, func.count()).where(Group.policy == name).group_by(Group.eval, groups.STATE))
-    }
+    counted = groups.counts(conn, name)
     return PolicyView(
         name=policy.name,
         base_model=policy.base_model,
@@ -303,14 +302,16 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
         shared_with=list(policy.shared_with),
         step=policy.step,
         head=policy.head,
-        candidate=_candidate(conn, policy),
+        candidate=_candidate(conn, policy, row),
         served_version=adapter_name(name, policy.step),
         pending_version=adapter_name(name, policy.head) if policy.head != policy.step else None,
         groups_ready=count_ready(conn, name),
-        groups_open=by_state.get((False, "open"), 0),
-        groups_trained=by_state.get((False, "trained"), 0),
-        groups_closed=by_state.get((False, "closed"), 0),
-        groups_eval=sum(n for (held_out, _), n in by_state.items() if held_out),
+        groups_open=counted.open,
+        # Each step's own count of the groups it trained (record_step), not the groups' rows: the
+        # history the status reads anyway, and groups pruned since still count.
+        groups_trained=sum(m.groups for m in history),
+        groups_closed=counted.closed,
+        groups_eval=counted.eval,
         last_step=last[0] if last else None,
         eval=eval_scores(conn, name, policy.step, every_version=False),
         splits=split_totals(history),

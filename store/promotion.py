@@ -135,11 +135,31 @@ def _latest(conn: Connection, policy: str, step: int, window: int) -> Sample:
         rows *= READ_AHEAD
 
 
+def record_test(conn: Connection, name: str, step: int, test: Comparison) -> None:
+    """Keep the canary ``step``'s test as the trainer just read it (the status shows it), if
+    ``step`` is still on trial."""
+    values = {"candidate_test": msgspec.to_builtins(test), "candidate_tested_at": utcnow()}
+    conn.execute(update(PolicyRow).where(PolicyRow.name == name, PolicyRow.candidate == step).values(values))
+
+
+def shown_test(conn: Connection, policy: Policy, tested: Any, tested_at: datetime | None) -> tuple[Comparison | None, datetime]:
+    """The candidate's test as the status shows it, and when it was read. A canary's as the
+    trainer last read it (``record_test``, every ``trainer_review_every`` seconds): its trial
+    costs what it served, up to ``max_trajectories`` over the canary's share. An eval trial's
+    (an index-only read of the two versions' held-out entries) and a canary's before the
+    trainer's first read, as they stand."""
+    if tested_at is not None and policy.promotion.canary:
+        return msgspec.convert(tested, Comparison), tested_at
+    return evidence(conn, policy), utcnow()
+
+
 def mark_candidate(conn: Connection, name: str, step: int, seconds: float | None) -> None:
     """vLLM serves ``step`` (loaded and checked): its trial begins, if it is still the head."""
     now = utcnow()
     conn.execute(
-        update(PolicyRow).where(PolicyRow.name == name, PolicyRow.head == step).values(candidate=step, candidate_since=now, load_error=None, updated_at=now)
+        update(PolicyRow)
+        .where(PolicyRow.name == name, PolicyRow.head == step)
+        .values(candidate=step, candidate_since=now, candidate_test=None, candidate_tested_at=None, load_error=None, updated_at=now)
     )
     conn.execute(
         update(StepRow).where(StepRow.policy == name, StepRow.step == step, StepRow.published_at.is_(None)).values(published_at=now, publish_seconds=seconds)

@@ -150,7 +150,8 @@ async def test_held_out_groups_are_never_claimed_nor_waiting(store) -> None:
     assert marks == {"train": False, "held": True, "mixed": True, "open-eval": True, "joined": False}
     assert await db.transaction(count_ready, "agent") == 1
     status = await db.read(policy_status, "agent")
-    assert (status.groups_ready, status.groups_open, status.groups_eval) == (1, 0, 3)
+    # The status counts "joined" held out too: a held-out member keeps it from training (its lack).
+    assert (status.groups_ready, status.groups_open, status.groups_closed, status.groups_eval) == (1, 0, 1, 4)
     assert await db.transaction(claim_groups, "agent", "w", 5, DEFAULT_LEASE_S, 1) == ["train"]
     assert await db.transaction(claim_groups, "agent", "w", 1) == []
     # A mark that arrives after a claim still keeps its trajectory out of the step (a call with

@@ -8,12 +8,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select, true
+from sqlalchemy import event, select, true, update
 
 from burnish_server.core.promotion import Sample
 from burnish_server.store import evals, promotion
 from burnish_server.store.evals import Score
-from burnish_server.store.models import Trajectory, utcnow
+from burnish_server.store.models import PolicyRow, Trajectory, utcnow
 from burnish_server.store.writes import PostReward
 from tests.test_store import record
 
@@ -45,6 +45,35 @@ async def test_a_canary_counts_what_each_version_alone_served_since_its_trial_be
     found = await db.read(lambda conn: promotion.samples(conn, "agent", [1, 2], since=since))
     assert found[1].n == 3 and found[1].mean == pytest.approx((0.9 + 0.2 + 0.4) / 3)
     assert found[2] == Sample(1, 0.8, 0.0)
+
+
+async def test_the_status_shows_the_test_the_trainer_last_read_and_reads_it_itself_before(store) -> None:
+    """A canary's trial costs what it served: the status shows the test as the trainer's review
+    last kept it (``record_test``), and reads the trial itself only before the first review."""
+    from burnish_server.core.policies import Policy, PromotionSettings
+    from burnish_server.store.policies import create_policy, get_policy, policy_status
+
+    db, writer = store
+    rule = PromotionSettings(rule="canary", min_trajectories=2)
+    await db.transaction(create_policy, Policy(name="agent", base_model="tiny", promotion=rule))
+    await db.transaction(lambda c: c.execute(update(PolicyRow).values(head=2, step=1)))
+    await db.transaction(promotion.mark_candidate, "agent", 2, 0.1)
+    await trajectory(writer, "candidate", [2], 200, 0.8)  # since the trial began (START + 200 min is after now)
+    live = (await db.read(policy_status, "agent")).candidate
+    assert live is not None and live.test is not None and live.test.candidate.n == 1
+    policy = await db.read(get_policy, "agent")
+    kept = await db.read(promotion.evidence, policy)
+    await trajectory(writer, "after", [2], 201, 0.2)  # after the review: shown at the next one
+    await db.transaction(promotion.record_test, "agent", 2, kept)
+    shown = (await db.read(policy_status, "agent")).candidate
+    assert shown is not None and shown.test == kept and shown.tested_at is not None and shown.tested_at >= live.tested_at
+    await db.transaction(promotion.record_test, "agent", 1, await db.read(promotion.evidence, policy))  # not on trial: ignored
+    assert (await db.read(policy_status, "agent")).candidate.test == kept  # type: ignore[union-attr]
+    # A new trial forgets the last one's test.
+    await db.transaction(lambda c: c.execute(update(PolicyRow).values(head=3)))
+    await db.transaction(promotion.mark_candidate, "agent", 3, 0.1)
+    fresh = (await db.read(policy_status, "agent")).candidate
+    assert fresh is not None and fresh.step == 3 and fresh.test is not None and fresh.test.candidate.n == 0
 
 
 async def test_an_eval_trial_counts_the_held_out_trajectories_of_each_version(store) -> None:

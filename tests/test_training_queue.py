@@ -130,6 +130,8 @@ async def test_steps_are_recorded_served_and_lose_to_a_rollback(store) -> None:
     for name in ("a", "b", "c"):
         await make_group(writer, name, [0.0, 1.0])
     first = await db.transaction(claim_groups, "agent", "w1", 2, 900.0, 1)
+    mid_step = await answer(db, policy_status, "agent")  # the two claimed are neither closed nor trained
+    assert (mid_step["groups_closed"], mid_step["groups_trained"], mid_step["groups_ready"]) == (1, 0, 1)
     assert await db.transaction(record_step, "agent", 1, 0, first, "w1", StepMetrics(loss=0.5), "/ckpt/1")
     assert (await db.read(get_policy, "agent")).head == 1
     await db.transaction(mark_load_error, "agent", "agent@1: vLLM away")

@@ -68,6 +68,10 @@ class Promoter:
         if not policy.promotion.trials:
             return DecisionRecord(decision=Outcome.PROMOTED, by="rule", reason="the promotion rule became immediate", decided_at=utcnow())
         test = await self.db.read(promotion.evidence, policy)
-        if test is None or test.outcome is None:
+        if test is None:
+            return None
+        if test.outcome is None:
+            if policy.promotion.canary:  # the status shows a canary's test as read here
+                await self.db.transaction(promotion.record_test, policy.name, policy.candidate, test)
             return None
         return DecisionRecord(decision=test.outcome, by="test", reason=test.reason, test=test, decided_at=utcnow())
