@@ -302,7 +302,9 @@ def targets(conn: Any) -> dict[str, Any]:
     """What the pages name: a typical trajectory (4 calls, a trained group of agent's, from the
     middle of the month), its group, and the middle row of each list for an older page."""
     mid_t = conn.execute(text("SELECT max(pk) / 2 FROM trajectories")).scalar_one()
-    mid_g = conn.execute(text("SELECT max(pk) / 2 FROM groups")).scalar_one()
+    # An older page starts after a row's id (the list's `after`, its keyset): the middle one's.
+    middle = "SELECT id FROM {0} WHERE pk <= (SELECT max(pk) / 2 FROM {0}) ORDER BY pk DESC LIMIT 1"
+    after_t, after_g = (conn.execute(text(middle.format(table))).scalar_one() for table in ("trajectories", "groups"))
     found = conn.execute(
         text(
             "SELECT t.id, t.group_id FROM trajectories t JOIN groups g ON g.id = t.group_id WHERE t.pk < :mid AND g.trained_at IS NOT NULL"
@@ -312,20 +314,20 @@ def targets(conn: Any) -> dict[str, Any]:
         {"mid": mid_t},
     ).one()
     first = conn.execute(text("SELECT min(created_at) FROM trajectories")).scalar_one()
-    return {"trajectory": found[0], "group": found[1], "mid_t": mid_t, "mid_g": mid_g, "first": first}
+    return {"trajectory": found[0], "group": found[1], "mid_t": after_t, "mid_g": after_g, "first": first}
 
 
 def pages(t: dict[str, Any]) -> list[tuple[str, str]]:
     first = datetime.fromisoformat(t["first"]) if isinstance(t["first"], str) else t["first"]
-    day = f"after={(first + timedelta(days=20)):%Y-%m-%dT%H:%M}&before={(first + timedelta(days=21)):%Y-%m-%dT%H:%M}"
+    day = f"created_after={(first + timedelta(days=20)):%Y-%m-%dT%H:%M}&created_before={(first + timedelta(days=21)):%Y-%m-%dT%H:%M}"
     lists = [
         ("", ""),
         (" policy=agent", "policy=agent"),
         (" state=trained", "state=trained"),
         (" eval=true", "eval=true"),
         (" reward_min=0.8", "reward_min=0.8"),
-        (" older page (page=middle)", "page={mid}"),
-        (" one day (after, before)", day),
+        (" older page (after=middle)", "after={mid}"),
+        (" one day (created_after, created_before)", day),
         (" policy=agent version=18", "policy=agent&version=18"),
         (" policy=agent version=1 (old)", "policy=agent&version=1"),
     ]

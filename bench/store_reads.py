@@ -13,7 +13,7 @@ caches empty; the OS's page cache as the fill or the last run left it). The read
 each has (docs/performance.md, "The store's reads"):
 
 * ``status``: ``policy_status`` of ``agent``, the API's ``GET /admin/policies/agent`` and the
-  dashboard's snapshot (50 ms);
+  dashboard's snapshot, with the canary's test as the trainer's review kept it (50 ms);
 * ``poll``: the trainer's pass for one policy: ``load_policies``, then ``claim_groups`` for a
   step of 8 groups in a transaction, given back at once (20 ms);
 * ``ready``: ``count_ready`` alone (part of the status);
@@ -89,6 +89,8 @@ async def time_reads(url: str, kind: str, repeat: int, only: str | None) -> None
     canary = await db.read(get_policy, "agent")
     held_out = msgspec.structs.replace(canary, promotion=msgspec.structs.replace(canary.promotion, rule="eval"))
     between = msgspec.structs.replace(canary, head=SERVED, candidate=None, candidate_since=None)
+    # The canary's test as the trainer's review keeps it: the status shows it (store/promotion.py: shown_test).
+    await db.transaction(promotion.record_test, "agent", canary.candidate, await db.read(promotion.evidence, canary))
     await db.dispose()
     reads: dict[str, Any] = {
         "status": lambda db: db.read(policy_status, "agent"),
