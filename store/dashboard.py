@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any, Literal, NamedTuple
 
-from sqlalchemy import func, select, true
+from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
 from burnish_server.core.access import qualify
 from burnish_server.core.records import OK
 from burnish_server.core.transcript import UnreadableCall, exchange
+from burnish_server.store import evals
 from burnish_server.store.calls import to_record
 from burnish_server.store.models import Call, Group, Trajectory
 
@@ -68,15 +69,14 @@ def find_project(conn: Connection, kind: Literal["group", "trajectory"], local_i
 
 def _held_out(conn: Connection, policy: str, step: int, project: str) -> list[Answer]:
     """The newest rewarded held-out trajectories ``policy``'s version ``step`` answered (the
-    latest version among their ok calls, as ``store/evals.py`` scores them). The read starts
-    from the held-out trajectories (a partial index holds only them), newest first, and looks
-    each one's version up among its own calls (``ix_calls_trajectory``): it stops at
-    COMPARE_MAX, whatever the policy's history."""
-    mine = (Call.trajectory_id == Trajectory.id, Call.policy == policy, Call.status == OK)
-    version = select(func.coalesce(func.max(Call.policy_step), 0)).where(*mine).scalar_subquery()
+    latest version among their ok calls, as ``store/evals.py`` scores them), at most
+    COMPARE_MAX: read from that version's own held-out entries (``evals.answered``), not by
+    walking every held-out trajectory newest first until old versions turn up."""
+    mine = evals.answered(policy, step)
     rows = conn.execute(
         select(Trajectory.id, Trajectory.reward)
-        .where(Trajectory.eval == true(), Trajectory.reward.is_not(None), Trajectory.project == project, select(Call.pk).where(*mine).exists(), version == step)
+        .join(mine, mine.c.pk == Trajectory.pk)
+        .where(Trajectory.project == project)
         .order_by(Trajectory.pk.desc())
         .limit(COMPARE_MAX)
     ).all()

@@ -94,17 +94,17 @@ def settle_unscored(conn: Connection, limit: int = SETTLE_BATCH) -> None:
 
 
 def _rows(policy: str | None, last: Collection[int] | None = None) -> Any:
-    """(policy, first, last, reward) of each rewarded held-out trajectory and policy it called:
+    """(policy, first, last, reward, pk) of each rewarded held-out trajectory (its pk) and policy it called:
     the settled rows that stand (``ix_held_out_version``), then each unsettled trajectory's from
     its calls. One statement, so one snapshot: on PostgreSQL a trajectory settled or unsettled
     between two statements would count twice, or not at all."""
-    settled = select(HeldOut.policy, HeldOut.first_step.label("first"), HeldOut.last_step.label("last"), HeldOut.reward)
+    settled = select(HeldOut.policy, HeldOut.first_step.label("first"), HeldOut.last_step.label("last"), HeldOut.reward, HeldOut.trajectory_pk.label("pk"))
     # The rows of a trajectory a later call unsettled are passed over: its calls say what stands.
     settled = settled.where(HeldOut.trajectory_pk.not_in(_unscored().with_only_columns(Trajectory.pk)))
     unscored = _unscored().subquery()
     if policy is None:  # every policy's (/metrics): grouped by the policies the trajectories called
         fresh = (
-            select(Call.policy, func.min(_step()), func.max(_step()), unscored.c.reward)
+            select(Call.policy, func.min(_step()), func.max(_step()), unscored.c.reward, unscored.c.pk)
             .join(unscored, unscored.c.id == Call.trajectory_id)
             .where(Call.status == OK, Call.policy.is_not(None))
             .group_by(unscored.c.pk, Call.policy, unscored.c.reward)
@@ -120,6 +120,7 @@ def _rows(policy: str | None, last: Collection[int] | None = None) -> Any:
             select(func.min(_step())).where(*mine).scalar_subquery().label("first"),
             select(func.max(_step())).where(*mine).scalar_subquery().label("last"),
             unscored.c.reward,
+            unscored.c.pk,
         ).subquery()
         fresh = select(steps).where(steps.c.last.is_not(None))  # it called the policy
     if last is not None:
@@ -132,6 +133,13 @@ def versions(conn: Connection, policy: str, last: Collection[int]) -> list[Versi
     """The rewarded held-out trajectories whose latest step of ``policy`` is among ``last``."""
     rows = _rows(policy, last)
     return [Version(*row) for row in conn.execute(select(rows.c.first, rows.c.last, rows.c.reward))]
+
+
+def answered(policy: str, step: int) -> Any:
+    """The pks (``pk``) of the rewarded held-out trajectories whose latest step of ``policy`` is
+    ``step``: the version's own entries, however long the policy's history (the dashboard's compare)."""
+    rows = _rows(policy, [step])
+    return select(rows.c.pk).subquery()
 
 
 def _scores(conn: Connection, policy: str | None) -> dict[tuple[str, int], Score]:

@@ -76,6 +76,43 @@ async def test_the_status_shows_the_test_the_trainer_last_read_and_reads_it_itse
     assert fresh is not None and fresh.step == 3 and fresh.test is not None and fresh.test.candidate.n == 0
 
 
+async def test_compare_reads_each_versions_newest_held_out_answers_of_its_project(store) -> None:
+    """The dashboard's compare: a version's rewarded held-out trajectories of the caller's
+    project, newest first, by the latest step each answered (a call after the reward counts)."""
+    import json
+
+    from burnish_server.store.dashboard import held_out_answers
+
+    db, writer = store
+
+    async def answered(name: str, steps: list[int], reward: float | None, *, project_prefix: str = "") -> None:
+        for i, step in enumerate(steps):
+            body = {"model": "agent", "messages": [{"role": "user", "content": f"task {name.split('-')[0]}"}]}
+            reply = {"id": "c", "object": "chat.completion", "created": 0, "model": "agent", "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": f"{name} at {step}"}}]}
+            at = START + timedelta(minutes=len(name) + i)
+            fields = dict(policy="agent", policy_step=step, started_at=at, finished_at=at, eval=True, request=json.dumps(body).encode(), response=json.dumps(reply).encode())
+            await writer.write(record(project_prefix + name, **fields))
+        if reward is not None:
+            await writer.write(PostReward(project_prefix + name, reward))
+
+    await answered("a-old", [1], 0.1)
+    await answered("a-new", [1], 0.3)  # the newest answer to task a at version 1
+    await answered("a-two", [2], 0.9)
+    await answered("b-both", [1, 2], 0.5)  # its latest step is 2
+    await answered("c-late", [1], 0.4)
+    await answered("c-unrewarded", [2], None)
+    await answered("d-other", [1], 0.7, project_prefix="other/")  # another project's
+    await answered("c-late", [2], None)  # a call after its reward: version 2's now
+    result = await db.read(held_out_answers, "agent", 1, 2, "default")
+    assert [x.trajectory_id for x in result.a] == ["a-new", "a-old"]
+    assert [x.trajectory_id for x in result.b] == ["c-late", "b-both", "a-two"]
+    assert {task: (x and x.answer, y and y.answer) for task, x, y in result.pairs} == {
+        "task a": ("a-new at 1", "a-two at 2"),
+        "task b": (None, "b-both at 2"),
+        "task c": (None, "c-late at 2"),
+    }
+
+
 async def test_an_eval_trial_counts_the_held_out_trajectories_of_each_version(store) -> None:
     db, writer = store
     await trajectory(writer, "h1", [1], 0, 0.2, eval=True)
