@@ -72,14 +72,19 @@ def _held_out(conn: Connection, policy: str, step: int, project: str) -> list[An
     latest version among their ok calls, as ``store/evals.py`` scores them), at most
     COMPARE_MAX: read from that version's own held-out entries (``evals.answered``), not by
     walking every held-out trajectory newest first until old versions turn up."""
-    mine = evals.answered(policy, step)
-    rows = conn.execute(
-        select(Trajectory.id, Trajectory.reward)
-        .join(mine, mine.c.pk == Trajectory.pk)
-        .where(Trajectory.project == project)
-        .order_by(Trajectory.pk.desc())
-        .limit(COMPARE_MAX)
-    ).all()
+    # The version's pks first, then their rows a batch at a time: joined in one statement, the
+    # generic plan PostgreSQL keeps for a prepared statement walked every trajectory instead
+    # (1.1 s at a million calls, 4 ms planned for the version).
+    pks = sorted(conn.execute(select(evals.answered(policy, step).c.pk)).scalars(), reverse=True)
+    rows: list[Any] = []
+    for lo in range(0, len(pks), COMPARE_MAX * 4):
+        batch = pks[lo : lo + COMPARE_MAX * 4]
+        rows += conn.execute(
+            select(Trajectory.id, Trajectory.reward).where(Trajectory.pk.in_(batch), Trajectory.project == project).order_by(Trajectory.pk.desc())
+        ).all()
+        if len(rows) >= COMPARE_MAX:
+            break
+    rows = rows[:COMPARE_MAX]
     calls: dict[str, list[Any]] = {}
     if rows:
         found = select(Call).where(Call.trajectory_id.in_([r.id for r in rows]), Call.status == OK).order_by(Call.trajectory_id, Call.started_at, Call.pk)

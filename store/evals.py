@@ -138,8 +138,7 @@ def versions(conn: Connection, policy: str, last: Collection[int]) -> list[Versi
 def answered(policy: str, step: int) -> Any:
     """The pks (``pk``) of the rewarded held-out trajectories whose latest step of ``policy`` is
     ``step``: the version's own entries, however long the policy's history (the dashboard's compare)."""
-    rows = _rows(policy, [step])
-    return select(rows.c.pk).subquery()
+    return _rows(policy, [step])
 
 
 def _scores(conn: Connection, policy: str | None) -> dict[tuple[str, int], Score]:
