@@ -158,10 +158,12 @@ def group_list(conn: Connection, filters: Filters, keyset: Keyset) -> Page[Group
     if filters.state is not None:
         stmt = stmt.where(groups.STATE == filters.state.value)
     if filters.eval is not None:
-        # `IS true`, not `= true`: SQLite would read the held-out trajectories' partial index
-        # for each group (10 s at a million calls) instead of the group's members by group_id.
-        marked = select(Trajectory.id).where(Trajectory.group_id == Group.id, Trajectory.eval.is_(True)).exists()
-        stmt = stmt.where((Group.eval | marked) if filters.eval else and_(~Group.eval, ~marked))
+        # Each group's members probed by group_id, as the page walks the groups: `IS true`, not
+        # `= true`, or SQLite reads the held-out trajectories' partial index for each group (10 s
+        # at a million calls); a scalar subquery, not EXISTS, or PostgreSQL hashes every held-out
+        # trajectory first (118 ms at ten million calls; 2 ms probed).
+        marked = select(Trajectory.pk).where(Trajectory.group_id == Group.id, Trajectory.eval.is_(True)).limit(1).scalar_subquery()
+        stmt = stmt.where((Group.eval | marked.is_not(None)) if filters.eval else and_(~Group.eval, marked.is_(None)))
     if filters.rewarded is not None or filters.reward_min is not None or filters.reward_max is not None:
         mean = select(func.avg(Trajectory.reward)).where(Trajectory.group_id == Group.id).scalar_subquery()
         if filters.rewarded is not None:  # a mean only where some member has a reward
