@@ -79,6 +79,9 @@ class Group(Base):
         # A policy's groups a trainer holds (a step's worth at most): whether another trainer is
         # mid-step (store/training.py: other_trainer_busy), and the status' count of closed groups.
         Index("ix_groups_claimed", "policy", sqlite_where=text(CLAIMED), postgresql_where=text(CLAIMED)),
+        # A policy's groups newest first: the groups list filtered to a policy walks it (SQLite
+        # otherwise read all the policy's groups by when they closed, then sorted them).
+        Index("ix_groups_policy_pk", "policy", "pk"),
         # A policy's groups by when they closed: its last closed groups (store/policies.py: recent_groups).
         Index("ix_groups_policy_closed", "policy", "closed_at"),
     )
