@@ -207,7 +207,7 @@ class PolicyView(View, kw_only=True):
     groups_trained: int  # by the steps that trained them (record_step): pruned ones still count
     # Closed and not taken by a trainer: the ready ones, and those that cannot train (health says why).
     groups_closed: int = 0
-    groups_eval: int  # groups with a member held out for evaluation, not trained
+    groups_eval: int  # groups held out for evaluation (marked, or closed with a held-out member), not trained
     last_step: StepView | None
     # Calls whose prompt did not extend their trajectory, in every step trained, by reason
     # (core/drift.py; docs/trainer.md, "The drift report").

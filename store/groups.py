@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import NamedTuple
 
-from sqlalchemy import ColumnElement, and_, case, func, select
+from sqlalchemy import ColumnElement, and_, case, func, literal, select, union_all
 from sqlalchemy.engine import Connection
-from sqlalchemy.orm import InstrumentedAttribute
 
 from burnish_server.core.groups import GroupState, Lack
 from burnish_server.store.models import Group
@@ -46,15 +45,23 @@ def counts(conn: Connection, policy: str) -> Counts:
     or wait, not the policy's history: the open ones (``ix_groups_open``); those closed and
     waiting, by what they lack, from ``ix_groups_waiting`` alone (a held-out group lacks
     ``HELD_OUT``; the few a late call unsettled are read from their rows); less those a trainer
-    holds (``ix_groups_claimed``). The trained ones are counted by the steps that trained them
-    (store/policies.py)."""
+    holds (``ix_groups_claimed``). One statement, so one snapshot. The trained ones are counted
+    by the steps that trained them (store/policies.py)."""
     mine, waiting = Group.policy == policy, (Group.closed_at.is_not(None), Group.trained_at.is_(None))
-    held_out = Group.lacks == int(Lack.HELD_OUT)
-
-    def by_held_out(key: ColumnElement[bool] | InstrumentedAttribute[bool], *where: ColumnElement[bool]) -> Counter[bool]:
-        return Counter({bool(k): n for k, n in conn.execute(select(key, func.count()).where(mine, *where).group_by(key))})
-
-    opened = by_held_out(Group.eval, Group.closed_at.is_(None))
-    waits = by_held_out(held_out, *waiting, Group.lacks.is_not(None)) + by_held_out(Group.eval, *waiting, Group.lacks.is_(None))
-    taken = by_held_out(Group.eval, is_training())
-    return Counts(open=opened[False], closed=waits[False] - taken[False], eval=opened[True] + waits[True])
+    # Held out: a settled group by its lack (so the same group is held out, or not, in every
+    # part), an unsettled one by its row's mark.
+    held_out = case((Group.lacks.is_(None), Group.eval), else_=Group.lacks == int(Lack.HELD_OUT))
+    parts = [
+        select(literal("open"), held_out, func.count()).where(mine, Group.closed_at.is_(None)).group_by(held_out),
+        select(literal("waiting"), Group.lacks == int(Lack.HELD_OUT), func.count()).where(mine, *waiting, Group.lacks.is_not(None)).group_by(Group.lacks),
+        select(literal("waiting"), Group.eval, func.count()).where(mine, *waiting, Group.lacks.is_(None)).group_by(Group.eval),
+        select(literal("taken"), held_out, func.count()).where(mine, is_training()).group_by(held_out),
+    ]
+    found: Counter[tuple[str, bool]] = Counter()
+    for kind, held, n in conn.execute(union_all(*parts)):
+        found[(kind, bool(held))] += n
+    return Counts(
+        open=found[("open", False)],
+        closed=found[("waiting", False)] - found[("taken", False)],
+        eval=found[("open", True)] + found[("waiting", True)],
+    )

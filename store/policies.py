@@ -113,6 +113,8 @@ def update_policy(conn: Connection, name: str, **values: Any) -> Policy:
         # The checkpoints were trained on this base with this adapter shape.
         raise Conflict("base_model, model_path and lora cannot change once a policy has trained (or is training); create a new policy", "policy_trained")
     values = {k: msgspec.to_builtins(v) if isinstance(v, msgspec.Struct | tuple) else v for k, v in values.items()}
+    if "promotion" in values and values["promotion"] != msgspec.to_builtins(current.promotion):
+        values |= {"candidate_test": None, "candidate_tested_at": None}  # read under the old rule
     conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(**values, updated_at=utcnow()))
     return get_policy(conn, name)
 

@@ -142,7 +142,7 @@ def record_test(conn: Connection, name: str, step: int, test: Comparison) -> Non
     conn.execute(update(PolicyRow).where(PolicyRow.name == name, PolicyRow.candidate == step).values(values))
 
 
-def shown_test(conn: Connection, policy: Policy, tested: Any, tested_at: datetime | None) -> tuple[Comparison | None, datetime]:
+def shown_test(conn: Connection, policy: Policy, tested: Any, tested_at: datetime | None) -> tuple[Comparison | None, datetime | None]:
     """The candidate's test as the status shows it, and when it was read. A canary's as the
     trainer last read it (``record_test``, every ``trainer_review_every`` seconds): its trial
     costs what it served, up to ``max_trajectories`` over the canary's share. An eval trial's
@@ -150,7 +150,8 @@ def shown_test(conn: Connection, policy: Policy, tested: Any, tested_at: datetim
     trainer's first read, as they stand."""
     if tested_at is not None and policy.promotion.canary:
         return msgspec.convert(tested, Comparison), tested_at
-    return evidence(conn, policy), utcnow()
+    test = evidence(conn, policy)
+    return test, None if test is None else utcnow()
 
 
 def mark_candidate(conn: Connection, name: str, step: int, seconds: float | None) -> None:

@@ -128,7 +128,9 @@ def settle(conn: Connection, ids: list[str]) -> None:
     the groups' rows locked (FOR UPDATE): on PostgreSQL this statement's snapshot then holds
     every member that joined before, and none can join until it commits."""
     if ids:
-        conn.execute(update(Group).where(Group.id.in_(ids)).values(lacks=lacks(Group.id)))
+        # A group marked held out on its row is held out, whatever its members say (a marked
+        # call may name a group its trajectory never joined: the first group seen stays).
+        conn.execute(update(Group).where(Group.id.in_(ids)).values(lacks=case((Group.eval, int(Lack.HELD_OUT)), else_=lacks(Group.id))))
 
 
 def settle_waiting(conn: Connection, policy: str) -> None:

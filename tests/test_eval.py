@@ -158,6 +158,9 @@ async def test_held_out_groups_are_never_claimed_nor_waiting(store) -> None:
     # no group key: the trajectory is marked, its group's row is not)...
     await writer.write(record("train-1", policy="agent", policy_step=0, eval=True))
     assert [r.trajectory_id for r in await db.read(group_calls, ["train"])] == ["train-0"]
+    # The status counts the claimed group held out now, and closed nowhere (never below zero).
+    status = await db.read(policy_status, "agent")
+    assert (status.groups_closed, status.groups_eval) == (0, 5)
     # ...and a marked call into the group keeps all of it out.
     await writer.write(record("train-0", group="train", policy="agent", policy_step=0, eval=True))
     assert await db.read(group_calls, ["train"]) == []

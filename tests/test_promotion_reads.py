@@ -50,8 +50,11 @@ async def test_a_canary_counts_what_each_version_alone_served_since_its_trial_be
 async def test_the_status_shows_the_test_the_trainer_last_read_and_reads_it_itself_before(store) -> None:
     """A canary's trial costs what it served: the status shows the test as the trainer's review
     last kept it (``record_test``), and reads the trial itself only before the first review."""
+    import msgspec
+
     from burnish_server.core.policies import Policy, PromotionSettings
-    from burnish_server.store.policies import create_policy, get_policy, policy_status
+    from burnish_server.store.policies import create_policy, get_policy, policy_status, update_policy
+    from burnish_server.trainer.promoter import Promoter
 
     db, writer = store
     rule = PromotionSettings(rule="canary", min_trajectories=2)
@@ -69,11 +72,24 @@ async def test_the_status_shows_the_test_the_trainer_last_read_and_reads_it_itse
     assert shown is not None and shown.test == kept and shown.tested_at is not None and shown.tested_at >= live.tested_at
     await db.transaction(promotion.record_test, "agent", 1, await db.read(promotion.evidence, policy))  # not on trial: ignored
     assert (await db.read(policy_status, "agent")).candidate.test == kept  # type: ignore[union-attr]
+    # Settings that change the test: read again under them, until the trainer's next review.
+    await db.transaction(lambda c: update_policy(c, "agent", promotion=msgspec.structs.replace(rule, margin=0.1)))
+    changed = (await db.read(policy_status, "agent")).candidate
+    assert changed is not None and changed.test is not None and changed.test.candidate.n == 2 and changed.test.margin == 0.1
+    # The trainer's review keeps an undecided test (and only then).
+    promoter = Promoter(db, 0, lambda *_: None)
+    await promoter.review(await db.read(get_policy, "agent"))
+    kept_now = (await db.read(policy_status, "agent")).candidate
+    assert kept_now is not None and kept_now.test == changed.test and kept_now.tested_at is not None
     # A new trial forgets the last one's test.
     await db.transaction(lambda c: c.execute(update(PolicyRow).values(head=3)))
     await db.transaction(promotion.mark_candidate, "agent", 3, 0.1)
     fresh = (await db.read(policy_status, "agent")).candidate
     assert fresh is not None and fresh.step == 3 and fresh.test is not None and fresh.test.candidate.n == 0
+    # Under manual nothing tests: no test, and no time it was read.
+    await db.transaction(lambda c: update_policy(c, "agent", promotion=msgspec.structs.replace(rule, rule="manual")))
+    manual = (await db.read(policy_status, "agent")).candidate
+    assert manual is not None and manual.test is None and manual.tested_at is None
 
 
 async def test_compare_reads_each_versions_newest_held_out_answers_of_its_project(store) -> None:
