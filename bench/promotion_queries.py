@@ -170,7 +170,11 @@ def add_policies(conn: Any, traffic: Traffic) -> None:
             row.update(checkpoint=f"/data/checkpoints/{name}/{step}", trainer="trainer-1", created_at=began, published_at=published)
             row.update(publish_seconds=3.0 if published else None, decision=None, decided_at=None, decisions=None)
             if agent and step <= SERVED:
-                row.update(decision="promoted", decided_at=began, decisions=[{"decision": "promoted", "by": "test", "reason": "its test", "decided_at": began.isoformat()}])
+                row.update(
+                    decision="promoted",
+                    decided_at=began,
+                    decisions=[{"decision": "promoted", "by": "test", "reason": "its test", "decided_at": began.isoformat()}],
+                )
             conn.execute(insert(StepRow).values(row))
 
 

@@ -104,9 +104,23 @@ async def test_compare_reads_each_versions_newest_held_out_answers_of_its_projec
     async def answered(name: str, steps: list[int], reward: float | None, *, project_prefix: str = "") -> None:
         for i, step in enumerate(steps):
             body = {"model": "agent", "messages": [{"role": "user", "content": f"task {name.split('-')[0]}"}]}
-            reply = {"id": "c", "object": "chat.completion", "created": 0, "model": "agent", "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": f"{name} at {step}"}}]}
+            reply = {
+                "id": "c",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "agent",
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": f"{name} at {step}"}}],
+            }
             at = START + timedelta(minutes=len(name) + i)
-            fields = dict(policy="agent", policy_step=step, started_at=at, finished_at=at, eval=True, request=json.dumps(body).encode(), response=json.dumps(reply).encode())
+            fields = dict(
+                policy="agent",
+                policy_step=step,
+                started_at=at,
+                finished_at=at,
+                eval=True,
+                request=json.dumps(body).encode(),
+                response=json.dumps(reply).encode(),
+            )
             await writer.write(record(project_prefix + name, **fields))
         if reward is not None:
             await writer.write(PostReward(project_prefix + name, reward))
