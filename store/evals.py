@@ -136,8 +136,9 @@ def versions(conn: Connection, policy: str, last: Collection[int]) -> list[Versi
 
 
 def answered(policy: str, step: int) -> Any:
-    """The pks (``pk``) of the rewarded held-out trajectories whose latest step of ``policy`` is
-    ``step``: the version's own entries, however long the policy's history (the dashboard's compare)."""
+    """The rewarded held-out trajectories (``_rows``, with their ``pk``) whose latest step of
+    ``policy`` is ``step``: the version's own entries, however long the policy's history (the
+    dashboard's compare)."""
     return _rows(policy, [step])
 
 
