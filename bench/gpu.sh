@@ -44,18 +44,19 @@ if [ -d "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
 fi
 
 if [ "${1:-}" = "--tiny" ]; then
-    ROWS="qwen2-tiny:64:32:off qwen2-tiny:128:64:on"
+    ROWS="qwen2-tiny:64:32:off:off,selective qwen2-tiny:128:64:on:on"
     STEP_ARGS="--model qwen2-tiny --groups 2 --group-size 4 --prompt-len 64 --answer-len 16 --steps 1"
     WHOLE_ARGS="--model qwen2-tiny --groups 2 --group-size 4 --prompt-len 64 --answer-len 16 --passes 2"
-    STEP_AFTER="qwen2-tiny:64:32:off"
+    STEP_AFTER="qwen2-tiny:64:32:off:off,selective"
     COMMON="--warmup 1 --steps 2"
 else
-    # model:prompt:completion:checkpointing. TRL holds 7B at 1024 + 512 only with checkpointing
-    # (about 135 GiB without, by the 512 + 256 row's figure): both sides take it there.
-    ROWS="qwen2.5-1.5b:512:256:off qwen2.5-7b:512:256:off qwen2.5-1.5b:1024:512:off qwen2.5-7b:1024:512:on"
+    # model:prompt:completion:TRL's checkpointing:burnish's (each a side of its own). TRL holds 7B
+    # at 1024 + 512 only with checkpointing (about 135 GiB without, by the 512 + 256 row's
+    # figure): both sides take it there, and burnish's selective checkpointing beside it.
+    ROWS="qwen2.5-1.5b:512:256:off:off,selective qwen2.5-7b:512:256:off:off,selective qwen2.5-1.5b:1024:512:off:off,selective qwen2.5-7b:1024:512:on:on,selective"
     STEP_ARGS="--model qwen2.5-1.5b"
     WHOLE_ARGS="--model qwen2.5-1.5b --passes 2"  # the same batch: 4 groups x 8, 600 + 150 tokens a call
-    STEP_AFTER="qwen2.5-1.5b:1024:512:off"  # then the trainer's step and whole step, before the longest row
+    STEP_AFTER="qwen2.5-1.5b:1024:512:off:off,selective"  # then the trainer's step and whole step, before the longest row
     COMMON="--warmup 2 --steps 5"
 fi
 
@@ -85,10 +86,10 @@ run() {  # a name, then the command; skipped once the budget is spent, cut at wh
 }
 
 for row in $ROWS; do
-    IFS=: read -r model prompt completion ckpt <<<"$row"
-    run "vs_trl $model $prompt+$completion checkpointing $ckpt" $PY bench/vs_trl.py --model "$model" --trl-python "$PY" \
+    IFS=: read -r model prompt completion ckpt ours <<<"$row"
+    run "vs_trl $model $prompt+$completion checkpointing TRL $ckpt, burnish $ours" $PY bench/vs_trl.py --model "$model" --trl-python "$PY" \
         --rank 16 --lr 5e-4 --rounds 1 --quiet-wait 0 --groups 2 --group-size 8 $COMMON \
-        --prompt-len "$prompt" --completion-len "$completion" --checkpointing "$ckpt" \
+        --prompt-len "$prompt" --completion-len "$completion" --checkpointing "$ckpt" --ours-checkpointing "$ours" \
         --results "$RUNS/vs_trl-$model-$prompt-$completion.json"
     if [ "$row" = "$STEP_AFTER" ]; then
         run "trainer step" $PY bench/trainer_step.py $STEP_ARGS --results "$RUNS/trainer_step.json"

@@ -52,22 +52,26 @@ def main() -> int:
     for r in runs.values():
         a = r["args"]
         name = f"{a['model']}, {a['prompt_len']} + {a['completion_len']}"
-        for side in ("burnish", "TRL"):
+        sides = [k for k in r if k.startswith("burnish")] + ["TRL"]  # vs_trl.py --ours-checkpointing: "burnish (selective)", ...
+        for side in sides:
             x = r[side]
             flops = f"{x['flops'] / 1e9:,.0f}" if x.get("flops") else "-"
             share = f"{x['peak_share']:.0%}" if x.get("peak_share") is not None else "-"
             mem = f"{x['peak_memory'] / GIB:.1f}" if x.get("peak_memory") else "-"
             print(
-                f"| {name if side == 'burnish' else ''} | {a['checkpointing'] if side == 'burnish' else ''} | {side} | {x['median_s']:.4f} | {x['tokens_per_s']:,.0f} | {flops} | {share} | {mem} |"
+                f"| {name if side == 'burnish' else ''} | {x.get('checkpointing', a['checkpointing'])} | {side} | {x['median_s']:.4f} | {x['tokens_per_s']:,.0f} | {flops} | {share} | {mem} |"
             )
-        ours, theirs = r["burnish"], r["TRL"]
-        memory = ours["peak_memory"] / theirs["peak_memory"] if ours.get("peak_memory") and theirs.get("peak_memory") else None
-        drift = max(abs(p - q) for p, q in zip(ours["losses"], theirs["losses"]))
-        summary.append(
-            f"{name}: burnish / TRL tokens/s {r['ratio_tokens_per_s']:.2f}"
-            + (f", peak memory {memory:.2f}x TRL's" if memory else "")
-            + f"; loss step 1 {ours['losses'][0]:+.6f} / {theirs['losses'][0]:+.6f}, largest |difference| over {len(ours['losses'])} steps {drift:.1e}"
-        )
+        theirs = r["TRL"]
+        for side in sides[:-1]:
+            ours = r[side]
+            memory = ours["peak_memory"] / theirs["peak_memory"] if ours.get("peak_memory") and theirs.get("peak_memory") else None
+            drift = max(abs(p - q) for p, q in zip(ours["losses"], theirs["losses"]))
+            ratio = r["ratio_tokens_per_s"] if side == "burnish" else ours["ratio_tokens_per_s"]
+            summary.append(
+                f"{name}, {side} ({ours.get('checkpointing', a['checkpointing'])}): / TRL tokens/s {ratio:.2f}"
+                + (f", peak memory {memory:.2f}x TRL's" if memory else "")
+                + f"; loss step 1 {ours['losses'][0]:+.6f} / {theirs['losses'][0]:+.6f}, largest |difference| over {len(ours['losses'])} steps {drift:.1e}"
+            )
     print()
     for line in summary:
         print(f"- {line}")

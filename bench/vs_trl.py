@@ -82,6 +82,7 @@ OPTIONS = (  # flag, default, help
     ("--threads", os.cpu_count() or 1, "torch threads, both sides"),
     ("--seed", 0, "batch and LoRA init"),
     ("--checkpointing", "off", "activation checkpointing on both sides: off or on"),
+    ("--ours-checkpointing", "", "burnish's, where not --checkpointing: off, on or selective; several, comma-separated, run as sides of their own"),
     ("--quiet-wait", 300.0, "seconds to wait, before each process, for other processes to go quiet"),
 )
 # Random-weight models of real models' shapes (their config.json's numbers), for a GPU: nothing
@@ -262,7 +263,7 @@ def ours_stepper(spec: dict):
         metrics = policy.step(items)
         return metrics.loss, int(metrics.tokens)
 
-    return step, {"device": str(policy.device), "checkpointing": base.checkpointing}
+    return step, {"device": str(policy.device), "checkpointing": spec["checkpointing"] if base.checkpointing else "off"}
 
 
 def trl_stepper(spec: dict, work: Path):
@@ -327,7 +328,7 @@ def trl_stepper(spec: dict, work: Path):
         trainer.optimizer.zero_grad(set_to_none=True)
         return loss.item(), int(inputs["num_items_in_batch"])
 
-    return step, {"device": str(device), "trl": trl.__version__, "optimizer": type(trainer.optimizer).__name__}
+    return step, {"device": str(device), "trl": trl.__version__, "optimizer": type(trainer.optimizer).__name__, "checkpointing": spec["checkpointing"]}
 
 
 def worker(side: str, spec_path: Path, out_path: Path) -> None:
@@ -537,13 +538,22 @@ def main() -> int:
     if path := import_path():
         sys.path.insert(0, path)
     trl_python = args.trl_python or str(ensure_trl_venv())
-    runs: dict[str, list[dict]] = {"burnish": [], "TRL": []}
+    # burnish's sides: "burnish" (its first checkpointing), then "burnish (<mode>)" for each other one.
+    modes = [m.strip() for m in args.ours_checkpointing.split(",") if m.strip()] or [args.checkpointing]
+    ours_sides = {("burnish" if i == 0 else f"burnish ({mode})"): mode for i, mode in enumerate(modes)}
+    runs: dict[str, list[dict]] = {name: [] for name in [*ours_sides, "TRL"]}
     with tempfile.TemporaryDirectory(prefix="burnish-vs-trl-") as tmp:
+        spec = prepare(args, Path(tmp))
         spec_path = Path(tmp) / "spec.json"
-        spec_path.write_text(json.dumps(prepare(args, Path(tmp))))
+        spec_path.write_text(json.dumps(spec))
+        specs = {}
+        for i, (name, mode) in enumerate(ours_sides.items()):
+            specs[name] = Path(tmp) / f"spec-{i}.json"
+            specs[name].write_text(json.dumps(spec | {"checkpointing": mode}))
         release_gpu()
         for _ in range(args.rounds):  # alternating, so that a change in the machine's load hits both sides
-            runs["burnish"].append(run_worker(sys.executable, "ours", spec_path, args.quiet_wait, path))
+            for name in ours_sides:
+                runs[name].append(run_worker(sys.executable, "ours", specs[name], args.quiet_wait, path))
             runs["TRL"].append(run_worker(trl_python, "trl", spec_path, args.quiet_wait, path))
     res = {}
     for name, rs in runs.items():
@@ -565,7 +575,7 @@ def main() -> int:
     print(
         f"\nmodel {args.model or 'tiny (Qwen2, 2 layers x 128, seed 0)'}; {args.groups} groups x {args.group_size}, prompt {args.prompt_len} + completion "
         f"{args.completion_len} tokens ({n * (args.prompt_len + args.completion_len)} tokens in, {n * args.completion_len} sampled); LoRA r={args.rank}; "
-        f"activation checkpointing {args.checkpointing}; "
+        f"activation checkpointing: TRL {args.checkpointing}, burnish {', '.join(modes)}; "
         f"TRL {theirs['trl']} loss_type={args.loss_type}; device {ours['device']}{' (' + ours['gpu'] + ')' if 'gpu' in ours else ''}; "
         f"torch {v['torch']}, transformers {v['transformers']}, peft {v['peft']}"
     )
@@ -577,7 +587,12 @@ def main() -> int:
         print(f"  {name:<8}{r['tokens']:>12}{r['median_s']:>17.4f}{r['min_s']:>9.4f}{r['max_s']:>9.4f}{r['tokens_per_s']:>11.0f}{r['others']:>8.0%}{mem}")
     ratio = ours["tokens_per_s"] / theirs["tokens_per_s"]
     print(f"\n  burnish / TRL (tokens/s): {ratio:.2f}")
-    peak, side = max(r["matmul_flops_per_s"] for r in runs["burnish"]), matmul_side()
+    for name in list(ours_sides)[1:]:
+        r = res[name]
+        r["ratio_tokens_per_s"] = r["tokens_per_s"] / theirs["tokens_per_s"]
+        memory = f", peak memory {r['peak_memory'] / theirs['peak_memory']:.2f}x TRL's" if gpu else ""
+        print(f"  {name} / TRL (tokens/s): {r['ratio_tokens_per_s']:.2f}{memory}")
+    peak, side = max(r["matmul_flops_per_s"] for name in ours_sides for r in runs[name]), matmul_side()
     for name, r in res.items():
         if r["flops"] is None:
             print(f"  {name}: no FLOP count (torch's counter failed: see the worker's output)")

@@ -139,7 +139,7 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     # fp32 on the CPU), activation checkpointing (auto: on on a GPU), and sequences packed
     # without padding (auto: where the attention kernel is variable-length, FlashAttention).
     trainer_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
-    trainer_checkpointing: Literal["auto", "on", "off"] = "auto"
+    trainer_checkpointing: Literal["auto", "on", "selective", "off"] = "auto"
     trainer_packing: Literal["auto", "on", "off"] = "auto"
 
     # Recording. Off turns the gateway into a plain proxy (the benchmark's baseline).

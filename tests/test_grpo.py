@@ -30,7 +30,7 @@ def test_loss_on_policy_is_minus_the_mean_advantage_per_token() -> None:
     adv = torch.tensor([2.0, -1.0])
     parts = grpo_loss(logp, logp.clone(), adv, mask, TrainSettings())
     assert parts.loss.item() == pytest.approx(-(2 * 2 + (-1) * 2) / 4)
-    assert parts.tokens == 4 and parts.clip_fraction.item() == 0.0
+    assert parts.tokens.item() == 4 and parts.clip_fraction.item() == 0.0
 
 
 def test_ratio_is_clipped_asymmetrically() -> None:

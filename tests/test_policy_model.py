@@ -3,6 +3,7 @@ reward rises, and a checkpoint resumes exactly."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -275,17 +276,60 @@ def test_packed_sequences_train_as_padded_ones(tiny: Path) -> None:
 
 
 def test_activation_checkpointing_changes_memory_not_the_step(tiny: Path) -> None:
+    """Full and selective checkpointing leave the adapter the step leaves without; selective
+    keeps the matmuls' and attention's results (trainer/recompute.py), so backward recomputes no
+    matmul but LoRA's narrow second factor (counted by torch's FLOP counter: full recomputes every one)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
     from burnish_server.trainer.base_model import Holding, SharedBase
 
-    adapters = []
-    for checkpointing in ("on", "off"):
+    adapters, flops = {}, {}
+    for checkpointing in ("on", "selective", "off"):
         base = SharedBase(str(tiny), holding=Holding(checkpointing=checkpointing))
-        assert base.checkpointing is (checkpointing == "on")
+        assert base.checkpointing is (checkpointing != "off")
         model = PolicyModel(base, LoraSettings(rank=8, alpha=16), TrainSettings(learning_rate=5e-3))
-        model.step(_varied(0))
-        adapters.append(_adapter(model))
-    for key, value in adapters[0].items():
-        torch.testing.assert_close(value, adapters[1][key], atol=1e-6, rtol=1e-5)
+        with FlopCounterMode(display=False) as counter:
+            model.step(_varied(0))
+        adapters[checkpointing], flops[checkpointing] = _adapter(model), counter.get_total_flops()
+    for checkpointing in ("on", "selective"):
+        for key, value in adapters[checkpointing].items():
+            torch.testing.assert_close(value, adapters["off"][key], atol=1e-6, rtol=1e-5)
+    # Selective recomputes LoRA's B alone, rank / hidden of the base's work (8 / 128 here; 16 / 1536 on a 1.5B model).
+    assert flops["off"] < flops["selective"] < flops["off"] * 1.1 < flops["on"], flops
+
+
+def test_the_step_reads_nothing_back_from_the_device_before_its_end(tiny: Path) -> None:
+    """On a GPU, reading a tensor's value (``.item()``, ``float()``, ``nonzero``) waits for all the
+    work queued before it, and the device idles while the host queues more. The step's own code
+    finds the sampled positions on the host (make_batch, before the copy), keeps its figures on
+    the device and reads them once at its end (``tolist``, which dispatches no per-value read);
+    the fused AdamW reads no step count. What is left is transformers' own check of the mask.
+    Counted by the ops that read a value, by who called them (the first step also reads each
+    base layer's norm, once, for ``distance_from_base``)."""
+    import traceback
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Reads(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sites: Counter[str] = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func.overloadpacket.__name__ in ("_local_scalar_dense", "nonzero", "is_nonzero", "equal"):
+                caller = [f for f in traceback.extract_stack()[:-1] if f"{os.sep}torch{os.sep}" not in f.filename][-1]
+                self.sites[f"{Path(caller.filename).name}:{caller.name}"] += 1
+            return func(*args, **(kwargs or {}))
+
+    model = PolicyModel(str(tiny), LoraSettings(rank=8, alpha=16), TrainSettings(learning_rate=5e-3, kl_coef=0.05))
+    model.step(_varied(0))
+    for packed in (False, True):
+        model.base.packs = packed
+        with Reads() as reads:
+            model.step(_varied(1))
+        assert {site.split(":")[0] for site in reads.sites} <= {"policy_model.py", "masking_utils.py"}, reads.sites
+        assert {site for site in reads.sites if site.startswith("policy_model.py")} == {"policy_model.py:make_batch"}, reads.sites
 
 
 def test_the_gpus_paths_run_on_the_cpu(tiny: Path, tmp_path: Path) -> None:

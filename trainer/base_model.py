@@ -20,6 +20,7 @@ from typing import Any, Literal
 import torch
 
 from burnish_server.trainer.distributed import Ranks
+from burnish_server.trainer.recompute import selective
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,10 @@ class Holding:
     # Activation (gradient) checkpointing: each layer's activations recomputed in the backward
     # pass instead of kept, about a third more compute for memory that no longer grows with
     # layers x tokens. On by default on a GPU, where agent-length sequences hit the limit. "on"
-    # on the CPU also fixes glibc's mmap threshold (``return_freed_memory``).
-    checkpointing: Literal["auto", "on", "off"] = "auto"
+    # on the CPU also fixes glibc's mmap threshold (``return_freed_memory``). "selective" keeps
+    # the layers' matmul and attention results and recomputes only the cheap work between them
+    # (``trainer/recompute.py``): less memory than "off" for little more compute.
+    checkpointing: Literal["auto", "on", "selective", "off"] = "auto"
     # A micro-batch's sequences packed into one row without padding (position ids per
     # sequence), where the model keeps them apart faithfully. "auto" packs where the attention
     # kernel is variable-length (FlashAttention: each sequence attends within itself at no
@@ -104,7 +107,7 @@ class SharedBase:
         self.ranks = ranks or Ranks()
         self.device = self.ranks.device
         gpu = self.device.type == "cuda"
-        if self.device.type == "cpu" and holding.checkpointing == "on":
+        if self.device.type == "cpu" and holding.checkpointing in ("on", "selective"):
             return_freed_memory()  # where memory was asked for: it costs a page fault per large allocation
         dtype = {"auto": torch.bfloat16 if gpu else torch.float32, "bfloat16": torch.bfloat16, "float32": torch.float32}[holding.dtype]
         self.tokenizer = AutoTokenizer.from_pretrained(path)
@@ -117,9 +120,12 @@ class SharedBase:
         # bf16 on tensor cores and backward keeps bf16 inputs (TRL does the same); on the CPU, or in
         # fp32, nothing changes.
         self.mixed = gpu and dtype != torch.float32
-        if holding.checkpointing == "on" or (holding.checkpointing == "auto" and gpu):
+        if holding.checkpointing in ("on", "selective") or (holding.checkpointing == "auto" and gpu):
             # Non-reentrant: the variant that composes with FSDP2 and with frozen inputs.
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            kwargs: dict[str, Any] = {"use_reentrant": False}
+            if holding.checkpointing == "selective":
+                kwargs["context_fn"] = selective
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         if self.ranks.sharded:
             self.ranks.shard(self.model)  # FSDP2 places each rank's shards on its device
         else:

@@ -122,6 +122,16 @@ class Ranks:
         dist.all_reduce(summed)
         return summed.tolist()
 
+    def total(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` summed over the ranks, where they are (on a GPU, without waiting for them)."""
+        if self.world == 1:
+            return values
+        import torch.distributed as dist
+
+        summed = values.double()
+        dist.all_reduce(summed)
+        return summed
+
     def sum_gradients(self, params: list[torch.nn.Parameter]) -> None:
         """Each parameter's gradient summed over the ranks, in one all-reduce (a rank that had
         no sequence adds zeros)."""

@@ -46,11 +46,15 @@ def group_advantages(rewards: torch.Tensor, *, scale: bool = True, eps: float = 
 
 @dataclass
 class LossParts:
+    """The loss and its figures, every one a tensor on the loss's device: the step reads them
+    back once, at its end, never between a forward and a backward (on a GPU each read waits for
+    the device to finish everything queued)."""
+
     loss: torch.Tensor  # the scalar to backpropagate
     policy_loss: torch.Tensor
     kl: torch.Tensor  # mean k3 over sampled tokens (0 if no reference)
     clip_fraction: torch.Tensor  # share of sampled tokens whose ratio was clipped
-    tokens: int
+    tokens: torch.Tensor  # the sampled tokens (``mask``'s sum)
     # Sums over sampled tokens (divide by ``tokens``): |logp - behaviour|, ratio to the
     # behaviour outside the clip range, TIS weight at its cap.
     logprob_diff: torch.Tensor
@@ -58,15 +62,15 @@ class LossParts:
     tis_capped: torch.Tensor
 
 
-def behaviour_gap(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor, settings: TrainSettings) -> tuple[float, float]:
-    """How far the trainer is from vLLM on the ``mask``ed tokens, as sums: |logp - behaviour|,
-    and the tokens whose ratio to the behaviour is outside the clip range. No gradient."""
+def behaviour_gap(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor, settings: TrainSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    """How far the trainer is from vLLM on the ``mask``ed tokens, as sums (tensors): |logp -
+    behaviour|, and the tokens whose ratio to the behaviour is outside the clip range. No gradient."""
     with torch.no_grad():
         mask = mask.to(logprobs.dtype)
         gap = logprobs.detach() - behaviour_logprobs
         ratio = torch.exp(gap)
         outside = ((ratio < 1 - settings.clip_eps_low) | (ratio > 1 + settings.clip_eps_high)).to(mask.dtype)
-        return float((gap.abs() * mask).sum()), float((outside * mask).sum())
+        return (gap.abs() * mask).sum(), (outside * mask).sum()
 
 
 def grpo_loss(
@@ -105,17 +109,16 @@ def grpo_loss(
         weight = to_behaviour.clamp(max=settings.tis_cap)
         tis_capped = ((to_behaviour > settings.tis_cap).to(mask.dtype) * mask).sum()
         per_token = -weight * ratio * advantages
-    n = normaliser if normaliser is not None else int(mask.sum().item())
-    n = max(n, 1)
+    tokens = mask.sum()
+    n = max(normaliser, 1) if normaliser is not None else tokens.clamp(min=1)
     policy_loss = (per_token * mask).sum() / n
     kl = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     if reference_logprobs is not None and settings.kl_coef > 0:
         delta = reference_logprobs - logprobs
         k3 = torch.exp(delta) - delta - 1
         kl = (k3 * mask).sum() / n
-    tokens = int(mask.sum().item())
     with torch.no_grad():
         # Under TIS the ratio is 1 and nothing is clipped: the weight does the correcting.
         was_clipped = ((ratio < low) | (ratio > high)).to(mask.dtype)
-        clip_fraction = (was_clipped * mask).sum() / max(tokens, 1)
+        clip_fraction = (was_clipped * mask).sum() / tokens.clamp(min=1)
     return LossParts(policy_loss + settings.kl_coef * kl, policy_loss.detach(), kl.detach(), clip_fraction, tokens, logprob_diff, outside_clip, tis_capped)

@@ -41,14 +41,14 @@ IMPORTANCE_CAP = 2.0
 class Parts:
     loss: torch.Tensor  # this micro-batch's share of the objective (divided by the step's normaliser)
     total: torch.Tensor  # the figure reported, summed over the micro-batch's tokens: NLL (SFT), reverse KL (distill)
-    tokens: int
+    tokens: torch.Tensor  # the micro-batch's tokens of this objective (a tensor: reading it would wait on the device)
 
 
 def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, normaliser: int) -> Parts:
     """The negative log-likelihood of the demonstration tokens (``mask`` 1), [batch, time]."""
     mask = mask.to(logprobs.dtype)
     nll = -(logprobs * mask).sum()
-    return Parts(nll / max(normaliser, 1), nll.detach(), int(mask.sum().item()))
+    return Parts(nll / max(normaliser, 1), nll.detach(), mask.sum())
 
 
 def distill_loss(logprobs: torch.Tensor, behaviour: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, normaliser: int) -> Parts:
@@ -59,4 +59,4 @@ def distill_loss(logprobs: torch.Tensor, behaviour: torch.Tensor, teacher: torch
         gap = (logprobs.detach() - teacher) * mask
         weight = torch.exp(logprobs.detach() - behaviour).clamp(max=IMPORTANCE_CAP)
     loss = (weight * gap * logprobs * mask).sum() / max(normaliser, 1)
-    return Parts(loss, gap.sum(), int(mask.sum().item()))
+    return Parts(loss, gap.sum(), mask.sum())

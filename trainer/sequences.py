@@ -87,6 +87,8 @@ class Sequence:
     imitate: bool = False
     teacher_logprobs: list[float] | None = None
     taught: list[int] | None = None
+    # trained()'s answer, kept until the next add(): a step asks for it several times a sequence.
+    _trained: list[int] | None = field(default=None, init=False, repr=False, compare=False)
 
     def add(self, context: list[int], sampled: list[int], logprobs: list[float] | None, credit: float = 0.0, teacher_prompt: list[int] | None = None) -> None:
         self.spans.append(Span(len(self.tokens) + len(context), len(sampled), teacher_prompt))
@@ -96,6 +98,7 @@ class Sequence:
         self.behaviour_logprobs += [0.0] * len(context) + (list(logprobs) if logprobs is not None else [0.0] * len(sampled))
         self.has_behaviour_logprobs &= logprobs is not None
         self.calls += 1
+        self._trained = None
 
     @property
     def sampled(self) -> int:
@@ -105,7 +108,9 @@ class Sequence:
         """The mask the loss uses: 1 on sampled tokens, except those a grammar forced (FORCED_LOGPROB)."""
         if not self.has_behaviour_logprobs:
             return self.mask
-        return [m * t for m, t in zip(self.mask, trained_mask(len(self.mask), self.behaviour_logprobs))]
+        if self._trained is None:
+            self._trained = [m * t for m, t in zip(self.mask, trained_mask(len(self.mask), self.behaviour_logprobs))]
+        return self._trained
 
 
 @dataclass
