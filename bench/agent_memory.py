@@ -100,7 +100,7 @@ def worker(args: argparse.Namespace) -> None:
                 "tokens": sum(len(s.tokens) for s, _ in items),
                 "sampled": metrics.tokens,
                 "loss": metrics.loss,
-                "checkpointing": base.checkpointing,
+                "checkpointing": args.checkpointing if base.checkpointing else "off",
             }
         ),
         flush=True,
@@ -110,7 +110,7 @@ def worker(args: argparse.Namespace) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--micro-batch-tokens", default="8192,2048", help="comma-separated; one fresh process each")
-    ap.add_argument("--checkpointing", default="auto", choices=("auto", "on", "off"), help="BURNISH_TRAINER_CHECKPOINTING (auto: off on the CPU)")
+    ap.add_argument("--checkpointing", default="auto", choices=("auto", "on", "selective", "off"), help="BURNISH_TRAINER_CHECKPOINTING (auto: off on the CPU)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rss-limit", type=float, default=14.0, help="GB of resident memory at which a setting is stopped")
@@ -142,7 +142,7 @@ def main() -> int:
             print(f"micro-batches of {tokens:>5} tokens: stopped, resident set over {row['over_gb']:.1f} GB")
         else:
             print(
-                f"micro-batches of {tokens:>5} tokens (checkpointing {'on' if row['checkpointing'] else 'off'}): peak resident "
+                f"micro-batches of {tokens:>5} tokens (checkpointing {row['checkpointing']}): peak resident "
                 f"{row['peak_gb']:.2f} GB (loaded: {row['loaded_gb']:.2f} GB), step {row['step_s']:.1f} s, "
                 f"{row['tokens']} tokens, {row['sampled']:.0f} sampled"
             )

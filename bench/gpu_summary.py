@@ -67,8 +67,9 @@ def main() -> int:
             memory = ours["peak_memory"] / theirs["peak_memory"] if ours.get("peak_memory") and theirs.get("peak_memory") else None
             drift = max(abs(p - q) for p, q in zip(ours["losses"], theirs["losses"]))
             ratio = r["ratio_tokens_per_s"] if side == "burnish" else ours["ratio_tokens_per_s"]
+            label = f"burnish ({ours.get('checkpointing', a['checkpointing'])})" if side == "burnish" else side
             summary.append(
-                f"{name}, {side} ({ours.get('checkpointing', a['checkpointing'])}): / TRL tokens/s {ratio:.2f}"
+                f"{name}, {label}: / TRL tokens/s {ratio:.2f}"
                 + (f", peak memory {memory:.2f}x TRL's" if memory else "")
                 + f"; loss step 1 {ours['losses'][0]:+.6f} / {theirs['losses'][0]:+.6f}, largest |difference| over {len(ours['losses'])} steps {drift:.1e}"
             )

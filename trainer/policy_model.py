@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -110,8 +110,8 @@ def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, d
     if device.type == "cpu":
         return host
     # Copied without waiting for the device: the next micro-batch's tensors travel while the last one's step runs.
-    moved = {f.name: getattr(host, f.name) for f in fields(host)}
-    return Batch(**{k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in moved.items()})
+    tensors = {f.name: getattr(host, f.name) for f in fields(host) if isinstance(getattr(host, f.name), torch.Tensor)}
+    return replace(host, **{name: tensor.to(device, non_blocking=True) for name, tensor in tensors.items()})
 
 
 def taught_tokens(items: list[tuple[Sequence, float]], max_len: int) -> tuple[int, int, int]:
@@ -182,9 +182,8 @@ class PolicyModel:
         self.params = [p for n, p in self.model.named_parameters() if f".{self.adapter}." in n]
         # torch's fused AdamW: one kernel over every LoRA tensor, with its step count on the device
         # (the per-tensor loop reads each tensor's count back to the host); 5x faster on the CPU
-        # for SmolLM2's 420 LoRA tensors. FSDP2's sharded parameters keep torch's default.
-        fused = True if not self.base.ranks.sharded else None
-        self.optimizer = torch.optim.AdamW(self.params, lr=train.learning_rate, betas=train.adam_betas, weight_decay=train.weight_decay, fused=fused)
+        # for SmolLM2's 420 LoRA tensors. The LoRA weights are whole on every rank, under FSDP2 too.
+        self.optimizer = torch.optim.AdamW(self.params, lr=train.learning_rate, betas=train.adam_betas, weight_decay=train.weight_decay, fused=True)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.step_count = 0
 
@@ -245,18 +244,14 @@ class PolicyModel:
         one shape are stacked and take one batched product, so the figure costs a few operations
         a step, not a few per layer. A tensor on the device (the step reads it with its others)."""
         from peft.tuners.lora import LoraLayer
-        from torch.distributed.tensor import DTensor
-
-        def whole(weight: torch.Tensor) -> torch.Tensor:  # under FSDP2 a shard: gathered, a collective
-            return (weight.full_tensor() if isinstance(weight, DTensor) else weight).float()
 
         shapes: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
         base = 0.0
-        for module in self.model.modules():  # in the same order on every rank: whole() and squared_norm may be collectives
+        for module in self.model.modules():  # in the same order on every rank: squared_norm may be a collective
             layer: Any = module  # peft's layers type their adapters loosely
             if not isinstance(module, LoraLayer) or self.adapter not in layer.lora_A:
                 continue
-            a, b = whole(layer.lora_A[self.adapter].weight), whole(layer.lora_B[self.adapter].weight)
+            a, b = layer.lora_A[self.adapter].weight.float(), layer.lora_B[self.adapter].weight.float()
             a_s, b_s = shapes.setdefault((a.shape, b.shape, layer.scaling[self.adapter]), ([], []))
             a_s.append(a)
             b_s.append(b)
