@@ -41,13 +41,10 @@ class Batch:
     taught: torch.Tensor  # [B, T]
     teacher_logprobs: torch.Tensor  # [B, T], the teacher's where taught
     # Where the sampled tokens are, found on the host from the lists (a ``nonzero`` on the device
-    # would make the host wait for it): the positions whose next token is sampled in some row
-    # (position t predicts token t + 1), and each sampled token's row, its index among those
-    # positions, and its own position.
-    predicts: torch.Tensor  # [P]
+    # would make the host wait for it): each sampled token's row and position (the hidden state
+    # that predicts it is the one before).
     picked_rows: torch.Tensor  # [N]
-    picked_columns: torch.Tensor  # [N], into ``predicts``
-    picked_at: torch.Tensor  # [N], = predicts[picked_columns] + 1
+    picked_at: torch.Tensor  # [N]
     sampled_tokens: int  # ``sampled``'s sum
     compared_tokens: int  # the sampled tokens of sequences with recorded logprobs
 
@@ -85,8 +82,7 @@ def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, d
         if any(s.taught for s in seqs)
         else None
     )
-    predicts = sampled[:, 1:].any(0).nonzero().squeeze(-1)
-    rows, columns = sampled[:, predicts + 1].nonzero(as_tuple=True)
+    rows, at = sampled.nonzero(as_tuple=True)
     positions = torch.arange(width)
     host = Batch(
         input_ids=tensor([s.tokens for s in seqs], pad_id, torch.int64),
@@ -100,10 +96,8 @@ def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, d
         imitate=sampled * per_row([s.imitate for s in seqs], torch.int64),
         taught=taught if taught is not None else torch.zeros(shape, dtype=torch.int64),
         teacher_logprobs=tensor([s.teacher_logprobs or [0.0] * len(s.tokens) for s in seqs], 0.0, torch.float32) if taught is not None else torch.zeros(shape),
-        predicts=predicts,
         picked_rows=rows,
-        picked_columns=columns,
-        picked_at=predicts[columns] + 1,
+        picked_at=at,
         sampled_tokens=sum(counts),
         compared_tokens=sum(n for s, n in zip(seqs, counts) if s.has_behaviour_logprobs),
     )
@@ -206,10 +200,9 @@ class PolicyModel:
         """logprob of each sampled token given the ones before it, fp32 [rows, positions]; 0
         where no token is sampled (the loss masks all but the sampled ones).
 
-        The model runs to its last hidden states, kept only at the positions that predict a
-        sampled token in some row (transformers' ``logits_to_keep``: an agent's prompt is most of
-        its tokens); the LM head is then applied to the sampled (row, position) pairs alone, a
-        chunk of them at a time (``trainer/logprobs.py``), so no [tokens x vocabulary] logits
+        The model runs to its last hidden states (its LM head swapped out); the head is then
+        applied at the positions that predict a sampled token alone (an agent's prompt is most
+        of its tokens), a chunk of them at a time (``trainer/logprobs.py``), so no [tokens x vocabulary] logits
         exist, in the forward pass or the backward (a 152k vocabulary: 0.6 MB a position in
         fp32). On a GPU the forward runs under the base's autocast (``SharedBase.compute``)."""
         self.activate()
@@ -219,12 +212,12 @@ class PolicyModel:
                     input_ids=batch.input_ids,
                     attention_mask=batch.attention_mask,
                     position_ids=batch.position_ids,
-                    logits_to_keep=batch.predicts,
+                    logits_to_keep=0,  # every position, a view: the step picks the sampled ones itself
                     use_cache=False,  # nothing to cache in training; and with a cache transformers reads no packing from position ids
-                ).logits  # [rows, len(predicts), hidden]: the head is out
+                ).logits  # [rows, positions, hidden]: the head is out
             at = (batch.picked_rows, batch.picked_at)
             picked, spread = sampled_logprobs(
-                hidden[batch.picked_rows, batch.picked_columns],
+                hidden[batch.picked_rows, batch.picked_at - 1],
                 head.weight,
                 batch.input_ids[at],
                 scale=head.scale,
