@@ -45,7 +45,6 @@ class Batch:
     # that predicts it is the one before).
     picked_rows: torch.Tensor  # [N]
     picked_at: torch.Tensor  # [N]
-    sampled_tokens: int  # ``sampled``'s sum
     compared_tokens: int  # the sampled tokens of sequences with recorded logprobs
 
 
@@ -98,7 +97,6 @@ def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, d
         teacher_logprobs=tensor([s.teacher_logprobs or [0.0] * len(s.tokens) for s in seqs], 0.0, torch.float32) if taught is not None else torch.zeros(shape),
         picked_rows=rows,
         picked_at=at,
-        sampled_tokens=sum(counts),
         compared_tokens=sum(n for s, n in zip(seqs, counts) if s.has_behaviour_logprobs),
     )
     if device.type == "cpu":
