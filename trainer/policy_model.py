@@ -33,7 +33,7 @@ class Batch:
     position_ids: torch.Tensor | None  # packed: [1, total tokens], restarting at 0 for each sequence
     sampled: torch.Tensor  # [B, T], 1 on tokens to train on
     behaviour_logprobs: torch.Tensor  # [B, T]
-    has_behaviour: torch.Tensor  # [B, T] (or [B, 1]), False: no recorded logprobs, taken as on-policy (ratio 1)
+    has_behaviour: torch.Tensor  # [B, T], False: no recorded logprobs, taken as on-policy (ratio 1)
     advantages: torch.Tensor  # [B, T]: the sequence's advantage, plus each call's credit per turn
     # Each objective's tokens, all of them among ``sampled`` (trainer/sequences.py: Sequence.grpo, imitate, taught).
     grpo: torch.Tensor  # [B, T]
