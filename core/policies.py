@@ -173,6 +173,19 @@ class RulerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     combine: Literal["set", "add"] = "set"
 
 
+# What a policy does with a tool the client offers that only the client's own provider runs (a
+# hosted tool: the Responses API's web_search or image_generation, Anthropic's server tools):
+# "omit" leaves it out of what the model sees and says so (X-Burnish-Omitted-Tools, the recorded
+# call's adjustments); "refuse" answers 400.
+HostedTools = Literal["omit", "refuse"]
+
+
+class ServingSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How the gateway serves the policy's calls (core/translate/)."""
+
+    hosted_tools: HostedTools = "omit"
+
+
 class PromotionSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """When a trained version serves (core/promotion.py has the test; docs/trainer.md, "Promotion")."""
 
@@ -283,6 +296,7 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     train: TrainSettings = TrainSettings()
     ruler: RulerSettings = RulerSettings()
     promotion: PromotionSettings = PromotionSettings()
+    serving: ServingSettings = ServingSettings()
     # The project it belongs to, and the others an admin shared it with: only their keys call
     # it and only their groups train it. None: shared by every project.
     project: str | None = None

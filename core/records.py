@@ -40,6 +40,22 @@ class CallTokens(msgspec.Struct, frozen=True):
         return self.prompt is not None and self.completions is not None
 
 
+class Adjustments(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What the gateway changed of a policy's call to serve it, recorded with the call (and named
+    in the answer's ``X-Burnish-Omitted-Tools`` header where tools were left out)."""
+
+    # Hosted tools the client offered that the policy cannot run, left out of what the model
+    # saw (the policy's serving.hosted_tools): their types, as the client named them.
+    omitted_tools: tuple[str, ...] = ()
+    # The client's max_tokens where it was above the served window, and what was sent (the
+    # window; vLLM then gives what the prompt leaves of it).
+    max_tokens_asked: int | None = None
+    max_tokens_sent: int | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.omitted_tools) or self.max_tokens_sent is not None
+
+
 class CallRecord(msgspec.Struct, kw_only=True):
     """One call, as the proxy saw it. Field names follow the ``calls`` table."""
 
@@ -79,6 +95,8 @@ class CallRecord(msgspec.Struct, kw_only=True):
     # are then never trained on. Like group_id and group_size, it is the call's key, kept on
     # the trajectory and group rows, not on the call's own (a call read back has False).
     eval: bool = False
+    # What the gateway changed to serve the call (None: nothing).
+    adjustments: Adjustments | None = None
 
     @property
     def version(self) -> str | None:

@@ -15,8 +15,9 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from burnish_server.core.health import Health
-from burnish_server.core.policies import LoraSettings, PromotionSettings, RulerSettings, TrainSettings
+from burnish_server.core.policies import LoraSettings, PromotionSettings, RulerSettings, ServingSettings, TrainSettings
 from burnish_server.core.promotion import Comparison, DecisionRecord, Outcome
+from burnish_server.core.records import Adjustments
 from burnish_server.core.steps import StepMetrics
 
 
@@ -55,6 +56,8 @@ class CallView(View, kw_only=True):
     # Where extends_previous is false: why (core/drift.py: tool_call_rerendered, reasoning_dropped,
     # system_changed, prompt_cut, history_rewritten, another_model, retokenized).
     split_reason: str | None
+    # What the gateway changed to serve the call (tools left out, max_tokens lowered); None: nothing.
+    adjustments: Adjustments | None = None
     # The newest reward posted for this call alone (credit per turn), if any.
     reward: float | None
     attempts: int
@@ -194,6 +197,7 @@ class PolicyView(View, kw_only=True):
     ruler: RulerSettings
     paused: bool
     promotion: PromotionSettings = PromotionSettings()
+    serving: ServingSettings = ServingSettings()
     project: str | None = None  # the project it belongs to; null: shared by every project
     shared_with: list[str] = []  # other projects an admin shared it with
     step: int  # the version served (0: the base model)

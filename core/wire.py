@@ -111,6 +111,7 @@ class ResponsesItem(Wire):
     call_id: str | None = None
     output: Content = None
     summary: list[ContentPart] | None = None
+    namespace: str | None = None  # a function_call of a namespace's function (the Codex CLI's)
 
 
 class ResponsesRequest(Wire):
@@ -158,6 +159,7 @@ class Block(Wire):
     tool_use_id: str | None = None
     content: str | list[Block] | None = None
     is_error: bool | None = None
+    tool_name: str | None = None  # a tool_reference's: the deferred tool it loads
     source: dict[str, Any] | None = None  # an image's: {"type": "base64", "media_type", "data"} or {"type": "url", "url"}
 
 

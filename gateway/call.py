@@ -18,8 +18,8 @@ import msgspec
 
 from burnish_server.core.access import ANONYMOUS, Principal
 from burnish_server.core.errors import Invalid, NotRecorded, UpstreamError
-from burnish_server.core.policies import Route
-from burnish_server.core.records import OK, CallRecord
+from burnish_server.core.policies import Policy, Route
+from burnish_server.core.records import OK, Adjustments, CallRecord
 from burnish_server.core.surfaces import Surface
 from burnish_server.gateway import keys
 from burnish_server.gateway.capture import Injected, Tokens, extract_tokens, inject
@@ -126,13 +126,32 @@ class Call:
         self.attempts = 1
         self.first_byte_ms: float | None = None
         self.http_status: int | None = None  # the upstream's answer's
+        self.adjustments = Adjustments()  # what the gateway changed to serve it
+
+    @property
+    def policy(self) -> Policy | None:
+        """The policy the call routes to, with its settings."""
+        return self.svc.policies.policies.get(self.route.policy) if self.route is not None else None
 
     def to_policy(self, surface: Surface, request: dict[str, Any]) -> None:
         """Send vLLM the policy's served version (on ``surface``), asking for the sampled tokens."""
         assert self.route is not None
         request["model"] = self.route.upstream_model
+        self.fit_budget(request)
         self.injected = inject(surface, request)
         self.upstream_body = _encode(request)
+
+    def fit_budget(self, request: dict[str, Any]) -> None:
+        """Lower ``request``'s budget (``max_tokens``, ``max_completion_tokens``) to the policy's
+        served window where the gateway knows it (gateway/window.py), noting it on the call."""
+        assert self.route is not None
+        if (size := self.svc.windows.get(self.route.policy)) is None:
+            return
+        for key in ("max_tokens", "max_completion_tokens"):
+            asked = request.get(key)
+            if isinstance(asked, int) and not isinstance(asked, bool) and asked > size:
+                request[key] = size
+                self.adjustments = msgspec.structs.replace(self.adjustments, max_tokens_asked=asked, max_tokens_sent=size)
 
     @property
     def version(self) -> str:
@@ -194,6 +213,7 @@ class Call:
             policy_step=self.route.step if self.route else None,
             upstream_model=self.route.upstream_model if self.route else self.head.model,
             response_id=self.response_id if status == OK else None,  # only an answer the client got continues
+            adjustments=self.adjustments or None,
         )
 
     async def commit(self, record: CallRecord) -> None:

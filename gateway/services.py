@@ -5,7 +5,7 @@ JSON API handlers receive it by dependency injection (``svc: Services``, see
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from litestar.connection import ASGIConnection
@@ -38,6 +38,8 @@ class Services:
     langfuse: LangfuseExport | None = None
     # Proxied calls being served now (gateway/edge.py): a lone one commits its record at once.
     in_flight: int = 0
+    # Each policy's served window in tokens, learned from the upstream's refusals (gateway/window.py).
+    windows: dict[str, int] = field(default_factory=dict)
 
 
 def services(connection: ASGIConnection) -> Services:

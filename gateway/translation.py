@@ -28,6 +28,7 @@ import msgspec
 from burnish_server.core import answers, wire
 from burnish_server.core.access import local
 from burnish_server.core.errors import Invalid
+from burnish_server.core.policies import HostedTools
 from burnish_server.core.records import OK, UPSTREAM_CUT, UPSTREAM_ERROR, CallRecord
 from burnish_server.core.surfaces import CHAT, MESSAGES, RESPONSES
 from burnish_server.core.translate import common as translate
@@ -41,6 +42,8 @@ _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 _decode_responses = msgspec.json.Decoder(wire.ResponsesCreate).decode
 _decode_messages = msgspec.json.Decoder(wire.MessagesCreate).decode
+# Names the hosted tools a policy's call was served without (the policy's serving.hosted_tools).
+OMITTED_TOOLS_HEADER = "x-burnish-omitted-tools"
 
 
 class Translation:
@@ -80,6 +83,8 @@ class Translation:
     def _ours(self, headers: dict[str, str]) -> dict[str, str]:
         headers["x-trajectory-id"] = local(self.call.key.trajectory_id)
         headers["x-policy-version"] = self.call.version
+        if omitted := self.call.adjustments.omitted_tools:
+            headers[OMITTED_TOOLS_HEADER] = ", ".join(omitted)
         return headers
 
 
@@ -204,20 +209,33 @@ async def translation(call: Call) -> Translation:
     return PassThrough(call)
 
 
+def _hosted_tools(call: Call) -> HostedTools:
+    return call.policy.serving.hosted_tools if call.policy is not None else "omit"
+
+
+def _offered(call: Call, offered: translate.Offered) -> translate.Offered:
+    """``offered``, its omitted tools noted on the call (its record and the answer's header)."""
+    if offered.omitted:
+        call.adjustments = msgspec.structs.replace(call.adjustments, omitted_tools=offered.omitted)
+    return offered
+
+
 async def _prepare_messages(call: Call) -> tuple[dict[str, Any], translate.Translator[Any]]:
     request = _decode_messages(call.body)
-    return messages.chat_request(request), messages.Translator(request, message_id=f"msg_{uuid.uuid4().hex}", model=request.model or "")
+    offered = _offered(call, messages.offer_tools(request, _hosted_tools(call)))
+    return messages.chat_request(request, offered), messages.Translator(request, message_id=f"msg_{uuid.uuid4().hex}", model=request.model or "")
 
 
 async def _prepare_responses(call: Call) -> tuple[dict[str, Any], translate.Translator[Any]]:
     request = _decode_responses(call.body)
     history = await _history(call, request)
-    chat = responses.chat_request(request, msgspec.convert(history, list[wire.ResponsesItem]))
+    offered = _offered(call, responses.offer_tools(request.tools, _hosted_tools(call)))
+    chat = responses.chat_request(request, msgspec.convert(history, list[wire.ResponsesItem]), offered)
     if history:  # recorded with the whole conversation the model saw
         body = _decode(call.body)
         body["input"] = history + responses.input_json(body.get("input"))
         call.body = _encode(body)
-    translator = responses.Translator(request, response_id=f"resp_{uuid.uuid4().hex}", created_at=int(time.time()), model=request.model or "")
+    translator = responses.Translator(request, response_id=f"resp_{uuid.uuid4().hex}", created_at=int(time.time()), model=request.model or "", offered=offered)
     if request.store is not False:
         call.response_id = translator.id
     return chat, translator

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from burnish_server.core.records import CallRecord
+import msgspec
+
+from burnish_server.core.records import Adjustments, CallRecord
 from burnish_server.store.models import Call
 
 # Every column but the key, in the table's order: CallRecord has a field for each.
@@ -12,9 +14,13 @@ CALL_COLUMNS = tuple(c.name for c in Call.__table__.columns if c.name != "pk")
 
 
 def to_row(record: CallRecord) -> dict[str, Any]:
-    return {name: getattr(record, name) for name in CALL_COLUMNS}
+    row = {name: getattr(record, name) for name in CALL_COLUMNS}
+    row["adjustments"] = msgspec.to_builtins(record.adjustments) if record.adjustments else None  # a JSON column
+    return row
 
 
 def to_record(row: Any, group_id: str | None = None) -> CallRecord:
     """A ``calls`` row (with every column) as a record; the group is the trajectory's, if known."""
-    return CallRecord(group_id=group_id, group_size=None, **{name: getattr(row, name) for name in CALL_COLUMNS})
+    values = {name: getattr(row, name) for name in CALL_COLUMNS}
+    values["adjustments"] = msgspec.convert(values["adjustments"], Adjustments) if values["adjustments"] else None
+    return CallRecord(group_id=group_id, group_size=None, **values)

@@ -216,6 +216,8 @@ class Call(Base):
     # A Responses API answer the gateway served for a policy (and the client let it store):
     # its id, so a later call can continue it with `previous_response_id`.
     response_id: Mapped[str | None] = mapped_column(String(128))
+    # What the gateway changed to serve the call (core/records.py: Adjustments); None: nothing.
+    adjustments: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class Reward(Base):
@@ -257,6 +259,8 @@ class PolicyRow(Base):
     shared_with: Mapped[list[str] | None] = mapped_column(JSON)
     # core.policies.PromotionSettings; None for a policy made before promotion existed (defaults).
     promotion: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # core.policies.ServingSettings; None for a policy made before it existed (defaults).
+    serving: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     paused: Mapped[bool] = mapped_column(Boolean, default=False)
     # The version served, and the one the next step trains from (and that should be served).
     step: Mapped[int] = mapped_column(Integer, default=0)

@@ -20,7 +20,16 @@ from sqlalchemy.engine import Connection
 
 from burnish_server.core.errors import Conflict, NotFound
 from burnish_server.core.health import RecentGroups, health
-from burnish_server.core.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, TrainSettings, adapter_name, settings_conflicts
+from burnish_server.core.policies import (
+    LoraSettings,
+    Policy,
+    PromotionSettings,
+    RulerSettings,
+    ServingSettings,
+    TrainSettings,
+    adapter_name,
+    settings_conflicts,
+)
 from burnish_server.core.promotion import DecisionRecord, Outcome
 from burnish_server.core.records import DEMONSTRATION
 from burnish_server.core.steps import StepMetrics, split_totals
@@ -40,6 +49,7 @@ def to_policy(row: Any) -> Policy:
         train=msgspec.convert(row.train, TrainSettings),
         ruler=msgspec.convert(row.ruler or {}, RulerSettings),
         promotion=msgspec.convert(row.promotion or {}, PromotionSettings),
+        serving=msgspec.convert(row.serving or {}, ServingSettings),
         project=row.project,
         shared_with=tuple(row.shared_with or ()),
         paused=row.paused,
@@ -88,6 +98,7 @@ def create_policy(conn: Connection, policy: Policy) -> Policy:
             train=msgspec.to_builtins(policy.train),
             ruler=msgspec.to_builtins(policy.ruler),
             promotion=msgspec.to_builtins(policy.promotion),
+            serving=msgspec.to_builtins(policy.serving),
             project=policy.project,
             shared_with=list(policy.shared_with),
             paused=policy.paused,
@@ -300,6 +311,7 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
         ruler=policy.ruler,
         paused=policy.paused,
         promotion=policy.promotion,
+        serving=policy.serving,
         project=policy.project,
         shared_with=list(policy.shared_with),
         step=policy.step,

@@ -23,7 +23,7 @@ from burnish_server.core.drift import split_reason
 from burnish_server.core.groups import GroupState, cannot_train, group_state
 from burnish_server.core.listing import Filters, Keyset
 from burnish_server.core.policies import Objective
-from burnish_server.core.records import DEMONSTRATION, OK, CallTokens, unpack_tokens
+from burnish_server.core.records import DEMONSTRATION, OK, Adjustments, CallTokens, unpack_tokens
 from burnish_server.core.tokens import Continuity
 from burnish_server.core.views import CallTokensView, CallView, GroupView, RewardView, TrajectoryPage, TrajectoryView
 from burnish_server.store import listing
@@ -99,6 +99,7 @@ def call_view(row: Any, merging: Merging, reward: float | None = None) -> CallVi
         else CallTokensView(prompt_token_ids=tokens.prompt, completion_token_ids=tokens.completions, completion_logprobs=tokens.logprobs),
         extends_previous=extends,
         split_reason=merging.reason,
+        adjustments=msgspec.convert(row.adjustments, Adjustments) if row.adjustments else None,
         reward=reward,
         attempts=row.attempts,
         upstream_first_byte_ms=row.upstream_first_byte_ms,

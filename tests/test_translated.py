@@ -154,7 +154,8 @@ def test_responses_store_false_is_not_continued(gw: Gateway) -> None:
 @pytest.mark.parametrize(
     ("body", "code"),
     [
-        ({"model": "agent", "input": "hi", "tools": [{"type": "web_search"}]}, "unsupported"),
+        ({"model": "agent", "input": "hi", "tools": [TOOL], "tool_choice": {"type": "web_search"}}, "unsupported"),
+        ({"model": "agent", "input": "hi", "tools": [{"type": "namespace", "name": "ns"}]}, "invalid_request"),
         ({"model": "agent", "input": [{"type": "item_reference", "id": "x"}]}, "unsupported"),
         ({"model": "agent", "input": 5}, "invalid_request"),
         ({"model": "agent", "input": []}, "invalid_request"),
@@ -260,10 +261,10 @@ def test_messages_tool_use_and_result(gw: Gateway, upstream: Upstream, stream: b
     [
         ({"model": "agent", "messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
         ({"model": "agent", "max_tokens": 5, "messages": []}, "messages"),
-        ({"model": "agent", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "role"),
+        ({"model": "agent", "max_tokens": 5, "messages": [{"role": "narrator", "content": "x"}]}, "role"),
         ({"model": "agent", "max_tokens": "many", "messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
         (
-            {"model": "agent", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "web_search_20250305", "name": "w"}]},
+            {"model": "agent", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "tools": [{"name": "w"}]},
             "tools",
         ),
         ({"model": "agent", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "document"),
@@ -375,3 +376,112 @@ def test_hostile_bodies_get_the_surfaces_errors_never_a_500(gw: Gateway, surface
                     assert error["error"]["type"] == "invalid_request_error", error
     # What was accepted was answered and recorded; what was refused left no trace.
     assert all(call["status"] == "ok" for call in gw.trajectory(f"fuzz-{surface}")["calls"])
+
+
+# ---- what the coding CLIs send (docs/coding-agents.md) --------------------------------------
+
+NAMESPACE = {
+    "type": "namespace",
+    "name": "multi_agent_v1",
+    "description": "Tools for sub-agents.",
+    "tools": [{"type": "function", "name": "close_agent", "description": "close one", "strict": False, "parameters": TOOL["parameters"]}],
+}
+# The Codex CLI's request, as 0.169.0 sends it, less its long instructions and most tools.
+CODEX_BODY: dict[str, Any] = {
+    "model": "agent",
+    "stream": True,
+    "input": [
+        {"type": "message", "id": "msg_1", "role": "developer", "content": [{"type": "input_text", "text": "You are a coding agent."}]},
+        {"type": "message", "id": "msg_2", "role": "user", "content": [{"type": "input_text", "text": "Say hello"}]},
+    ],
+    "tools": [NAMESPACE, {"type": "web_search", "external_web_access": False}],
+    "tool_choice": "auto",
+    "parallel_tool_calls": True,
+    "reasoning": {"summary": "auto"},
+    "store": False,
+    "include": ["reasoning.encrypted_content"],
+    "prompt_cache_key": "01a2",
+    "client_metadata": {"session_id": "01a2"},
+}
+
+
+def test_codex_request_namespaces_and_hosted_tools(gw: Gateway, upstream: Upstream) -> None:
+    """A namespace's functions are offered under their flat names and answered under the
+    client's; the hosted web_search is left out, said in a header and on the recorded call."""
+    r = httpx.post(f"{gw.url}/t/codex/v1/responses", json=CODEX_BODY, headers={"session-id": "01a2"})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-burnish-omitted-tools"] == "web_search"
+    chat = sent_upstream(upstream)
+    assert [t["function"]["name"] for t in chat["tools"]] == ["multi_agent_v1__close_agent"]
+    assert [m["role"] for m in chat["messages"]] == ["system", "user"]
+    final = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")][-1]["response"]
+    (call,) = final["output"]
+    assert (call["type"], call["name"], call["namespace"]) == ("function_call", "close_agent", "multi_agent_v1")
+    recorded = the_call(gw, "codex")
+    assert recorded["adjustments"] == {"omitted_tools": ["web_search"]}
+    assert recorded["tokens"]["prompt_token_ids"] == prompt_ids(chat)
+
+    # The next turn sends the call back with its namespace: the model sees the name it wrote.
+    turn = {**CODEX_BODY, "input": [*CODEX_BODY["input"], call, {"type": "function_call_output", "call_id": call["call_id"], "output": "closed"}]}
+    assert httpx.post(f"{gw.url}/t/codex/v1/responses", json=turn).status_code == 200
+    assert sent_upstream(upstream)["messages"][2]["tool_calls"][0]["function"]["name"] == "multi_agent_v1__close_agent"
+
+
+def test_a_policy_can_refuse_hosted_tools(gw: Gateway) -> None:
+    with gw.admin() as admin:
+        assert admin.patch("/admin/policies/agent", json={"serving": {"hosted_tools": "refuse"}}).json()["serving"] == {"hosted_tools": "refuse"}
+    r = httpx.post(f"{gw.url}/t/refused/v1/responses", json=CODEX_BODY)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1]" and "web_search" in r.json()["error"]["message"]
+
+
+# Claude Code 2.1.328's request, as it sends it, less its long system prompt and most tools.
+CLAUDE_CODE_BODY: dict[str, Any] = {
+    "model": "agent",
+    "max_tokens": 64,
+    "stream": True,
+    "system": [{"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}}],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "List the files"}]},
+        {"role": "system", "content": [{"type": "text", "text": "# Environment\ncwd: /work", "cache_control": {"type": "ephemeral"}}]},
+    ],
+    "tools": [
+        {"name": "Bash", "description": "run a command", "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}},
+        {"name": "ToolSearch", "description": "load deferred tools", "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}}},
+        {"name": "NotebookEdit", "description": "edit a notebook", "input_schema": {"type": "object"}, "defer_loading": True},
+        {"type": "web_search_20250305", "name": "web_search"},
+    ],
+    "metadata": {"user_id": '{"session_id":"4b8b"}'},
+    "thinking": {"type": "adaptive", "display": "omitted"},
+    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+    "output_config": {"effort": "high"},
+}
+CLAUDE_CODE_HEADERS = {"anthropic-beta": "claude-code-20250219,mid-conversation-tool-changes-2026-07-01", "anthropic-version": "2023-06-01"}
+
+
+def test_claude_code_request_system_anywhere_and_deferred_tools(gw: Gateway, upstream: Upstream) -> None:
+    """A system message after the first turn stays where it is; a deferred tool is offered
+    once a tool_reference loads it, and the reference reads as the tool's definition."""
+    r = httpx.post(f"{gw.url}/t/claude/v1/messages?beta=true", json=CLAUDE_CODE_BODY, headers=CLAUDE_CODE_HEADERS)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-burnish-omitted-tools"] == "web_search_20250305"
+    chat = sent_upstream(upstream)
+    assert [(m["role"], m["content"]) for m in chat["messages"]] == [
+        ("system", "You are a Claude agent."),
+        ("user", "List the files"),
+        ("system", "# Environment\ncwd: /work"),
+    ]
+    assert [t["function"]["name"] for t in chat["tools"]] == ["Bash", "ToolSearch"]
+
+    search = {"type": "tool_use", "id": "toolu_1", "name": "ToolSearch", "input": {"query": "select:NotebookEdit"}}
+    loaded = {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "tool_reference", "tool_name": "NotebookEdit"}]}
+    turn = {**CLAUDE_CODE_BODY, "messages": [*CLAUDE_CODE_BODY["messages"], {"role": "assistant", "content": [search]}, {"role": "user", "content": [loaded]}]}
+    assert httpx.post(f"{gw.url}/t/claude/v1/messages?beta=true", json=turn, headers=CLAUDE_CODE_HEADERS).status_code == 200
+    chat = sent_upstream(upstream)
+    assert [t["function"]["name"] for t in chat["tools"]] == ["Bash", "ToolSearch", "NotebookEdit"]
+    definition = {"description": "edit a notebook", "name": "NotebookEdit", "parameters": {"type": "object"}}
+    assert chat["messages"][-1] == {
+        "role": "tool",
+        "tool_call_id": "toolu_1",
+        "content": f"<functions>\n<function>{json.dumps(definition, separators=(',', ':'))}</function>\n</functions>",
+    }
+    assert [c["adjustments"] for c in gw.trajectory("claude")["calls"]] == [{"omitted_tools": ["web_search_20250305"]}] * 2

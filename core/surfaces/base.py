@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
+from burnish_server.core import window
+
 if TYPE_CHECKING:
     from burnish_server.core.conversation import Exchange
 
@@ -66,11 +68,13 @@ def _kind(types: dict[int, str], status: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ErrorFormat:
-    """How a protocol's clients are told of an error: the body of an error answer, and the
-    event that ends a stream that failed."""
+    """How a protocol's clients are told of an error: the body of an error answer, the event
+    that ends a stream that failed, and the words for a prompt past the served window (from its
+    tokens and the window: core/window.py)."""
 
     body: Callable[[int, str, str | None, str | None], bytes]
     event: Callable[[str], bytes]
+    too_long: Callable[[int, int], str] = window.openai_message
 
 
 def openai_error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> bytes:
@@ -99,7 +103,7 @@ def _anthropic_error_event(message: str) -> bytes:
 
 OPENAI_ERRORS = ErrorFormat(openai_error_body, _openai_error_event)
 RESPONSES_ERRORS = ErrorFormat(openai_error_body, _responses_error_event)
-ANTHROPIC_ERRORS = ErrorFormat(_anthropic_error_body, _anthropic_error_event)
+ANTHROPIC_ERRORS = ErrorFormat(_anthropic_error_body, _anthropic_error_event, window.anthropic_message)
 
 
 # ---- the protocol --------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import msgspec
 
 from burnish_server.core import answers
 from burnish_server.core.errors import Invalid
+from burnish_server.core.policies import HostedTools
 
 _encode = msgspec.json.Encoder().encode
 
@@ -121,6 +122,37 @@ class Translator(ABC, Generic[Answer]):
         self.feed(completion_as_chunk(msgspec.convert(completion, answers.ChatCompletion)))
         self.finish()
         return self.result()
+
+
+class ToolName(msgspec.Struct, frozen=True):
+    """A tool as the client named it: a name, in a namespace or none."""
+
+    name: str
+    namespace: str | None = None
+
+
+class Offered(msgspec.Struct, frozen=True, kw_only=True):
+    """The client's tools as the model is offered them: chat function tools, the ones left out
+    (hosted tools a policy cannot run, by the policy's ``serving.hosted_tools``), and the
+    client's name of each chat tool whose name differs (a namespace's function)."""
+
+    tools: list[dict[str, Any]] = []
+    omitted: tuple[str, ...] = ()
+    names: dict[str, ToolName] = {}
+
+    def client_name(self, chat_name: str) -> ToolName:
+        return self.names.get(chat_name) or ToolName(chat_name)
+
+
+def hosted(kind: str, hosted_tools: HostedTools, param: str) -> str:
+    """A hosted tool's name for ``Offered.omitted``; ``Invalid`` where the policy refuses them."""
+    if hosted_tools == "refuse":
+        raise Invalid(
+            f"the hosted tool {kind!r} is not supported for a policy (its serving.hosted_tools is 'refuse'): burnish serves policies through chat completions",
+            "unsupported",
+            param,
+        )
+    return kind
 
 
 def unsupported(what: str, param: str) -> Invalid:

@@ -3,12 +3,24 @@
 Request::
 
     system (a string or text blocks)   -> a system message (first)
+    a system message in ``messages``   -> a system message in its place (Claude Code sends one
+                                          after the first user turn); every template burnish up
+                                          writes renders it there
     user text / image blocks           -> a user message (text joined; images as image_url parts)
     user tool_result blocks            -> tool messages, before the rest of that user turn
                                           (chat wants a tool message right after the call)
     assistant text + tool_use blocks   -> one assistant message with content and tool_calls
     thinking blocks                    -> dropped (chat templates render no reasoning input)
     tools {name, description, input_schema} -> chat function tools
+    tools with defer_loading           -> offered once a tool_reference block in the
+                                          conversation loads them (Claude Code's ToolSearch)
+    a tool_reference block             -> the tool's definition as text, one
+                                          ``<function>{...}</function>`` line in a
+                                          ``<functions>`` block (what ToolSearch promises)
+    server tools (web_search_..., ...) -> left out of what the model sees (``offer_tools``: the
+                                          policy's ``serving.hosted_tools``, or refused)
+    thinking, context_management, output_config, cache_control, the beta query and headers
+                                       -> read and left (no reasoning is asked of the model)
     tool_choice auto/any/tool/none     -> auto/required/{function}/none
     max_tokens, stop_sequences, temperature, top_p, top_k -> the same knobs
     metadata.user_id                   -> user
@@ -31,7 +43,18 @@ import msgspec
 
 from burnish_server.core import answers, wire
 from burnish_server.core.errors import Invalid
-from burnish_server.core.translate.common import StreamedFields, ToolCallDelta, check_tool, delta_of, sse, unsupported, usage_of
+from burnish_server.core.policies import HostedTools
+from burnish_server.core.translate.common import (
+    Offered,
+    StreamedFields,
+    ToolCallDelta,
+    check_tool,
+    delta_of,
+    hosted,
+    sse,
+    unsupported,
+    usage_of,
+)
 from burnish_server.core.translate.common import Translator as Base
 
 # ---- the answer's shapes ------------------------------------------------------------------
@@ -81,12 +104,38 @@ class Message(msgspec.Struct):
 # ---- request -> chat ----------------------------------------------------------------------
 
 
-def _text(content: str | list[wire.Block] | None) -> str:
+def _text(content: str | list[wire.Block] | None, tools: dict[str, dict[str, Any]] | None = None) -> str:
+    """Text blocks joined; tool_reference blocks (in a tool result) as the definitions of the
+    tools they load, in the ``<functions>`` form Claude Code's ToolSearch describes."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    return "\n".join(b.text or "" for b in content if b.type == "text")
+    text = "\n".join(b.text or "" for b in content if b.type == "text")
+    loaded = [(tools or {}).get(b.tool_name or "") or {"name": b.tool_name} for b in content if b.type == "tool_reference"]
+    if loaded:
+        lines = "".join(f"<function>{_encode_str(_definition(t))}</function>\n" for t in loaded)
+        text = (text + "\n" if text else "") + f"<functions>\n{lines}</functions>"
+    return text
+
+
+def _definition(tool: dict[str, Any]) -> dict[str, Any]:
+    return {"description": tool.get("description", ""), "name": tool.get("name", ""), "parameters": tool.get("input_schema", {})}
+
+
+def _encode_str(value: Any) -> str:
+    return msgspec.json.encode(value).decode()
+
+
+def _references(messages: list[wire.AnthropicMessage]) -> set[str]:
+    """The tools the conversation's tool_reference blocks loaded."""
+    out: set[str] = set()
+    for m in messages:
+        for block in m.content if isinstance(m.content, list) else ():
+            for inner in block.content if block.type == "tool_result" and isinstance(block.content, list) else ():
+                if inner.type == "tool_reference" and inner.tool_name:
+                    out.add(inner.tool_name)
+    return out
 
 
 def _image(block: wire.Block, param: str) -> dict[str, Any]:
@@ -100,7 +149,7 @@ def _image(block: wire.Block, param: str) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def _turn(role: str, content: str | list[wire.Block], param: str) -> list[dict[str, Any]]:
+def _turn(role: str, content: str | list[wire.Block], param: str, definitions: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One Anthropic message as chat messages: tool results first, then the rest."""
     if isinstance(content, str):
         return [{"role": role, "content": content}]
@@ -118,7 +167,7 @@ def _turn(role: str, content: str | list[wire.Block], param: str) -> list[dict[s
                 arguments = msgspec.json.encode(block.input if block.input is not None else {}).decode()
                 calls.append({"id": block.id, "type": "function", "function": {"name": block.name or "", "arguments": arguments}})
             case "tool_result" if role == "user":
-                result = _text(block.content)
+                result = _text(block.content, definitions)
                 tools.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": f"Error: {result}" if block.is_error else result})
             case "thinking" | "redacted_thinking":
                 pass
@@ -134,9 +183,23 @@ def _turn(role: str, content: str | list[wire.Block], param: str) -> list[dict[s
     return out
 
 
+def offer_tools(request: wire.MessagesCreate, hosted_tools: HostedTools = "omit") -> Offered:
+    """The request's tools as the model is offered them: client tools as they are (a deferred
+    one once loaded), server tools left out (or refused)."""
+    loaded = _references(request.messages)
+    chat: list[dict[str, Any]] = []
+    omitted: list[str] = []
+    for i, tool in enumerate(request.tools or ()):
+        if tool.get("type") not in (None, "custom"):
+            omitted.append(hosted(str(tool.get("type")), hosted_tools, f"tools[{i}]"))
+        elif "input_schema" not in tool:
+            raise Invalid("a client tool needs an input_schema", "invalid_request", f"tools[{i}].input_schema")
+        elif not tool.get("defer_loading") or tool.get("name") in loaded:
+            chat.append(_tool(tool, i))
+    return Offered(tools=chat, omitted=tuple(omitted))
+
+
 def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
-    if tool.get("type") not in (None, "custom") or "input_schema" not in tool:
-        raise unsupported(f"the server tool {tool.get('type') or tool.get('name')!r}", f"tools[{i}]")
     check_tool(tool.get("name"), tool["input_schema"], f"tools[{i}]")
     spec = {"name": tool.get("name", ""), "parameters": tool["input_schema"]}
     for key in ("description", "strict"):  # strict: vLLM constrains the arguments to the schema
@@ -158,25 +221,33 @@ def _tool_choice(choice: dict[str, Any]) -> str | dict[str, Any]:
     raise Invalid(f"unknown tool_choice {choice!r}", "invalid_request", "tool_choice")
 
 
-def chat_request(request: wire.MessagesCreate) -> dict[str, Any]:
-    """The chat completions body that serves this request (without ``model``: the caller routes)."""
+def chat_request(request: wire.MessagesCreate, offered: Offered | None = None) -> dict[str, Any]:
+    """The chat completions body that serves this request (without ``model``: the caller
+    routes), offering the model ``offered`` tools (``offer_tools``: by default every client
+    tool, server tools left out)."""
     if request.max_tokens is None:
         raise Invalid("Field required", "invalid_request", "max_tokens")
     if not request.messages:
         raise Invalid("at least one message is required", "invalid_request", "messages")
+    offered = offered if offered is not None else offer_tools(request)
+    definitions = {t["name"]: t for t in request.tools or () if isinstance(t.get("name"), str)}
     messages: list[dict[str, Any]] = []
     if request.system:
         messages.append({"role": "system", "content": _text(request.system)})
     for i, m in enumerate(request.messages):
+        if m.role == "system":
+            messages.append({"role": "system", "content": _text(m.content)})
+            continue
         if m.role not in ("user", "assistant"):
-            raise Invalid(f"expected 'user' or 'assistant', got {m.role!r}", "invalid_request", f"messages[{i}].role")
-        messages += _turn(m.role, m.content, f"messages[{i}]")
+            raise Invalid(f"expected 'user', 'assistant' or 'system', got {m.role!r}", "invalid_request", f"messages[{i}].role")
+        messages += _turn(m.role, m.content, f"messages[{i}]", definitions)
     body: dict[str, Any] = {"messages": messages, "max_tokens": request.max_tokens}
-    if request.tools:
-        body["tools"] = [_tool(t, i) for i, t in enumerate(request.tools)]
-    if request.tool_choice is not None:
+    if offered.tools:
+        body["tools"] = offered.tools
+    # A choice among tools that were all left out (server tools) is no choice.
+    if request.tool_choice is not None and (offered.tools or not request.tools):
         body["tool_choice"] = _tool_choice(request.tool_choice)
-        if request.tool_choice.get("disable_parallel_tool_use") and request.tools:
+        if request.tool_choice.get("disable_parallel_tool_use") and offered.tools:
             body["parallel_tool_calls"] = False
     if request.stop_sequences:
         body["stop"] = request.stop_sequences

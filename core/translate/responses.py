@@ -10,6 +10,15 @@ Request, item by item::
     function_call_output              -> a tool message
     reasoning items                   -> dropped (chat templates render no reasoning input)
     function tools (flat)             -> chat tools ({"type": "function", "function": {...}})
+    namespace tools                   -> each of their functions a chat tool named
+                                         ``<namespace>__<name>`` (the Codex CLI's flat form);
+                                         its calls answered as ``function_call`` items with
+                                         ``name`` and ``namespace`` as the client gave them
+    hosted tools (web_search, ...)    -> left out of what the model sees (``offer_tools``: the
+                                         policy's ``serving.hosted_tools``, or refused)
+    reasoning, include, store, prompt_cache_key, client_metadata, truncation
+                                      -> read and left (no reasoning is asked of the model;
+                                         nothing is stored upstream)
     max_output_tokens, text.format    -> max_tokens, response_format
 
 ``previous_response_id`` is resolved by the caller: it passes the earlier exchange's items
@@ -32,7 +41,19 @@ import msgspec
 
 from burnish_server.core import answers, wire
 from burnish_server.core.errors import Invalid
-from burnish_server.core.translate.common import StreamedFields, ToolCallDelta, check_tool, delta_of, sse, unsupported, usage_of
+from burnish_server.core.policies import HostedTools
+from burnish_server.core.translate.common import (
+    Offered,
+    StreamedFields,
+    ToolCallDelta,
+    ToolName,
+    check_tool,
+    delta_of,
+    hosted,
+    sse,
+    unsupported,
+    usage_of,
+)
 from burnish_server.core.translate.common import Translator as Base
 
 # ---- the answer's shapes ------------------------------------------------------------------
@@ -65,6 +86,7 @@ class FunctionCallItem(msgspec.Struct):
     name: str
     arguments: str
     type: str = "function_call"
+    namespace: str | msgspec.UnsetType = msgspec.UNSET  # written only for a namespace's function
 
 
 class ReasoningItem(msgspec.Struct):
@@ -148,6 +170,12 @@ def _parts(content: wire.Content, param: str) -> str | list[dict[str, Any]]:
     return parts
 
 
+def flat_name(namespace: str | None, name: str) -> str:
+    """A namespace's function as one chat tool name: ``<namespace>__<name>``, the form the
+    Codex CLI itself flattens them to (underscores at the seam trimmed)."""
+    return f"{namespace.rstrip('_')}__{name.lstrip('_')}" if namespace else name
+
+
 def chat_messages(items: list[wire.ResponsesItem]) -> list[dict[str, Any]]:
     """Input items as chat messages (``Invalid`` for an item chat cannot carry)."""
     out: list[dict[str, Any]] = []
@@ -160,7 +188,8 @@ def chat_messages(items: list[wire.ResponsesItem]) -> list[dict[str, Any]]:
                     raise Invalid(f"unknown role {item.role!r}", "invalid_request", f"{param}.role")
                 out.append({"role": role, "content": _parts(item.content, f"{param}.content")})
             case "function_call":
-                call = {"id": item.call_id, "type": "function", "function": {"name": item.name or "", "arguments": item.arguments or ""}}
+                name = flat_name(item.namespace, item.name or "")
+                call = {"id": item.call_id, "type": "function", "function": {"name": name, "arguments": item.arguments or ""}}
                 last = out[-1] if out else None
                 # The calls of one turn belong to one assistant message.
                 if last is not None and last["role"] == "assistant" and (last.get("tool_calls") or not last["content"]):
@@ -177,19 +206,52 @@ def chat_messages(items: list[wire.ResponsesItem]) -> list[dict[str, Any]]:
     return out
 
 
-def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
-    if tool.get("type") != "function":
-        raise unsupported(f"the hosted tool {tool.get('type')!r}", f"tools[{i}]")
-    check_tool(tool.get("name"), tool.get("parameters"), f"tools[{i}]")
+def _function(tool: dict[str, Any], param: str, name: str | None = None) -> dict[str, Any]:
+    check_tool(tool.get("name"), tool.get("parameters"), param)
     spec = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+    if name is not None:
+        spec["name"] = name
     return {"type": "function", "function": spec}
+
+
+def offer_tools(tools: list[dict[str, Any]] | None, hosted_tools: HostedTools = "omit") -> Offered:
+    """The request's tools as the model is offered them: functions as they are, a namespace's
+    functions each under its flat name, hosted tools left out (or refused)."""
+    chat: list[dict[str, Any]] = []
+    omitted: list[str] = []
+    names: dict[str, ToolName] = {}
+    for i, tool in enumerate(tools or ()):
+        param = f"tools[{i}]"
+        kind = tool.get("type")
+        if kind == "function":
+            chat.append(_function(tool, param))
+        elif kind == "namespace":
+            namespace = tool.get("name")
+            if not isinstance(namespace, str) or not namespace:
+                raise Invalid("a namespace tool needs a name", "invalid_request", f"{param}.name")
+            members = tool.get("tools")
+            if not isinstance(members, list):
+                raise Invalid("a namespace tool needs a list of tools", "invalid_request", f"{param}.tools")
+            for j, member in enumerate(members):
+                at = f"{param}.tools[{j}]"
+                if not isinstance(member, dict) or member.get("type") != "function":
+                    kind_of = member.get("type") if isinstance(member, dict) else None
+                    omitted.append(hosted(f"{namespace}.{kind_of}", hosted_tools, at))
+                    continue
+                flat = flat_name(namespace, str(member.get("name") or ""))
+                chat.append(_function(member, at, flat))
+                names[flat] = ToolName(member["name"], namespace)
+        else:
+            omitted.append(hosted(str(kind), hosted_tools, param))
+    return Offered(tools=chat, omitted=tuple(omitted), names=names)
 
 
 def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
     if isinstance(choice, str):
         return choice  # auto, none, required: the same words in chat
     if choice.get("type") == "function" and choice.get("name"):
-        return {"type": "function", "function": {"name": choice["name"]}}
+        name = flat_name(choice.get("namespace"), choice["name"])
+        return {"type": "function", "function": {"name": name}}
     raise unsupported(f"tool_choice {choice!r}", "tool_choice")
 
 
@@ -213,8 +275,11 @@ def input_items(request: wire.ResponsesCreate) -> list[wire.ResponsesItem]:
     return list(request.input or [])
 
 
-def chat_request(request: wire.ResponsesCreate, history: list[wire.ResponsesItem] | None = None) -> dict[str, Any]:
-    """The chat completions body that serves this request (without ``model``: the caller routes)."""
+def chat_request(request: wire.ResponsesCreate, history: list[wire.ResponsesItem] | None = None, offered: Offered | None = None) -> dict[str, Any]:
+    """The chat completions body that serves this request (without ``model``: the caller
+    routes), offering the model ``offered`` tools (``offer_tools``: by default every tool, hosted
+    ones left out)."""
+    offered = offered if offered is not None else offer_tools(request.tools)
     messages: list[dict[str, Any]] = []
     if request.instructions:
         messages.append({"role": "system", "content": request.instructions})
@@ -222,11 +287,12 @@ def chat_request(request: wire.ResponsesCreate, history: list[wire.ResponsesItem
     if not messages:
         raise Invalid("input is empty: give a string or at least one item", "invalid_request", "input")
     body: dict[str, Any] = {"messages": messages}
-    if request.tools:
-        body["tools"] = [_tool(t, i) for i, t in enumerate(request.tools)]
-    if request.tool_choice is not None:
+    if offered.tools:
+        body["tools"] = offered.tools
+    # A choice among tools that were all left out (hosted ones) is no choice.
+    if request.tool_choice is not None and (offered.tools or not request.tools):
         body["tool_choice"] = _tool_choice(request.tool_choice)
-    if request.parallel_tool_calls is not None and request.tools:
+    if request.parallel_tool_calls is not None and offered.tools:
         body["parallel_tool_calls"] = request.parallel_tool_calls
     if request.max_output_tokens is not None:
         body["max_tokens"] = request.max_output_tokens
@@ -251,8 +317,9 @@ class Translator(Base[Response]):
     events and the final response agree by construction.
     """
 
-    def __init__(self, request: wire.ResponsesCreate, *, response_id: str, created_at: int, model: str) -> None:
+    def __init__(self, request: wire.ResponsesCreate, *, response_id: str, created_at: int, model: str, offered: Offered | None = None) -> None:
         self.request = request
+        self.offered = offered if offered is not None else Offered()
         self.id = response_id
         self.created_at = created_at
         self.model = model
@@ -350,7 +417,10 @@ class Translator(Base[Response]):
         out = []
         item = self.calls.get(piece.index)
         if item is None:
-            item = FunctionCallItem(self._item_id("fc"), "in_progress", piece.id or self._item_id("call"), piece.name or "", "")
+            tool = self.offered.client_name(piece.name or "")
+            item = FunctionCallItem(self._item_id("fc"), "in_progress", piece.id or self._item_id("call"), tool.name, "")
+            if tool.namespace is not None:
+                item.namespace = tool.namespace
             self.calls[piece.index] = item
             out.append(self._add(item))
         if piece.arguments:

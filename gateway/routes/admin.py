@@ -23,7 +23,7 @@ from litestar.response import Stream
 from burnish_server.core.access import PRINTABLE, SCOPES, KeyName, Limits, ProjectName, Scope
 from burnish_server.core.errors import Invalid
 from burnish_server.core.ids import ID_REGEX
-from burnish_server.core.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, TrainSettings, settings_conflicts
+from burnish_server.core.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, ServingSettings, TrainSettings, settings_conflicts
 from burnish_server.core.steps import StepMetrics
 from burnish_server.core.views import (
     EvalList,
@@ -63,6 +63,7 @@ class PolicyIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     train: TrainSettings = TrainSettings()
     ruler: RulerSettings = RulerSettings()
     promotion: PromotionSettings = PromotionSettings()
+    serving: ServingSettings = ServingSettings()
     # The project it belongs to (its keys alone call it, its groups alone train it), and the
     # other projects it is shared with; none: shared by every project.
     project: ProjectName | None = None
@@ -71,7 +72,7 @@ class PolicyIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class PolicyPatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Fields left out stay as they are; ``lora``, ``train``, ``ruler`` and ``promotion`` are merged key by key."""
+    """Fields left out stay as they are; ``lora``, ``train``, ``ruler``, ``promotion`` and ``serving`` are merged key by key."""
 
     base_model: BaseModel | msgspec.UnsetType = msgspec.UNSET
     model_path: ModelPath | None | msgspec.UnsetType = msgspec.UNSET
@@ -79,6 +80,7 @@ class PolicyPatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     train: Annotated[dict[str, Any], openapi.documented_as(TrainSettings)] | msgspec.UnsetType = msgspec.UNSET
     ruler: Annotated[dict[str, Any], openapi.documented_as(RulerSettings)] | msgspec.UnsetType = msgspec.UNSET
     promotion: Annotated[dict[str, Any], openapi.documented_as(PromotionSettings)] | msgspec.UnsetType = msgspec.UNSET
+    serving: Annotated[dict[str, Any], openapi.documented_as(ServingSettings)] | msgspec.UnsetType = msgspec.UNSET
     project: ProjectName | None | msgspec.UnsetType = msgspec.UNSET
     shared_with: Annotated[list[ProjectName], msgspec.Meta(max_length=1000)] | msgspec.UnsetType = msgspec.UNSET
     paused: bool | msgspec.UnsetType = msgspec.UNSET
@@ -104,6 +106,7 @@ async def create_policy(data: JSONBody[PolicyIn], svc: NamedDependency[Services]
         train=data.train,
         ruler=data.ruler,
         promotion=data.promotion,
+        serving=data.serving,
         project=data.project,
         shared_with=tuple(dict.fromkeys(data.shared_with)),
         paused=data.paused,
@@ -160,7 +163,13 @@ def _patched(current: Policy, data: PolicyPatch, max_lora_rank: int = 0) -> dict
     values: dict[str, Any] = {k: getattr(data, k) for k in ("base_model", "model_path", "project", "paused") if getattr(data, k) is not msgspec.UNSET}
     if data.shared_with is not msgspec.UNSET:
         values["shared_with"] = list(dict.fromkeys(data.shared_with))
-    for key, kind in (("lora", LoraSettings), ("train", TrainSettings), ("ruler", RulerSettings), ("promotion", PromotionSettings)):
+    for key, kind in (
+        ("lora", LoraSettings),
+        ("train", TrainSettings),
+        ("ruler", RulerSettings),
+        ("promotion", PromotionSettings),
+        ("serving", ServingSettings),
+    ):
         if (changes := getattr(data, key)) is not msgspec.UNSET:
             values[key] = _merge(getattr(current, key), changes, kind, key)
     if {"promotion", "lora", "train"} & values.keys():

@@ -29,7 +29,7 @@ from burnish_server.core.access import ANONYMOUS, DEFAULT_PROJECT, Principal, qu
 from burnish_server.core.errors import BurnishError, Invalid, TooLarge, UpstreamError
 from burnish_server.core.records import UPSTREAM_ERROR
 from burnish_server.core.surfaces import SURFACES, Surface
-from burnish_server.gateway import keys, openapi
+from burnish_server.gateway import keys, openapi, window
 from burnish_server.gateway.access import BEARER, principal
 from burnish_server.gateway.call import Call, json_or_none, parse_head
 from burnish_server.gateway.errors import BODY_TOO_LARGE
@@ -92,7 +92,10 @@ async def forward(inbound: Inbound, surface: Surface) -> ASGIApp:
         exc.headers["x-trajectory-id"] = shown
         raise
     try:
-        response = await call.send(scope["headers"], way.upstream_path(scope.get("query_string")))
+        path = way.upstream_path(scope.get("query_string"))
+        response = await call.send(scope["headers"], path)
+        if response.status_code == 400 and call.route is not None:  # the served window? (gateway/window.py)
+            response = await window.refit(call, response, lambda: call.send(scope["headers"], path))
         streams = is_stream(response)
         headers = way.headers(response, streams)
         if streams:
