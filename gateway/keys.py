@@ -2,8 +2,12 @@
 
 Precedence: the URL prefix ``/g/{group}/t/{trajectory}/v1`` or ``/t/{trajectory}/v1``
 (for clients that can set only a base URL), then the headers ``X-Trajectory-Id``,
-``X-Group-Id`` and ``X-Group-Size``. A call with no trajectory key becomes a one-call
-trajectory with a generated id. Ids follow ``core/ids.py``.
+``X-Group-Id`` and ``X-Group-Size``, then a coding CLI's own session id (``session-id``,
+the Codex CLI's; ``X-Claude-Code-Session-Id``, Claude Code's), so that a CLI's session is one
+trajectory without any setting (a session id off the ids' rule is not a key). A call with no
+trajectory key becomes a one-call trajectory with a generated id. Ids follow ``core/ids.py``;
+a key of a project's caller is stored under its project (``routes/proxy.py``), so two projects'
+sessions never meet.
 
 A call is marked for evaluation (held out: recorded and rewarded, never trained on) by the
 ``/eval`` URL prefix in front of any of those (``/eval/v1``, ``/eval/t/{trajectory}/v1``,
@@ -27,6 +31,9 @@ GROUP_HEADER = "x-group-id"
 GROUP_SIZE_HEADER = "x-group-size"
 EVAL_HEADER = "x-eval"
 KEY_HEADERS = frozenset({TRAJECTORY_HEADER, GROUP_HEADER, GROUP_SIZE_HEADER, EVAL_HEADER})
+# The coding CLIs' session ids, in order: a trajectory's key when none other is given. They
+# are read, and still forwarded upstream (they are the client's, not the gateway's).
+SESSION_HEADERS = ("session-id", "x-claude-code-session-id")
 # The path prefix that marks a call for evaluation, in front of the other prefixes.
 EVAL_PREFIX = "/eval"
 _EVAL_VALUES = {"true": True, "1": True, "false": False, "0": False}
@@ -42,7 +49,7 @@ class CallKey:
     eval: bool = False
 
 
-_KEY_HEADER_NAMES = frozenset(h.encode() for h in KEY_HEADERS)
+_KEY_HEADER_NAMES = frozenset(h.encode() for h in (*KEY_HEADERS, *SESSION_HEADERS))
 
 
 def key_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
@@ -53,6 +60,17 @@ def key_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
 def is_eval_path(path: str) -> bool:
     """Whether a request's path carries the evaluation prefix (``/eval/...``)."""
     return path.startswith(EVAL_PREFIX + "/")
+
+
+def _session(headers: Mapping[str, str]) -> str | None:
+    """A coding CLI's session id, where it fits the ids' rule."""
+    for name in SESSION_HEADERS:
+        if (value := headers.get(name)) is not None:
+            try:
+                return check_id(value, "trajectory_id")
+            except Invalid:
+                return None
+    return None
 
 
 def resolve(path_params: Mapping[str, str], headers: Mapping[str, str], *, eval_path: bool = False) -> CallKey:
@@ -80,6 +98,8 @@ def resolve(path_params: Mapping[str, str], headers: Mapping[str, str], *, eval_
         if marked is None:  # a typo must not silently train on what was meant to be held out
             raise Invalid("X-Eval must be true, false, 1 or 0", "invalid_eval", "X-Eval")
         held_out = held_out or marked
+    if trajectory is None:
+        trajectory = _session(headers)
     if trajectory is None:
         return CallKey(new_trajectory_id(), group, size, held_out)
     return CallKey(check_id(trajectory, "trajectory_id"), group, size, held_out)

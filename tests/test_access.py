@@ -496,3 +496,20 @@ def test_ids_of_another_project_never_leak_in_headers(keyed: dict[str, Any], ups
         r = c.post("/v1/chat/completions", json=CHAT, headers={"x-trajectory-id": "mine", "x-fault": "status:500"})
     assert r.headers["x-trajectory-id"] == "mine"
     assert "team-b" not in r.text and "x-trajectory-id" not in upstream.requests[-1]["headers"]
+
+
+def test_a_cli_session_is_its_projects_trajectory(keyed: dict[str, Any]) -> None:
+    """The Codex CLI's session-id and Claude Code's X-Claude-Code-Session-Id file a session's
+    calls under one trajectory of the key's project: the same session id in two projects is two
+    trajectories, each read by its own project alone."""
+    gw, keys = keyed["gw"], keyed["keys"]
+    for team, header in (("a", "session-id"), ("b", "x-claude-code-session-id")):
+        with gw.client(headers={**bearer(keys[team]), header: "4b8bbced-d0f2"}) as c:
+            for turn in range(2):
+                r = c.post("/v1/chat/completions", json={**CHAT, "messages": [{"role": "user", "content": f"team {team} turn {turn}"}]})
+                assert r.status_code == 200 and r.headers["x-trajectory-id"] == "4b8bbced-d0f2", r.text
+    with gw.client(headers=bearer(keys["b"])) as b:
+        calls = b.get("/v1/trajectories/4b8bbced-d0f2").json()["calls"]
+    assert [c["request"]["messages"][0]["content"] for c in calls] == ["team b turn 0", "team b turn 1"]
+    with gw.client(headers=bearer(keys["a_read"])) as a:
+        assert [c["request"]["messages"][0]["content"] for c in a.get("/v1/trajectories/4b8bbced-d0f2").json()["calls"]] == ["team a turn 0", "team a turn 1"]

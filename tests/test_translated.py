@@ -485,3 +485,16 @@ def test_claude_code_request_system_anywhere_and_deferred_tools(gw: Gateway, ups
         "content": f"<functions>\n<function>{json.dumps(definition, separators=(',', ':'))}</function>\n</functions>",
     }
     assert [c["adjustments"] for c in gw.trajectory("claude")["calls"]] == [{"omitted_tools": ["web_search_20250305"]}] * 2
+
+
+def test_a_cli_session_is_one_trajectory_unless_a_key_is_given(gw: Gateway) -> None:
+    body = {"model": "agent", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(2):
+        r = httpx.post(f"{gw.url}/v1/messages", json=body, headers={"x-claude-code-session-id": "sess-1"})
+        assert r.headers["x-trajectory-id"] == "sess-1"
+    assert len(gw.trajectory("sess-1")["calls"]) == 2
+    # A trajectory header or a path prefix still wins; a session id off the ids' rule is no key.
+    assert httpx.post(f"{gw.url}/v1/messages", json=body, headers={"session-id": "sess-1", "x-trajectory-id": "mine"}).headers["x-trajectory-id"] == "mine"
+    assert httpx.post(f"{gw.url}/t/path/v1/messages", json=body, headers={"session-id": "sess-1"}).headers["x-trajectory-id"] == "path"
+    r = httpx.post(f"{gw.url}/v1/messages", json=body, headers={"session-id": "not an id!"})
+    assert r.status_code == 200 and r.headers["x-trajectory-id"].startswith("t-")
