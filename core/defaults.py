@@ -59,20 +59,26 @@ def learning_rate(shape: ModelShape, alpha: int = REFERENCE_ALPHA) -> float:
     return float(BASE_LR * (REFERENCE_WIDTH / shape.hidden_size) ** exponent * (REFERENCE_ALPHA / alpha))
 
 
-def defaults(shape: ModelShape, *, micro_batch_tokens: int | None = None) -> Defaults:
+def defaults(shape: ModelShape, *, micro_batch_tokens: int | None = None, window: int | None = None) -> Defaults:
     """The LoRA and training settings for a pretrained model of this shape.
 
     ``micro_batch_tokens``: the trainer's forward size where the machine needs a smaller one
-    than the default (``burnish up`` on the CPU build)."""
+    than the default (``burnish up`` on the CPU build). ``window``: the window ``burnish up``
+    serves the model with, where it sets one: the longest sequence trained, so that a coding
+    CLI's session (a 6,000-token prompt before its first sampled token) is trained on."""
     lr = float(f"{learning_rate(shape):.2g}")
     lora = LoraSettings(rank=RANK, alpha=REFERENCE_ALPHA, target_modules=LLAMA_PROJECTIONS)
     train = TrainSettings(learning_rate=lr, groups_per_step=GROUPS_PER_STEP)
     if micro_batch_tokens is not None:
         train = msgspec.structs.replace(train, micro_batch_tokens=micro_batch_tokens)
+    if window is not None:
+        train = msgspec.structs.replace(train, max_seq_len=window)
     exponent = EXPONENTS.get(shape.model_type, LLAMA_EXPONENT)
     explanation = (
         f"training defaults: LoRA r={lora.rank} alpha={lora.alpha} on every projection, learning rate {lr:g} "
-        f"(2e-4 x (2000 / width {shape.hidden_size}) ^ {exponent} for {shape.model_type}), {train.groups_per_step} groups a step; "
+        f"(2e-4 x (2000 / width {shape.hidden_size}) ^ {exponent} for {shape.model_type}), {train.groups_per_step} groups a step"
+        + (f", sequences up to {window} tokens (the served window)" if window is not None else "")
+        + "; "
         "change them with PATCH /admin/policies/<name> (docs/settings.md)"
     )
     return Defaults(lora=lora, train=train, explanation=explanation)
