@@ -184,6 +184,9 @@ class ServingSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """How the gateway serves the policy's calls (core/translate/)."""
 
     hosted_tools: HostedTools = "omit"
+    # The budget of a call that asks for none (the Codex CLI never does): None leaves it to the
+    # window (vLLM then samples up to what the prompt leaves of it).
+    max_tokens: Annotated[int, Meta(ge=1, le=10_000_000)] | None = None
 
 
 class PromotionSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

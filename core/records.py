@@ -48,7 +48,8 @@ class Adjustments(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     # saw (the policy's serving.hosted_tools): their types, as the client named them.
     omitted_tools: tuple[str, ...] = ()
     # The client's max_tokens where it was above the served window, and what was sent (the
-    # window; vLLM then gives what the prompt leaves of it).
+    # window; vLLM then gives what the prompt leaves of it). Sent with none asked: the
+    # policy's serving.max_tokens, for a call that asked for no budget.
     max_tokens_asked: int | None = None
     max_tokens_sent: int | None = None
 

@@ -142,9 +142,14 @@ class Call:
         self.upstream_body = _encode(request)
 
     def fit_budget(self, request: dict[str, Any]) -> None:
-        """Lower ``request``'s budget (``max_tokens``, ``max_completion_tokens``) to the policy's
-        served window where the gateway knows it (gateway/window.py), noting it on the call."""
+        """Give ``request`` the policy's ``serving.max_tokens`` where it asks for no budget, and
+        lower its budget (``max_tokens``, ``max_completion_tokens``) to the policy's served
+        window where the gateway knows it (gateway/window.py), noting both on the call."""
         assert self.route is not None
+        policy = self.policy
+        if policy is not None and policy.serving.max_tokens is not None and request.get("max_tokens") is None and request.get("max_completion_tokens") is None:
+            request["max_tokens"] = policy.serving.max_tokens
+            self.adjustments = msgspec.structs.replace(self.adjustments, max_tokens_sent=policy.serving.max_tokens)
         if (size := self.svc.windows.get(self.route.policy)) is None:
             return
         for key in ("max_tokens", "max_completion_tokens"):

@@ -429,7 +429,7 @@ def test_codex_request_namespaces_and_hosted_tools(gw: Gateway, upstream: Upstre
 
 def test_a_policy_can_refuse_hosted_tools(gw: Gateway) -> None:
     with gw.admin() as admin:
-        assert admin.patch("/admin/policies/agent", json={"serving": {"hosted_tools": "refuse"}}).json()["serving"] == {"hosted_tools": "refuse"}
+        assert admin.patch("/admin/policies/agent", json={"serving": {"hosted_tools": "refuse"}}).json()["serving"] == {"hosted_tools": "refuse", "max_tokens": None}
     r = httpx.post(f"{gw.url}/t/refused/v1/responses", json=CODEX_BODY)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1]" and "web_search" in r.json()["error"]["message"]
 
@@ -498,3 +498,17 @@ def test_a_cli_session_is_one_trajectory_unless_a_key_is_given(gw: Gateway) -> N
     assert httpx.post(f"{gw.url}/t/path/v1/messages", json=body, headers={"session-id": "sess-1"}).headers["x-trajectory-id"] == "path"
     r = httpx.post(f"{gw.url}/v1/messages", json=body, headers={"session-id": "not an id!"})
     assert r.status_code == 200 and r.headers["x-trajectory-id"].startswith("t-")
+
+
+def test_a_policy_budget_for_calls_that_ask_none(gw: Gateway, upstream: Upstream) -> None:
+    """The Codex CLI asks no budget of any call: the policy's serving.max_tokens is sent, and said."""
+    with gw.admin() as admin:
+        assert admin.patch("/admin/policies/agent", json={"serving": {"max_tokens": 300}}).status_code == 200
+    assert httpx.post(f"{gw.url}/t/budget/v1/responses", json=CODEX_BODY).status_code == 200
+    assert sent_upstream(upstream)["max_tokens"] == 300
+    assert httpx.post(f"{gw.url}/t/budget/v1/responses", json={**CODEX_BODY, "max_output_tokens": 20}).status_code == 200
+    assert sent_upstream(upstream)["max_tokens"] == 20  # a budget asked for is the client's
+    assert [c["adjustments"] for c in gw.trajectory("budget")["calls"]] == [
+        {"omitted_tools": ["web_search"], "max_tokens_sent": 300},
+        {"omitted_tools": ["web_search"]},
+    ]
