@@ -41,12 +41,20 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 	command -v chromium >/dev/null || ($(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium)
 	mkdir -p .tools && touch $@
 
+# The coding CLIs tests/test_coding_agents.py runs unchanged, pinned, from npm by name (no lockfile:
+# it would name the registry's download addresses).
+CODING_CLIS := @openai/codex@0.169.0 @anthropic-ai/claude-code@2.1.328
+.tools/clis/.installed:
+	mkdir -p .tools/clis
+	npm install --silent --no-package-lock --no-save --no-audit --no-fund --prefix .tools/clis $(CODING_CLIS)
+	touch $@
+
 .PHONY: install demo demo-agent test lint gateway up bench bench-check
 install: $(VENV)/.installed
 	@echo "installed in $(VENV): run '. $(VENV)/bin/activate' to put burnish on your PATH"
 
 # Two workers, a test file on one, in the order tests/conftest.py collects them (the longest first).
-test: $(VENV)/.installed $(VENV)/.lint .tools/docker/cli-plugins/docker-compose .tools/chromium
+test: $(VENV)/.installed $(VENV)/.lint .tools/docker/cli-plugins/docker-compose .tools/chromium .tools/clis/.installed
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Style, types and the layer contract (docs/architecture.md).
