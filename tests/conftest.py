@@ -363,7 +363,15 @@ def burnish_up(data: Path, *args: str, timeout: float = 600) -> Iterator[Up]:
 # (--no-loadscope-reorder): the longest go first, the short ones fill in behind them, and the
 # two workers end together. Ordered by their number of tests (xdist's default), the schema's
 # fuzzing (three minutes, two tests) started last, alone.
-LONGEST_FIRST = ("test_default_model.py", "test_coding_agents.py", "test_schema_fuzz.py", "test_promotion.py", "test_vllm.py", "test_replicas.py", "test_ruler.py")
+LONGEST_FIRST = (
+    "test_default_model.py",
+    "test_coding_agents.py",
+    "test_schema_fuzz.py",
+    "test_promotion.py",
+    "test_vllm.py",
+    "test_replicas.py",
+    "test_ruler.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -176,7 +176,7 @@ def test_the_settings_reference_names_every_setting() -> None:
     policy's settings in its section."""
     import msgspec
 
-    from burnish_server.core.policies import LoraSettings, PromotionSettings, RulerSettings, TrainSettings
+    from burnish_server.core.policies import LoraSettings, PromotionSettings, RulerSettings, ServingSettings, TrainSettings
     from burnish_server.core.settings import Settings
 
     text = (ROOT / "docs" / "settings.md").read_text()
@@ -188,6 +188,7 @@ def test_the_settings_reference_names_every_setting() -> None:
         ("A policy: `train` and `lora`", LoraSettings),
         ("A policy: `promotion`", PromotionSettings),
         ("A policy: `ruler`", RulerSettings),
+        ("A policy: `serving`", ServingSettings),
     ):
         absent = [f.name for f in msgspec.structs.fields(struct) if f"`{f.name}`" not in sections[title]]
         assert not absent, f"docs/settings.md, {title}, lacks {absent}"

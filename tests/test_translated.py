@@ -429,7 +429,10 @@ def test_codex_request_namespaces_and_hosted_tools(gw: Gateway, upstream: Upstre
 
 def test_a_policy_can_refuse_hosted_tools(gw: Gateway) -> None:
     with gw.admin() as admin:
-        assert admin.patch("/admin/policies/agent", json={"serving": {"hosted_tools": "refuse"}}).json()["serving"] == {"hosted_tools": "refuse", "max_tokens": None}
+        assert admin.patch("/admin/policies/agent", json={"serving": {"hosted_tools": "refuse"}}).json()["serving"] == {
+            "hosted_tools": "refuse",
+            "max_tokens": None,
+        }
     r = httpx.post(f"{gw.url}/t/refused/v1/responses", json=CODEX_BODY)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1]" and "web_search" in r.json()["error"]["message"]
 
