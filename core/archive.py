@@ -52,6 +52,9 @@ class ArchivedCall(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     started_at: datetime
     finished_at: datetime
     response_id: str | None
+    # What the gateway changed to serve the call (core/records.py: Adjustments); absent from an
+    # archive written before it existed.
+    adjustments: dict[str, Any] | None = None
 
 
 class ArchivedReward(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
