@@ -14,6 +14,7 @@ import msgspec
 
 from burnish_server.core import answers, wire
 from burnish_server.core.conversation import Exchange, Message, ToolCall, text_of
+from burnish_server.core.errors import Invalid
 from burnish_server.core.surfaces.base import ANTHROPIC_ERRORS, Surface, append, joined
 from burnish_server.core.translate import messages as translator
 
@@ -75,7 +76,7 @@ class MessagesAssembler:
         return message
 
 
-def _blocks_to_messages(role: str, content: str | list[wire.Block]) -> list[Message]:
+def _blocks_to_messages(role: str, content: str | list[wire.Block], definitions: dict[str, dict[str, Any]] | None = None) -> list[Message]:
     if isinstance(content, str):
         return [Message(role, content)]
     out: list[Message] = []
@@ -88,8 +89,10 @@ def _blocks_to_messages(role: str, content: str | list[wire.Block]) -> list[Mess
             case "tool_use":
                 calls.append(ToolCall(block.name or "", msgspec.json.encode(block.input).decode(), block.id))
             case "tool_result":
-                result = block.content if block.content is not None else ""
-                out.append(Message("tool", result if isinstance(result, str) else text_of(result), (), block.tool_use_id))
+                # As the model was shown it (core/translate/messages.py): tool_reference blocks as
+                # the definitions they load, an error marked.
+                result = translator.text(block.content, definitions)
+                out.append(Message("tool", f"Error: {result}" if block.is_error else result, (), block.tool_use_id))
             case "thinking" | "redacted_thinking":
                 pass
             case _:
@@ -99,20 +102,23 @@ def _blocks_to_messages(role: str, content: str | list[wire.Block]) -> list[Mess
     return out
 
 
-def _tool_from_anthropic(tool: dict[str, Any]) -> dict[str, Any]:
-    if "input_schema" in tool:
-        spec = {"name": tool.get("name", ""), "description": tool.get("description", ""), "parameters": tool["input_schema"]}
-        return {"type": "function", "function": spec}
-    return tool
+def _tools(request: wire.MessagesRequest) -> list[dict[str, Any]]:
+    """The tools as a policy's model is offered them (core/translate/messages.py: server tools
+    left out, a deferred one once loaded); as they are where that fails."""
+    try:
+        return translator.offer_tools(request).tools
+    except Invalid:
+        return list(request.tools or ())
 
 
 def read(request: wire.MessagesRequest, response: wire.MessagesResponse | None) -> Exchange:
     prompt: list[Message] = []
     if request.system:
         prompt.append(Message("system", text_of(request.system)))
+    definitions = {t["name"]: t for t in request.tools or () if isinstance(t.get("name"), str)}
     for m in request.messages:
-        prompt += _blocks_to_messages(m.role, m.content)
-    tools = [_tool_from_anthropic(t) for t in request.tools] if request.tools else None
+        prompt += _blocks_to_messages(m.role, m.content, definitions)
+    tools = _tools(request) if request.tools else None
     answers = _blocks_to_messages("assistant", response.content)[-1:] if response else []
     return Exchange(prompt, tools, answers)
 

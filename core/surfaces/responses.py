@@ -13,6 +13,7 @@ from typing import Any
 
 from burnish_server.core import answers, wire
 from burnish_server.core.conversation import Exchange, Message, ToolCall, text_of
+from burnish_server.core.errors import Invalid
 from burnish_server.core.surfaces.base import RESPONSES_ERRORS, Surface
 from burnish_server.core.translate import responses as translator
 
@@ -48,7 +49,7 @@ def _responses_items(items: list[wire.ResponsesItem]) -> list[Message]:
             case "message":
                 out.append(Message(item.role or "user", text_of(item.content)))
             case "function_call":
-                call = ToolCall(item.name or "", item.arguments or "", item.call_id)
+                call = ToolCall(translator.flat_name(item.namespace, item.name or ""), item.arguments or "", item.call_id)
                 # Calls made in one turn belong to one assistant message.
                 if out and out[-1].role == "assistant" and (out[-1].tool_calls or not out[-1].content):
                     last = out.pop()
@@ -64,12 +65,13 @@ def _responses_items(items: list[wire.ResponsesItem]) -> list[Message]:
     return out
 
 
-def _tool_from_responses(tool: dict[str, Any]) -> dict[str, Any]:
-    """A Responses API function tool (flat) in the chat form; other tools as they are."""
-    if tool.get("type") == "function" and "function" not in tool:
-        spec = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
-        return {"type": "function", "function": spec}
-    return tool
+def _tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tools as a policy's model is offered them (core/translate/responses.py: a namespace's
+    functions under their flat names, hosted tools left out); as they are where that fails."""
+    try:
+        return translator.offer_tools(tools).tools
+    except Invalid:
+        return tools
 
 
 def read(request: wire.ResponsesRequest, response: wire.ResponsesResponse | None) -> Exchange:
@@ -77,7 +79,7 @@ def read(request: wire.ResponsesRequest, response: wire.ResponsesResponse | None
     prompt = [Message("user", items)] if isinstance(items, str) else _responses_items(items or [])
     if request.instructions:
         prompt.insert(0, Message("system", request.instructions))
-    tools = [_tool_from_responses(t) for t in request.tools] if request.tools else None
+    tools = _tools(request.tools) if request.tools else None
     answer = _responses_items(response.output) if response else []
     merged = Message(
         "assistant",

@@ -104,7 +104,7 @@ class Message(msgspec.Struct):
 # ---- request -> chat ----------------------------------------------------------------------
 
 
-def _text(content: str | list[wire.Block] | None, tools: dict[str, dict[str, Any]] | None = None) -> str:
+def text(content: str | list[wire.Block] | None, tools: dict[str, dict[str, Any]] | None = None) -> str:
     """Text blocks joined; tool_reference blocks (in a tool result) as the definitions of the
     tools they load, in the ``<functions>`` form Claude Code's ToolSearch describes."""
     if content is None:
@@ -167,7 +167,7 @@ def _turn(role: str, content: str | list[wire.Block], param: str, definitions: d
                 arguments = msgspec.json.encode(block.input if block.input is not None else {}).decode()
                 calls.append({"id": block.id, "type": "function", "function": {"name": block.name or "", "arguments": arguments}})
             case "tool_result" if role == "user":
-                result = _text(block.content, definitions)
+                result = text(block.content, definitions)
                 tools.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": f"Error: {result}" if block.is_error else result})
             case "thinking" | "redacted_thinking":
                 pass
@@ -183,7 +183,7 @@ def _turn(role: str, content: str | list[wire.Block], param: str, definitions: d
     return out
 
 
-def offer_tools(request: wire.MessagesCreate, hosted_tools: HostedTools = "omit") -> Offered:
+def offer_tools(request: wire.MessagesRequest, hosted_tools: HostedTools = "omit") -> Offered:
     """The request's tools as the model is offered them: client tools as they are (a deferred
     one once loaded), server tools left out (or refused)."""
     loaded = _references(request.messages)
@@ -233,10 +233,10 @@ def chat_request(request: wire.MessagesCreate, offered: Offered | None = None) -
     definitions = {t["name"]: t for t in request.tools or () if isinstance(t.get("name"), str)}
     messages: list[dict[str, Any]] = []
     if request.system:
-        messages.append({"role": "system", "content": _text(request.system)})
+        messages.append({"role": "system", "content": text(request.system)})
     for i, m in enumerate(request.messages):
         if m.role == "system":
-            messages.append({"role": "system", "content": _text(m.content)})
+            messages.append({"role": "system", "content": text(m.content)})
             continue
         if m.role not in ("user", "assistant"):
             raise Invalid(f"expected 'user', 'assistant' or 'system', got {m.role!r}", "invalid_request", f"messages[{i}].role")
