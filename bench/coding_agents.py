@@ -72,7 +72,12 @@ def claude(url: str, home: Path, work: Path, *args: str) -> str:
 def mini(url: str, work: Path, trajectory: str, task: str) -> str:
     work.mkdir(parents=True, exist_ok=True)
     env = {"OPENAI_API_KEY": "none", "MSWEA_CONFIGURED": "true", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HOME": str(work)}
-    settings = [f"model.model_kwargs.api_base={url}/t/{trajectory}/v1", f"model.model_kwargs.max_tokens={BUDGET}", "agent.step_limit=3", "model.cost_tracking=ignore_errors"]
+    settings = [
+        f"model.model_kwargs.api_base={url}/t/{trajectory}/v1",
+        f"model.model_kwargs.max_tokens={BUDGET}",
+        "agent.step_limit=3",
+        "model.cost_tracking=ignore_errors",
+    ]
     command = [str(Path(sys.executable).parent / "mini"), "-y", "--exit-immediately", "-t", task, "-m", "openai/agent", "-l", "0", "-c", "mini.yaml"]
     return run(command + [a for s in settings for a in ("-c", s)], env, work)
 
@@ -158,7 +163,9 @@ def main() -> None:
         else:
             data = Path(scratch) / "data"
             env = {**os.environ, "BURNISH_DATA_DIR": str(data), "HF_HUB_OFFLINE": "1"}
-            up = subprocess.Popen([sys.executable, "-m", "burnish_server.cli", "up", "--port", "8089"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            up = subprocess.Popen(
+                [sys.executable, "-m", "burnish_server.cli", "up", "--port", "8089"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
             try:
                 for line in up.stdout or ():
                     if "burnish is up" in line:

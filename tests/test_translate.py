@@ -324,3 +324,27 @@ def test_a_long_answer_adds_up_piece_by_piece() -> None:
     translator.finish()
     blocks = msgspec.to_builtins(translator.result())["content"]
     assert (blocks[0]["thinking"], blocks[1]["text"], blocks[2]["input"]) == (reasoning, text, {"_raw": arguments})
+
+
+def test_the_readers_see_what_the_model_was_shown() -> None:
+    """A coding CLI's request read back (the transcript, the teacher's render check) gives the
+    conversation and tools the translator sent vLLM: flat namespace names, no hosted tools, a
+    deferred tool once loaded, a tool_reference as the definition it loads."""
+    from burnish_server.core.transcript import read_bodies
+    from tests.test_translated import CLAUDE_CODE_BODY, CODEX_BODY
+
+    search = {"type": "tool_use", "id": "toolu_1", "name": "ToolSearch", "input": {"query": "select:NotebookEdit"}}
+    loaded = {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "tool_reference", "tool_name": "NotebookEdit"}], "is_error": True}
+    claude = {
+        **CLAUDE_CODE_BODY,
+        "messages": [*CLAUDE_CODE_BODY["messages"], {"role": "assistant", "content": [search]}, {"role": "user", "content": [loaded]}],
+    }
+    call = {"type": "function_call", "call_id": "c1", "name": "close_agent", "namespace": "multi_agent_v1", "arguments": "{}"}
+    codex = {**CODEX_BODY, "input": [*CODEX_BODY["input"], call, {"type": "function_call_output", "call_id": "c1", "output": "closed"}]}
+    for endpoint, body, module, wire_type in (("messages", claude, messages, wire.MessagesCreate), ("responses", codex, responses, wire.ResponsesCreate)):
+        sent = module.chat_request(msgspec.convert(body, wire_type))
+        read = read_bodies(endpoint, json.dumps(body).encode(), None)
+        assert [t["function"]["name"] for t in read.tools or ()] == [t["function"]["name"] for t in sent["tools"]]
+        assert [(m.role, m.content, [c.name for c in m.tool_calls]) for m in read.prompt] == [
+            (m["role"], m["content"], [c["function"]["name"] for c in m.get("tool_calls", ())]) for m in sent["messages"]
+        ]

@@ -46,8 +46,8 @@ def _responses_items(items: list[wire.ResponsesItem]) -> list[Message]:
     out: list[Message] = []
     for item in items:
         match item.type:
-            case "message":
-                out.append(Message(item.role or "user", text_of(item.content)))
+            case "message":  # a developer message is the system message the model was shown
+                out.append(Message("system" if item.role == "developer" else item.role or "user", text_of(item.content)))
             case "function_call":
                 call = ToolCall(translator.flat_name(item.namespace, item.name or ""), item.arguments or "", item.call_id)
                 # Calls made in one turn belong to one assistant message.
