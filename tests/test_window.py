@@ -18,6 +18,7 @@ import pytest
 
 from burnish_server.serving.process import VLLMServer
 from tests.conftest import Gateway
+from tests.test_translated import anthropic_client, openai_client
 
 WINDOW = 2048  # tests/conftest.py: tiny_vllm
 LONG = "the quick brown fox jumps over the lazy dog " * 400  # far past 2,048 tokens
@@ -28,14 +29,6 @@ def gw(make_gateway, vllm: VLLMServer) -> Gateway:
     gw = make_gateway(upstream=vllm.url, upstream_timeout=120)
     gw.create_policy("agent", "tiny")
     return gw
-
-
-def openai_client(gw: Gateway, trajectory: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gw.url}/t/{trajectory}/v1", api_key="x", max_retries=0)
-
-
-def anthropic_client(gw: Gateway, trajectory: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=f"{gw.url}/t/{trajectory}", api_key="x", max_retries=0)
 
 
 def counted(message: str) -> tuple[int, int]:
