@@ -111,14 +111,31 @@ def _model_files(model: str) -> Path | None:
         return None
 
 
-def model_defaults(files: Path | None, window: int | None = None) -> Defaults:
-    """The training defaults for a pretrained model (core/defaults.py), from its config.json
-    (``window``: the one it is served with, where ``burnish up`` sets it)."""
+def served_window(config: dict, vllm_args: Sequence[str], window: int | None) -> int | None:
+    """The window vLLM serves the model with: the one ``burnish up`` sets, else the user's
+    ``--max-model-len``, else the model's own (vLLM's default); None where none is known."""
+    if window is not None:
+        return window
+    for i, arg in enumerate(vllm_args):
+        value = (
+            arg.partition("=")[2] if arg.startswith("--max-model-len=") else vllm_args[i + 1] if arg == "--max-model-len" and i + 1 < len(vllm_args) else None
+        )
+        if value is not None:
+            return int(value) if value.isdigit() else None
+    own = config.get("max_position_embeddings")
+    return own if isinstance(own, int) and own > 0 else None
+
+
+def model_defaults(files: Path | None, window: int | None = None, vllm_args: Sequence[str] = ()) -> Defaults:
+    """The training defaults for a pretrained model (core/defaults.py), from its config.json,
+    its sequences as long as the window it is served with (``window``, where ``burnish up``
+    sets it; else ``served_window``)."""
     micro_batch = CPU_MICRO_BATCH_TOKENS if cpu_build() else None
     try:
         config = json.loads((files / "config.json").read_text()) if files is not None else {}
         config = config.get("text_config", config)  # a multimodal model's language part
         shape = ModelShape(model_type=str(config["model_type"]), hidden_size=int(config["hidden_size"]))
+        window = served_window(config, vllm_args, window)
     except (OSError, ValueError, KeyError, TypeError):
         train = TrainSettings() if micro_batch is None else TrainSettings(micro_batch_tokens=micro_batch)
         why = "no config.json was found here for the model"
@@ -168,10 +185,10 @@ def prepare_model(settings: Settings, model: str | None, vllm_port: int, vllm_ar
         name = Path(model).name.removesuffix(".gguf")
         path = _converted(settings, Path(model), name)
         tools = choose(path, vllm_args, converted=True)
-        return Served(server(str(path), name, tools, []), tools, model_defaults(path))
+        return Served(server(str(path), name, tools, []), tools, model_defaults(path, vllm_args=vllm_args))
     files = _model_files(model)
     tools = choose(files, vllm_args)
-    return Served(server(model, None, tools, []), tools, model_defaults(files))
+    return Served(server(model, None, tools, []), tools, model_defaults(files, vllm_args=vllm_args))
 
 
 def _ports(settings: Settings, vllm_port: int | None, replicas: int) -> list[int]:

@@ -63,9 +63,9 @@ def defaults(shape: ModelShape, *, micro_batch_tokens: int | None = None, window
     """The LoRA and training settings for a pretrained model of this shape.
 
     ``micro_batch_tokens``: the trainer's forward size where the machine needs a smaller one
-    than the default (``burnish up`` on the CPU build). ``window``: the window ``burnish up``
-    serves the model with, where it sets one: the longest sequence trained, so that a coding
-    CLI's session (a 6,000-token prompt before its first sampled token) is trained on."""
+    than the default (``burnish up`` on the CPU build). ``window``: the window the model is
+    served with, where it is known: the longest sequence trained, so that a coding CLI's
+    session (a 6,000-token prompt before its first sampled token) is trained on."""
     lr = float(f"{learning_rate(shape):.2g}")
     lora = LoraSettings(rank=RANK, alpha=REFERENCE_ALPHA, target_modules=LLAMA_PROJECTIONS)
     train = TrainSettings(learning_rate=lr, groups_per_step=GROUPS_PER_STEP)
