@@ -43,6 +43,19 @@ def test_one_rule_gives_every_pretrained_model_its_learning_rate_from_its_width(
     assert defaults(SMOLLM2, micro_batch_tokens=2048).train.micro_batch_tokens == 2048
 
 
+def test_a_policy_trains_sequences_as_long_as_the_served_window() -> None:
+    """A coding CLI's session is long: the trained length is the window vLLM serves, the one
+    burnish up sets, else the user's --max-model-len, else the model's own."""
+    from burnish_server.cli.up import served_window
+
+    own = {"max_position_embeddings": 8192}
+    assert served_window(own, [], None) == 8192
+    assert served_window(own, ["--max-model-len=4096"], None) == 4096 == served_window(own, ["--max-model-len", "4096"], None)
+    assert served_window(own, [], 2048) == 2048 and served_window({}, [], None) is None
+    assert defaults(SMOLLM2, window=8192).train.max_seq_len == 8192 and "sequences up to 8192 tokens" in defaults(SMOLLM2, window=8192).explanation
+    assert defaults(SMOLLM2).train.max_seq_len == TrainSettings().max_seq_len
+
+
 def _up(data: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "BURNISH_DATA_DIR": str(data), "HF_HUB_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-m", "burnish_server.cli", "up", *args], env=env, capture_output=True, text=True, timeout=timeout)
