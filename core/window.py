@@ -11,8 +11,8 @@ vLLM (0.32) refuses a request that does not fit the model's window (``--max-mode
 - ``This model's maximum context length is 8192 tokens. However, your prompt contains at
   least 8193 input tokens``: the prompt itself is too long (``PromptPastWindow``). A client must
   hear it in the words it acts on: ``context_length_exceeded`` on the OpenAI surfaces (the
-  Codex CLI then compacts its history, or says so), "prompt is too long: N tokens > M maximum"
-  on Anthropic's (Claude Code compacts, or says so).
+  Codex CLI says it ran out of room in the model's window), "prompt is too long: N tokens > M
+  maximum" on Anthropic's (Claude Code reads both numbers, and compacts or says so).
 """
 
 from __future__ import annotations

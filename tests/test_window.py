@@ -2,8 +2,8 @@
 served with a 2,048-token window as ``burnish up`` serves it).
 
 A prompt past the window gets the protocol's own error, with the prompt's tokens as vLLM
-counts them: ``context_length_exceeded`` on chat completions and the Responses API (the Codex
-CLI compacts on it), "prompt is too long: N tokens > M maximum" on Messages (Claude Code does).
+counts them: ``context_length_exceeded`` on chat completions and the Responses API (what the
+Codex CLI reads), "prompt is too long: N tokens > M maximum" on Messages (what Claude Code reads).
 A ``max_tokens`` past the window is lowered to it and served, and the recorded call says so.
 """
 
