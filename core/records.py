@@ -57,6 +57,10 @@ class Adjustments(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
         return bool(self.omitted_tools) or self.max_tokens_sent is not None
 
 
+# A call the gateway served as it was asked: shared, so the proxy path makes none per call.
+UNADJUSTED = Adjustments()
+
+
 class CallRecord(msgspec.Struct, kw_only=True):
     """One call, as the proxy saw it. Field names follow the ``calls`` table."""
 

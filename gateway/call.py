@@ -19,7 +19,7 @@ import msgspec
 from burnish_server.core.access import ANONYMOUS, Principal
 from burnish_server.core.errors import Invalid, NotRecorded, UpstreamError
 from burnish_server.core.policies import Policy, Route
-from burnish_server.core.records import OK, Adjustments, CallRecord
+from burnish_server.core.records import OK, UNADJUSTED, CallRecord
 from burnish_server.core.surfaces import Surface
 from burnish_server.gateway import keys
 from burnish_server.gateway.capture import Injected, Tokens, extract_tokens, inject
@@ -126,7 +126,7 @@ class Call:
         self.attempts = 1
         self.first_byte_ms: float | None = None
         self.http_status: int | None = None  # the upstream's answer's
-        self.adjustments = Adjustments()  # what the gateway changed to serve it
+        self.adjustments = UNADJUSTED  # what the gateway changed to serve it
 
     @property
     def policy(self) -> Policy | None:
@@ -218,7 +218,7 @@ class Call:
             policy_step=self.route.step if self.route else None,
             upstream_model=self.route.upstream_model if self.route else self.head.model,
             response_id=self.response_id if status == OK else None,  # only an answer the client got continues
-            adjustments=self.adjustments or None,
+            adjustments=None if self.adjustments is UNADJUSTED else self.adjustments,
         )
 
     async def commit(self, record: CallRecord) -> None:

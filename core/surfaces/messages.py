@@ -115,7 +115,7 @@ def read(request: wire.MessagesRequest, response: wire.MessagesResponse | None) 
     prompt: list[Message] = []
     if request.system:
         prompt.append(Message("system", text_of(request.system)))
-    definitions = {t["name"]: t for t in request.tools or () if isinstance(t.get("name"), str)}
+    definitions = translator.definitions(request)
     for m in request.messages:
         prompt += _blocks_to_messages(m.role, m.content, definitions)
     tools = _tools(request) if request.tools else None

@@ -111,12 +111,17 @@ def text(content: str | list[wire.Block] | None, tools: dict[str, dict[str, Any]
         return ""
     if isinstance(content, str):
         return content
-    text = "\n".join(b.text or "" for b in content if b.type == "text")
+    joined = "\n".join(b.text or "" for b in content if b.type == "text")
     loaded = [(tools or {}).get(b.tool_name or "") or {"name": b.tool_name} for b in content if b.type == "tool_reference"]
     if loaded:
         lines = "".join(f"<function>{_encode_str(_definition(t))}</function>\n" for t in loaded)
-        text = (text + "\n" if text else "") + f"<functions>\n{lines}</functions>"
-    return text
+        joined = (joined + "\n" if joined else "") + f"<functions>\n{lines}</functions>"
+    return joined
+
+
+def definitions(request: wire.MessagesRequest) -> dict[str, dict[str, Any]]:
+    """The request's tools by name: what a tool_reference block loads."""
+    return {t["name"]: t for t in request.tools or () if isinstance(t.get("name"), str)}
 
 
 def _definition(tool: dict[str, Any]) -> dict[str, Any]:
@@ -230,7 +235,7 @@ def chat_request(request: wire.MessagesCreate, offered: Offered | None = None) -
     if not request.messages:
         raise Invalid("at least one message is required", "invalid_request", "messages")
     offered = offered if offered is not None else offer_tools(request)
-    definitions = {t["name"]: t for t in request.tools or () if isinstance(t.get("name"), str)}
+    loadable = definitions(request)
     messages: list[dict[str, Any]] = []
     if request.system:
         messages.append({"role": "system", "content": text(request.system)})
@@ -240,7 +245,7 @@ def chat_request(request: wire.MessagesCreate, offered: Offered | None = None) -
             continue
         if m.role not in ("user", "assistant"):
             raise Invalid(f"expected 'user', 'assistant' or 'system', got {m.role!r}", "invalid_request", f"messages[{i}].role")
-        messages += _turn(m.role, m.content, f"messages[{i}]", definitions)
+        messages += _turn(m.role, m.content, f"messages[{i}]", loadable)
     body: dict[str, Any] = {"messages": messages, "max_tokens": request.max_tokens}
     if offered.tools:
         body["tools"] = offered.tools
