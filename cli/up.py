@@ -1,9 +1,10 @@
 """``burnish up``: vLLM (one or ``--replicas N``), then the gateway in front of it and the
 trainer beside it, each a child process logging to ``<data_dir>/logs/<name>.log``.
 
-This process only supervises: it never imports vLLM or torch. Ctrl-C (or SIGTERM) stops
-the trainer and the gateway first, so no call or step is cut off, then vLLM. If a child
-dies, everything stops and the last lines of its log are shown.
+This process only supervises (cli/supervisor.py): it never imports vLLM or torch. A child
+that dies is started again, and the console says so with the last lines of its log; one
+that keeps dying stops everything. Ctrl-C (or SIGTERM) stops the trainer and the gateway
+first, so no call or step is cut off, then vLLM.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 import click
 import httpx
 
+from burnish_server.cli.supervisor import Child, CrashLoop, Supervisor, kill_group
 from burnish_server.core.defaults import Defaults, ModelShape, defaults
 from burnish_server.core.errors import Conflict
 from burnish_server.core.policies import LoraSettings, Policy, TrainSettings, vllm_max_lora_rank
@@ -76,6 +78,8 @@ CPU_MICRO_BATCH_TOKENS = 2048
 # The gateway starts in 2-5 s; on two cores busy with vLLM and a trainer, its imports and the
 # store's migrations took over 60 s once (a suite beside two learning runs).
 GATEWAY_START_S = 180
+# vLLM loads a model and compiles in 30-90 s here; a large model from a slow disk takes longer.
+VLLM_START_S = 600
 
 
 @dataclass(frozen=True)
@@ -251,8 +255,6 @@ def run_up(
     signal.signal(signal.SIGTERM, on_signal)
 
     logs = settings.data_path / "logs"
-    children: list[tuple[str, subprocess.Popen, Path]] = []
-
     env = {
         **os.environ,
         "BURNISH_ADMIN_TOKEN": token,
@@ -262,50 +264,78 @@ def run_up(
 
     def spawn(name: str, *args: str) -> subprocess.Popen:
         with (logs / f"{name}.log").open("ab") as log:
-            proc = subprocess.Popen(_burnish(*args), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        children.append((name, proc, logs / f"{name}.log"))
-        return proc
+            return subprocess.Popen(_burnish(*args), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
 
     store = ["--data-dir", str(settings.data_path)] + (["--database-url", settings.database_url] if settings.database_url else [])
-    for v in fleet:
-        click.echo(f"starting vLLM on {v.url} (log: {v.log_path})")
-        v.start()
+    url = f"http://{settings.host}:{settings.port}"
+    replicas = [
+        Child(f"vLLM ({v.url})", v.log_path, start=functools.partial(_start_vllm, v), ready=v.ready, start_timeout_s=VLLM_START_S, cleanup=kill_group)
+        for v in fleet
+    ]
+    gateway = Child(
+        "the gateway",
+        logs / "gateway.log",
+        start=lambda: spawn("gateway", "gateway", "--upstream", upstream, "--host", settings.host, "--port", str(settings.port), *store),
+        ready=lambda: _answers(url + "/health"),
+        start_timeout_s=GATEWAY_START_S,
+    )
+    trainer = Child(
+        "the trainer", logs / "trainer.log", start=lambda: spawn("trainer", "trainer", "--upstream", upstream, *store), ready=lambda: True, start_timeout_s=0
+    )
+    for child in replicas:
+        click.echo(f"starting {child.name} (log: {child.log_path})")
+        child.process = child.start()
     try:
         try:
             for v in fleet:
-                v.wait_healthy()
+                v.wait_healthy(VLLM_START_S)
         except VLLMFailed as exc:
             click.echo(str(exc), err=True)
             return 1
-        gateway = spawn("gateway", "gateway", "--upstream", upstream, "--host", settings.host, "--port", str(settings.port), *store)
-        url = f"http://{settings.host}:{settings.port}"
-        if not _wait_http(url + "/health", gateway, timeout=GATEWAY_START_S):
-            click.echo(f"the gateway did not start. Last lines of {logs / 'gateway.log'}:\n{last_lines(logs / 'gateway.log')}", err=True)
+        gateway.process = gateway.start()
+        if not _wait_http(url + "/health", gateway.process, timeout=GATEWAY_START_S):
+            click.echo(f"the gateway did not start. Last lines of {gateway.log_path}:\n{last_lines(gateway.log_path)}", err=True)
             return 1
-        spawn("trainer", "trainer", "--upstream", upstream, *store)
+        trainer.process = trainer.start()
         click.echo(f"burnish is up: base_url={url}/v1  model={created.name} (step {created.step})  (logs in {logs}; Ctrl-C stops)")
         click.echo(f"admin API: {url}/admin/policies with Authorization: Bearer <token>" + (f" (token in {token_file})" if token_file else ""))
         click.echo(f"dashboard: {url}/ui" + (" (sign in with the admin token)" if token_file else ""))
+        supervisor = Supervisor([*replicas, gateway, trainer])
         while not stop:
-            for name, proc, log_path in [*((f"vLLM ({v.url})", v.process, v.log_path) for v in fleet), *children]:
-                if proc is not None and proc.poll() is not None:
-                    click.echo(f"{name} exited ({proc.returncode}). Last lines of {log_path}:\n{last_lines(Path(log_path))}", err=True)
-                    return 1
+            try:
+                supervisor.tick()
+            except CrashLoop as exc:
+                click.echo(str(exc), err=True)
+                return 1
             time.sleep(0.2)
         click.echo("stopping")
         return 0
     finally:
         # The trainer and the gateway first, so no call or step is cut off by vLLM going away.
-        for _, proc, _ in reversed(children):
+        processes = [p for p in (trainer.process, gateway.process) if p is not None]
+        for proc in processes:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
-        for _, proc, _ in reversed(children):
+        for proc in processes:
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
         for v in fleet:
             v.stop()
+
+
+def _start_vllm(vllm: VLLMServer) -> subprocess.Popen:
+    process = vllm.start().process
+    assert process is not None
+    return process
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 async def _ensure_policy(settings: Settings, policy: Policy, switch_base: bool) -> Policy:

@@ -161,6 +161,13 @@ class VLLMServer:
         self.stop()
         raise VLLMFailed(f"vLLM was not healthy after {timeout:.0f} s. Last lines of {self.log_path}:\n{last_lines(self.log_path)}")
 
+    def ready(self) -> bool:
+        """Whether it answers now: one quick look (``wait_healthy`` waits for it)."""
+        try:
+            return httpx.get(self.url + "/health", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
     def _check_serves(self) -> None:
         """The server that answered is ours, serving our model: another process on the port
         (a vLLM left running, another ``burnish up``) answers /health just as well."""
