@@ -33,7 +33,7 @@ from burnish_server.core.errors import Conflict
 from burnish_server.core.policies import LoraSettings, Policy, TrainSettings, vllm_max_lora_rank
 from burnish_server.core.settings import Settings
 from burnish_server.serving.models import embedded_gguf
-from burnish_server.serving.process import VLLMFailed, VLLMServer, cpu_build, free_ports, last_lines, port_free, share_cores
+from burnish_server.serving.process import VLLMFailed, VLLMServer, cpu_build, free_ports, last_lines, lora_modules, port_free, share_cores
 from burnish_server.serving.tool_calling import ToolCalling, choose
 from burnish_server.store.database import Database
 from burnish_server.store.policies import ensure_policy, update_policy
@@ -238,7 +238,7 @@ def run_up(
     # the default), and the gateway refuses a policy with a rank above it.
     max_lora_rank = vllm_max_lora_rank(max(vllm.max_lora_rank, created.lora.rank))
     for v in fleet:
-        v.max_lora_rank = max_lora_rank
+        v.max_lora_rank, v.lora_modules = max_lora_rank, lora_modules(*created.lora.target_modules)
     if (created.lora, created.train) == (wanted.lora, wanted.train):
         click.echo(served.defaults.explanation)
     else:
@@ -268,7 +268,7 @@ def run_up(
 
     store = ["--data-dir", str(settings.data_path)] + (["--database-url", settings.database_url] if settings.database_url else [])
     url = f"http://{settings.host}:{settings.port}"
-    replicas = [
+    vllms = [
         Child(f"vLLM ({v.url})", v.log_path, start=functools.partial(_start_vllm, v), ready=v.ready, start_timeout_s=VLLM_START_S, cleanup=kill_group)
         for v in fleet
     ]
@@ -282,7 +282,7 @@ def run_up(
     trainer = Child(
         "the trainer", logs / "trainer.log", start=lambda: spawn("trainer", "trainer", "--upstream", upstream, *store), ready=lambda: True, start_timeout_s=0
     )
-    for child in replicas:
+    for child in vllms:
         click.echo(f"starting {child.name} (log: {child.log_path})")
         child.process = child.start()
     try:
@@ -300,7 +300,7 @@ def run_up(
         click.echo(f"burnish is up: base_url={url}/v1  model={created.name} (step {created.step})  (logs in {logs}; Ctrl-C stops)")
         click.echo(f"admin API: {url}/admin/policies with Authorization: Bearer <token>" + (f" (token in {token_file})" if token_file else ""))
         click.echo(f"dashboard: {url}/ui" + (" (sign in with the admin token)" if token_file else ""))
-        supervisor = Supervisor([*replicas, gateway, trainer])
+        supervisor = Supervisor([*vllms, gateway, trainer])
         while not stop:
             try:
                 supervisor.tick()

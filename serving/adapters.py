@@ -14,11 +14,18 @@ from typing import Any
 
 import httpx
 
+from burnish_server.core.fidelity import Fidelity, Probe, compare
+from burnish_server.serving.scoring import ScoringError, prompt_logprobs
+
 log = logging.getLogger("burnish.serving")
 
 
 class AdapterError(RuntimeError):
     """vLLM refused to load an adapter, or loaded it and does not answer with it."""
+
+
+class Unfaithful(AdapterError):
+    """vLLM answers with the adapter, but not as the trainer made it (core/fidelity.py)."""
 
 
 class VLLMAdapters:
@@ -55,6 +62,14 @@ class VLLMAdapters:
         r = self.http.post("/v1/completions", json={"model": model, "prompt": "ok", "max_tokens": 1})
         if r.status_code != 200:
             raise AdapterError(f"vLLM does not answer as {model}: {r.status_code} {r.text[:300]}")
+
+    def fidelity(self, model: str, probe: Probe) -> Fidelity:
+        """How far vLLM's log-probabilities of the probe's tokens under ``model`` are from the trainer's."""
+        try:
+            served = prompt_logprobs(self.http, model, [(ids, 1) for ids in probe.sequences])
+        except ScoringError as exc:
+            raise AdapterError(str(exc)) from None
+        return compare(probe, served)
 
     def unload(self, name: str) -> None:
         self.http.post("/v1/unload_lora_adapter", json={"lora_name": name})

@@ -21,6 +21,23 @@ from pathlib import Path
 
 import httpx
 
+from burnish_server.core.defaults import LLAMA_PROJECTIONS
+
+# What vLLM applies LoRA to: the decoder's projections, never the LM head. vLLM's default wraps
+# the LM head too (for adapters that train it), and on the CPU build a request for prompt
+# logprobs (a served teacher's scoring, the fidelity probe) batched with LoRA calls then kills
+# the engine: the LM head's LoRA takes one row per request, the prompt's logits one per token
+# (punica_cpu add_lora_logits: "einsum(): subscript b has size 10 ... size 34"). burnish trains
+# no LM head (core/policies.py), so nothing is lost; a policy made to train one is refused at
+# publishing by the fidelity probe (trainer/fidelity.py).
+SERVED_LORA_MODULES = LLAMA_PROJECTIONS
+NEVER_SERVED = frozenset({"lm_head", "embed_tokens", "wte", "word_embeddings"})
+
+
+def lora_modules(*trained: str) -> tuple[str, ...]:
+    """The modules vLLM serves LoRA on: the projections, and those a policy trains, but no LM head."""
+    return tuple(m for m in dict.fromkeys((*SERVED_LORA_MODULES, *trained)) if m not in NEVER_SERVED)
+
 
 class VLLMFailed(RuntimeError):
     """vLLM exited or never became healthy; the message ends with its last log lines."""
@@ -99,6 +116,8 @@ class VLLMServer:
     # On the CPU build: the cores its OpenMP threads run on ("0-3"), VLLM_CPU_OMP_THREADS_BIND;
     # None: vLLM's own choice (all of them). Replicas on one machine each take their share.
     cpu_cores: str | None = None
+    # ``--lora-target-modules`` (see SERVED_LORA_MODULES); the user's own flag wins.
+    lora_modules: tuple[str, ...] = SERVED_LORA_MODULES
     process: subprocess.Popen | None = None
 
     @property
@@ -112,6 +131,8 @@ class VLLMServer:
             cmd += ["--served-model-name", self.served_model_name]
         # Runtime LoRA: the trainer loads each new adapter without a restart.
         cmd += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.max_loras)]
+        if not any(arg.startswith("--lora-target-modules") for arg in self.extra_args):
+            cmd += ["--lora-target-modules", *self.lora_modules]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
         # vLLM 0.32's CPU build kills its engine when a request with a `seed` has its prompt cut

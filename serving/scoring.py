@@ -33,14 +33,22 @@ class VLLMScorer:
         """For each (ids, start): log p(ids[t] | ids[:t]) under ``model`` for t from ``start`` on."""
         out: list[list[float]] = []
         for first in range(0, len(sequences), PER_REQUEST):
-            batch = sequences[first : first + PER_REQUEST]
-            body = {"model": model, "prompt": [ids for ids, _ in batch], "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}
-            r = self.http.post("/v1/completions", json=body)
+            out += prompt_logprobs(self.http, model, sequences[first : first + PER_REQUEST])
             self.requests += 1
-            if r.status_code != 200:
-                raise ScoringError(f"vLLM did not score with {model}: {r.status_code} {r.text[:300]}")
-            choices: list[dict[str, Any]] = sorted(r.json()["choices"], key=lambda c: c["index"])
-            for (ids, start), choice in zip(batch, choices):
-                entries = choice["prompt_logprobs"]
-                out.append([float(entries[t][str(ids[t])]["logprob"]) for t in range(start, len(ids))])
         return out
+
+
+def prompt_logprobs(http: httpx.Client, model: str, sequences: list[tuple[list[int], int]]) -> list[list[float]]:
+    """One request: for each (ids, start), log p(ids[t] | ids[:t]) under ``model`` for t from
+    ``start`` on. Safe beside LoRA calls only where vLLM serves no LoRA on the LM head
+    (serving/process.py: SERVED_LORA_MODULES)."""
+    body = {"model": model, "prompt": [ids for ids, _ in sequences], "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}
+    r = http.post("/v1/completions", json=body)
+    if r.status_code != 200:
+        raise ScoringError(f"vLLM did not score with {model}: {r.status_code} {r.text[:300]}")
+    choices: list[dict[str, Any]] = sorted(r.json()["choices"], key=lambda c: c["index"])
+    out: list[list[float]] = []
+    for (ids, start), choice in zip(sequences, choices):
+        entries = choice["prompt_logprobs"]
+        out.append([float(entries[t][str(ids[t])]["logprob"]) for t in range(start, len(ids))])
+    return out

@@ -63,7 +63,9 @@ class CatchUp:
         wanted: dict[str, list[int]] = {}
         for policy in policies:
             held = {step for ids in reachable.values() for step in steps_of(policy.name, ids)}
-            steps = sorted(held | ({policy.step} if policy.step > 0 else set()), reverse=True)[: self.settings.trainer_keep_loaded]
+            # The served version and the candidate on trial first, then the newest others it held.
+            first = [s for s in (policy.step, policy.candidate) if s]
+            steps = [*first, *sorted(held - set(first), reverse=True)][: max(self.settings.trainer_keep_loaded, len(first))]
             wanted[policy.name] = [s for s in steps if self.checkpoints.adapter(policy.name, s).exists()]
         brought = self.fleet.each(lambda vllm: self.bring(vllm, reachable[vllm.url], policies, wanted) if vllm.url in reachable else {})
         now = iso(utcnow())
@@ -97,8 +99,8 @@ class CatchUp:
                     continue
                 try:
                     vllm.load(name, self.checkpoints.adapter(policy.name, step))
-                    if step == policy.step:
-                        checked(vllm, name, name)
+                    if step in (policy.step, policy.candidate):
+                        checked(vllm, name, name, self.checkpoints.probe(policy.name, step), self.settings.trainer_fidelity_tolerance)
                 except UNREACHABLE:
                     raise
                 except Exception as exc:

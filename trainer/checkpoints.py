@@ -5,6 +5,7 @@
         optimizer.pt          AdamW's state, so a restarted trainer resumes exactly
         trainer_state.json    the step and the settings it trained with
         metrics.json          the step's metrics
+        probe.json            what vLLM must answer with the adapter (core/fidelity.py)
 
 A step is written to ``.<step>.partial`` and renamed into place. A trainer that died
 before its step was recorded in the store leaves a whole directory with no row: at start it
@@ -20,7 +21,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
+
+from burnish_server.core.fidelity import Probe
+
 log = logging.getLogger("burnish.trainer")
+
+PROBE_FILE = "probe.json"
 
 
 class Checkpoints:
@@ -35,6 +42,13 @@ class Checkpoints:
 
     def adapter(self, policy: str, step: int) -> Path:
         return self.step(policy, step) / "adapter"
+
+    def probe(self, policy: str, step: int) -> Probe | None:
+        """The step's probe; None for step 0 (the base), and a checkpoint written before probes were."""
+        try:
+            return msgspec.json.decode((self.step(policy, step) / PROBE_FILE).read_bytes(), type=Probe)
+        except FileNotFoundError:
+            return None
 
     def write(self, policy: str, step: int, fill: Callable[[Path], None]) -> Path:
         """Have ``fill`` write the step's files into a fresh directory aside, then move it into place."""

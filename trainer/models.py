@@ -35,6 +35,7 @@ from burnish_server.trainer.base_model import Holding, SharedBase
 from burnish_server.trainer.checkpoints import Checkpoints
 from burnish_server.trainer.demonstrations import Demonstrations
 from burnish_server.trainer.distributed import Ranks
+from burnish_server.trainer.fidelity import make_probe, save_probe
 from burnish_server.trainer.policy_model import PolicyModel
 from burnish_server.trainer.sequences import training_batch
 from burnish_server.trainer.teacher import ContextTeacher, served_scores
@@ -190,6 +191,8 @@ class Models:
         metrics = model.step(batch.items)
         metrics.seconds_teacher += t_served
         metrics.teacher_requests = served
+        # What vLLM must answer with this adapter before it serves it (trainer/fidelity.py).
+        probe = make_probe(model, [seq for seq, _ in batch.items])
         t3 = time.perf_counter()
         model.step_count = step
         self.used_at[policy.name] = time.monotonic()  # idle from the step's end (unload_idle)
@@ -209,6 +212,7 @@ class Models:
 
         def fill(directory: Path) -> None:
             model.save(directory)
+            save_probe(directory, probe)
             metrics.seconds_load, metrics.seconds_batch, metrics.seconds_step = t1 - t0, t2 - t1, t3 - t2
             metrics.seconds_save = time.perf_counter() - t3
             metrics.seconds = time.perf_counter() - t0

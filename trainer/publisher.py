@@ -16,9 +16,10 @@ import logging
 import time
 from collections.abc import Callable
 
+from burnish_server.core.fidelity import Probe, noise_floor
 from burnish_server.core.policies import Policy, adapter_name, served_name
 from burnish_server.core.settings import Settings
-from burnish_server.serving.adapters import AdapterError, VLLMAdapters
+from burnish_server.serving.adapters import AdapterError, Unfaithful, VLLMAdapters
 from burnish_server.serving.fleet import UNREACHABLE, Fleet
 from burnish_server.store import promotion
 from burnish_server.store.database import Database
@@ -92,10 +93,19 @@ class Publisher:
         name = adapter_name(policy.name, step)
         path = self.checkpoints.adapter(policy.name, step) if step > 0 else None
 
+        probe = self.checkpoints.probe(policy.name, step) if step > 0 else None
+        tolerance = self.settings.trainer_fidelity_tolerance
+
         def serve(vllm: VLLMAdapters) -> None:
-            if path is not None:
+            if path is None:
+                return checked(vllm, None, served_name(policy, step))
+            vllm.load(name, path)
+            try:
+                checked(vllm, name, name, probe, tolerance)
+            except Unfaithful as exc:  # once more, from the checkpoint: a load that went wrong once may not again
+                log.warning("replica %s: %s; loading it again", vllm.url, exc)
                 vllm.load(name, path)
-            checked(vllm, name if path is not None else None, served_name(policy, step))
+                checked(vllm, name, name, probe, tolerance)
 
         outcomes = self.fleet.each(serve)
         seconds = time.perf_counter() - t0
@@ -119,11 +129,19 @@ class Publisher:
             vllm.unload(adapter_name(name, old))
 
 
-def checked(vllm: VLLMAdapters, loaded: str | None, model: str) -> None:
-    """``vllm.check(model)``; if it fails, the adapter just ``loaded`` is unloaded again, so that
-    no gateway sends calls to a replica that listed it but could not answer with it."""
+def checked(vllm: VLLMAdapters, loaded: str | None, model: str, probe: Probe | None = None, tolerance: float = 0.0) -> None:
+    """``vllm.check(model)``, and where there is a probe, that vLLM answers as the trainer made
+    the adapter (``Unfaithful`` if not, past ``tolerance``, or where it is 0 the noise floor of
+    the probe's dtype: core/fidelity.py); if either fails, the adapter just
+    ``loaded`` is unloaded again, so that no gateway sends calls to a replica that listed it but
+    could not answer with it, or would answer with other weights."""
     try:
         vllm.check(model)
+        if probe is not None:
+            fidelity, floor = vllm.fidelity(model, probe), tolerance or noise_floor(probe)
+            if not fidelity.within(floor):
+                raise Unfaithful(f"vLLM does not serve {model} as trained: {fidelity}, past the noise floor {floor:.1e}")
+            log.info("replica %s serves %s as trained: %s", vllm.url, model, fidelity)
     except Exception:
         if loaded is not None:
             with contextlib.suppress(Exception):

@@ -1,0 +1,44 @@
+"""A checkpoint's probe (core/fidelity.py): its step's shortest sequences and the trainer's
+log-probability of each of their tokens under the adapter just trained, saved beside the
+adapter as ``probe.json``. Publishing (trainer/publisher.py) compares what vLLM serves with it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import torch
+
+from burnish_server.core.fidelity import PROBE_SEQUENCES, PROBE_TOKENS, Probe
+from burnish_server.trainer.checkpoints import PROBE_FILE
+from burnish_server.trainer.policy_model import PolicyModel, make_batch
+from burnish_server.trainer.sequences import Sequence
+
+
+@torch.no_grad()
+def make_probe(model: PolicyModel, sequences: list[Sequence]) -> Probe | None:
+    """The probe of the model as it is now, on the shortest ``PROBE_SEQUENCES`` of ``sequences``
+    (each cut at ``PROBE_TOKENS``): every token after the first is scored, prompt and answer
+    alike, so an adapter's effect anywhere shows. None for a step with no sequence. Every rank
+    calls it (the forward is a collective under FSDP2)."""
+    chosen = sorted((s.tokens[:PROBE_TOKENS] for s in sequences if len(s.tokens) > 1), key=len)[:PROBE_SEQUENCES]
+    if not chosen:
+        return None
+    items = []
+    for ids in chosen:
+        seq = Sequence()
+        seq.add(ids[:1], ids[1:], None)  # every token after the first is "sampled": scored
+        items.append((seq, 0.0))
+    batch = make_batch(items, model.pad_id, PROBE_TOKENS, model.device)
+    logprobs = model.token_logprobs(batch).cpu()
+    return Probe(
+        sequences=chosen,
+        logprobs=[[float(x) for x in logprobs[row, 1 : len(ids)]] for row, ids in enumerate(chosen)],
+        dtype=str(model.base.dtype).removeprefix("torch."),
+    )
+
+
+def save_probe(directory: Path, probe: Probe | None) -> None:
+    if probe is not None:
+        (directory / PROBE_FILE).write_bytes(msgspec.json.encode(probe))
