@@ -116,7 +116,7 @@ class VLLMServer:
     # On the CPU build: the cores its OpenMP threads run on ("0-3"), VLLM_CPU_OMP_THREADS_BIND;
     # None: vLLM's own choice (all of them). Replicas on one machine each take their share.
     cpu_cores: str | None = None
-    # ``--lora-target-modules`` (see SERVED_LORA_MODULES); the user's own flag wins.
+    # ``--lora-target-modules`` (see SERVED_LORA_MODULES); the user's own flag wins; empty: vLLM's default.
     lora_modules: tuple[str, ...] = SERVED_LORA_MODULES
     process: subprocess.Popen | None = None
 
@@ -131,7 +131,7 @@ class VLLMServer:
             cmd += ["--served-model-name", self.served_model_name]
         # Runtime LoRA: the trainer loads each new adapter without a restart.
         cmd += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.max_loras)]
-        if not any(arg.startswith("--lora-target-modules") for arg in self.extra_args):
+        if self.lora_modules and not any(arg.startswith("--lora-target-modules") for arg in self.extra_args):
             cmd += ["--lora-target-modules", *self.lora_modules]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]

@@ -484,3 +484,96 @@ def test_smollm2_distills_and_imitates_with_tools_rendered_as_vllm_serves_them(u
     (metrics,) = httpx.get(f"{up.url}/admin/policies/taught/metrics", headers=up.admin).json()["data"]
     assert metrics["teacher_unrendered_calls"] == 0 and metrics["untokenized_calls"] == 0, metrics
     assert metrics["distill_tokens"] > 0 and metrics["sft_tokens"] > 0 and metrics["groups"] == 2, metrics
+
+
+# ---- nothing burnish sends crashes vLLM ----------------------------------------------------
+
+LORA_CALLS = 8
+
+
+def random_adapter(model: Path, path: Path) -> Path:
+    """A LoRA adapter for SmolLM2 on its projections, as the trainer makes one, with random weights."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from burnish_server.core.defaults import LLAMA_PROJECTIONS
+
+    torch.manual_seed(0)
+    peft_model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model), LoraConfig(r=8, lora_alpha=16, target_modules=list(LLAMA_PROJECTIONS), task_type="CAUSAL_LM")
+    )
+    for name, weight in peft_model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(weight, std=0.02)
+    peft_model.save_pretrained(path)
+    return path
+
+
+def scoring_beside_lora_calls(url: str, adapter: Path) -> tuple[list[int], bool]:
+    """LoRA calls in flight (sampling 96 tokens each), then what burnish itself asks vLLM for
+    prompt logprobs: a served teacher's scoring (the base) and the fidelity probe (the adapter).
+    Every answer's status, and whether vLLM still answers after."""
+    from burnish_server.core.fidelity import Probe
+    from burnish_server.serving.adapters import AdapterError, VLLMAdapters
+    from burnish_server.serving.scoring import ScoringError, VLLMScorer
+
+    assert httpx.post(url + "/v1/load_lora_adapter", json={"lora_name": "random@1", "lora_path": str(adapter)}).status_code == 200
+    ids = list(range(100, 140))
+    body = {"model": "random@1", "prompt": "Once upon a time", "max_tokens": 96, "min_tokens": 96, "temperature": 1.0, "logprobs": 0}
+    with ThreadPoolExecutor(LORA_CALLS + 2) as pool:
+        calls = [pool.submit(httpx.post, url + "/v1/completions", json=body, timeout=300) for _ in range(LORA_CALLS)]
+        scorer, adapters = VLLMScorer(url, timeout_s=300), VLLMAdapters(url, timeout_s=300)
+        statuses = []
+        for _ in range(3):  # while the calls decode
+            try:
+                scorer.logprobs("smollm2", [(ids, 1), (ids[:20], 1)])
+                adapters.fidelity("random@1", Probe(sequences=[ids], logprobs=[[0.0] * (len(ids) - 1)], dtype="float32"))
+                statuses.append(200)
+            except (ScoringError, AdapterError, httpx.TransportError):
+                statuses.append(500)
+        scorer.close(), adapters.close()
+        statuses += [call.result().status_code for call in calls]
+    try:
+        alive = httpx.get(url + "/health", timeout=5).status_code == 200
+    except httpx.TransportError:
+        alive = False
+    return statuses, alive
+
+
+def test_scoring_beside_lora_calls_leaves_the_vllm_burnish_up_serves_alive(up: Up, tmp_path: Path) -> None:
+    """vLLM as ``burnish up`` starts it serves LoRA on the projections alone (serving/process.py),
+    so prompt logprobs beside LoRA calls are safe."""
+    vllm_url = next(line.split("(")[1].split(")")[0] for line in up.log.splitlines() if line.startswith("starting vLLM"))
+    adapter = random_adapter(up.data / "models" / "smollm2", tmp_path / "adapter")
+    statuses, alive = scoring_beside_lora_calls(vllm_url, adapter)
+    httpx.post(vllm_url + "/v1/unload_lora_adapter", json={"lora_name": "random@1"})
+    assert statuses == [200] * (3 + LORA_CALLS) and alive
+
+
+def test_vllms_own_lora_modules_die_on_the_same_requests(up: Up, tmp_path: Path) -> None:
+    """The crash this guards against, reproduced: vLLM 0.32's CPU build with its default LoRA
+    modules (the LM head included) kills its engine on the first prompt-logprobs request
+    batched with LoRA calls. Should a vLLM release fix it, this test says so."""
+    from burnish_server.cli.up import COMPACT_JSON
+    from burnish_server.serving.process import VLLMServer
+    from tests.servers import free_port
+
+    model = up.data / "models" / "smollm2"
+    server = VLLMServer(
+        model=str(model),
+        served_model_name="smollm2",
+        port=free_port(),
+        log_path=tmp_path / "vllm.log",
+        dtype="float32",
+        lora_modules=(),
+        extra_args=COMPACT_JSON,
+    )
+    server.start()
+    try:
+        server.wait_healthy(600)
+        statuses, alive = scoring_beside_lora_calls(server.url, random_adapter(model, tmp_path / "adapter"))
+    finally:
+        server.stop()
+    assert 500 in statuses and not alive, statuses
+    assert "add_lora_logits" in (tmp_path / "vllm.log").read_text()
