@@ -21,6 +21,7 @@ error body in one place (``gateway/errors.py``), the trainer logs them.
             ├── UpstreamProtocolError   what came back is not HTTP, or the connection closed
             │                           before the answer began
             ├── UpstreamReadError       the answer broke off midway
+            ├── VersionLoading 503      no replica holds the policy's version yet (one restarted)
             └── UpstreamTimeout 504     connected, then silent past its time
                 └── UpstreamPoolTimeout 504   every connection to the replica stayed busy
 """
@@ -116,6 +117,19 @@ class UpstreamProtocolError(UpstreamError):
 
 class UpstreamReadError(UpstreamError):
     """The answer broke off midway (the connection died)."""
+
+
+class VersionLoading(UpstreamError):
+    """The replicas answered that they do not hold the policy's served version: one restarted
+    and the trainer is loading it again (within seconds). Retryable: ``Retry-After``."""
+
+    status = 503
+    default_code = "version_loading"
+    RETRY_AFTER_S = 2
+
+    def __init__(self, message: str, code: str | None = None, attempts: int = 1) -> None:
+        super().__init__(message, code, attempts)
+        self.headers = {"retry-after": str(self.RETRY_AFTER_S)}
 
 
 class UpstreamTimeout(UpstreamError):

@@ -325,6 +325,9 @@ class Route:
     policy: str
     step: int
     upstream_model: str
+    # The trainer keeps this version loaded on every replica (the served one, the candidate): a
+    # replica without it is being caught up (it restarted), not asked for something gone.
+    kept: bool = False
 
     @property
     def version(self) -> str:
@@ -343,7 +346,7 @@ def served_name(policy: Policy, step: int) -> str:
 
 def route(policy: Policy, step: int | None = None) -> Route:
     step = policy.step if step is None else step
-    return Route(policy.name, step, served_name(policy, step))
+    return Route(policy.name, step, served_name(policy, step), kept=step > 0 and step in (policy.step, policy.candidate))
 
 
 def open_to(policy: Policy, project: str) -> bool:

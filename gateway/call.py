@@ -247,6 +247,7 @@ class Call:
                 headers=upstream.request_headers(request_headers, ours=self.caller is not ANONYMOUS),
                 key=self.key.trajectory_id,
                 model=self.route.upstream_model if self.route is not None else self.head.model,
+                kept=self.route is not None and self.route.kept,
             )
         except UpstreamError as failure:
             self.attempts = failure.attempts

@@ -46,6 +46,7 @@ from burnish_server.core.errors import (
     UpstreamProtocolError,
     UpstreamReadError,
     UpstreamTimeout,
+    VersionLoading,
 )
 from burnish_server.core.replicas import ReplicaSet
 from burnish_server.core.settings import Settings
@@ -161,7 +162,15 @@ class Upstream:
         return headers
 
     async def send(
-        self, method: str, path: str, *, content: bytes | None, headers: list[tuple[bytes, bytes]], key: str | None = None, model: str | None = None
+        self,
+        method: str,
+        path: str,
+        *,
+        content: bytes | None,
+        headers: list[tuple[bytes, bytes]],
+        key: str | None = None,
+        model: str | None = None,
+        kept: bool = False,
     ) -> tuple[UpstreamResponse, int]:
         """Send with retries; returns the (streaming) response and the attempts it took.
 
@@ -169,6 +178,8 @@ class Upstream:
         next choice, after a backoff, and a replica that cannot be reached is marked down
         until its next health check. After the last attempt a retryable status is returned as
         it is (the caller relays it); a failure raises its ``UpstreamError``, saying why.
+        ``kept``: ``model`` is a version the trainer keeps loaded everywhere, so a 404 means
+        the replica is being caught up: retried, and at the last ``VersionLoading`` (503).
 
         The loop is written out rather than run by tenacity (used for RULER's judge): on the
         hot path tenacity's per-call machinery cost 0.026 ms, 3% of a whole proxied call.
@@ -191,9 +202,12 @@ class Upstream:
             except UpstreamError as exc:  # a time-out, or a failure mid-answer: not retried (the upstream may have it)
                 raise failed(exc, "could not reach the upstream", attempt) from exc
             else:
-                if response.status_code not in RETRY_STATUSES or attempt >= self.attempts:
+                lacking = kept and response.status_code == 404
+                if not lacking and (response.status_code not in RETRY_STATUSES or attempt >= self.attempts):
                     return response, attempt
                 await response.aclose()
+                if lacking and attempt >= self.attempts:
+                    raise VersionLoading(f"no replica serves {model} yet: it is being loaded again (a replica restarted); retry shortly", attempts=attempt)
             # Exponential backoff with jitter, as tenacity's wait_exponential_jitter.
             await asyncio.sleep(min(self.initial_wait * 2 ** (attempt - 1), self.max_wait) + random.uniform(0, self.initial_wait))
 

@@ -32,6 +32,7 @@ class CatchUp:
         self.settings, self.db, self.checkpoints, self.fleet, self.refusals = settings, db, checkpoints, fleet, refusals
         self.views: dict[str, list[ReplicaView]] = {}  # policy -> as last written to the store
         self.done_at = float("-inf")
+        self.lock = asyncio.Lock()  # the worker's loop and its catch-up beside it: one at a time
 
     def soon(self) -> None:
         """Look again at the next pass (a version was just published)."""
@@ -43,6 +44,10 @@ class CatchUp:
 
     async def run(self) -> None:
         """Load into each replica what it lacks, and record where each stands per policy."""
+        async with self.lock:
+            await self._run()
+
+    async def _run(self) -> None:
         self.done_at = time.monotonic()
         policies = await self.db.read(load_policies)
         if not policies:

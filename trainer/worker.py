@@ -80,6 +80,15 @@ class TrainerWorker:
         await self.recover()
         ranks = self.held.ranks
         log.info("trainer %s started: %s", self.worker.worker_id, f"rank 0 of {ranks.world} ({ranks.parallel})" if ranks.world > 1 else "one rank")
+        # Replicas are caught up beside the loop too: a vLLM that restarted mid-step gets the
+        # served adapters back within seconds, not after the step (minutes on a CPU).
+        beside = asyncio.create_task(self.catch_up_beside(stop), name="catch-up")
+        try:
+            await self.loop(stop)
+        finally:
+            beside.cancel()
+
+    async def loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             if not await self.run_once():
                 self.held.keep_alive()
@@ -124,6 +133,18 @@ class TrainerWorker:
 
     async def catch_up(self) -> None:
         await self.replicas.run()
+
+    async def catch_up_beside(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            if self.replicas.due:
+                try:
+                    await self.catch_up()
+                except Exception:  # the store or a replica away: the next look tries again
+                    log.exception("catching the replicas up failed")
+            try:
+                await asyncio.wait_for(stop.wait(), self.settings.trainer_catch_up_every)
+            except TimeoutError:
+                pass
 
     async def close(self) -> None:
         self.held.stop()
