@@ -17,6 +17,7 @@ import os
 import re
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -279,8 +280,16 @@ def run_up(
         ready=lambda: _answers(url + "/health"),
         start_timeout_s=GATEWAY_START_S,
     )
+    # A name stable across its restarts: a trainer killed mid-step holds its groups' claims, and
+    # only a trainer of the same name releases them at once (else they wait out the lease,
+    # trainer_lease: 15 minutes without a step).
+    worker_id = f"{socket.gethostname()}-up"
     trainer = Child(
-        "the trainer", logs / "trainer.log", start=lambda: spawn("trainer", "trainer", "--upstream", upstream, *store), ready=lambda: True, start_timeout_s=0
+        "the trainer",
+        logs / "trainer.log",
+        start=lambda: spawn("trainer", "trainer", "--upstream", upstream, "--worker-id", worker_id, *store),
+        ready=lambda: True,
+        start_timeout_s=0,
     )
     for child in vllms:
         click.echo(f"starting {child.name} (log: {child.log_path})")

@@ -85,9 +85,14 @@ class TooManyRequests(BurnishError):
 
 class NotRecorded(BurnishError):
     """The call could not be recorded; it was not completed (nothing was lost: the client was
-    told before it had an answer)."""
+    told before it had an answer). Retryable: the store may be back in a moment (a database
+    restarting, a disk freed), so the answer says when to try again."""
 
     status = 503
+    RETRY_AFTER_S = 2
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message, code, headers={"retry-after": str(self.RETRY_AFTER_S)})
 
 
 class Unavailable(BurnishError):

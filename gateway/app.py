@@ -9,6 +9,7 @@ import gc
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -43,8 +44,14 @@ log = logging.getLogger("burnish.gateway")
 
 
 @get("/health", include_in_schema=False, opt={"scope": PUBLIC})
-async def health() -> dict[str, str]:
-    return {"status": "ok"}
+async def health(svc: NamedDependency[Services]) -> dict[str, str]:
+    """200 while the gateway runs: it recovers from a store that went away by itself, so a probe
+    must not take it out. While its writes fail, ``store`` says since when and why (each call
+    meanwhile gets 503 with Retry-After)."""
+    if svc.writer.failing is None:
+        return {"status": "ok"}
+    error, since = svc.writer.failing
+    return {"status": "ok", "store": f"failing since {datetime.fromtimestamp(since, UTC).isoformat(timespec='seconds')}: {error}"}
 
 
 @get("/metrics", media_type=CONTENT_TYPE, opt={"scope": "metrics"}, responses=responses(401, 403, 429), security=BEARER)

