@@ -390,7 +390,7 @@ def burnish_up_faults(work: Path, quick: bool) -> list[Row]:
             if up.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"burnish up did not start:\n{log.read_text()[-3000:]}")
             time.sleep(1)
-        return [trainer_killed(work, data, url, log), vllm_killed(work, data, url, log, quick)]
+        return [trainer_killed(up.pid, data, url, log), vllm_killed(data, url, log)]
     finally:
         os.killpg(up.pid, signal.SIGINT)
         try:
@@ -403,10 +403,12 @@ def admin(url: str, path: str) -> dict:
     return httpx.get(url + path, headers={"authorization": f"Bearer {ADMIN}"}, timeout=30).json()
 
 
-def trainer_killed(work: Path, data: Path, url: str, log: Path) -> Row:
-    """Groups of two, rewarded 0 and 1, at about one a second; the trainer (4 groups a step)
-    killed with -9 once mid-step ("claimed" in its log) and once as a new checkpoint appears
-    (recorded or not, not yet served); then it must go on: every group trained once, none lost."""
+def trainer_killed(up: int, data: Path, url: str, log: Path) -> Row:
+    """Groups of two, rewarded 0 and 1, one every 4 s (about what the tiny model's trainer
+    takes); the trainer killed with -9 once mid-step ("claimed" in its log) and once as a new
+    checkpoint appears (recorded or not, not yet served). Then, with no more groups, it must
+    train every one, each once: "lost" counts a group acknowledged (its rewards taken) and
+    not trained within 5 minutes of the last."""
     row = Row("trainer", "sqlite")
     policy = "agent"
     checkpoints = data / "policies" / policy / "checkpoints"
@@ -426,6 +428,7 @@ def trainer_killed(work: Path, data: Path, url: str, log: Path) -> Row:
                     ok &= r.status_code == 200 and client.post(f"/v1/trajectories/{g}-{i}/reward", json={"reward": float(i)}).status_code == 200
                 if ok:
                     groups.append(g)
+                stop.wait(4)
 
     maker = threading.Thread(target=make_groups, daemon=True)
     maker.start()
@@ -445,7 +448,7 @@ def trainer_killed(work: Path, data: Path, url: str, log: Path) -> Row:
             else:
                 raise RuntimeError(f"the trainer never got to {moment}")
             served = admin(url, f"/admin/policies/{policy}")["step"]
-            pid = trainer_pid(data)
+            pid = trainer_pid(up)
             os.kill(pid, signal.SIGKILL)
             killed = time.monotonic()
             kills.append(moment)
@@ -458,16 +461,26 @@ def trainer_killed(work: Path, data: Path, url: str, log: Path) -> Row:
     finally:
         stop.set()
         maker.join(timeout=180)
-    # Let the trainer take what is ready, then read the store.
-    time.sleep(5)
+    # Every group rewarded is trained, each once: wait for the trainer to take what is left.
     db = data / "burnish.db"
+
+    def untrained() -> int:
+        with sqlite3.connect(db) as conn:
+            return conn.execute("SELECT count(*) FROM groups WHERE id LIKE '%tg%' AND trained_step IS NULL").fetchone()[0]
+
+    deadline = time.monotonic() + 300
+    while untrained() and time.monotonic() < deadline:
+        # A step takes groups_per_step groups at once: asked to train now, it takes what is ready.
+        httpx.post(f"{url}/admin/policies/{policy}/train", headers={"authorization": f"Bearer {ADMIN}"}, timeout=30)
+        time.sleep(5)
     with sqlite3.connect(db) as conn:
         trained = dict(conn.execute("SELECT id, trained_step FROM groups WHERE id LIKE '%tg%'").fetchall())
         step_groups = [json.loads(g) for (g,) in conn.execute("SELECT groups FROM steps WHERE policy = ?", (policy,)).fetchall()]
         claimed = conn.execute("SELECT count(*) FROM groups WHERE claimed_by IS NOT NULL AND trained_step IS NULL").fetchone()[0]
     in_steps = Counter(g for gs in step_groups for g in gs)
     row.acknowledged = len(groups)
-    row.lost = sum(1 for g in groups if not any(k.endswith(g) for k in trained))
+    trained_ids = {k.rpartition("/")[2] for k, step in trained.items() if step is not None}
+    row.lost = sum(1 for g in groups if g not in trained_ids)
     row.doubled = sum(1 for n in in_steps.values() if n > 1)
     row.figures["groups_trained"] = sum(1 for s in trained.values() if s is not None)
     row.figures["steps"] = len(step_groups)
@@ -481,12 +494,13 @@ def trainer_killed(work: Path, data: Path, url: str, log: Path) -> Row:
     return row
 
 
-def trainer_pid(data: Path) -> int:
-    found = subprocess.run(["pgrep", "-f", f"burnish_server.cli trainer .*{data}"], capture_output=True, text=True)
+def trainer_pid(up: int) -> int:
+    """The trainer ``burnish up`` (pid ``up``) runs now: its child, not a process the trainer started."""
+    found = subprocess.run(["pgrep", "-P", str(up), "-f", "burnish_server.cli trainer"], capture_output=True, text=True)
     return int(found.stdout.split()[0])
 
 
-def vllm_killed(work: Path, data: Path, url: str, log: Path, quick: bool) -> Row:
+def vllm_killed(data: Path, url: str, log: Path) -> Row:
     """Streams open (32 tokens each, 4 clients) when vLLM's server is killed with -9."""
     row = Row("vllm", "sqlite")
     port = re.search(r"starting vLLM \(http://127\.0\.0\.1:(\d+)\)", log.read_text())

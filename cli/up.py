@@ -264,8 +264,10 @@ def run_up(
     }
 
     def spawn(name: str, *args: str) -> subprocess.Popen:
+        # A session of its own, as vLLM's: its death takes what it started with it (kill_group),
+        # and a Ctrl-C reaches it from here alone, in the order below.
         with (logs / f"{name}.log").open("ab") as log:
-            return subprocess.Popen(_burnish(*args), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+            return subprocess.Popen(_burnish(*args), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
     store = ["--data-dir", str(settings.data_path)] + (["--database-url", settings.database_url] if settings.database_url else [])
     url = f"http://{settings.host}:{settings.port}"
@@ -279,6 +281,7 @@ def run_up(
         start=lambda: spawn("gateway", "gateway", "--upstream", upstream, "--host", settings.host, "--port", str(settings.port), *store),
         ready=lambda: _answers(url + "/health"),
         start_timeout_s=GATEWAY_START_S,
+        cleanup=kill_group,
     )
     # A name stable across its restarts: a trainer killed mid-step holds its groups' claims, and
     # only a trainer of the same name releases them at once (else they wait out the lease,
@@ -290,6 +293,7 @@ def run_up(
         start=lambda: spawn("trainer", "trainer", "--upstream", upstream, "--worker-id", worker_id, *store),
         ready=lambda: True,
         start_timeout_s=0,
+        cleanup=kill_group,
     )
     for child in vllms:
         click.echo(f"starting {child.name} (log: {child.log_path})")
@@ -329,7 +333,8 @@ def run_up(
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                pass
+            kill_group(proc)  # it, if it did not stop, and anything it left
         for v in fleet:
             v.stop()
 

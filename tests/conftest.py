@@ -366,6 +366,7 @@ def burnish_up(data: Path, *args: str, timeout: float = 600) -> Iterator[Up]:
 LONGEST_FIRST = (
     "test_default_model.py",
     "test_coding_agents.py",
+    "test_fault_suite.py",
     "test_schema_fuzz.py",
     "test_promotion.py",
     "test_vllm.py",
