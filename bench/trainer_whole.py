@@ -88,7 +88,8 @@ async def whole(args: argparse.Namespace, model: Path, vocab: int, work: Path) -
     rows = recorded_rows(argparse.Namespace(**{**vars(args), "groups": args.groups * args.passes}), vocab)
     per_pass = len(rows) // args.passes
     with VLLMStandIn(args.model, str(model)) as vllm:
-        settings = Settings.load({}, data_dir=str(work / "data"), upstream=vllm.url)
+        # The stand-in has no weights to score the fidelity probe with (core/fidelity.py).
+        settings = Settings.load({}, data_dir=str(work / "data"), upstream=vllm.url, trainer_fidelity=False)
         db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
         await db.migrate()
         train = TrainSettings(learning_rate=5e-4, groups_per_step=args.groups)

@@ -121,7 +121,8 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     trainer_publish_retry: float = 5.0
     # A version is served only where vLLM's log-probabilities of its checkpoint's probe are
     # within this mean gap of the trainer's (core/fidelity.py); 0: the measured noise floor of
-    # the trainer's dtype.
+    # the trainer's dtype. Off: served unchecked (a stand-in for vLLM with no weights).
+    trainer_fidelity: bool = True
     trainer_fidelity_tolerance: Annotated[float, Meta(ge=0)] = 0.0
     # How often every replica is checked for the versions it should hold (a replica that
     # joined, or restarted, is caught up).

@@ -105,7 +105,8 @@ class CatchUp:
                 try:
                     vllm.load(name, self.checkpoints.adapter(policy.name, step))
                     if step in (policy.step, policy.candidate):
-                        checked(vllm, name, name, self.checkpoints.probe(policy.name, step), self.settings.trainer_fidelity_tolerance)
+                        probe = self.checkpoints.probe(policy.name, step) if self.settings.trainer_fidelity else None
+                        checked(vllm, name, name, probe, self.settings.trainer_fidelity_tolerance)
                 except UNREACHABLE:
                     raise
                 except Exception as exc:

@@ -93,7 +93,7 @@ class Publisher:
         name = adapter_name(policy.name, step)
         path = self.checkpoints.adapter(policy.name, step) if step > 0 else None
 
-        probe = self.checkpoints.probe(policy.name, step) if step > 0 else None
+        probe = self.checkpoints.probe(policy.name, step) if step > 0 and self.settings.trainer_fidelity else None
         tolerance = self.settings.trainer_fidelity_tolerance
 
         def serve(vllm: VLLMAdapters) -> None:
