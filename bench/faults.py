@@ -103,6 +103,7 @@ class Steady:
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
         self.count = 0
+        self.open = 0  # answers begun and not yet ended
 
     def __enter__(self) -> Steady:
         self.thread.start()
@@ -146,7 +147,11 @@ class Steady:
             async with client.stream("POST", f"/t/{o.trajectory}/v1/chat/completions", json=self.body) as r:
                 o.status = r.status_code
                 o.retry_after = "retry-after" in r.headers
-                body = b"".join([chunk async for chunk in r.aiter_bytes()])
+                self.open += 1
+                try:
+                    body = b"".join([chunk async for chunk in r.aiter_bytes()])
+                finally:
+                    self.open -= 1
         except httpx.TimeoutException:
             o.status = -1
             return
@@ -507,6 +512,8 @@ def vllm_killed(data: Path, url: str, log: Path) -> Row:
     assert port is not None
     with Steady(url, "vllm", rate=4, clients=4, body={**BODY, "model": "agent", "max_tokens": 32}, stream=True, timeout=120) as load:
         time.sleep(10)
+        while not load.open:  # a stream is open: the kill cuts it
+            time.sleep(0.01)
         pid = subprocess.run(["pgrep", "-f", f"vllm.entrypoints.openai.api_server .*--port {port.group(1)}"], capture_output=True, text=True)
         os.kill(int(pid.stdout.split()[0]), signal.SIGKILL)
         killed = time.monotonic()
