@@ -47,6 +47,8 @@ import httpx
 from harness import PYTHON, Proc, free_port, install_cleanup, start_upstream
 
 ADMIN = "faults-admin"
+# The soak's length at full length (--soak-s changes it).
+SOAK_S = 3600.0
 BODY = {"model": "tiny", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16}
 
 
@@ -333,7 +335,7 @@ def soak(work: Path, quick: bool) -> Row:
     """The gateway at 100 calls a second for an hour (60 s quick), SQLite: its resident memory
     and open files sampled each minute (each 10 s quick), the calls' latency per window."""
     row = Row("soak", "sqlite")
-    seconds, every = (60.0, 10.0) if quick else (3600.0, 60.0)
+    seconds, every = (60.0, 10.0) if quick else (SOAK_S, 60.0)
     upstream = start_upstream()
     url = f"sqlite+aiosqlite:///{work}/data/burnish.db"
     gw = gateway(work / "data", upstream.url, url)
@@ -348,6 +350,8 @@ def soak(work: Path, quick: bool) -> Row:
                 seen += len(window)
                 ms = sorted((o.done - o.sent) * 1000 for o in window) or [0.0]
                 samples.append((time.monotonic() - start, rss_mb(gw.proc.pid), open_files(gw.proc.pid), ms[len(ms) // 2], ms[int(len(ms) * 0.99)]))
+                t, rss, fds, p50, p99 = samples[-1]
+                print(f"  soak t={t:.0f}s rss={rss:.1f}MB fds={fds} p50={p50:.2f}ms p99={p99:.2f}ms", flush=True)
     finally:
         gw.stop()
         upstream.stop()
@@ -569,7 +573,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="shorter outages, a 60 s soak")
     parser.add_argument("--only", default=",".join(FAULTS), help=f"comma-separated, of: {', '.join(FAULTS)}")
     parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--soak-s", type=float, default=SOAK_S, help="the soak's length at full length, in seconds")
     args = parser.parse_args()
+    global SOAK_S
+    SOAK_S = args.soak_s
     install_cleanup()
     rows: list[Row] = []
     skipped: dict[str, str] = {}
