@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
@@ -331,11 +332,11 @@ def disk(work: Path, quick: bool) -> Row:
     return row
 
 
-def soak(work: Path, quick: bool) -> Row:
+def soak(work: Path, quick: bool, seconds: float = SOAK_S) -> Row:
     """The gateway at 100 calls a second for an hour (60 s quick), SQLite: its resident memory
     and open files sampled each minute (each 10 s quick), the calls' latency per window."""
     row = Row("soak", "sqlite")
-    seconds, every = (60.0, 10.0) if quick else (SOAK_S, 60.0)
+    seconds, every = (60.0, 10.0) if quick else (seconds, 60.0)
     upstream = start_upstream()
     url = f"sqlite+aiosqlite:///{work}/data/burnish.db"
     gw = gateway(work / "data", upstream.url, url)
@@ -575,8 +576,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--soak-s", type=float, default=SOAK_S, help="the soak's length at full length, in seconds")
     args = parser.parse_args()
-    global SOAK_S
-    SOAK_S = args.soak_s
+    faults = {**FAULTS, "soak": functools.partial(soak, seconds=args.soak_s)}
     install_cleanup()
     rows: list[Row] = []
     skipped: dict[str, str] = {}
@@ -584,7 +584,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix=f"faults-{name}-") as work:
             t0 = time.monotonic()
             try:
-                got = FAULTS[name](Path(work), args.quick)
+                got = faults[name](Path(work), args.quick)
             except Skip as exc:
                 skipped[name] = str(exc)
                 print(f"{name}: skipped: {exc}", flush=True)
