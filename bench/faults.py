@@ -121,11 +121,12 @@ class Steady:
         done = [o.done for o in list(self.outcomes) if o.sent >= t and o.acknowledged]
         return min(done) if done else None
 
-    def wait_served_since(self, t: float, limit: float) -> float | None:
+    def back_after(self, t: float, limit: float) -> float | None:
+        """Seconds from ``t`` until a call sent since was acknowledged; None past ``limit``."""
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
             if (at := self.served_since(t)) is not None:
-                return at
+                return round(at - t, 2)
             time.sleep(0.2)
         return None
 
@@ -268,8 +269,7 @@ def database(work: Path, quick: bool) -> Row:
                 time.sleep(3)
                 ctl("restart")
                 restarted = time.monotonic()
-                back = load.wait_served_since(restarted, 60)
-                row.figures["restart_back_s"] = round(back - restarted, 2) if back else -1
+                row.figures["restart_back_s"] = load.back_after(restarted, 60) or -1
                 time.sleep(3)
                 ctl("stop")
                 time.sleep(outage / 2)
@@ -277,8 +277,7 @@ def database(work: Path, quick: bool) -> Row:
                 time.sleep(outage / 2)
                 ctl("start")
                 started = time.monotonic()
-                back = load.wait_served_since(started, 60)
-                row.recovered_s = round(back - started, 2) if back else None
+                row.recovered_s = load.back_after(started, 60)
                 time.sleep(3)
             row.said += said(gw)
         finally:
@@ -319,8 +318,7 @@ def disk(work: Path, quick: bool) -> Row:
                 row.said.append(f"/health while full: {health(gw.url)}")
                 ballast.unlink()
                 freed = time.monotonic()
-                back = load.wait_served_since(freed, 60)
-                row.recovered_s = round(back - freed, 2) if back else None
+                row.recovered_s = load.back_after(freed, 60)
                 time.sleep(3)
             row.said += said(gw)
         finally:
@@ -522,8 +520,7 @@ def vllm_killed(data: Path, url: str, log: Path) -> Row:
         pid = subprocess.run(["pgrep", "-f", f"vllm.entrypoints.openai.api_server .*--port {port.group(1)}"], capture_output=True, text=True)
         os.kill(int(pid.stdout.split()[0]), signal.SIGKILL)
         killed = time.monotonic()
-        back = load.wait_served_since(killed, 600)
-        row.recovered_s = round(back - killed, 1) if back else None
+        row.recovered_s = load.back_after(killed, 600)
         time.sleep(5)
     stored = stored_calls(f"sqlite:///{data}/burnish.db")
     tally(row, load.outcomes, stored)
