@@ -331,26 +331,33 @@ def disk(work: Path, quick: bool) -> Row:
 
 
 def soak(work: Path, quick: bool, seconds: float = SOAK_S) -> Row:
-    """The gateway at 100 calls a second for an hour (60 s quick), SQLite: its resident memory
-    and open files sampled each minute (each 10 s quick), the calls' latency per window."""
+    """The gateway at 100 calls a second for an hour (60 s quick), SQLite, beside the same load
+    sent straight to the upstream: each minute (10 s quick) the gateway's resident memory and
+    open files, both loads' latency, and the store's commit time (``burnish_commit_seconds``).
+    The difference of the two loads' latency is what the gateway adds, whatever else the
+    machine is doing meanwhile."""
     row = Row("soak", "sqlite")
     seconds, every = (60.0, 10.0) if quick else (seconds, 60.0)
     upstream = start_upstream()
     url = f"sqlite+aiosqlite:///{work}/data/burnish.db"
     gw = gateway(work / "data", upstream.url, url)
-    samples: list[tuple[float, float, int, float, float]] = []  # (t, rss MB, fds, p50 ms, p99 ms)
+    samples: list[Sample] = []
     try:
-        with Steady(gw.url, "soak", rate=100) as load:
-            start = time.monotonic()
-            seen = 0
+        with Steady(gw.url, "soak", rate=100) as load, Steady(upstream.url, "direct", rate=100) as direct:
+            start, seen, commits = time.monotonic(), [0, 0], commit_buckets(gw.url)
             while time.monotonic() - start < seconds:
                 time.sleep(every)
-                window = [o for o in list(load.outcomes)[seen:] if o.acknowledged]
-                seen += len(window)
-                ms = sorted((o.done - o.sent) * 1000 for o in window) or [0.0]
-                samples.append((time.monotonic() - start, rss_mb(gw.proc.pid), open_files(gw.proc.pid), ms[len(ms) // 2], ms[int(len(ms) * 0.99)]))
-                t, rss, fds, p50, p99 = samples[-1]
-                print(f"  soak t={t:.0f}s rss={rss:.1f}MB fds={fds} p50={p50:.2f}ms p99={p99:.2f}ms", flush=True)
+                through, straight = (window(steady, seen, i) for i, steady in enumerate((load, direct)))
+                now = commit_buckets(gw.url)
+                commit = [(le, n - m) for (le, m), (_, n) in zip(commits, now)]
+                commits = now
+                sample = Sample(
+                    round(time.monotonic() - start), round(rss_mb(gw.proc.pid), 1), open_files(gw.proc.pid), database_mb(work / "data"),
+                    quantile(through, 0.5), quantile(through, 0.99), quantile(straight, 0.5), quantile(straight, 0.99),
+                    bucket_quantile(commit, 0.5), bucket_quantile(commit, 0.99),
+                )  # fmt: skip
+                samples.append(sample)
+                print(f"  soak {sample}", flush=True)
     finally:
         gw.stop()
         upstream.stop()
@@ -358,18 +365,78 @@ def soak(work: Path, quick: bool, seconds: float = SOAK_S) -> Row:
     settled = samples[len(samples) // 4 :] if len(samples) >= 4 else samples  # after start-up's own growth
     first, last = settled[0], settled[-1]
     row.figures = {
-        "rss_mb_first": round(first[1], 1),
-        "rss_mb_last": round(last[1], 1),
-        "rss_mb_per_hour": round((last[1] - first[1]) / max(last[0] - first[0], 1) * 3600, 1),
-        "fds_first": first[2],
-        "fds_last": last[2],
-        "p50_ms_first": round(first[3], 2),
-        "p50_ms_last": round(last[3], 2),
-        "p99_ms_first": round(first[4], 2),
-        "p99_ms_last": round(last[4], 2),
+        "rss_mb_first": first.rss_mb,
+        "rss_mb_last": last.rss_mb,
+        "rss_mb_per_hour": round((last.rss_mb - first.rss_mb) / max(last.t - first.t, 1) * 3600, 1),
+        "fds_first": first.fds,
+        "fds_last": last.fds,
+        "database_mb_last": last.database_mb,
     }
-    row.said = [f"t={t:.0f}s rss={r:.1f}MB fds={f} p50={p50:.2f}ms p99={p99:.2f}ms" for t, r, f, p50, p99 in samples]
+    # Latency as the median of the first and the last quarter's windows: one window is noisy.
+    quarter = max(1, len(settled) // 4)
+    for name in ("p50_ms", "p99_ms", "direct_p50_ms", "direct_p99_ms", "commit_p50_ms", "commit_p99_ms"):
+        for end, part in (("first", settled[:quarter]), ("last", settled[-quarter:])):
+            row.figures[f"{name}_{end}"] = round(sorted(getattr(x, name) for x in part)[len(part) // 2], 2)
+    row.said = [str(sample) for sample in samples]
     return row
+
+
+@dataclass
+class Sample:
+    t: int
+    rss_mb: float
+    fds: int
+    database_mb: int
+    p50_ms: float
+    p99_ms: float
+    direct_p50_ms: float
+    direct_p99_ms: float
+    commit_p50_ms: float
+    commit_p99_ms: float
+
+    def __str__(self) -> str:
+        return (
+            f"t={self.t}s rss={self.rss_mb}MB fds={self.fds} db={self.database_mb}MB "
+            f"p50={self.p50_ms:.2f}ms p99={self.p99_ms:.2f}ms (direct {self.direct_p50_ms:.2f}/{self.direct_p99_ms:.2f}) "
+            f"commit p50={self.commit_p50_ms:.3f}ms p99={self.commit_p99_ms:.3f}ms"
+        )
+
+
+def window(steady: Steady, seen: list[int], i: int) -> list[float]:
+    """The milliseconds of the calls acknowledged since the last window, sorted."""
+    calls = [o for o in list(steady.outcomes)[seen[i] :] if o.acknowledged]
+    seen[i] += len(calls)
+    return sorted((o.done - o.sent) * 1000 for o in calls)
+
+
+def quantile(ms: list[float], q: float) -> float:
+    return round(ms[min(int(len(ms) * q), len(ms) - 1)], 2) if ms else 0.0
+
+
+def commit_buckets(url: str) -> list[tuple[float, float]]:
+    """``burnish_commit_seconds``'s cumulative buckets: (upper bound in seconds, count)."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    found = re.findall(r'^burnish_commit_seconds_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)
+    return [(float(le), float(n)) for le, n in found]
+
+
+def bucket_quantile(buckets: list[tuple[float, float]], q: float) -> float:
+    """A quantile in ms from the difference of two scrapes' cumulative buckets, interpolated
+    within its bucket as Prometheus's histogram_quantile does."""
+    total = buckets[-1][1] if buckets else 0
+    if not total:
+        return 0.0
+    rank, lower, below = q * total, 0.0, 0.0
+    for le, n in buckets:
+        if n >= rank:
+            upper = le if le != float("inf") else lower
+            return round((lower + (upper - lower) * (rank - below) / max(n - below, 1e-9)) * 1000, 3)
+        lower, below = le, n
+    return round(lower * 1000, 3)
+
+
+def database_mb(data: Path) -> int:
+    return round(sum(f.stat().st_size for f in data.glob("burnish.db*")) / 1e6)
 
 
 def burnish_up_faults(work: Path, quick: bool) -> list[Row]:

@@ -61,11 +61,12 @@ async def metrics(svc: NamedDependency[Services]) -> Response[bytes]:
     return Response(svc.metrics.render(), media_type=CONTENT_TYPE)
 
 
-def committed(metrics: Metrics, langfuse: LangfuseExport | None) -> Callable[[list[Any]], None]:
-    """What happens to each commit's items once they are durable: counted, and sent to Langfuse."""
+def committed(metrics: Metrics, langfuse: LangfuseExport | None) -> Callable[[list[Any], float], None]:
+    """What happens to each commit's items once they are durable: counted and timed, and sent to Langfuse."""
 
-    def on_commit(items: list[Any]) -> None:
+    def on_commit(items: list[Any], seconds: float) -> None:
         metrics.commit_batch.observe(len(items))
+        metrics.commit_seconds.observe(seconds)
         if langfuse is not None:
             langfuse.put_calls(items)
 

@@ -63,8 +63,9 @@ class Writer:
         # The last write's failure while no write has succeeded since (the store away, a disk
         # full), and when it began: /health says so; None while writes succeed.
         self.failing: tuple[str, float] | None = None
-        # Told each commit's items once they are durable (metrics, Langfuse: gateway/app.py).
-        self.on_commit: Callable[[list[Item]], None] | None = None
+        # Told each commit's items once they are durable, and the seconds from the commit's
+        # start to then, its retries included (metrics, Langfuse: gateway/app.py).
+        self.on_commit: Callable[[list[Item], float], None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="burnish-writer")
@@ -90,12 +91,13 @@ class Writer:
         on this thread if the writer is idle and the write lock free, without the queue and the
         two task switches it costs (~5% of a lone proxied call's instructions)."""
         if alone and not self._busy and self._queue.empty() and self._here_fits([item]):
+            began = time.perf_counter()
             try:
                 [result] = self.db.transaction_here(_apply, [item], bare=_calls_only([item]))
             except OperationalError:
                 pass  # the lock is held (the trainer, a migration): the writer thread waits for it
             else:
-                self._committed([item])
+                self._committed([item], began)
                 if isinstance(result, BaseException):
                     raise result
                 return result
@@ -127,6 +129,7 @@ class Writer:
                 return
 
     async def _commit(self, batch: list[tuple[Item, asyncio.Future[Any]]]) -> None:
+        began = time.perf_counter()
         try:
             results = await self._transaction([item for item, _ in batch])
         except Exception as exc:
@@ -139,17 +142,17 @@ class Writer:
             self.failing = (str(exc).splitlines()[0][:300], self.failing[1] if self.failing else time.time())
             _resolve(batch[0][1], exc)
             return
-        self._committed([item for item, _ in batch])
+        self._committed([item for item, _ in batch], began)
         for (_, future), result in zip(batch, results):
             _resolve(future, result)
 
-    def _committed(self, items: list[Item]) -> None:
+    def _committed(self, items: list[Item], began: float) -> None:
         self.failing = None
         self.commits += 1
         self.records += len(items)
         if self.on_commit is not None:
             try:  # an observer's fault must not stop the writer: every waiting call would hang
-                self.on_commit(items)
+                self.on_commit(items, time.perf_counter() - began)
             except Exception:
                 log.exception("a commit observer failed")
 

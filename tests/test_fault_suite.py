@@ -73,4 +73,9 @@ def test_vllm_killed_under_open_streams(report: dict) -> None:
 def test_a_soak(report: dict) -> None:
     found = row(report, "soak")
     assert found["refused"] == {}, found["refused"]
-    assert found["figures"]["fds_last"] <= found["figures"]["fds_first"] + 8, found["figures"]
+    # Open files come and go with the load's bursts: each of its 8 clients' connections, and the
+    # upstream connection its call holds, close after seconds idle. A leak grows past both: even one
+    # file per hundred calls would be 60 in the quick run's minute.
+    assert found["figures"]["fds_last"] <= found["figures"]["fds_first"] + 2 * 8, found["figures"]
+    # The store's write latency, from the gateway's own histogram (burnish_commit_seconds).
+    assert 0 < found["figures"]["commit_p50_ms_last"] <= found["figures"]["commit_p99_ms_last"], found["figures"]
