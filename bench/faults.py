@@ -333,9 +333,9 @@ def disk(work: Path, quick: bool) -> Row:
 def soak(work: Path, quick: bool, seconds: float = SOAK_S) -> Row:
     """The gateway at 100 calls a second for an hour (60 s quick), SQLite, beside the same load
     sent straight to the upstream: each minute (10 s quick) the gateway's resident memory and
-    open files, both loads' latency, and the store's commit time (``burnish_commit_seconds``).
-    The difference of the two loads' latency is what the gateway adds, whatever else the
-    machine is doing meanwhile."""
+    open files, both loads' latency, the time the gateway says it added to each call
+    (``burnish_added_latency_seconds``) and the store's commit time (``burnish_commit_seconds``).
+    The direct load shows what the clients' own machine does meanwhile."""
     row = Row("soak", "sqlite")
     seconds, every = (60.0, 10.0) if quick else (seconds, 60.0)
     upstream = start_upstream()
@@ -344,17 +344,17 @@ def soak(work: Path, quick: bool, seconds: float = SOAK_S) -> Row:
     samples: list[Sample] = []
     try:
         with Steady(gw.url, "soak", rate=100) as load, Steady(upstream.url, "direct", rate=100) as direct:
-            start, seen, commits = time.monotonic(), [0, 0], commit_buckets(gw.url)
+            start, seen, before = time.monotonic(), [0, 0], histograms(gw.url)
             while time.monotonic() - start < seconds:
                 time.sleep(every)
                 through, straight = (window(steady, seen, i) for i, steady in enumerate((load, direct)))
-                now = commit_buckets(gw.url)
-                commit = [(le, n - m) for (le, m), (_, n) in zip(commits, now)]
-                commits = now
+                now = histograms(gw.url)
+                added, commit = ([(le, n - m) for (le, m), (_, n) in zip(before[name], now[name])] for name in HISTOGRAMS)
+                before = now
                 sample = Sample(
                     round(time.monotonic() - start), round(rss_mb(gw.proc.pid), 1), open_files(gw.proc.pid), database_mb(work / "data"),
                     quantile(through, 0.5), quantile(through, 0.99), quantile(straight, 0.5), quantile(straight, 0.99),
-                    bucket_quantile(commit, 0.5), bucket_quantile(commit, 0.99),
+                    bucket_quantile(added, 0.5), bucket_quantile(added, 0.99), bucket_quantile(commit, 0.5), bucket_quantile(commit, 0.99),
                 )  # fmt: skip
                 samples.append(sample)
                 print(f"  soak {sample}", flush=True)
@@ -374,7 +374,7 @@ def soak(work: Path, quick: bool, seconds: float = SOAK_S) -> Row:
     }
     # Latency as the median of the first and the last quarter's windows: one window is noisy.
     quarter = max(1, len(settled) // 4)
-    for name in ("p50_ms", "p99_ms", "direct_p50_ms", "direct_p99_ms", "commit_p50_ms", "commit_p99_ms"):
+    for name in ("p50_ms", "p99_ms", "direct_p50_ms", "direct_p99_ms", "added_p50_ms", "added_p99_ms", "commit_p50_ms", "commit_p99_ms"):
         for end, part in (("first", settled[:quarter]), ("last", settled[-quarter:])):
             row.figures[f"{name}_{end}"] = round(sorted(getattr(x, name) for x in part)[len(part) // 2], 2)
     row.said = [str(sample) for sample in samples]
@@ -391,6 +391,8 @@ class Sample:
     p99_ms: float
     direct_p50_ms: float
     direct_p99_ms: float
+    added_p50_ms: float
+    added_p99_ms: float
     commit_p50_ms: float
     commit_p99_ms: float
 
@@ -398,7 +400,7 @@ class Sample:
         return (
             f"t={self.t}s rss={self.rss_mb}MB fds={self.fds} db={self.database_mb}MB "
             f"p50={self.p50_ms:.2f}ms p99={self.p99_ms:.2f}ms (direct {self.direct_p50_ms:.2f}/{self.direct_p99_ms:.2f}) "
-            f"commit p50={self.commit_p50_ms:.3f}ms p99={self.commit_p99_ms:.3f}ms"
+            f"added p50={self.added_p50_ms:.3f}ms p99={self.added_p99_ms:.3f}ms commit p50={self.commit_p50_ms:.3f}ms p99={self.commit_p99_ms:.3f}ms"
         )
 
 
@@ -413,11 +415,15 @@ def quantile(ms: list[float], q: float) -> float:
     return round(ms[min(int(len(ms) * q), len(ms) - 1)], 2) if ms else 0.0
 
 
-def commit_buckets(url: str) -> list[tuple[float, float]]:
-    """``burnish_commit_seconds``'s cumulative buckets: (upper bound in seconds, count)."""
+# The gateway's own histograms the soak reads: the time it added to each chat completion, and
+# each commit's.
+HISTOGRAMS = (r'burnish_added_latency_seconds_bucket\{endpoint="chat\.completions",le="([^"]+)"\}', r'burnish_commit_seconds_bucket\{le="([^"]+)"\}')
+
+
+def histograms(url: str) -> dict[str, list[tuple[float, float]]]:
+    """Each of HISTOGRAMS' cumulative buckets from /metrics: (upper bound in seconds, count)."""
     text = httpx.get(url + "/metrics", timeout=10).text
-    found = re.findall(r'^burnish_commit_seconds_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)
-    return [(float(le), float(n)) for le, n in found]
+    return {name: [(float(le), float(n)) for le, n in re.findall(f"^{name} (\\S+)$", text, re.M)] for name in HISTOGRAMS}
 
 
 def bucket_quantile(buckets: list[tuple[float, float]], q: float) -> float:
