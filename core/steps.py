@@ -40,6 +40,7 @@ class StepMetrics(msgspec.Struct, kw_only=True):
     sequences: float = 0.0
     tokens: float = 0.0  # sampled tokens trained
     forced_tokens: float = 0.0  # sampled tokens left out (past max_seq_len, or masked)
+    held_tokens: float = 0.0  # trained tokens sampled under a grammar: their ratio is against the trainer's own logprob
     reward_mean: float | None = None
     reward_std: float | None = None
     call_rewards: int = 0  # calls with a reward of their own (rewards per turn)

@@ -9,7 +9,9 @@ Everything here is a pure function of tensors, so it can be checked by hand
                                                             c_i,k: the reward posted for call k of
                                                             trajectory i alone (0 if none)
     A_i,t         = advantage_i + credit_i,t                of every token call t sampled
-    ratio_t       = exp(logp_t - logp_behaviour_t)          logp_behaviour: what vLLM recorded
+    ratio_t       = exp(logp_t - logp_behaviour_t)          logp_behaviour: what vLLM recorded; for a call
+                                                            sampled under a grammar, stopgrad(logp_t)
+                                                            (trainer/sequences.py: Sequence.compared)
     loss_t        = -min(ratio_t * A, clip(ratio_t, 1 - eps_low, 1 + eps_high) * A)
                     + kl_coef * k3_t,   k3_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1
     loss          = sum over every sampled token in the batch / number of those tokens

@@ -33,7 +33,7 @@ class Batch:
     position_ids: torch.Tensor | None  # packed: [1, total tokens], restarting at 0 for each sequence
     sampled: torch.Tensor  # [B, T], 1 on tokens to train on
     behaviour_logprobs: torch.Tensor  # [B, T]
-    has_behaviour: torch.Tensor  # [B, T], False: no recorded logprobs, taken as on-policy (ratio 1)
+    has_behaviour: torch.Tensor  # [B, T], False: no comparable recorded logprob (Sequence.compared), taken as on-policy (ratio 1)
     advantages: torch.Tensor  # [B, T]: the sequence's advantage, plus each call's credit per turn
     # Each objective's tokens, all of them among ``sampled`` (trainer/sequences.py: Sequence.grpo, imitate, taught).
     grpo: torch.Tensor  # [B, T]
@@ -45,7 +45,8 @@ class Batch:
     # that predicts it is the one before).
     picked_rows: torch.Tensor  # [N]
     picked_at: torch.Tensor  # [N]
-    compared_tokens: int  # the sampled tokens of sequences with recorded logprobs
+    compared_tokens: int  # the trained tokens with a comparable recorded logprob
+    held_tokens: int  # the trained tokens sampled under a grammar, whose ratio is against the trainer's own
 
 
 def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, device: torch.device, packed: bool = False) -> Batch:
@@ -75,7 +76,6 @@ def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, d
     # before it is the previous sequence's last): never trained.
     trained = [[0, *s.trained()[1 : lengths[i]]] for i, s in enumerate(seqs)]
     sampled = tensor(trained, 0, torch.int64)
-    counts = [sum(row) for row in trained]
     taught = (
         tensor([[m * t for m, t in zip(row, s.taught or [0] * len(row))] for s, row in zip(seqs, trained)], 0, torch.int64)
         if any(s.taught for s in seqs)
@@ -89,7 +89,7 @@ def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, d
         position_ids=torch.cat([positions[:n] for n in lengths])[None] if packed else None,
         sampled=sampled,
         behaviour_logprobs=tensor([s.behaviour_logprobs for s in seqs], 0.0, torch.float32),
-        has_behaviour=per_row([s.has_behaviour_logprobs for s in seqs], torch.bool),
+        has_behaviour=tensor([s.compared for s in seqs], 0, torch.bool),
         advantages=tensor([[a + c for c in s.credit[:n]] for (s, a), n in zip(items, lengths)], 0.0, torch.float32),
         grpo=sampled * per_row([s.grpo for s in seqs], torch.int64),
         imitate=sampled * per_row([s.imitate for s in seqs], torch.int64),
@@ -97,7 +97,8 @@ def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, d
         teacher_logprobs=tensor([s.teacher_logprobs or [0.0] * len(s.tokens) for s in seqs], 0.0, torch.float32) if taught is not None else torch.zeros(shape),
         picked_rows=rows,
         picked_at=at,
-        compared_tokens=sum(n for s, n in zip(seqs, counts) if s.has_behaviour_logprobs),
+        compared_tokens=sum(sum(m * c for m, c in zip(row, s.compared)) for s, row in zip(seqs, trained)),
+        held_tokens=sum(sum(m * h for m, h in zip(row, s.held)) for s, row in zip(seqs, trained)),
     )
     if device.type == "cpu":
         return host
@@ -328,7 +329,8 @@ class PolicyModel:
         # leave the device idle while the host queues the next work.
         zero = torch.zeros((), device=self.device)
         sums = dict.fromkeys(
-            ("loss", "kl", "clip_fraction", "grpo_loss", "sft_nll", "teacher_kl", "logprob_diff", "outside_clip", "tis_capped", "entropy", "compared"), zero
+            ("loss", "kl", "clip_fraction", "grpo_loss", "sft_nll", "teacher_kl", "logprob_diff", "outside_clip", "tis_capped", "entropy", "compared", "held"),
+            zero,
         )
         for index in range(passes):
             real = index < len(chunks)
@@ -368,6 +370,7 @@ class PolicyModel:
             sums["outside_clip"] = sums["outside_clip"] + outside
             # over the trained tokens that have recorded logprobs (rows without them compare with themselves, a gap of 0: left out)
             sums["compared"] = sums["compared"] + batch.compared_tokens
+            sums["held"] = sums["held"] + batch.held_tokens
         # Every rank's gradients and figures, summed: the step's, as one rank would have them.
         ranks.sum_gradients(self.params)
         summed = ranks.total(torch.stack(list(sums.values())))
@@ -389,6 +392,7 @@ class PolicyModel:
             grad_norm=grad_norm_value,
             tokens=float(total),
             forced_tokens=float(forced),
+            held_tokens=got["held"],
             sequences=float(len(items)),
             grpo_loss=got["grpo_loss"],
             grpo_tokens=float(n_grpo if weights.grpo > 0 else 0),

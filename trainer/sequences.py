@@ -26,6 +26,11 @@ and maximum, and with ``max_staleness`` set, older calls are skipped and counted
 
 A call with several choices (n > 1) gives one sequence per choice: each is its own
 sample of the same prompt, and is not merged with other calls (nor counted as a split).
+
+A call sampled under a grammar (``core/grammar.py``: a forced tool call, a JSON format) keeps
+its recorded logprobs only to find the tokens the grammar forced; the ratio of its other
+tokens is taken against the trainer's own logprob (``Sequence.compared`` 0), since vLLM's are
+renormalised over what the grammar allowed (docs/trainer.md, "The ratio").
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import torch
 
 from burnish_server.core.credit import trained_mask, turn_credits
 from burnish_server.core.drift import split_reason
+from burnish_server.core.grammar import held
 from burnish_server.core.policies import TrainSettings
 from burnish_server.core.records import DEMONSTRATION, CallRecord
 from burnish_server.core.tokens import Continuity
@@ -58,6 +64,8 @@ class SampledCall:
     logprobs: list[list[float]] | None  # the behaviour policy's, aligned with completions
     credit: float = 0.0  # its credit per turn (core/credit.py: turn_credits), for every choice
     teacher_prompt: list[int] | None = None  # where the policy distills: its prompt with the teacher's context
+    # Sampled free of any grammar: its recorded logprobs are of the distribution the trainer computes.
+    free: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +86,10 @@ class Sequence:
     # Added to the sequence's advantage per token: the credit of the call that sampled it (0 elsewhere).
     credit: list[float] = field(default_factory=list)
     has_behaviour_logprobs: bool = True
+    # 1 on sampled tokens whose recorded logprob the ratio is taken against: recorded, and
+    # sampled free of a grammar. Elsewhere the trainer's own logprob stands in (a ratio of 1).
+    compared: list[int] = field(default_factory=list)
+    held: list[int] = field(default_factory=list)  # 1 on sampled tokens of calls held to a grammar
     calls: int = 0
     spans: list[Span] = field(default_factory=list)
     # Which objectives train on it (core/policies.py: Objective): GRPO where its group's rewards
@@ -90,13 +102,23 @@ class Sequence:
     # trained()'s answer, kept until the next add(): a step asks for it several times a sequence.
     _trained: list[int] | None = field(default=None, init=False, repr=False, compare=False)
 
-    def add(self, context: list[int], sampled: list[int], logprobs: list[float] | None, credit: float = 0.0, teacher_prompt: list[int] | None = None) -> None:
+    def add(
+        self,
+        context: list[int],
+        sampled: list[int],
+        logprobs: list[float] | None,
+        credit: float = 0.0,
+        teacher_prompt: list[int] | None = None,
+        free: bool = True,
+    ) -> None:
         self.spans.append(Span(len(self.tokens) + len(context), len(sampled), teacher_prompt))
         self.tokens += context + sampled
         self.mask += [0] * len(context) + [1] * len(sampled)
         self.credit += [0.0] * len(context) + [credit] * len(sampled)
         self.behaviour_logprobs += [0.0] * len(context) + (list(logprobs) if logprobs is not None else [0.0] * len(sampled))
         self.has_behaviour_logprobs &= logprobs is not None
+        self.compared += [0] * len(context) + [int(logprobs is not None and free)] * len(sampled)
+        self.held += [0] * len(context) + [int(logprobs is not None and not free)] * len(sampled)
         self.calls += 1
         self._trained = None
 
@@ -139,30 +161,32 @@ def build_sequences(calls: Iterable[SampledCall]) -> Merged:
         if extends is None:  # several choices (or none): each its own sequence
             for i, completion in enumerate(call.completions):
                 seq = Sequence()
-                seq.add(call.prompt, completion, call.logprobs[i] if call.logprobs else None, call.credit, call.teacher_prompt)
+                seq.add(call.prompt, completion, call.logprobs[i] if call.logprobs else None, call.credit, call.teacher_prompt, call.free)
                 done.append(seq)
             continue
         completion = call.completions[0]
         logprobs = call.logprobs[0] if call.logprobs else None
         if extends and current is not None:  # current.tokens is the history the prompt extends
-            current.add(call.prompt[len(current.tokens) :], completion, logprobs, call.credit, call.teacher_prompt)
+            current.add(call.prompt[len(current.tokens) :], completion, logprobs, call.credit, call.teacher_prompt, call.free)
             continue
         if current is not None:
             done.append(current)
         current = Sequence()
-        current.add(call.prompt, completion, logprobs, call.credit, call.teacher_prompt)
+        current.add(call.prompt, completion, logprobs, call.credit, call.teacher_prompt, call.free)
     if current is not None:
         done.append(current)
     return Merged([s for s in done if s.sampled > 0], continuity.splits, split_at)
 
 
-def sampled_call(call: CallRecord) -> SampledCall | None:
+def sampled_call(call: CallRecord, held_ratio: str = "trainer") -> SampledCall | None:
     """A recorded call's tokens as vLLM returned them; None if its prompt or completion ids
-    were not recorded (``CallTokens.trainable``): such a call is not trained."""
+    were not recorded (``CallTokens.trainable``): such a call is not trained. ``held_ratio``:
+    TrainSettings' (where a call sampled under a grammar takes its ratio)."""
     tokens = call.tokens()
     if tokens is None or tokens.prompt is None or tokens.completions is None:
         return None
-    return SampledCall(tokens.prompt, tokens.completions, tokens.logprobs)
+    free = held_ratio == "recorded" or not held(call.request)
+    return SampledCall(tokens.prompt, tokens.completions, tokens.logprobs, free=free)
 
 
 @dataclass
@@ -217,7 +241,7 @@ def training_batch(
                     else:
                         items.append((shown, 0.0))
                     continue
-                call = sampled_call(row.call)
+                call = sampled_call(row.call, settings.held_ratio)
                 if call is None:
                     untokenized += 1
                     continue
