@@ -12,7 +12,8 @@ and one warning, where nothing the last groups hold can train (members unrewarde
 member a group), or where the run looks like it is collapsing: entropy fallen below a
 fifth of where it started, the train reward fallen below where it started by more than
 half of the first steps' spread of rewards, or most of the last groups tied (every member
-rewarded alike). Ties are read from the groups, not the steps: a tied group teaches nothing
+rewarded alike); or where the last steps were off-policy though trained on their own
+version's samples (a wrong checkpoint served, engines that disagree). Ties are read from the groups, not the steps: a tied group teaches nothing
 and is never trained, so a policy that answers alike every time stops making steps, and its
 steps' metrics stop changing just when it matters.
 """
@@ -34,6 +35,10 @@ REWARD_DROP = 0.5
 # Warn when at least this share of the last closed groups (at least TIES_MIN_GROUPS of them) tied.
 TIES_SHARE = 0.75
 TIES_MIN_GROUPS = 8
+# Warn when each of the last WINDOW steps, all trained on calls their own version sampled
+# (staleness 0), had more than this share of tokens whose ratio to vLLM's logprob was outside
+# the clip range: at staleness 0 it is 0 but for the engines' noise (docs/trainer.md).
+OFF_POLICY_SHARE = 0.03
 
 
 class RecentGroups(msgspec.Struct, frozen=True, kw_only=True):
@@ -102,6 +107,14 @@ def health(history: Sequence[StepMetrics], ties: RecentGroups | None = None) -> 
             f"no contrast left: {ties.tied} of the last {ties.groups} groups rewarded every member alike{reward}, so nothing is trained. "
             "If that reward is the best there is, the task is learned; if not, the policy has collapsed onto one answer "
             "(sample at a higher temperature, lower the learning rate, or roll back)"
+        )
+    fresh = [m.outside_clip_fraction for m in last if m.staleness_max == 0]
+    if out.warning is None and len(fresh) == WINDOW and min(fresh) > OFF_POLICY_SHARE:
+        out.warning = (
+            f"off-policy at staleness 0: {min(fresh):.0%} to {max(fresh):.0%} of the tokens' ratios to vLLM's logprobs outside the "
+            "clip range in each of the last steps, where the version trained sampled every call. Likely: vLLM serves another "
+            "checkpoint under the version's name (the policy's load_error), vLLM and the trainer differ in dtype or kernels "
+            '(set tis_cap), or calls sampled under a grammar are compared with vLLM\'s logprobs (held_ratio "recorded")'
         )
     if len(history) <= WINDOW:  # the two ends overlap: too early to say
         return out

@@ -34,6 +34,15 @@ def test_too_early_to_say_and_no_steps() -> None:
     assert (empty.steps, empty.reward_trend, empty.warning) == (0, None, None)
 
 
+def test_off_policy_at_staleness_0_warns_with_its_likely_causes() -> None:
+    fresh = [StepMetrics(outside_clip_fraction=share, staleness_max=0) for share in (0.0, 0.2, 0.25, 0.12)]
+    warning = health(fresh).warning
+    assert warning is not None and warning.startswith("off-policy at staleness 0: 12% to 25%") and "held_ratio" in warning
+    # One step in range, or a stale step (the policy moved since it sampled): no warning.
+    assert health([*fresh[:-1], StepMetrics(outside_clip_fraction=0.01)]).warning is None
+    assert health([*fresh[:-1], StepMetrics(outside_clip_fraction=0.3, staleness_max=2)]).warning is None
+
+
 def test_most_of_the_last_groups_tied_warns_even_without_steps() -> None:
     """A policy that answers alike every time makes tied groups, which are never trained: no
     step shows it, the groups do."""
