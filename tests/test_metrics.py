@@ -47,6 +47,9 @@ def test_metrics_count_known_traffic(make_gateway, upstream: Upstream, database_
     assert 0 < m[("burnish_added_latency_seconds_sum", (chat,))] < m[("burnish_added_latency_seconds_count", (chat,))]  # under 1 s each
     # Every call and every reward/close went through the writer's commits.
     assert m[("burnish_commit_batch_size_sum", ())] == 6 + 2 + 1
+    # ... each timed: as many commits, each well under a second.
+    commits = m[("burnish_commit_batch_size_count", ())]
+    assert m[("burnish_commit_seconds_count", ())] == commits and 0 < m[("burnish_commit_seconds_sum", ())] < commits
     assert m[("burnish_record_queue", ())] == 0
     # The calls are over: their connections wait idle for the next, to the one replica.
     assert m[("burnish_upstream_connections", (("state", "in_use"),))] == 0
