@@ -6,7 +6,7 @@ token sampled under one is recorded with its logprob renormalised over the token
 grammar allowed: higher than the model's own, and 0 where one token was allowed. The trainer
 computes the model's own. Such a call's recorded logprobs are therefore of another
 distribution than the trainer's, and no ratio between the two says how far the policy moved
-(docs/trainer.md, "The ratio").
+(docs/trainer.md, "The ratio under a grammar").
 
 vLLM 0.32 holds a call to a grammar when it asks for
 - a tool call: ``tool_choice`` "required" or a named tool (Anthropic's "any" or "tool"), with

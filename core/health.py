@@ -13,9 +13,10 @@ member a group), or where the run looks like it is collapsing: entropy fallen be
 fifth of where it started, the train reward fallen below where it started by more than
 half of the first steps' spread of rewards, or most of the last groups tied (every member
 rewarded alike); or where the last steps were off-policy though trained on their own
-version's samples (a wrong checkpoint served, engines that disagree). Ties are read from the groups, not the steps: a tied group teaches nothing
-and is never trained, so a policy that answers alike every time stops making steps, and its
-steps' metrics stop changing just when it matters.
+version's samples (a wrong checkpoint served, engines that disagree). Ties are read from the
+groups, not the steps: a tied group teaches nothing and is never trained, so a policy that
+answers alike every time stops making steps, and its steps' metrics stop changing just when
+it matters.
 """
 
 from __future__ import annotations

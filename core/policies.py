@@ -123,7 +123,7 @@ class TrainSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # What a token sampled under a grammar (a forced tool call, a JSON format: core/grammar.py)
     # takes its ratio against. "trainer": the trainer's own logprob, so the ratio says how far
     # the policy moved (1 at staleness 0). "recorded": vLLM's, which the grammar renormalised:
-    # the ratio starts below 1 and clips away negative advantages (docs/trainer.md, "The ratio").
+    # the ratio starts below 1 and clips away negative advantages (docs/trainer.md).
     held_ratio: Literal["trainer", "recorded"] = "trainer"
     # Calls sampled by a version more than this many steps before the one being trained are
     # skipped and counted (stale_calls in the step's metrics); None: any age is trained.

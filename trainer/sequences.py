@@ -30,7 +30,7 @@ sample of the same prompt, and is not merged with other calls (nor counted as a 
 A call sampled under a grammar (``core/grammar.py``: a forced tool call, a JSON format) keeps
 its recorded logprobs only to find the tokens the grammar forced; the ratio of its other
 tokens is taken against the trainer's own logprob (``Sequence.compared`` 0), since vLLM's are
-renormalised over what the grammar allowed (docs/trainer.md, "The ratio").
+renormalised over what the grammar allowed (docs/trainer.md, "The ratio under a grammar").
 """
 
 from __future__ import annotations
