@@ -106,3 +106,53 @@ def test_no_positions_by_vocabulary_tensor_beyond_a_chunk(monkeypatch: pytest.Mo
         expected, _ = full(hidden, weight, targets)
         (expected * upstream).sum().backward()
     assert whole.largest >= N * VOCAB  # the check sees the full path's logits
+
+
+# ---- top-k distillation: the teacher's top k with a tail bucket, the forward KL to the policy --
+
+
+def full_top_kl(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, teacher: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
+    """The same KL through whole logits and autograd: the teacher's k outcomes and its tail
+    against the policy's."""
+    z = (hidden @ weight.T).float() * scale
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
+    logp = z.log_softmax(-1).gather(-1, ids)
+    q = teacher.exp()
+    q_tail, p_tail = (1 - q.sum(-1)).clamp(min=1e-6), (1 - logp.exp().sum(-1)).clamp(min=1e-6)
+    return (q * (teacher - logp)).sum(-1) + q_tail * (q_tail.log() - p_tail.log())
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64])
+@pytest.mark.parametrize("shape", [(1.0, None), (0.5, 3.0)])
+def test_top_k_forward_kl_equals_full_logits(monkeypatch: pytest.MonkeyPatch, rows: int, shape: tuple[float, float | None]) -> None:
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", rows * VOCAB)
+    scale, softcap = shape
+    hidden, weight, _, upstream = inputs()
+    # The teacher: another head on the same states, its top 8 (a few positions nearly certain).
+    teacher_weight = weight + torch.randn(weight.shape, generator=torch.Generator().manual_seed(1)) / HIDDEN**0.5
+    ids, teacher = logprobs.top_logprobs(hidden * torch.linspace(0.5, 6, N)[:, None], teacher_weight, 8, scale=scale, softcap=softcap)
+    expected_ids = ((hidden * torch.linspace(0.5, 6, N)[:, None]) @ teacher_weight.T * scale)
+    if softcap is not None:
+        expected_ids = softcap * torch.tanh(expected_ids / softcap)
+    torch.testing.assert_close(teacher, expected_ids.log_softmax(-1).topk(8).values, atol=1e-5, rtol=1e-5)
+    mine, theirs = hidden.clone().requires_grad_(), hidden.clone().requires_grad_()
+    got = logprobs.top_forward_kl(mine, weight, ids, teacher, scale=scale, softcap=softcap)
+    expected = full_top_kl(theirs, weight, ids, teacher, scale, softcap)
+    (got * upstream).sum().backward()
+    (expected * upstream).sum().backward()
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert mine.grad is not None and theirs.grad is not None
+    torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-5, rtol=1e-5)
+    assert (got >= -1e-6).all()  # a KL
+
+
+def test_top_k_forward_kl_is_zero_where_the_policy_is_the_teacher() -> None:
+    hidden, weight, _, _ = inputs()
+    ids, teacher = logprobs.top_logprobs(hidden, weight, 16)
+    mine = hidden.clone().requires_grad_()
+    kl = logprobs.top_forward_kl(mine, weight, ids, teacher)
+    kl.sum().backward()
+    assert mine.grad is not None
+    torch.testing.assert_close(kl, torch.zeros(N), atol=1e-5, rtol=0)
+    torch.testing.assert_close(mine.grad, torch.zeros_like(hidden), atol=1e-4, rtol=0)
