@@ -72,6 +72,11 @@ class Objective(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 OBJECTIVES = {"grpo": Objective(), "sft": Objective(grpo=0, sft=1), "distill": Objective(grpo=0, distill=1)}
 
 
+# The most teacher tokens kept per sampled position (top-k distillation): each costs 12 bytes a
+# position in the batch, and the policy's logprob of each is gathered from the chunked head.
+MAX_TOP_K = 128
+
+
 class TeacherTurn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     role: Literal["system", "user", "assistant"]
     content: Annotated[str, Meta(max_length=100_000, pattern=NO_NUL)]
@@ -90,6 +95,16 @@ class Teacher(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
 
     context: Annotated[tuple[TeacherTurn, ...], Meta(max_length=200)] = ()
     model: Annotated[str, Meta(min_length=1, max_length=256, pattern=PRINTABLE)] | None = None
+    # 0: the reverse KL on the sampled token alone, so the teacher can only push down what the
+    # policy samples. k: at each sampled position, the forward KL from the teacher's k likeliest
+    # tokens and the rest of its mass as one bucket, so it also pulls up tokens the policy has
+    # never sampled there (docs/trainer.md, "Distillation beyond the sampled token"). The base
+    # teacher only: a served teacher answers the sampled token alone.
+    top_k: Annotated[int, Meta(ge=0, le=MAX_TOP_K)] = 0
+
+    def __post_init__(self) -> None:
+        if self.top_k and self.model is not None:
+            raise ValueError("teacher.top_k is for the policy's own base as teacher; a served teacher (teacher.model) scores the sampled token alone")
 
 
 class TrainSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

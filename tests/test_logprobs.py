@@ -132,7 +132,7 @@ def test_top_k_forward_kl_equals_full_logits(monkeypatch: pytest.MonkeyPatch, ro
     # The teacher: another head on the same states, its top 8 (a few positions nearly certain).
     teacher_weight = weight + torch.randn(weight.shape, generator=torch.Generator().manual_seed(1)) / HIDDEN**0.5
     ids, teacher = logprobs.top_logprobs(hidden * torch.linspace(0.5, 6, N)[:, None], teacher_weight, 8, scale=scale, softcap=softcap)
-    expected_ids = ((hidden * torch.linspace(0.5, 6, N)[:, None]) @ teacher_weight.T * scale)
+    expected_ids = (hidden * torch.linspace(0.5, 6, N)[:, None]) @ teacher_weight.T * scale
     if softcap is not None:
         expected_ids = softcap * torch.tanh(expected_ids / softcap)
     torch.testing.assert_close(teacher, expected_ids.log_softmax(-1).topk(8).values, atol=1e-5, rtol=1e-5)

@@ -212,6 +212,54 @@ def test_distillation_moves_the_policy_towards_the_teacher_in_context(tiny_model
     assert sum(kls[-3:]) / 3 < 0.7 * sum(kls[:3]) / 3, kls
 
 
+def test_top_k_distillation_pulls_up_a_token_the_policy_never_sampled(tiny_model: Path) -> None:
+    """The policy samples one answer every time; the teacher, shown an example, would start it
+    with another token. On the sampled token alone, distillation can only push that token down
+    (the rest of the vocabulary rises with it, alike); from the teacher's top k, the policy's
+    logprob of the teacher's first choice rises, far more."""
+    turns = (TeacherTurn("user", "Say 7."), TeacherTurn("assistant", "7 7 7 7 7 7 7 7"))
+    messages = [{"role": "user", "content": "Say 7."}]
+
+    def run(top_k: int) -> tuple[int, float, float]:
+        torch.manual_seed(0)
+        teacher_turns = Teacher(context=turns, top_k=top_k)
+        settings = TrainSettings(learning_rate=5e-3, objective="distill", teacher=teacher_turns)
+        model = PolicyModel(str(tiny_model), LORA, settings)
+        teacher = ContextTeacher(model.tokenizer, teacher_turns)
+        prompt = teacher.render(messages, None)
+        taught = teacher.prompt(_record("t", prompt, [0], messages), prompt)
+        assert taught is not None
+        # The teacher's first choice, and an answer that never starts with it.
+        model.model.eval()
+        with torch.no_grad(), model.model.disable_adapter():
+            first = int(model.model(torch.tensor([taught])).logits[0, -1].argmax())
+        answer = [t for t in model.tokenizer.encode("the cat sat", add_special_tokens=False) if t != first][:3]
+
+        def logprob_of_first() -> float:
+            probe = Sequence()
+            probe.add(prompt, [first], None)
+            model.model.eval()
+            with torch.no_grad():
+                return float(model.token_logprobs(make_batch([(probe, 0.0)], model.pad_id, 4096, model.device))[0, len(prompt)])
+
+        before = logprob_of_first()
+        for _ in range(6):
+            call = sampled_call(_record("t", prompt, answer, messages))
+            assert call is not None
+            call.logprobs, call.teacher_prompt = None, taught
+            (seq,) = build_sequences([call]).sequences
+            seq.grpo = False
+            metrics = model.step([(seq, 0.0)] * 4)
+            assert metrics.distill_tokens == 4 * len(answer)
+        return first, before, logprob_of_first()
+
+    first, before, sampled_only = run(0)
+    again, start, top = run(8)
+    assert (again, start) == (first, before)  # the same start
+    print(f"logprob of the teacher's first choice: {before:.2f} -> sampled token only {sampled_only:.2f}, top 8 {top:.2f}")
+    assert top - before > 1.0 and top - before > 3 * (sampled_only - before), (before, sampled_only, top)
+
+
 async def test_a_policy_distills_through_the_gateway_and_vllm_with_no_reward_posted(make_gateway, vllm, tiny_model: Path) -> None:
     """End to end on the tiny model: calls through the gateway to vLLM, groups closed without a
     reward, the trainer's teacher shown its context, a step of distillation alone, published and

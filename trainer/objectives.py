@@ -7,7 +7,9 @@ them up, each normalised by its own tokens (docs/trainer.md, "Objectives"):
 
     L_sft     = -(1 / N_sft) * sum over demonstration tokens of  logp_t
 
-    L_distill =  (1 / N_distill) * sum over taught tokens of  w_t * d_t * logp_t
+    L_distill =  (1 / N_distill) * sum over taught tokens of  w_t * d_t * logp_t       (teacher.top_k 0)
+              =  (1 / N_distill) * sum over taught positions of  w_t * KL_t       (top_k k: the forward
+                 KL from the teacher's k likeliest tokens and its tail to the policy, trainer/logprobs.py)
                  d_t = stopgrad(logp_t - teacher_t)              log(pi / teacher) of the sampled token:
                                                                  the reverse KL's estimate at t
                  w_t = min(exp(stopgrad(logp_t) - behaviour_t), IMPORTANCE_CAP)
@@ -51,12 +53,22 @@ def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, normaliser: int) -> Par
     return Parts(nll / max(normaliser, 1), nll.detach(), mask.sum())
 
 
-def distill_loss(logprobs: torch.Tensor, behaviour: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, normaliser: int) -> Parts:
+def distill_loss(
+    logprobs: torch.Tensor, behaviour: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, normaliser: int, top_kl: torch.Tensor | None = None
+) -> Parts:
     """Per-token reverse KL to the teacher on the sampled tokens the teacher scored (``mask`` 1):
-    ``teacher`` holds its logprobs of them, ``behaviour`` vLLM's when it sampled; [batch, time]."""
+    ``teacher`` holds its logprobs of them, ``behaviour`` vLLM's when it sampled; [batch, time].
+
+    With ``top_kl`` (the teacher's top k: trainer/logprobs.py ``top_forward_kl``, per position,
+    differentiable), the loss is that forward KL at each taught position instead, weighted
+    alike: the positions are the ones vLLM's samples visited."""
     mask = mask.to(logprobs.dtype)
     with torch.no_grad():
-        gap = (logprobs.detach() - teacher) * mask
         weight = torch.exp(logprobs.detach() - behaviour).clamp(max=IMPORTANCE_CAP)
+    if top_kl is not None:
+        kl = top_kl * mask
+        return Parts((weight * kl).sum() / max(normaliser, 1), kl.detach().sum(), mask.sum())
+    with torch.no_grad():
+        gap = (logprobs.detach() - teacher) * mask
     loss = (weight * gap * logprobs * mask).sum() / max(normaliser, 1)
     return Parts(loss, gap.sum(), mask.sum())

@@ -8,8 +8,10 @@ and its default is in ``core/policies.py`` (LoraSettings, TrainSettings).
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -19,9 +21,9 @@ import torch
 
 from burnish_server.core.policies import LoraSettings, TrainSettings
 from burnish_server.core.steps import StepMetrics
-from burnish_server.trainer.base_model import SharedBase
+from burnish_server.trainer.base_model import Head, SharedBase
 from burnish_server.trainer.grpo import behaviour_gap, grpo_loss
-from burnish_server.trainer.logprobs import sampled_logprobs
+from burnish_server.trainer.logprobs import sampled_logprobs, top_forward_kl, top_logprobs
 from burnish_server.trainer.objectives import distill_loss, sft_loss
 from burnish_server.trainer.sequences import Sequence
 
@@ -40,6 +42,9 @@ class Batch:
     imitate: torch.Tensor  # [B, T]
     taught: torch.Tensor  # [B, T]
     teacher_logprobs: torch.Tensor  # [B, T], the teacher's where taught
+    # With the teacher's top k (Teacher.top_k): its k likeliest tokens at each taught position and their logprobs, [B, T, k].
+    teacher_top_ids: torch.Tensor | None
+    teacher_top_logprobs: torch.Tensor | None
     # Where the sampled tokens are, found on the host from the lists (a ``nonzero`` on the device
     # would make the host wait for it): each sampled token's row and position (the hidden state
     # that predicts it is the one before).
@@ -60,13 +65,13 @@ def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, d
     width = sum(lengths) if packed else max(lengths)
     shape = (1, width) if packed else (len(seqs), width)
 
-    def tensor(values: list[list], fill: float | int, dtype: torch.dtype) -> torch.Tensor:
+    def tensor(values: list[list], fill: Any, dtype: torch.dtype) -> torch.Tensor:  # fill: a list of k for [B, T, k]
         flat: list = []
         for row, n in zip(values, lengths):
             flat += row[:n]
             if not packed:
                 flat += [fill] * (width - n)
-        return torch.tensor(flat, dtype=dtype).view(shape)
+        return torch.tensor(flat, dtype=dtype).view(*shape, *([len(fill)] if isinstance(fill, list) else []))
 
     def per_row(values: list, dtype: torch.dtype) -> torch.Tensor:  # one value a sequence, on each of its tokens
         row = torch.tensor(values, dtype=dtype)
@@ -82,6 +87,14 @@ def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, d
         else None
     )
     rows, at = sampled.nonzero(as_tuple=True)
+    top_ids = top_logprobs = None
+    if taught is not None and any(s.teacher_top for s in seqs):
+        k = max(len(ids) for s in seqs for ids, _ in (s.teacher_top or []))
+        # Where not taught, a harmless distribution (the loss masks it out): k tokens and a tail alike.
+        nothing: tuple[list[int], list[float]] = (list(range(k)), [-math.log(k + 1)] * k)
+        tops = [[pair if len(pair[0]) == k else nothing for pair in (s.teacher_top or [nothing] * len(s.tokens))] for s in seqs]
+        top_ids = tensor([[ids for ids, _ in row] for row in tops], [0] * k, torch.int64)
+        top_logprobs = tensor([[lp for _, lp in row] for row in tops], [0.0] * k, torch.float32)
     positions = torch.arange(width)
     host = Batch(
         input_ids=tensor([s.tokens for s in seqs], pad_id, torch.int64),
@@ -95,6 +108,8 @@ def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, d
         imitate=sampled * per_row([s.imitate for s in seqs], torch.int64),
         taught=taught if taught is not None else torch.zeros(shape, dtype=torch.int64),
         teacher_logprobs=tensor([s.teacher_logprobs or [0.0] * len(s.tokens) for s in seqs], 0.0, torch.float32) if taught is not None else torch.zeros(shape),
+        teacher_top_ids=top_ids,
+        teacher_top_logprobs=top_logprobs,
         picked_rows=rows,
         picked_at=at,
         compared_tokens=sum(sum(m * c for m, c in zip(row, s.compared)) for s, row in zip(seqs, trained)),
@@ -195,15 +210,10 @@ class PolicyModel:
             group.update(lr=train.learning_rate, betas=train.adam_betas, weight_decay=train.weight_decay)
         self.train = train
 
-    def token_logprobs(self, batch: Batch, entropy: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """logprob of each sampled token given the ones before it, fp32 [rows, positions]; 0
-        where no token is sampled (the loss masks all but the sampled ones).
-
-        The model runs to its last hidden states (its LM head swapped out); the head is then
-        applied at the positions that predict a sampled token alone (an agent's prompt is most
-        of its tokens), a chunk of them at a time (``trainer/logprobs.py``), so no [tokens x vocabulary] logits
-        exist, in the forward pass or the backward (a 152k vocabulary: 0.6 MB a position in
-        fp32). On a GPU the forward runs under the base's autocast (``SharedBase.compute``)."""
+    @contextmanager
+    def _predicting(self, batch: Batch) -> Iterator[tuple[torch.Tensor, Head]]:
+        """The last hidden states that predict each sampled token ([N, hidden], in the order of
+        ``picked_rows``/``picked_at``), and the LM head to apply to them, a chunk at a time."""
         self.activate()
         with self.base.hidden_states() as head:
             with self.base.compute():
@@ -214,19 +224,46 @@ class PolicyModel:
                     logits_to_keep=0,  # every position, a view: the step picks the sampled ones itself
                     use_cache=False,  # nothing to cache in training; and with a cache transformers reads no packing from position ids
                 ).logits  # [rows, positions, hidden]: the head is out
-            at = (batch.picked_rows, batch.picked_at)
-            picked, spread = sampled_logprobs(
-                hidden[batch.picked_rows, batch.picked_at - 1],
-                head.weight,
-                batch.input_ids[at],
-                scale=head.scale,
-                softcap=head.softcap,
-                entropy=entropy is not None,
-            )
+            yield hidden[batch.picked_rows, batch.picked_at - 1], head
+
+    def token_logprobs(self, batch: Batch, entropy: list[torch.Tensor] | None = None, top_kl: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """logprob of each sampled token given the ones before it, fp32 [rows, positions]; 0
+        where no token is sampled (the loss masks all but the sampled ones).
+
+        The model runs to its last hidden states (its LM head swapped out); the head is then
+        applied at the positions that predict a sampled token alone (an agent's prompt is most
+        of its tokens), a chunk of them at a time (``trainer/logprobs.py``), so no [tokens x vocabulary] logits
+        exist, in the forward pass or the backward (a 152k vocabulary: 0.6 MB a position in
+        fp32). On a GPU the forward runs under the base's autocast (``SharedBase.compute``).
+
+        ``top_kl``: where the batch holds the teacher's top k, the forward KL from it to the
+        policy at each sampled position ([rows, positions], differentiable) is appended."""
+        at = (batch.picked_rows, batch.picked_at)
+        with self._predicting(batch) as (hidden, head):
+            picked, spread = sampled_logprobs(hidden, head.weight, batch.input_ids[at], scale=head.scale, softcap=head.softcap, entropy=entropy is not None)
+            if top_kl is not None and batch.teacher_top_ids is not None and batch.teacher_top_logprobs is not None:
+                ids, teacher = batch.teacher_top_ids[at], batch.teacher_top_logprobs[at]
+                kl = top_forward_kl(hidden, head.weight, ids, teacher, scale=head.scale, softcap=head.softcap)
+                top_kl.append(torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=kl.device).index_put(at, kl))
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=picked.device)
         if entropy is not None and spread is not None:  # the policy's entropy where each token was sampled: a health figure, no gradient
             entropy.append(out.index_put(at, spread))
         return out.index_put(at, picked)
+
+    @torch.no_grad()
+    def token_top(self, batch: Batch, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """As ``token_logprobs`` without a gradient, and at each sampled position the ``k``
+        likeliest tokens and their logprobs ([rows, positions, k]): a teacher's, for top-k distillation."""
+        at = (batch.picked_rows, batch.picked_at)
+        with self._predicting(batch) as (hidden, head):
+            picked, _ = sampled_logprobs(hidden, head.weight, batch.input_ids[at], scale=head.scale, softcap=head.softcap)
+            ids, logprobs = top_logprobs(hidden, head.weight, k, scale=head.scale, softcap=head.softcap)
+        shape = (*batch.input_ids.shape, k)
+        return (
+            torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=picked.device).index_put(at, picked),
+            torch.zeros(shape, dtype=torch.int64, device=ids.device).index_put(at, ids),
+            torch.zeros(shape, dtype=torch.float32, device=ids.device).index_put(at, logprobs),
+        )
 
     @torch.no_grad()
     def distance_from_base(self) -> torch.Tensor:
@@ -262,10 +299,13 @@ class PolicyModel:
         step's. A token past ``max_seq_len`` in the teacher's longer sequence is not taught."""
         spans: list[tuple[Sequence, int, int]] = []  # (student sequence, its span's start, length)
         asked: list[tuple[Sequence, float]] = []
+        k = self.train.teacher.top_k if self.train.teacher is not None else 0
         for seq, _ in items:
             if seq.taught is not None:  # scored already (a teacher vLLM serves: trainer/teacher.py)
                 continue
             seq.teacher_logprobs, seq.taught = [0.0] * len(seq.tokens), [0] * len(seq.tokens)
+            if k:
+                seq.teacher_top = [([], [])] * len(seq.tokens)
             for span in seq.spans:
                 if span.teacher_prompt is None or span.length == 0:
                     continue
@@ -281,7 +321,10 @@ class PolicyModel:
             chunk = chunks[index] if index < len(chunks) else filler(self.pad_id)
             batch = make_batch(chunk, self.pad_id, max_len, self.device, packed)
             with self.model.disable_adapter():
-                logprobs = self.token_logprobs(batch).cpu()
+                if k:
+                    logprobs, top_ids, top_logprobs = (t.cpu() for t in self.token_top(batch, k))
+                else:
+                    logprobs = self.token_logprobs(batch).cpu()
             if index >= len(chunks):
                 continue
             offset = 0
@@ -294,6 +337,13 @@ class PolicyModel:
                 for i in range(min(length, max_len - prompt)):
                     scores[start + i] = float(line[prompt + i])
                     taught[start + i] = 1
+                if k:
+                    ids = top_ids[0, offset:] if packed else top_ids[row]
+                    values = top_logprobs[0, offset:] if packed else top_logprobs[row]
+                    tops = seq.teacher_top
+                    assert tops is not None  # made above
+                    for i in range(min(length, max_len - prompt)):
+                        tops[start + i] = (ids[prompt + i].tolist(), values[prompt + i].tolist())
                 offset += min(len(question.tokens), max_len)
 
     def step(self, items: list[tuple[Sequence, float]]) -> StepMetrics:
@@ -336,7 +386,8 @@ class PolicyModel:
             real = index < len(chunks)
             batch = make_batch(chunks[index] if real else filler(self.pad_id), self.pad_id, self.train.max_seq_len, self.device, packed)
             spread: list[torch.Tensor] = []
-            logprobs = self.token_logprobs(batch, spread)
+            top_kl: list[torch.Tensor] = []  # with the teacher's top k: the forward KL to it per sampled position
+            logprobs = self.token_logprobs(batch, spread, top_kl if weights.distill > 0 else None)
             # Without recorded behaviour logprobs the step is on-policy: ratio 1.
             behaviour = torch.where(batch.has_behaviour, batch.behaviour_logprobs, logprobs.detach())
             loss = logprobs.sum() * 0  # an objective with no tokens here adds nothing, but the pass still backpropagates (FSDP2's collectives)
@@ -356,7 +407,7 @@ class PolicyModel:
                 loss = loss + weights.sft * sft.loss
                 sums["sft_nll"] = sums["sft_nll"] + sft.total
             if weights.distill > 0 and n_distill:
-                taught = distill_loss(logprobs, behaviour, batch.teacher_logprobs, batch.taught, n_distill)
+                taught = distill_loss(logprobs, behaviour, batch.teacher_logprobs, batch.taught, n_distill, top_kl[0] if top_kl else None)
                 loss = loss + weights.distill * taught.loss
                 sums["teacher_kl"] = sums["teacher_kl"] + taught.total
             (loss if real else loss * 0).backward()

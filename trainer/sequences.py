@@ -99,6 +99,9 @@ class Sequence:
     imitate: bool = False
     teacher_logprobs: list[float] | None = None
     taught: list[int] | None = None
+    # With the teacher's top k (Teacher.top_k): per token, its k likeliest tokens there and their
+    # logprobs (empty where not taught).
+    teacher_top: list[tuple[list[int], list[float]]] | None = None
     # trained()'s answer, kept until the next add(): a step asks for it several times a sequence.
     _trained: list[int] | None = field(default=None, init=False, repr=False, compare=False)
 
