@@ -119,8 +119,7 @@ async def train_both(gw: Gateway, vllm: VLLMServer) -> dict[str, dict]:
     worker = TrainerWorker(settings, WorkerSettings(worker_id="grammar"))
     await worker.recover()
     try:
-        for _ in range(2):
-            assert await worker.run_once()
+        assert await worker.run_once()  # a pass over every policy: both steps
     finally:
         await worker.close()
     statuses = {policy: await asyncio.to_thread(gw.policy, policy) for policy in ("held", "recorded")}
@@ -148,4 +147,11 @@ async def test_a_forced_tool_call_is_pushed_down_by_a_ratio_that_starts_at_1(gw:
         for name in ("held@1", "recorded@1"):
             httpx.post(vllm.url + "/v1/unload_lora_adapter", json={"lora_name": name}, timeout=60)
     pushed = {name: sum(b - a for b, a in zip(before, after)) for name, after in (("held", held_after), ("recorded", recorded_after))}
+    print(
+        {
+            name: {key: m[key] for key in ("tokens", "held_tokens", "clip_fraction", "outside_clip_fraction", "logprob_diff_mean")}
+            for name, m in metrics.items()
+        },
+        pushed,
+    )
     assert pushed["held"] > 0 and pushed["held"] > pushed["recorded"], pushed
