@@ -88,6 +88,8 @@ def hash_secret(secret: str) -> str:
 
 # No control characters (PostgreSQL refuses NUL in text; a newline would forge log lines).
 PRINTABLE = r"^[^\x00-\x1f\x7f]*$(?!\n)"
+# Text the store keeps: PostgreSQL's text cannot hold a NUL character.
+NO_NUL = r"^[^\x00]*$"
 KeyName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=PRINTABLE)]
 ProjectName = Annotated[str, msgspec.Meta(pattern=PROJECT_REGEX, description=PROJECT_RULE)]
 

@@ -13,38 +13,18 @@ policy whose objective has ``sft``.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta
 
-from burnish_server.core.policies import NO_NUL
+from burnish_server.core import messages
+from burnish_server.core.messages import Turn
 from burnish_server.core.records import DEMONSTRATION, CallRecord
 
 __all__ = ["DEMONSTRATION", "Demonstration", "DemonstrationsIn", "record"]
 
 MAX_DEMONSTRATIONS = 1000  # a request's
-Text = Annotated[str, Meta(max_length=200_000, pattern=NO_NUL)]
-
-
-class Function(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    name: Annotated[str, Meta(min_length=1, max_length=256, pattern=NO_NUL)]
-    arguments: Text = "{}"  # JSON text, as the chat API writes it
-
-
-class ToolCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    function: Function
-    id: Annotated[str, Meta(max_length=256, pattern=NO_NUL)] | None = None
-    type: Literal["function"] = "function"
-
-
-class Turn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    """A chat message, as the chat completions API writes it (text content only)."""
-
-    role: Literal["system", "user", "assistant", "tool"]
-    content: Text | None = None
-    tool_calls: Annotated[list[ToolCall], Meta(max_length=64)] | None = None
-    tool_call_id: Annotated[str, Meta(max_length=256, pattern=NO_NUL)] | None = None
 
 
 class Demonstration(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -57,14 +37,7 @@ class Demonstration(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """What makes it no demonstration, in words; None where it is one."""
         if self.messages[-1].role != "assistant":
             return "its last message must be the assistant's (what the policy should say)"
-        for i, turn in enumerate(self.messages):
-            if turn.role == "tool" and turn.tool_call_id is None:
-                return f"message {i}: a tool result needs its tool_call_id"
-            if turn.tool_calls and turn.role != "assistant":
-                return f"message {i}: only an assistant message makes tool calls"
-            if turn.role == "assistant" and turn.content is None and not turn.tool_calls:
-                return f"message {i}: an assistant message needs content or tool_calls"
-        return None
+        return messages.problem(self.messages)
 
 
 class DemonstrationsIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

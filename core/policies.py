@@ -26,10 +26,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from burnish_server.core.access import PRINTABLE
-
-# Text the store keeps: PostgreSQL's text cannot hold a NUL character.
-NO_NUL = r"^[^\x00]*$"
+from burnish_server.core.access import NO_NUL, PRINTABLE
+from burnish_server.core.messages import Turn, problem
 
 
 class LoraSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -77,9 +75,8 @@ OBJECTIVES = {"grpo": Objective(), "sft": Objective(grpo=0, sft=1), "distill": O
 MAX_TOP_K = 128
 
 
-class TeacherTurn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    role: Literal["system", "user", "assistant"]
-    content: Annotated[str, Meta(max_length=100_000, pattern=NO_NUL)]
+# A turn of a teacher's context: a chat message, an assistant's tool calls and their results included.
+TeacherTurn = Turn
 
 
 class Teacher(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -91,7 +88,9 @@ class Teacher(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     ``context``: turns shown before each conversation (after its own system message, if it
     has one): instructions in a system turn, worked examples as earlier user and assistant
     turns, which small models follow far more readily than examples described in a system
-    prompt. The base needs a context to teach anything; a served model may go without."""
+    prompt; a tool agent's worked episodes hold the assistant's tool calls and the tool
+    results, as a demonstration does (core/messages.py). The base needs a context to teach
+    anything; a served model may go without."""
 
     context: Annotated[tuple[TeacherTurn, ...], Meta(max_length=200)] = ()
     model: Annotated[str, Meta(min_length=1, max_length=256, pattern=PRINTABLE)] | None = None
@@ -103,6 +102,8 @@ class Teacher(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     top_k: Annotated[int, Meta(ge=0, le=MAX_TOP_K)] = 0
 
     def __post_init__(self) -> None:
+        if (why := problem(self.context)) is not None:
+            raise ValueError(f"teacher.context {why}")
         if self.top_k and self.model is not None:
             raise ValueError("teacher.top_k is for the policy's own base as teacher; a served teacher (teacher.model) scores the sampled token alone")
 

@@ -180,6 +180,44 @@ def test_the_context_teacher_sees_its_turns_after_the_system_message_or_nothing(
     assert [(s.start, s.length, s.teacher_prompt) for s in seq.spans] == [(len(recorded), 1, got)]
 
 
+def test_a_teachers_context_can_show_a_tool_agent_at_work(tiny_model: Path) -> None:
+    """A worked episode with the assistant's tool call and the tool's result: the teacher's
+    prompt renders them as the chat template renders a recorded conversation's."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    episode = msgspec.convert(
+        [
+            {"role": "user", "content": "What does cat mean?"},
+            {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "lookup", "arguments": '{"word": "cat"}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "a small feline"},
+            {"role": "assistant", "content": "A small feline."},
+        ],
+        list[TeacherTurn],
+    )
+    teacher = ContextTeacher(tokenizer, Teacher(context=tuple(episode)))
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}}}]
+    messages = [{"role": "user", "content": "What does dog mean?"}]
+
+    def render(msgs: list) -> list[int]:
+        return list(tokenizer.apply_chat_template(msgs, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+    recorded = render(messages)
+    call = chat_call({"model": "agent", "messages": messages, "tools": tools}, None)
+    got = teacher.prompt(call, recorded)
+    shown = [
+        {"role": "user", "content": "What does cat mean?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": {"word": "cat"}}}]},
+        {"role": "tool", "content": "a small feline", "tool_call_id": "c1"},
+        {"role": "assistant", "content": "A small feline."},
+    ]
+    assert got == render([*shown, *messages]) and got != render(messages)
+    assert '"cat"' in tokenizer.decode(got) and "a small feline" in tokenizer.decode(got)
+    # A tool result without its call's id is refused when the policy is set, not at a step.
+    with pytest.raises(msgspec.ValidationError, match="tool result needs its tool_call_id"):
+        msgspec.convert({"context": [{"role": "tool", "content": "x"}]}, Teacher)
+
+
 def test_distillation_moves_the_policy_towards_the_teacher_in_context(tiny_model: Path) -> None:
     """End to end in the trainer: the teacher (the base shown an example first) scores the
     policy's own samples, and a few distillation steps bring the policy's logprobs of them

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from burnish_server.core.conversation import Message, ToolCall
+from burnish_server.core.messages import Turn
 from burnish_server.core.policies import Teacher
 from burnish_server.core.records import CallRecord
 from burnish_server.core.transcript import UnreadableCall, exchange
@@ -33,7 +35,7 @@ class ContextTeacher:
 
     def __init__(self, tokenizer: Any, teacher: Teacher, template: str | None = None) -> None:
         self.tokenizer, self.template = tokenizer, template  # template: vLLM's where not the tokenizer's (serving/tool_calling.py: served_template)
-        self.context = [{"role": turn.role, "content": turn.content} for turn in teacher.context]
+        self.context = [chat(turn) for turn in teacher.context]
         self.made: dict[tuple[bytes, tuple[int, ...]], list[int] | None] = {}
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
@@ -64,6 +66,13 @@ class ContextTeacher:
             return self.render(messages[:lead] + self.context + messages[lead:], turn.tools)
         except Exception:  # a template that refuses the conversation (jinja's own errors): not distilled
             return None
+
+
+def chat(turn: Turn) -> dict[str, Any]:
+    """A context turn as the chat template takes a recorded conversation's (core/conversation.py:
+    ``Message.chat``), so a worked episode's tool calls render as the policy's own would."""
+    calls = tuple(ToolCall(c.function.name, c.function.arguments, c.id) for c in turn.tool_calls or ())
+    return Message(turn.role, turn.content or "", calls, turn.tool_call_id).chat()
 
 
 def served_scores(items: list[tuple[Sequence, float]], scorer: VLLMScorer, model: str, max_len: int) -> None:
