@@ -22,9 +22,9 @@ from litestar import post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from burnish_server.core.access import PRINTABLE, Principal, local
+from burnish_server.core.access import NO_NUL, PRINTABLE, Principal, local
 from burnish_server.core.errors import BurnishError, Conflict, Invalid, Unavailable
-from burnish_server.core.policies import JUDGE_URL_PATTERN, NO_NUL, RulerSettings
+from burnish_server.core.policies import JUDGE_URL_PATTERN, RulerSettings
 from burnish_server.core.transcript import conversation
 from burnish_server.core.views import JudgeView, RulerView, ScoreView
 from burnish_server.gateway import openapi
