@@ -10,7 +10,11 @@ distribution than the trainer's, and no ratio between the two says how far the p
 
 vLLM 0.32 holds a call to a grammar when it asks for
 - a tool call: ``tool_choice`` "required" or a named tool (Anthropic's "any" or "tool"), with
-  tools; or any tool marked ``strict`` unless ``tool_choice`` is "none" (its structural tag);
+  tools; or tools offered under "auto": the call the model chooses to write is held by the
+  structural tag where a tool is ``strict``, and wherever the server was started with
+  ``--tool-strict-level function`` or ``parameter``, as ``burnish up`` starts it for a model
+  that takes its tool template (serving/tool_calling.py). The request cannot say which server
+  sampled it, so tools offered are held unless ``tool_choice`` is "none";
 - a format: ``response_format`` (Responses: ``text.format``; Anthropic: ``output_format``) of
   type ``json_schema`` or ``json_object``;
 - vLLM's own fields: ``structured_outputs``, or the older ``guided_*`` ones.
@@ -28,7 +32,6 @@ import msgspec
 
 _FORMATS = {"json_schema", "json_object"}
 _VLLM_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend")
-_FORCED_CHOICES = {"required", "any", "tool", "function"}  # OpenAI's and Anthropic's
 
 
 def held(request: bytes) -> bool:
@@ -58,15 +61,4 @@ def _tools_held(tools: Any, choice: Any) -> bool:
     if not isinstance(tools, list) or not tools:
         return False
     kind = choice.get("type") if isinstance(choice, dict) else choice
-    if kind == "none":
-        return False
-    if kind in _FORCED_CHOICES or (isinstance(choice, dict) and kind not in (None, "auto")):
-        return True
-    return any(_strict(tool) for tool in tools)
-
-
-def _strict(tool: Any) -> bool:
-    if not isinstance(tool, dict):
-        return False
-    function = tool.get("function")
-    return tool.get("strict") is True or (isinstance(function, dict) and function.get("strict") is True)
+    return kind != "none"

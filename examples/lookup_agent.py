@@ -225,10 +225,15 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--size", type=int, default=8)
     parser.add_argument("--eval-every", type=int, default=2)
+    parser.add_argument(
+        "--held-ratio", choices=("trainer", "recorded"), help="train.held_ratio for the run (docs/trainer.md, the ratio under a grammar); default: the policy's"
+    )
     args = parser.parse_args()
 
     async def run() -> dict[str, list]:
         async with AsyncClient(args.gateway, admin_token=args.admin_token) as client:
+            if args.held_ratio is not None:
+                await client.update_policy(args.policy, train={"held_ratio": args.held_ratio})
             curve = await train(client, args)
             print("base against now:", await client.compare(args.policy))
             print("trainer:", await merge_report(client, args.policy))

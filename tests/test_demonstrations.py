@@ -210,3 +210,26 @@ def test_a_teachers_answers_to_recorded_prompts_become_demonstrations(gw: Gatewa
         assert sorted(answers) == [("one", "You said: one ok"), ("two", "You said: two ok")]
         missing = c.post("/admin/policies/nobody/teacher-answers", json={"model": "big-sibling"})
         assert missing.status_code == 404
+
+
+def test_the_policys_own_teacher_answers_shown_its_context(gw: Gateway, upstream) -> None:
+    """``model`` omitted: the policy's teacher (its base, here) answers each prompt shown the
+    teacher context after the prompt's system message; the demonstration keeps the prompt alone."""
+    with gw.admin() as c:
+        refused = c.post("/admin/policies/agent/teacher-answers", json={"limit": 5})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_teacher_answers", refused.text
+        shown = [{"role": "user", "content": "two"}, {"role": "assistant", "content": "2"}]
+        assert c.patch("/admin/policies/agent", json={"train": {"teacher": {"context": shown}}}).status_code == 200
+    with gw.client() as c:
+        body = {"model": "agent", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "three"}]}
+        assert c.post("/t/asked-own/v1/chat/completions", json=body).status_code == 200
+    upstream.requests.clear()
+    with gw.admin() as c:
+        r = c.post("/admin/policies/agent/teacher-answers", json={"limit": 1})
+        assert r.status_code == 201 and r.json()["failed"] == 0, r.text
+        (asked,) = [json.loads(req["body"]) for req in upstream.requests]
+        assert asked["model"] == gw.policy("agent")["base_model"]
+        assert asked["messages"] == [body["messages"][0], *shown, body["messages"][1]]
+        (call,) = c.get(f"/v1/trajectories/{r.json()['ids'][0]}").json()["calls"]
+        assert call["request"]["messages"] == body["messages"]
+        assert call["response"]["choices"][0]["message"]["content"] == "You said: three ok"

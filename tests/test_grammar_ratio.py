@@ -43,11 +43,13 @@ MESSAGES = [{"role": "system", "content": "Answer with digits."}, {"role": "user
     ("request_body", "expected"),
     [
         ({"messages": MESSAGES}, False),
-        ({"messages": MESSAGES, "tools": [CHAT_TOOL]}, False),  # auto, nothing strict: free until vLLM's parser reads a call
-        ({"messages": MESSAGES, "tools": [CHAT_TOOL], "tool_choice": "auto"}, False),
+        # auto: the call the model writes is held by the structural tag `burnish up` asks for (or a strict tool's)
+        ({"messages": MESSAGES, "tools": [CHAT_TOOL]}, True),
+        ({"messages": MESSAGES, "tools": [CHAT_TOOL], "tool_choice": "auto"}, True),
+        ({"messages": MESSAGES, "tools": [CHAT_TOOL], "tool_choice": "none"}, False),
         ({"messages": MESSAGES, "tools": [CHAT_TOOL], "tool_choice": "required"}, True),
         ({"messages": MESSAGES, "tools": [CHAT_TOOL], "tool_choice": FORCED}, True),
-        ({"messages": MESSAGES, "tools": [STRICT_TOOL]}, True),  # a strict tool's structural tag, even under auto
+        ({"messages": MESSAGES, "tools": [STRICT_TOOL]}, True),
         ({"messages": MESSAGES, "tools": [STRICT_TOOL], "tool_choice": "none"}, False),
         ({"messages": MESSAGES, "tool_choice": "required"}, False),  # no tools: nothing to force
         ({"messages": MESSAGES, "response_format": {"type": "json_object"}}, True),
@@ -60,7 +62,9 @@ MESSAGES = [{"role": "system", "content": "Answer with digits."}, {"role": "user
         ({"input": "hi", "tools": [{**RESPONSES_TOOL, "strict": False}], "tool_choice": {"type": "function", "name": "calculator"}}, True),
         ({"messages": MESSAGES[1:], "tools": [ANTHROPIC_TOOL], "tool_choice": {"type": "any"}}, True),
         ({"messages": MESSAGES[1:], "tools": [ANTHROPIC_TOOL], "tool_choice": {"type": "tool", "name": "calculator"}}, True),
-        ({"messages": MESSAGES[1:], "tools": [ANTHROPIC_TOOL], "tool_choice": {"type": "auto"}}, False),
+        ({"messages": MESSAGES[1:], "tools": [ANTHROPIC_TOOL], "tool_choice": {"type": "auto"}}, True),
+        ({"messages": MESSAGES[1:], "tools": [ANTHROPIC_TOOL], "tool_choice": {"type": "none"}}, False),
+        ({"messages": MESSAGES[1:], "tools": []}, False),
     ],
 )
 def test_which_calls_were_sampled_under_a_grammar(request_body: dict, expected: bool) -> None:

@@ -257,6 +257,14 @@ async def test_a_version_reaches_every_replica_before_the_switch_and_a_replica_b
         assert sum(where(gw, [vllm, second], f"again-{i}", "fleet", calls=1)[1] for i in range(10)) > 0
     finally:
         await worker.close()
+        if second.process is not None and second.process.poll() is not None:  # failed while it was down: the next test needs it
+            second.start().wait_healthy(timeout=300)
+
+
+async def running(client: httpx.AsyncClient, replica: VLLMServer) -> bool:
+    """Whether the replica is working on a request now, from its own Prometheus metrics."""
+    text = (await client.get(replica.url + "/metrics", timeout=10)).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running")) > 0
 
 
 async def load_and_kill(gw: Gateway, replica: VLLMServer, total: int) -> list[tuple[str, int, str]]:
@@ -272,7 +280,9 @@ async def load_and_kill(gw: Gateway, replica: VLLMServer, total: int) -> list[tu
                 outcomes.append((f"load-{i}", r.status_code, (await r.aread()).decode()))
 
     async def kill() -> None:
-        while len(outcomes) < total // 4:
+        # A quarter done, and a call running on it (six calls spread by hash can all sit on the
+        # other replica for a moment): the kill must catch one in flight.
+        while len(outcomes) < total and (len(outcomes) < total // 4 or not await running(client, replica)):
             await asyncio.sleep(0.005)
         assert replica.process is not None
         os.killpg(replica.process.pid, signal.SIGKILL)

@@ -25,6 +25,7 @@ from litestar.params import JSONBody
 from burnish_server.core.access import DEFAULT_PROJECT, PRINTABLE, Principal, local, qualify
 from burnish_server.core.demonstrations import MAX_DEMONSTRATIONS, Demonstration, DemonstrationsIn, record
 from burnish_server.core.errors import Invalid, NotFound
+from burnish_server.core.policies import served_name
 from burnish_server.core.records import CallRecord
 from burnish_server.core.transcript import exchange
 from burnish_server.gateway.access import ACCESS_ERRORS, BEARER
@@ -72,9 +73,12 @@ route_handlers = [post_demonstrations]
 
 class TeacherAnswersIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Ask ``model`` (any model the gateway's upstream serves) to answer the policy's ``limit``
-    newest distinct prompts, and record each answer as a demonstration."""
+    newest distinct prompts, and record each answer as a demonstration. ``model`` omitted: the
+    policy's own teacher (``train.teacher``: its ``model``, else the policy's base), shown its
+    ``context`` before each prompt, as distillation shows it; the answer is recorded after
+    the prompt alone, so the policy learns to answer without the context."""
 
-    model: Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=PRINTABLE)]
+    model: Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=PRINTABLE)] | None = None
     limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_DEMONSTRATIONS)] = 100
     max_tokens: Annotated[int, msgspec.Meta(ge=1, le=32_768)] = 512
 
@@ -91,8 +95,16 @@ async def teacher_answers(name: PolicyName, data: JSONBody[TeacherAnswersIn], sv
     policy = svc.policies.policies.get(name)
     if policy is None:
         raise NotFound(f"no policy {name!r}", "policy_not_found", "name")
+    teacher = policy.train.teacher
+    context: list[dict[str, Any]] = []
+    if data.model is not None:
+        model = data.model
+    elif teacher is not None and (teacher.context or teacher.model is not None):
+        model, context = teacher.model or served_name(policy, 0), [msgspec.to_builtins(turn) for turn in teacher.context]
+    else:
+        raise Invalid(f"policy {name!r} has no train.teacher (a context or a model): name the model to ask", "invalid_teacher_answers", "model")
     prompts = await svc.db.read(recent_prompts, policy.name, data.limit)
-    replica = next((r.url for r in svc.upstream.replicas.order(None, data.model) if r.healthy), None)
+    replica = next((r.url for r in svc.upstream.replicas.order(None, model) if r.healthy), None)
     if replica is None:
         raise Invalid("no upstream replica answers: the teacher cannot be asked", "upstream_unavailable", "model")
     headers = {"authorization": f"Bearer {svc.settings.upstream_api_key}"} if svc.settings.upstream_api_key else {}
@@ -100,7 +112,9 @@ async def teacher_answers(name: PolicyName, data: JSONBody[TeacherAnswersIn], sv
 
     async def answer(call: CallRecord) -> Demonstration | None:
         turn = exchange(call)
-        body: dict[str, Any] = {"model": data.model, "messages": [m.chat() for m in turn.prompt], "temperature": 0, "max_tokens": data.max_tokens}
+        messages = [m.chat() for m in turn.prompt]
+        lead = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))  # the context goes after the system prompt, as the trainer's teacher shows it
+        body: dict[str, Any] = {"model": model, "messages": messages[:lead] + context + messages[lead:], "temperature": 0, "max_tokens": data.max_tokens}
         if turn.tools:
             body["tools"] = turn.tools
         async with gate:
@@ -108,17 +122,15 @@ async def teacher_answers(name: PolicyName, data: JSONBody[TeacherAnswersIn], sv
                 r = await svc.judge_http.post(replica.rstrip("/") + "/v1/chat/completions", json=body, headers=headers, timeout=svc.settings.upstream_timeout)
                 said = r.json()["choices"][0]["message"] if r.status_code == 200 else None
             except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
-                log.warning("teacher %s gave no answer to a prompt of %s: %s", data.model, name, exc)
+                log.warning("teacher %s gave no answer to a prompt of %s: %s", model, name, exc)
                 return None
         if said is None:
-            log.warning("teacher %s refused a prompt of %s: %s %s", data.model, name, r.status_code, r.text[:200])
+            log.warning("teacher %s refused a prompt of %s: %s %s", model, name, r.status_code, r.text[:200])
             return None
         try:
-            shown = msgspec.convert(
-                {"messages": [*body["messages"], {k: said.get(k) for k in ("role", "content", "tool_calls")}], "tools": turn.tools}, Demonstration
-            )
+            shown = msgspec.convert({"messages": [*messages, {k: said.get(k) for k in ("role", "content", "tool_calls")}], "tools": turn.tools}, Demonstration)
         except msgspec.ValidationError as exc:
-            log.warning("teacher %s answered a prompt of %s in a form no demonstration takes: %s", data.model, name, exc)
+            log.warning("teacher %s answered a prompt of %s in a form no demonstration takes: %s", model, name, exc)
             return None
         return shown if shown.problem() is None else None
 

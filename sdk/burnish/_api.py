@@ -124,10 +124,11 @@ class Routes:
         """Change settings: lora, train, ruler and promotion dicts are merged key by key."""
         return self._send(Call("PATCH", f"/admin/policies/{policy}", fields, admin=True))
 
-    def teacher_answers(self, policy: str, model: str, limit: int = 100, max_tokens: int = 512) -> Any:
+    def teacher_answers(self, policy: str, model: str | None = None, limit: int = 100, max_tokens: int = 512) -> Any:
         """Have ``model`` answer the policy's ``limit`` newest distinct prompts (greedy), each
-        answer recorded as a demonstration for the policy to imitate."""
-        body = {"model": model, "limit": limit, "max_tokens": max_tokens}
+        answer recorded as a demonstration for the policy to imitate; ``model`` None: the
+        policy's own teacher (``train.teacher``), shown its context."""
+        body: dict[str, Any] = {"limit": limit, "max_tokens": max_tokens} | ({"model": model} if model is not None else {})
         return self._send(Call("POST", f"/admin/policies/{policy}/teacher-answers", body, admin=True))
 
     def pause(self, policy: str) -> Any:
