@@ -32,7 +32,7 @@ import os
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,8 +137,18 @@ async def evaluate(client: AsyncClient, task: Task, step: int, held_out: list, *
 
 
 async def train(
-    client: AsyncClient, rounds: int, groups: int, size: int, eval_every: int, policy: str, plot: Path | None, task: Task = SUMS
+    client: AsyncClient,
+    rounds: int,
+    groups: int,
+    size: int,
+    eval_every: int,
+    policy: str,
+    plot: Path | None,
+    task: Task = SUMS,
+    after_round: Callable[[int], Awaitable[int]] | None = None,
 ) -> dict[str, list]:
+    """``after_round(round_no)``: what to do once a round is played (examples/distill.py has a
+    teacher answer its prompts), returning how many more ready groups it made."""
     train_set, held_out = task.split()
     status = await client.status(policy)
     step, per_step = status["step"], status["train"]["groups_per_step"]
@@ -158,6 +168,8 @@ async def train(
         rewards = [r for r, _ in results]
         curve["round_reward"].append(sum(rewards) / len(rewards))
         trainable += sum(not grpo_alone or max(rewards[g * size : (g + 1) * size]) > min(rewards[g * size : (g + 1) * size]) for g in range(groups))
+        if after_round is not None:
+            trainable += await after_round(round_no)
         step = await client.wait_for_step(policy, status["step"] + trainable // per_step)
         line = f"round {round_no + 1:3d}  train reward {curve['round_reward'][-1]:.3f}  now serving {policy}@{step}  {time.monotonic() - t0:5.0f}s"
         if (round_no + 1) % eval_every == 0 or round_no + 1 == rounds:

@@ -17,6 +17,15 @@ Held-out score: ``form``, the share of held-out questions (greedy, pinned versio
 trained on) answered with one of the two numbers and nothing else. ``exact`` is the share
 answered with the larger one alone. The train reward (GRPO's) is the sweep's: 0.7 for naming
 the larger and not the other, up to 0.3 for brevity.
+
+SmolLM2 does sometimes write the bare number at temperature 1, so sampled-token distillation
+can find it. ``--task arrow`` is a house style it never writes: the same question without the
+instruction, answered ``=> 52`` as the teacher's worked examples answer. Three routes reach
+what the student never samples (docs/trainer.md, "Distillation beyond the sampled token"):
+
+    python examples/distill.py --task arrow --count 320              # the form's share in the base's samples, and the teacher's
+    python examples/distill.py --task arrow --top-k 16               # the teacher's top 16 and a tail at each sampled position
+    python examples/distill.py --task arrow --objective teacher-sft  # the teacher writes each round's answers; SFT on them
 """
 
 from __future__ import annotations
@@ -40,8 +49,10 @@ OBJECTIVES = {
     "grpo": "grpo",
     "distill": "distill",
     "grpo+distill": {"grpo": 1.0, "distill": 1.0},
+    "teacher-sft": "sft",  # the teacher answers each round's prompts (teacher-answers); SFT on those
 }
 BARE = re.compile(r"\s*(\d+)\.?\s*")
+ARROW = re.compile(r"\s*=>\s*(\d+)\s*")
 
 
 def form(text: str, pair: tuple[int, int]) -> float:
@@ -50,14 +61,55 @@ def form(text: str, pair: tuple[int, int]) -> float:
     return float(found is not None and int(found.group(1)) in pair)
 
 
-TASK = Task(**{**LARGER.__dict__, "right": form, "held_out": "form: a bare number"})
+def arrow(text: str, pair: tuple[int, ...]) -> float:
+    """1 if the reply is ``=> n``, n one of ``pair``, and nothing else."""
+    found = ARROW.fullmatch(text)
+    return float(found is not None and int(found.group(1)) in pair)
 
 
-def teacher() -> dict:
+TASKS = {
+    "larger": Task(**{**LARGER.__dict__, "right": form, "held_out": "form: a bare number"}),
+    "arrow": Task(
+        **{
+            **LARGER.__dict__,
+            "name": "arrow",
+            "prompt": lambda p: f"Which is larger, {p[0]} or {p[1]}?",
+            "right": arrow,
+            "exact": lambda text, p: arrow(text, (max(p),)),
+            "shaped": lambda text, p: 0.5 * arrow(text, p) + 0.5 * LARGER.right(text, p),
+            "held_out": "form: => and a number",
+        }
+    ),
+}
+ANSWER = {"larger": str, "arrow": lambda n: f"=> {n}"}  # a worked example's answer, in the task's form
+
+
+def teacher(task: Task) -> dict:
     turns = []
     for a, b in EXAMPLES:
-        turns += [{"role": "user", "content": TASK.prompt((a, b))}, {"role": "assistant", "content": str(max(a, b))}]
+        turns += [{"role": "user", "content": task.prompt((a, b))}, {"role": "assistant", "content": ANSWER[task.name](max(a, b))}]
     return {"context": turns}
+
+
+async def count(client: AsyncClient, task: Task, n: int, policy: str) -> None:
+    """Before training: the form's share in ``n`` answers of the base at temperature 1, and in the
+    teacher's greedy answers (the base shown the worked examples), over the train questions."""
+    questions, _ = task.split()
+    gate = asyncio.Semaphore(16)
+
+    async def ask(messages: list[dict], temperature: float, seed: int) -> str:
+        async with gate:
+            reply = await client.trajectory().async_openai(max_retries=0).chat.completions.create(
+                model=f"{policy}@0", messages=messages, temperature=temperature, max_tokens=task.max_tokens, seed=seed
+            )
+        return reply.choices[0].message.content or ""
+
+    picked = [questions[i % len(questions)] for i in range(n)]
+    base = await asyncio.gather(*(ask([{"role": "user", "content": task.prompt(q)}], 1.0, i) for i, q in enumerate(picked)))
+    shown = teacher(task)["context"]
+    taught = await asyncio.gather(*(ask([*shown, {"role": "user", "content": task.prompt(q)}], 0.0, 0) for q in questions[:64]))
+    print(f"base at temperature 1: {sum(task.right(t, q) for t, q in zip(base, picked)):.0f} of {n} in the form; e.g. {base[:3]}")
+    print(f"teacher, greedy: {sum(task.right(t, q) for t, q in zip(taught, questions)):.0f} of {len(taught)} in the form; e.g. {taught[:3]}")
 
 
 NAMES = {"grpo": "GRPO alone", "distill": "distillation", "grpo+distill": "GRPO + distillation"}
@@ -101,6 +153,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     gateway_arguments(parser, plot="distill.png")
     parser.add_argument("--objective", choices=sorted(OBJECTIVES), default="distill")
+    parser.add_argument("--task", choices=sorted(TASKS), default="larger")
+    parser.add_argument("--top-k", type=int, default=0, help="train.teacher.top_k: the teacher's k likeliest tokens at each sampled position (0: the sampled token alone)")
+    parser.add_argument("--count", type=int, metavar="N", help="only count the form in N of the base's samples and in the teacher's answers")
     parser.add_argument("--compare", type=Path, nargs="+", metavar="LOG", help="plot earlier runs' printed output together instead of running")
     loop_arguments(parser)
     parser.set_defaults(rounds=12, eval_every=3)
@@ -109,19 +164,33 @@ def main() -> None:
         compare(args.compare, args.plot)
         return
 
-    async def run() -> dict[str, list]:
+    task = TASKS[args.task]
+
+    async def run() -> dict[str, list] | None:
         async with AsyncClient(args.gateway, admin_token=args.admin_token) as client:
+            if args.count:
+                await count(client, task, args.count, args.policy)
+                return None
             train_settings: dict = {"objective": OBJECTIVES[args.objective]}
             if args.objective != "grpo":
-                train_settings["teacher"] = teacher()
+                train_settings["teacher"] = {**teacher(task), "top_k": args.top_k}
             await client.update_policy(args.policy, train=train_settings)
             status = await client.status(args.policy)
-            print("objective:", json.dumps(status["train"]["objective"]), flush=True)
-            return await train(client, args.rounds, args.groups, args.size, args.eval_every, args.policy, args.plot, task=TASK)
+            print("objective:", json.dumps(status["train"]["objective"]), f"teacher top_k: {args.top_k}", flush=True)
+
+            async def teacher_writes(round_no: int) -> int:
+                """The round's questions, answered by the policy's teacher (the base shown the examples): demonstrations."""
+                written = await client.teacher_answers(args.policy, limit=args.groups, max_tokens=task.max_tokens)
+                return len(written["ids"])
+
+            after = teacher_writes if args.objective == "teacher-sft" else None
+            return await train(client, args.rounds, args.groups, args.size, args.eval_every, args.policy, args.plot, task=task, after_round=after)
 
     started = time.monotonic()
     with burnish_running(args, model="smollm2"):
         curve = asyncio.run(run())
+    if curve is None:
+        return
     print(
         f"{args.objective}: held-out form {' -> '.join(f'{s:.3f} (@{step})' for _, step, s in curve['eval'])}; "
         f"exact {curve['exact'][0]:.3f} -> {curve['exact'][-1]:.3f}; {time.monotonic() - started:.0f}s"
