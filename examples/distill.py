@@ -99,8 +99,10 @@ async def count(client: AsyncClient, task: Task, n: int, policy: str) -> None:
 
     async def ask(messages: list[dict], temperature: float, seed: int) -> str:
         async with gate:
-            reply = await client.trajectory().async_openai(max_retries=0).chat.completions.create(
-                model=f"{policy}@0", messages=messages, temperature=temperature, max_tokens=task.max_tokens, seed=seed
+            reply = (
+                await client.trajectory()
+                .async_openai(max_retries=0)
+                .chat.completions.create(model=f"{policy}@0", messages=messages, temperature=temperature, max_tokens=task.max_tokens, seed=seed)
             )
         return reply.choices[0].message.content or ""
 
@@ -154,7 +156,9 @@ def main() -> None:
     gateway_arguments(parser, plot="distill.png")
     parser.add_argument("--objective", choices=sorted(OBJECTIVES), default="distill")
     parser.add_argument("--task", choices=sorted(TASKS), default="larger")
-    parser.add_argument("--top-k", type=int, default=0, help="train.teacher.top_k: the teacher's k likeliest tokens at each sampled position (0: the sampled token alone)")
+    parser.add_argument(
+        "--top-k", type=int, default=0, help="train.teacher.top_k: the teacher's k likeliest tokens at each sampled position (0: the sampled token alone)"
+    )
     parser.add_argument("--count", type=int, metavar="N", help="only count the form in N of the base's samples and in the teacher's answers")
     parser.add_argument("--compare", type=Path, nargs="+", metavar="LOG", help="plot earlier runs' printed output together instead of running")
     loop_arguments(parser)

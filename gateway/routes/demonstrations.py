@@ -113,7 +113,8 @@ async def teacher_answers(name: PolicyName, data: JSONBody[TeacherAnswersIn], sv
     async def answer(call: CallRecord) -> Demonstration | None:
         turn = exchange(call)
         messages = [m.chat() for m in turn.prompt]
-        lead = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))  # the context goes after the system prompt, as the trainer's teacher shows it
+        # The context goes after the prompt's system messages, where the trainer's teacher shows it.
+        lead = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
         body: dict[str, Any] = {"model": model, "messages": messages[:lead] + context + messages[lead:], "temperature": 0, "max_tokens": data.max_tokens}
         if turn.tools:
             body["tools"] = turn.tools
