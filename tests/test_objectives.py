@@ -10,7 +10,7 @@ import msgspec
 import pytest
 import torch
 
-from burnish_server.core.policies import LoraSettings, Objective, Teacher, TeacherTurn, TrainSettings
+from burnish_server.core.policies import DEFAULT_TOP_K, LoraSettings, Objective, Teacher, TeacherTurn, TrainSettings
 from burnish_server.core.tokens import pack_floats, pack_ids
 from burnish_server.store.training import TrainingCall
 from burnish_server.trainer.objectives import distill_loss, sft_loss
@@ -223,7 +223,8 @@ def test_distillation_moves_the_policy_towards_the_teacher_in_context(tiny_model
     policy's own samples, and a few distillation steps bring the policy's logprobs of them
     towards the teacher's: the reverse KL estimate falls."""
     torch.manual_seed(0)
-    teacher_turns = Teacher(context=(TeacherTurn("user", "Say 7."), TeacherTurn("assistant", "7 7 7 7 7 7 7 7")))
+    # On the sampled token alone (the base teacher's default is its top 16, tested below).
+    teacher_turns = Teacher(context=(TeacherTurn("user", "Say 7."), TeacherTurn("assistant", "7 7 7 7 7 7 7 7")), top_k=0)
     settings = TrainSettings(learning_rate=5e-3, objective="distill", teacher=teacher_turns)
     model = PolicyModel(str(tiny_model), LORA, settings)
     teacher = ContextTeacher(model.tokenizer, teacher_turns)
@@ -298,6 +299,15 @@ def test_top_k_distillation_pulls_up_a_token_the_policy_never_sampled(tiny_model
     assert top - before > 1.0 and top - before > 3 * (sampled_only - before), (before, sampled_only, top)
 
 
+def test_the_base_teacher_takes_its_top_16_unless_told_and_a_served_one_the_sampled_token() -> None:
+    shown = (TeacherTurn("user", "Say 7."), TeacherTurn("assistant", "7"))
+    assert Teacher(context=shown).top() == DEFAULT_TOP_K == 16
+    assert Teacher(context=shown, top_k=0).top() == 0 and Teacher(context=shown, top_k=4).top() == 4
+    assert Teacher(model="tiny-large").top() == 0
+    with pytest.raises(ValueError, match="top_k"):
+        Teacher(model="tiny-large", top_k=4)
+
+
 async def test_a_policy_distills_through_the_gateway_and_vllm_with_no_reward_posted(make_gateway, vllm, tiny_model: Path) -> None:
     """End to end on the tiny model: calls through the gateway to vLLM, groups closed without a
     reward, the trainer's teacher shown its context, a step of distillation alone, published and
@@ -358,7 +368,7 @@ def test_a_served_teacher_must_share_the_policys_tokenizer(make_gateway, upstrea
     assert patch({}).json()["error"]["code"] == "conflicting_settings"  # neither a context nor a model
     assert gw.policy()["train"]["objective"] == "grpo"  # nothing refused was kept
     assert patch({"model": "tiny-large"}).status_code == 200
-    assert gw.policy()["train"]["teacher"] == {"context": [], "model": "tiny-large", "top_k": 0}
+    assert gw.policy()["train"]["teacher"] == {"context": [], "model": "tiny-large", "top_k": None}
     with gw.admin() as c:
         made = c.post("/admin/policies", json={"name": "b", "base_model": "tiny", "train": {"objective": "distill", "teacher": {"model": "other-family"}}})
         assert made.status_code == 400 and made.json()["error"]["code"] == "teacher_tokenizer"

@@ -299,7 +299,7 @@ class PolicyModel:
         step's. A token past ``max_seq_len`` in the teacher's longer sequence is not taught."""
         spans: list[tuple[Sequence, int, int]] = []  # (student sequence, its span's start, length)
         asked: list[tuple[Sequence, float]] = []
-        k = self.train.teacher.top_k if self.train.teacher is not None else 0
+        k = self.train.teacher.top() if self.train.teacher is not None else 0
         for seq, _ in items:
             if seq.taught is not None:  # scored already (a teacher vLLM serves: trainer/teacher.py)
                 continue
