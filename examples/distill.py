@@ -18,13 +18,14 @@ trained on) answered with one of the two numbers and nothing else. ``exact`` is 
 answered with the larger one alone. The train reward (GRPO's) is the sweep's: 0.7 for naming
 the larger and not the other, up to 0.3 for brevity.
 
-SmolLM2 does sometimes write the bare number at temperature 1, so sampled-token distillation
-can find it. ``--task arrow`` is a house style it never writes: the same question without the
+SmolLM2 does sometimes write the bare number at temperature 1, so distillation on the sampled
+token alone can find it. ``--task arrow`` is a house style it never writes: the same question without the
 instruction, answered ``=> 52`` as the teacher's worked examples answer. Three routes reach
 what the student never samples (docs/trainer.md, "Distillation beyond the sampled token"):
 
     python examples/distill.py --task arrow --count 320              # the form's share in the base's samples, and the teacher's
-    python examples/distill.py --task arrow --top-k 16               # the teacher's top 16 and a tail at each sampled position
+    python examples/distill.py --task arrow                          # the teacher's top 16 and a tail at each sampled position
+    python examples/distill.py --task arrow --top-k 0                # the sampled token alone
     python examples/distill.py --task arrow --objective teacher-sft  # the teacher writes each round's answers; SFT on them
 """
 
@@ -114,7 +115,16 @@ async def count(client: AsyncClient, task: Task, n: int, policy: str) -> None:
     print(f"teacher, greedy: {sum(task.right(t, q) for t, q in zip(taught, questions)):.0f} of {len(taught)} in the form; e.g. {taught[:3]}")
 
 
-NAMES = {"grpo": "GRPO alone", "distill": "distillation", "grpo+distill": "GRPO + distillation"}
+NAMES = {"grpo": "GRPO alone", "distill": "distillation", "grpo+distill": "GRPO + distillation", "teacher-sft": "the teacher's answers (SFT)"}
+
+
+def label(objective: str, top_k: int) -> str:
+    """A run's name in the comparison: its route, and for distillation what the teacher gives."""
+    if "distill" not in objective:
+        return NAMES[objective]
+    return f"{NAMES[objective]}, " + (f"the teacher's top {top_k}" if top_k else "the sampled token")
+
+
 # What a run prints, read back by --compare: the held-out line before training and after each evaluated round.
 BEFORE = re.compile(r"^agent@0 \(before training\) .*: right ([0-9.]+), exact ([0-9.]+)")
 ROUND = re.compile(r"^round +(\d+) .* +(\d+)s +held-out: right ([0-9.]+), exact ([0-9.]+)")
@@ -131,8 +141,7 @@ def compare(logs: list[Path], plot: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     for log in logs:
         text = log.read_text().splitlines()
-        objective = next((json.loads(line.split(":", 1)[1]) for line in text if line.startswith("objective:")), log.stem)
-        name = NAMES.get(objective if isinstance(objective, str) else "+".join(k for k, v in objective.items() if v), str(objective))
+        name = next((line.split(":", 1)[1].strip() for line in text if line.startswith("run:")), log.stem)
         points = [(0, 0, float(m[1]), float(m[2])) for line in text if (m := BEFORE.match(line))]
         points += [(int(m[1]), int(m[2]), float(m[3]), float(m[4])) for line in text if (m := ROUND.match(line))]
         line = ax.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=f"{name}: bare number")[0]
@@ -157,7 +166,7 @@ def main() -> None:
     parser.add_argument("--objective", choices=sorted(OBJECTIVES), default="distill")
     parser.add_argument("--task", choices=sorted(TASKS), default="larger")
     parser.add_argument(
-        "--top-k", type=int, default=0, help="train.teacher.top_k: the teacher's k likeliest tokens at each sampled position (0: the sampled token alone)"
+        "--top-k", type=int, default=16, help="train.teacher.top_k: the teacher's k likeliest tokens at each sampled position (0: the sampled token alone)"
     )
     parser.add_argument("--count", type=int, metavar="N", help="only count the form in N of the base's samples and in the teacher's answers")
     parser.add_argument("--compare", type=Path, nargs="+", metavar="LOG", help="plot earlier runs' printed output together instead of running")
@@ -180,7 +189,8 @@ def main() -> None:
                 train_settings["teacher"] = {**teacher(task), "top_k": args.top_k}
             await client.update_policy(args.policy, train=train_settings)
             status = await client.status(args.policy)
-            print("objective:", json.dumps(status["train"]["objective"]), f"teacher top_k: {args.top_k}", flush=True)
+            print("objective:", json.dumps(status["train"]["objective"]), flush=True)
+            print("run:", label(args.objective, args.top_k), flush=True)
 
             async def teacher_writes(round_no: int) -> int:
                 """The round's questions, answered by the policy's teacher (the base shown the examples): demonstrations."""
