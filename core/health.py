@@ -10,7 +10,9 @@ Three figures a user can act on, beside the held-out score:
 
 and one warning, where nothing the last groups hold can train (members unrewarded, one
 member a group), or where the run looks like it is collapsing: entropy fallen below a
-fifth of where it started, the train reward fallen below where it started by more than
+fifth of where it started (unless the last steps mostly imitated or distilled, which narrow
+the policy onto the teacher's answers by design), climbed well above the base's (each step
+pushes down what the policy samples without showing it where to go), the train reward fallen below where it started by more than
 half of the first steps' spread of rewards, or most of the last groups tied (every member
 rewarded alike); or where the last steps were off-policy though trained on their own
 version's samples (a wrong checkpoint served, engines that disagree). Ties are read from the
@@ -31,6 +33,10 @@ from burnish_server.core.steps import StepMetrics
 WINDOW = 3
 # Warn when the last steps' entropy is below this share of the first steps'.
 ENTROPY_FLOOR = 0.2
+# Warn when the last steps' entropy is above this multiple of the first step's (the base's
+# samples): a teacher on the sampled token alone climbed 1.9 -> 3.5 nats over 6-8 steps on a
+# form the policy never sampled; its top 16 peaked at 1.5x on the way to learning it.
+ENTROPY_CEILING = 1.6
 # Warn when the last steps' reward is below the first steps' by this many of their spreads.
 REWARD_DROP = 0.5
 # Warn when at least this share of the last closed groups (at least TIES_MIN_GROUPS of them) tied.
@@ -119,10 +125,18 @@ def health(history: Sequence[StepMetrics], ties: RecentGroups | None = None) -> 
         )
     if len(history) <= WINDOW:  # the two ends overlap: too early to say
         return out
-    if out.warning is None and entropy_first and entropy_last is not None and entropy_last < ENTROPY_FLOOR * entropy_first:
+    taught = sum(m.sft_tokens + m.distill_tokens for m in last) > sum(m.grpo_tokens for m in last)
+    if out.warning is None and not taught and entropy_first and entropy_last is not None and entropy_last < ENTROPY_FLOOR * entropy_first:
         out.warning = (
             f"collapsing: the entropy on sampled tokens fell from {entropy_first:.3f} to {entropy_last:.3f}; "
             "the policy is sampling the same tokens every time (lower the learning rate, or roll back)"
+        )
+    base = history[0].entropy
+    if out.warning is None and base and entropy_last is not None and entropy_last > ENTROPY_CEILING * base:
+        out.warning = (
+            f"drifting: the entropy on sampled tokens climbed from {base:.3f} to {entropy_last:.3f}; each step pushes down what "
+            "the policy samples without showing it where to go (a teacher on the sampled token alone: set teacher.top_k, "
+            "or have the teacher write answers; else lower the learning rate)"
         )
     spread = _mean([m.reward_std for m in first])
     if out.warning is None and out.reward_trend is not None and spread and out.reward_trend < -REWARD_DROP * spread:

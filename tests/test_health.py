@@ -22,6 +22,20 @@ def test_entropy_fallen_below_a_fifth_of_its_start_warns() -> None:
     assert h.warning is not None and h.warning.startswith("collapsing: the entropy on sampled tokens fell from 1.500 to 0.133")
 
 
+def test_entropy_fallen_while_imitating_or_distilling_is_no_collapse() -> None:
+    taught = [StepMetrics(reward_mean=0.2, reward_std=0.2, entropy=e, distill_tokens=100, grpo_tokens=0) for e in (1.9, 2.9, 3.1, 0.9, 0.5, 0.2)]
+    assert health(taught).warning is None  # the house-style run's top-k route (docs/trainer.md)
+
+
+def test_entropy_climbing_well_above_the_bases_warns() -> None:
+    # The sampled-token teacher on a form never sampled (docs/notes/learning-runs.md), and its top 16.
+    sampled_only = [StepMetrics(entropy=e, distill_tokens=100) for e in (1.91, 2.80, 3.57, 3.21, 3.78, 3.88)]
+    warning = health(sampled_only).warning
+    assert warning is not None and warning.startswith("drifting: the entropy on sampled tokens climbed from 1.910 to 3.623") and "top_k" in warning
+    top_16 = [StepMetrics(entropy=e, distill_tokens=100) for e in (1.91, 2.94, 3.12, 2.39, 1.80, 0.94)]
+    assert all(health(top_16[:n]).warning is None for n in range(1, 7))
+
+
 def test_a_reward_fallen_by_half_the_first_spread_warns() -> None:
     h = health(steps([0.5, 0.5, 0.5, 0.3, 0.3, 0.3], [1.0] * 6, std=0.2))
     assert h.warning is not None and "train reward fell from 0.500 to 0.300" in h.warning
