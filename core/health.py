@@ -11,9 +11,9 @@ Three figures a user can act on, beside the held-out score:
 and one warning, where nothing the last groups hold can train (members unrewarded, one
 member a group), or where the run looks like it is collapsing: entropy fallen below a
 fifth of where it started (unless the last steps mostly imitated or distilled, which narrow
-the policy onto the teacher's answers by design), climbed well above the base's (each step
-pushes down what the policy samples without showing it where to go), the train reward fallen below where it started by more than
-half of the first steps' spread of rewards, or most of the last groups tied (every member
+the policy onto the teacher's answers by design), or climbed well above the base's (each
+step pushes down what the policy samples without showing it where to go), the train reward
+fallen below where it started by more than half of the first steps' spread of rewards, or most of the last groups tied (every member
 rewarded alike); or where the last steps were off-policy though trained on their own
 version's samples (a wrong checkpoint served, engines that disagree). Ties are read from the
 groups, not the steps: a tied group teaches nothing and is never trained, so a policy that

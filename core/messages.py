@@ -7,7 +7,7 @@ context. The chat completions API's shape, text content only, tool calls and res
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -53,3 +53,11 @@ def problem(turns: tuple[Turn, ...] | list[Turn]) -> str | None:
         if (why := turn.problem()) is not None:
             return f"message {i}: {why}"
     return None
+
+
+def with_context(messages: list[dict[str, Any]], context: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A conversation's chat messages with a teacher's ``context`` shown after its leading
+    system messages (core/policies.py: Teacher), where the trainer's teacher and its written
+    answers (teacher-answers) both put it."""
+    lead = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+    return messages[:lead] + context + messages[lead:]

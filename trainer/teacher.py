@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from burnish_server.core.conversation import Message, ToolCall
-from burnish_server.core.messages import Turn
+from burnish_server.core.messages import Turn, with_context
 from burnish_server.core.policies import Teacher
 from burnish_server.core.records import CallRecord
 from burnish_server.core.transcript import UnreadableCall, exchange
@@ -62,8 +62,7 @@ class ContextTeacher:
         try:
             if self.render(messages, turn.tools) != recorded:
                 return None
-            lead = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
-            return self.render(messages[:lead] + self.context + messages[lead:], turn.tools)
+            return self.render(with_context(messages, self.context), turn.tools)
         except Exception:  # a template that refuses the conversation (jinja's own errors): not distilled
             return None
 

@@ -25,6 +25,7 @@ from litestar.params import JSONBody
 from burnish_server.core.access import DEFAULT_PROJECT, PRINTABLE, Principal, local, qualify
 from burnish_server.core.demonstrations import MAX_DEMONSTRATIONS, Demonstration, DemonstrationsIn, record
 from burnish_server.core.errors import Invalid, NotFound
+from burnish_server.core.messages import with_context
 from burnish_server.core.policies import served_name
 from burnish_server.core.records import CallRecord
 from burnish_server.core.transcript import exchange
@@ -113,9 +114,7 @@ async def teacher_answers(name: PolicyName, data: JSONBody[TeacherAnswersIn], sv
     async def answer(call: CallRecord) -> Demonstration | None:
         turn = exchange(call)
         messages = [m.chat() for m in turn.prompt]
-        # The context goes after the prompt's system messages, where the trainer's teacher shows it.
-        lead = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
-        body: dict[str, Any] = {"model": model, "messages": messages[:lead] + context + messages[lead:], "temperature": 0, "max_tokens": data.max_tokens}
+        body: dict[str, Any] = {"model": model, "messages": with_context(messages, context), "temperature": 0, "max_tokens": data.max_tokens}
         if turn.tools:
             body["tools"] = turn.tools
         async with gate:
