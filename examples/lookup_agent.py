@@ -26,6 +26,20 @@ number is the secret (``found``), 0.2 for a first call that asked for the questi
 (``tool``). The output (and lookup_agent.png) gives each evaluated version's held-out score,
 the share of held-out episodes that used the tool right and that found the number, and the
 trainer's sequences and splits.
+
+More ways to run it:
+
+    python examples/lookup_agent.py --task choose        # two tools; the question says which one answers
+    python examples/lookup_agent.py --objective distill  # no reward: a teacher shown one worked episode
+    python examples/lookup_agent.py --count              # before training: the base's answers, and the teacher's
+
+``--task choose`` asks for a word's secret number or its secret colour, with a tool for each
+(``secret_number``, ``secret_colour``): the first call must pick the tool the question names,
+so what is learned sits in the tool call's own tokens, which vLLM samples under the tool
+grammar (docs/trainer.md, "The ratio under a grammar"). ``--objective distill`` trains on the
+teacher alone (``train.teacher``: the policy's base, shown before each conversation one
+worked episode with its tool call, the tool's result and the bare answer); the rewards only
+score.
 """
 
 from __future__ import annotations
@@ -56,7 +70,13 @@ SPLIT_SEED = 0
 HELD_OUT = 32
 PROMPT = 'What is the secret number of the word "{word}"? Look it up, then reply with only the number.'
 INSTRUCTIONS = "You answer questions about secret numbers. The lookup tool knows the secret number of each word."
-NUMBER = re.compile(r"\d+")
+# --task choose: the question names what is asked; a tool per kind.
+COLOURS = ("red", "blue", "green", "yellow", "purple", "orange", "black", "white")
+CHOOSE_PROMPT = 'What is the secret {kind} of the word "{word}"? Look it up, then reply with only the {kind}.'
+CHOOSE_INSTRUCTIONS = "You answer questions about secret numbers and secret colours. The tools know both for each word."
+VALUE = re.compile(r"\d+|[a-z]+")
+# The teacher's worked episode (--objective distill), on a word outside WORDS: nothing held out leaks in.
+WORKED = ("trumpet", "358")
 # Sampling temperature of the train episodes: at 1.0 a 135M model's answers are mostly noise.
 TEMPERATURE = 0.7
 MAX_TOKENS = 40  # a call closes in about 30 tokens; an answer needs 3
@@ -72,88 +92,167 @@ def words() -> tuple[list[str], list[str]]:
 @dataclass
 class Episode:
     word: str
-    secret: int
-    asked: list[str]  # the words the model looked up, in order
+    secret: str  # a number, or with --task choose a colour
+    asked: list[tuple[str, str]]  # the (tool, word) the model called, in order
     answer: str
+    wanted: str = "lookup"  # the tool that answers the question
 
     @property
     def tool(self) -> float:
-        """1 if the first call asked for the word of the question."""
-        return float(bool(self.asked) and self.asked[0].strip().strip("\"'").lower() == self.word)
+        """1 if the first call asked the right tool for the word of the question."""
+        return float(bool(self.asked) and self.asked[0] == (self.wanted, self.word))
 
     @property
     def found(self) -> float:
-        """1 if the answer's last number is the secret."""
-        numbers = NUMBER.findall(self.answer)
-        return float(bool(numbers) and int(numbers[-1]) == self.secret)
+        """1 if the answer's last number or colour is the secret."""
+        values = [v for v in VALUE.findall(self.answer.lower()) if v.isdigit() or v in COLOURS]
+        return float(bool(values) and values[-1] == self.secret)
 
     @property
     def right(self) -> float:
         """1 if the answer is the secret and nothing else, as the question asks."""
-        return float(self.answer.strip().removesuffix(".") == str(self.secret))
+        return float(self.answer.strip().removesuffix(".").lower() == self.secret)
 
     @property
     def reward(self) -> float:
         return 0.4 * self.right + 0.4 * self.found + 0.2 * self.tool
 
 
-async def episode(llm, word: str, secret: int, *, model: str, temperature: float, seed: int) -> Episode:
+@dataclass(frozen=True)
+class Question:
+    """One episode's task: the word, what is asked of it, and its secret."""
+
+    word: str
+    secret: str
+    kind: str = ""  # "number" or "colour" with --task choose; "" for the lookup task
+
+    @property
+    def wanted(self) -> str:
+        return f"secret_{self.kind}" if self.kind else "lookup"
+
+    @property
+    def prompt(self) -> str:
+        return CHOOSE_PROMPT.format(kind=self.kind, word=self.word) if self.kind else PROMPT.format(word=self.word)
+
+
+def question(task: str, word: str, rng: random.Random) -> Question:
+    """A fresh secret for ``word``; with ``choose`` a kind too."""
+    if task == "lookup":
+        return Question(word, str(rng.randint(100, 999)))
+    kind = rng.choice(("number", "colour"))
+    return Question(word, str(rng.randint(100, 999)) if kind == "number" else rng.choice(COLOURS), kind)
+
+
+async def episode(llm, q: Question, *, model: str, temperature: float, seed: int) -> Episode:
     """One run of the agent: the Agents SDK, unchanged but for its client's base URL."""
     from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool
     from agents.exceptions import AgentsException
 
-    asked: list[str] = []
-    question_word = word  # the tool's own argument is named `word` too: the name the model sees
+    asked: list[tuple[str, str]] = []
 
+    def answer(tool: str, word: str, what: str) -> str:
+        word = word.strip().strip("\"'").lower()
+        asked.append((tool, word))
+        return q.secret if (tool, word) == (q.wanted, q.word) else f"no secret {what} for {word!r}"
+
+    # The tools' own argument is named `word`: the name the model sees.
     @function_tool
     def lookup(word: str) -> str:
         """Look up the secret number of a word."""
-        asked.append(word)
-        return str(secret) if word.strip().strip("\"'").lower() == question_word else f"no secret number for {word!r}"
+        return answer("lookup", word, "number")
+
+    @function_tool
+    def secret_number(word: str) -> str:
+        """Look up the secret number of a word."""
+        return answer("secret_number", word, "number")
+
+    @function_tool
+    def secret_colour(word: str) -> str:
+        """Look up the secret colour of a word."""
+        return answer("secret_colour", word, "colour")
 
     agent = Agent(
         name="secrets",
-        instructions=INSTRUCTIONS,
+        instructions=CHOOSE_INSTRUCTIONS if q.kind else INSTRUCTIONS,
         model=OpenAIChatCompletionsModel(model, llm),
-        tools=[lookup],
+        tools=[secret_number, secret_colour] if q.kind else [lookup],
         # The first turn must call a tool; the SDK then lets the model choose (reset_tool_choice).
         model_settings=ModelSettings(tool_choice="required", temperature=temperature, max_tokens=MAX_TOKENS, extra_args={"seed": seed}),
     )
     try:
-        result = await Runner.run(agent, PROMPT.format(word=word), max_turns=3)
-        answer = str(result.final_output or "")
+        result = await Runner.run(agent, q.prompt, max_turns=3)
+        final = str(result.final_output or "")
     except AgentsException:  # it kept calling tools past max_turns: no answer
-        answer = ""
-    return Episode(word, secret, asked, answer)
+        final = ""
+    return Episode(q.word, q.secret, asked, final, q.wanted)
 
 
-async def play_round(client: AsyncClient, round_no: int, train_words: list[str], *, groups: int, size: int, policy: str) -> list[Episode]:
-    """``groups`` train words, ``size`` episodes each (one group per word, its secret drawn per episode)."""
+def worked_episode(task: str) -> list[dict]:
+    """The teacher's context: one episode played right, as chat messages with the tool call and its result."""
+    word, secret = WORKED
+    q = Question(word, secret, "number" if task == "choose" else "")
+    call = {"id": "call_worked", "type": "function", "function": {"name": q.wanted, "arguments": f'{{"word": "{word}"}}'}}
+    return [
+        {"role": "user", "content": q.prompt},
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": secret},
+        {"role": "assistant", "content": secret},
+    ]
+
+
+async def count(client: AsyncClient, held_out: list[str], *, policy: str, task: str) -> None:
+    """Before training (--count): how often the base, greedy, answers a held-out episode's tool
+    result as asked, alone and shown the teacher's worked episode first (what the teacher sees)."""
+    rng = random.Random(7)
+    questions = [question(task, word, rng) for word in held_out]
+
+    async def answer(q: Question, context: list[dict]) -> str:
+        call = {"id": "call_0", "type": "function", "function": {"name": q.wanted, "arguments": f'{{"word": "{q.word}"}}'}}
+        messages = [
+            {"role": "system", "content": CHOOSE_INSTRUCTIONS if q.kind else INSTRUCTIONS},
+            *context,
+            {"role": "user", "content": q.prompt},
+            {"role": "assistant", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": q.secret},
+        ]
+        llm = client.trajectory().async_openai(max_retries=0)
+        reply = await llm.chat.completions.create(model=f"{policy}@0", messages=messages, temperature=0, max_tokens=MAX_TOKENS)
+        return reply.choices[0].message.content or ""
+
+    for name, context in (("the base", []), ("the teacher (the base shown the worked episode)", worked_episode(task))):
+        answers = await asyncio.gather(*(answer(q, context) for q in questions))
+        right = sum(Episode(q.word, q.secret, [], a).right for q, a in zip(questions, answers))
+        print(f"{name}, greedy, after the tool's result: {right} of {len(questions)} answers are the secret alone; e.g. {answers[:3]}", flush=True)
+
+
+async def play_round(client: AsyncClient, round_no: int, train_words: list[str], *, groups: int, size: int, policy: str, task: str) -> list[Episode]:
+    """``groups`` train words, ``size`` episodes each (one group per word, its secret, and with
+    ``choose`` its kind, drawn per episode)."""
     rng = random.Random(round_no)
     picked = [train_words[(round_no * groups + g) % len(train_words)] for g in range(groups)]
 
-    async def member(group, word: str, secret: int, i: int) -> Episode:
+    async def member(group, q: Question, i: int) -> Episode:
         t = group.trajectory(f"{group.id}-{i}")
-        played = await episode(t.async_openai(max_retries=0), word, secret, model=policy, temperature=TEMPERATURE, seed=round_no * 1000 + i)
+        played = await episode(t.async_openai(max_retries=0), q, model=policy, temperature=TEMPERATURE, seed=round_no * 1000 + i)
         await t.reward(played.reward, right=played.right, found=played.found, tool=played.tool)  # the last reward closes the group
         return played
 
     sets = [(client.group(size=size, id=f"lookup-r{round_no}-g{g}-{os.getpid()}"), word) for g, word in enumerate(picked)]
-    secrets = [[rng.randint(100, 999) for _ in range(size)] for _ in sets]
-    return list(await asyncio.gather(*(member(group, word, secrets[g][i], i) for g, (group, word) in enumerate(sets) for i in range(size))))
+    questions = [[question(task, word, rng) for _ in range(size)] for _, word in sets]
+    return list(await asyncio.gather(*(member(group, questions[g][i], i) for g, (group, _) in enumerate(sets) for i in range(size))))
 
 
-async def evaluate(client: AsyncClient, step: int, held_out: list[str], *, policy: str) -> tuple[float, float, float]:
+async def evaluate(client: AsyncClient, step: int, held_out: list[str], *, policy: str, task: str) -> tuple[float, float, float]:
     """Every held-out word once, greedy, by ``policy@step`` (pinned), in one eval group: the
     version's held-out score as the gateway keeps it, and the shares that used the tool right
-    and that found the number."""
+    and that found the secret."""
     group = client.group(id=f"lookup-eval-{policy}-{step}-{os.getpid()}", eval=True)
     rng = random.Random(1_000_000 + step)
-    secrets = [rng.randint(100, 999) for _ in held_out]
+    questions = [question(task, word, rng) for word in held_out]
 
     async def member(i: int, word: str) -> Episode:
         t = group.trajectory(f"{group.id}-{i}")
-        played = await episode(t.async_openai(max_retries=0), word, secrets[i], model=f"{policy}@{step}", temperature=0.0, seed=i)
+        played = await episode(t.async_openai(max_retries=0), questions[i], model=f"{policy}@{step}", temperature=0.0, seed=i)
         await t.reward(played.right, found=played.found, tool=played.tool)
         return played
 
@@ -168,7 +267,7 @@ async def train(client: AsyncClient, args: argparse.Namespace) -> dict[str, list
     step, per_step = status["step"], status["train"]["groups_per_step"]
     curve: dict[str, list] = {"round_reward": [], "eval": []}
     t0 = time.monotonic()
-    score, tool, found = await evaluate(client, step, held_out, policy=args.policy)
+    score, tool, found = await evaluate(client, step, held_out, policy=args.policy, task=args.task)
     curve["eval"].append((0, step, score, tool))
     print(
         f"{args.policy}@{step} (before training) on {len(held_out)} held-out words: right {score:.3f}, found {found:.3f}, tool used right {tool:.3f}",
@@ -176,15 +275,17 @@ async def train(client: AsyncClient, args: argparse.Namespace) -> dict[str, list
     )
     trainable = 0
     for round_no in range(args.rounds):
-        results = await play_round(client, round_no, train_words, groups=args.groups, size=args.size, policy=args.policy)
+        results = await play_round(client, round_no, train_words, groups=args.groups, size=args.size, policy=args.policy, task=args.task)
         rewards = [e.reward for e in results]
         curve["round_reward"].append(sum(rewards) / len(rewards))
-        trainable += sum(max(rewards[g * args.size : (g + 1) * args.size]) > min(rewards[g * args.size : (g + 1) * args.size]) for g in range(args.groups))
+        # GRPO learns from groups whose rewards differ; the teacher from every group.
+        tied = [max(rewards[g * args.size : (g + 1) * args.size]) == min(rewards[g * args.size : (g + 1) * args.size]) for g in range(args.groups)]
+        trainable += sum(args.objective != "grpo" or not t for t in tied)
         step = await client.wait_for_step(args.policy, status["step"] + trainable // per_step)
         right = sum(e.right for e in results) / len(results)
         line = f"round {round_no + 1:3d}  train reward {curve['round_reward'][-1]:.3f} (right {right:.3f})  now serving {args.policy}@{step}  {time.monotonic() - t0:5.0f}s"
         if (round_no + 1) % args.eval_every == 0 or round_no + 1 == args.rounds:
-            score, tool, found = await evaluate(client, step, held_out, policy=args.policy)
+            score, tool, found = await evaluate(client, step, held_out, policy=args.policy, task=args.task)
             curve["eval"].append((round_no + 1, step, score, tool))
             line += f"  held-out: right {score:.3f}, found {found:.3f}, tool used right {tool:.3f}"
         print(line, flush=True)
@@ -228,12 +329,21 @@ def main() -> None:
     parser.add_argument(
         "--held-ratio", choices=("trainer", "recorded"), help="train.held_ratio for the run (docs/trainer.md, the ratio under a grammar); default: the policy's"
     )
+    parser.add_argument("--task", choices=("lookup", "choose"), default="lookup", help="choose: two tools, the question names which")
+    parser.add_argument("--objective", choices=("grpo", "distill"), default="grpo", help="distill: the base shown one worked episode teaches")
+    parser.add_argument("--count", action="store_true", help="only count the base's and the teacher's right answers on the held-out words")
     args = parser.parse_args()
 
     async def run() -> dict[str, list]:
         async with AsyncClient(args.gateway, admin_token=args.admin_token) as client:
-            if args.held_ratio is not None:
-                await client.update_policy(args.policy, train={"held_ratio": args.held_ratio})
+            train_settings: dict = {} if args.held_ratio is None else {"held_ratio": args.held_ratio}
+            if args.objective == "distill":
+                train_settings |= {"objective": "distill", "teacher": {"context": worked_episode(args.task)}}
+            if train_settings:
+                await client.update_policy(args.policy, train=train_settings)
+            if args.count:
+                await count(client, words()[1], policy=args.policy, task=args.task)
+                return {"eval": []}
             curve = await train(client, args)
             print("base against now:", await client.compare(args.policy))
             print("trainer:", await merge_report(client, args.policy))
@@ -242,6 +352,8 @@ def main() -> None:
     started = time.monotonic()
     with burnish_running(args, model="smollm2"):
         curve = asyncio.run(run())
+        if args.count:
+            return
         (_, first_step, first, _), (_, last_step, last, _) = curve["eval"][0], curve["eval"][-1]
         print(
             f"held-out score: {args.policy}@{first_step} {first:.3f} -> {args.policy}@{last_step} {last:.3f} "

@@ -5,6 +5,7 @@ learning is tests/test_learning.py; the demo's real model through the product, t
 from __future__ import annotations
 
 import asyncio
+import random
 import sys
 from pathlib import Path
 
@@ -94,11 +95,18 @@ def test_the_agent_demo_holds_out_words_and_scores_an_episode_as_its_docs_say(tm
     train, held_out = lookup_agent.words()
     assert len(held_out) == lookup_agent.HELD_OUT and not set(train) & set(held_out) and lookup_agent.words() == (train, held_out)
     Episode = lookup_agent.Episode
-    right = Episode("violin", 412, ["violin"], "412")
-    found = Episode("violin", 412, ['"Violin"'], "<tool_response>\n412\n</tool_response>")
-    wrong_word = Episode("violin", 412, ["viola"], "It is 412, I think, or 7")
+    right = Episode("violin", "412", [("lookup", "violin")], "412")
+    found = Episode("violin", "412", [("lookup", "violin")], "<tool_response>\n412\n</tool_response>")
+    wrong_word = Episode("violin", "412", [("lookup", "viola")], "It is 412, I think, or 7")
     assert (right.right, right.found, right.tool, right.reward) == (1.0, 1.0, 1.0, 1.0)
     assert (found.right, found.found, found.tool) == (0.0, 1.0, 1.0) and found.reward == 0.6000000000000001
     assert (wrong_word.right, wrong_word.found, wrong_word.tool, wrong_word.reward) == (0.0, 0.0, 0.0, 0.0)
+    # --task choose: the tool the question names, and a colour as the secret
+    wrong_tool = Episode("violin", "blue", [("secret_number", "violin")], "Blue.", wanted="secret_colour")
+    assert (wrong_tool.right, wrong_tool.found, wrong_tool.tool) == (1.0, 1.0, 0.0)
+    q = lookup_agent.question("choose", "violin", random.Random(0))
+    assert q.wanted == f"secret_{q.kind}" and f"secret {q.kind}" in q.prompt and lookup_agent.question("lookup", "violin", random.Random(0)).secret.isdigit()
+    worked = lookup_agent.worked_episode("lookup")
+    assert [m["role"] for m in worked] == ["user", "assistant", "tool", "assistant"] and worked[1]["tool_calls"][0]["function"]["name"] == "lookup"
     lookup_agent.write_plot({"round_reward": [0.3, 0.6], "eval": [(0, 0, 0.0, 1.0), (2, 2, 0.9, 1.0)]}, tmp_path / "lookup.png")
     assert (tmp_path / "lookup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
