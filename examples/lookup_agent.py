@@ -34,9 +34,9 @@ More ways to run it:
     python examples/lookup_agent.py --count              # before training: the base's answers, and the teacher's
 
 ``--task choose`` asks for a word's secret number or its secret colour, with a tool for each
-(``secret_number``, ``secret_colour``): the first call must pick the tool the question names,
-so what is learned sits in the tool call's own tokens, which vLLM samples under the tool
-grammar (docs/trainer.md, "The ratio under a grammar"). ``--objective distill`` trains on the
+whose name does not say which (``lookup_a``, ``lookup_b``; their descriptions do): the first
+call must pick the one the question needs, so what is learned sits in the tool call's own
+tokens, which vLLM samples under the tool grammar (docs/trainer.md, "The ratio under a grammar"). ``--objective distill`` trains on the
 teacher alone (``train.teacher``: the policy's base, shown before each conversation one
 worked episode with its tool call, the tool's result and the bare answer); the rewards only
 score.
@@ -128,7 +128,7 @@ class Question:
 
     @property
     def wanted(self) -> str:
-        return f"secret_{self.kind}" if self.kind else "lookup"
+        return {"": "lookup", "number": "lookup_a", "colour": "lookup_b"}[self.kind]
 
     @property
     def prompt(self) -> str:
@@ -162,20 +162,20 @@ async def episode(llm, q: Question, *, model: str, temperature: float, seed: int
         return answer("lookup", word, "number")
 
     @function_tool
-    def secret_number(word: str) -> str:
+    def lookup_a(word: str) -> str:
         """Look up the secret number of a word."""
-        return answer("secret_number", word, "number")
+        return answer("lookup_a", word, "number")
 
     @function_tool
-    def secret_colour(word: str) -> str:
+    def lookup_b(word: str) -> str:
         """Look up the secret colour of a word."""
-        return answer("secret_colour", word, "colour")
+        return answer("lookup_b", word, "colour")
 
     agent = Agent(
         name="secrets",
         instructions=CHOOSE_INSTRUCTIONS if q.kind else INSTRUCTIONS,
         model=OpenAIChatCompletionsModel(model, llm),
-        tools=[secret_number, secret_colour] if q.kind else [lookup],
+        tools=[lookup_a, lookup_b] if q.kind else [lookup],
         # The first turn must call a tool; the SDK then lets the model choose (reset_tool_choice).
         model_settings=ModelSettings(tool_choice="required", temperature=temperature, max_tokens=MAX_TOKENS, extra_args={"seed": seed}),
     )

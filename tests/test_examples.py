@@ -102,10 +102,14 @@ def test_the_agent_demo_holds_out_words_and_scores_an_episode_as_its_docs_say(tm
     assert (found.right, found.found, found.tool) == (0.0, 1.0, 1.0) and found.reward == 0.6000000000000001
     assert (wrong_word.right, wrong_word.found, wrong_word.tool, wrong_word.reward) == (0.0, 0.0, 0.0, 0.0)
     # --task choose: the tool the question names, and a colour as the secret
-    wrong_tool = Episode("violin", "blue", [("secret_number", "violin")], "Blue.", wanted="secret_colour")
+    wrong_tool = Episode("violin", "blue", [("lookup_a", "violin")], "Blue.", wanted="lookup_b")
     assert (wrong_tool.right, wrong_tool.found, wrong_tool.tool) == (1.0, 1.0, 0.0)
     q = lookup_agent.question("choose", "violin", random.Random(0))
-    assert q.wanted == f"secret_{q.kind}" and f"secret {q.kind}" in q.prompt and lookup_agent.question("lookup", "violin", random.Random(0)).secret.isdigit()
+    assert (
+        q.wanted == {"number": "lookup_a", "colour": "lookup_b"}[q.kind]
+        and f"secret {q.kind}" in q.prompt
+        and lookup_agent.question("lookup", "violin", random.Random(0)).secret.isdigit()
+    )
     worked = lookup_agent.worked_episode("lookup")
     assert [m["role"] for m in worked] == ["user", "assistant", "tool", "assistant"] and worked[1]["tool_calls"][0]["function"]["name"] == "lookup"
     lookup_agent.write_plot({"round_reward": [0.3, 0.6], "eval": [(0, 0, 0.0, 1.0), (2, 2, 0.9, 1.0)]}, tmp_path / "lookup.png")
