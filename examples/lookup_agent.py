@@ -215,13 +215,25 @@ async def count(client: AsyncClient, held_out: list[str], *, policy: str, task: 
             {"role": "assistant", "tool_calls": [call]},
             {"role": "tool", "tool_call_id": call["id"], "content": q.secret},
         ]
+        what = {"lookup_a": "number", "lookup_b": "colour"}
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": f"Look up the secret {what.get(name, 'number')} of a word.",
+                    "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]},
+                },
+            }
+            for name in (("lookup_a", "lookup_b") if q.kind else ("lookup",))
+        ]
         llm = client.trajectory().async_openai(max_retries=0)
-        reply = await llm.chat.completions.create(model=f"{policy}@0", messages=messages, temperature=0, max_tokens=MAX_TOKENS)
+        reply = await llm.chat.completions.create(model=f"{policy}@0", messages=messages, tools=tools, temperature=0, max_tokens=MAX_TOKENS)
         return reply.choices[0].message.content or ""
 
     for name, context in (("the base", []), ("the teacher (the base shown the worked episode)", worked_episode(task))):
         answers = await asyncio.gather(*(answer(q, context) for q in questions))
-        right = sum(Episode(q.word, q.secret, [], a).right for q, a in zip(questions, answers))
+        right = sum(int(Episode(q.word, q.secret, [], a).right) for q, a in zip(questions, answers))
         print(f"{name}, greedy, after the tool's result: {right} of {len(questions)} answers are the secret alone; e.g. {answers[:3]}", flush=True)
 
 
