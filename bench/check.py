@@ -48,7 +48,7 @@ from inprocess import instructions  # noqa: E402
 INSTRUCTIONS = {"plain": 0.83e6, "stream": 1.30e6}
 MARGIN_INSTRUCTIONS = 0.10
 # Median ratios measured with this script (3 rounds of 5 s) on the 2-vCPU VMs of
-# docs/performance.md, at the same commit (the run before read 8.9 and 5.3, its rounds
+# docs/notes/performance-runs.md, at the same commit (the run before read 8.9 and 5.3, its rounds
 # 5.9-9.5 plain).
 BASELINE = {"plain": 7.7, "stream": 4.5}
 MARGIN = 0.15

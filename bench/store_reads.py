@@ -10,7 +10,7 @@ server; ``--keep`` leaves them for a later ``--reuse``)::
 Each read is timed ``--repeat`` times through ``Database.read`` (or ``transaction``), after opening
 a fresh ``Database`` whose first run is reported apart (*first*: new connections, the statement
 caches empty; the OS's page cache as the fill or the last run left it). The reads, with the budget
-each has (docs/performance.md, "The store's reads"):
+each has (docs/performance.md, "The store"):
 
 * ``status``: ``policy_status`` of ``agent``, the API's ``GET /admin/policies/agent`` and the
   dashboard's snapshot, with the canary's test as the trainer's review kept it (50 ms);
