@@ -36,10 +36,10 @@ More ways to run it:
 ``--task choose`` asks for a word's secret number or its secret colour, with a tool for each
 whose name does not say which (``lookup_a``, ``lookup_b``; their descriptions do): the first
 call must pick the one the question needs, so what is learned sits in the tool call's own
-tokens, which vLLM samples under the tool grammar (docs/trainer.md, "The ratio under a grammar"). ``--objective distill`` trains on the
-teacher alone (``train.teacher``: the policy's base, shown before each conversation one
-worked episode with its tool call, the tool's result and the bare answer); the rewards only
-score.
+tokens, which vLLM samples under the tool grammar (docs/trainer.md, "The ratio under a
+grammar"). ``--objective distill`` trains on the teacher alone (``train.teacher``: the
+policy's base, shown before each conversation one worked episode with its tool call, the
+tool's result and the bare answer); the rewards only score.
 """
 
 from __future__ import annotations
@@ -89,33 +89,8 @@ def words() -> tuple[list[str], list[str]]:
     return shuffled[HELD_OUT:], shuffled[:HELD_OUT]
 
 
-@dataclass
-class Episode:
-    word: str
-    secret: str  # a number, or with --task choose a colour
-    asked: list[tuple[str, str]]  # the (tool, word) the model called, in order
-    answer: str
-    wanted: str = "lookup"  # the tool that answers the question
-
-    @property
-    def tool(self) -> float:
-        """1 if the first call asked the right tool for the word of the question."""
-        return float(bool(self.asked) and self.asked[0] == (self.wanted, self.word))
-
-    @property
-    def found(self) -> float:
-        """1 if the answer's last number or colour is the secret."""
-        values = [v for v in VALUE.findall(self.answer.lower()) if v.isdigit() or v in COLOURS]
-        return float(bool(values) and values[-1] == self.secret)
-
-    @property
-    def right(self) -> float:
-        """1 if the answer is the secret and nothing else, as the question asks."""
-        return float(self.answer.strip().removesuffix(".").lower() == self.secret)
-
-    @property
-    def reward(self) -> float:
-        return 0.4 * self.right + 0.4 * self.found + 0.2 * self.tool
+# What each tool looks up: the tool's description and its "no secret ..." answer say it.
+LOOKS_UP = {"lookup": "number", "lookup_a": "number", "lookup_b": "colour"}
 
 
 @dataclass(frozen=True)
@@ -123,16 +98,25 @@ class Question:
     """One episode's task: the word, what is asked of it, and its secret."""
 
     word: str
-    secret: str
+    secret: str  # a number, or with --task choose a colour
     kind: str = ""  # "number" or "colour" with --task choose; "" for the lookup task
 
     @property
+    def tools(self) -> tuple[str, ...]:
+        return ("lookup_a", "lookup_b") if self.kind else ("lookup",)
+
+    @property
     def wanted(self) -> str:
-        return {"": "lookup", "number": "lookup_a", "colour": "lookup_b"}[self.kind]
+        """The tool that answers it."""
+        return next(t for t in self.tools if LOOKS_UP[t] == (self.kind or "number"))
 
     @property
     def prompt(self) -> str:
         return CHOOSE_PROMPT.format(kind=self.kind, word=self.word) if self.kind else PROMPT.format(word=self.word)
+
+    @property
+    def instructions(self) -> str:
+        return CHOOSE_INSTRUCTIONS if self.kind else INSTRUCTIONS
 
 
 def question(task: str, word: str, rng: random.Random) -> Question:
@@ -143,39 +127,67 @@ def question(task: str, word: str, rng: random.Random) -> Question:
     return Question(word, str(rng.randint(100, 999)) if kind == "number" else rng.choice(COLOURS), kind)
 
 
+@dataclass
+class Episode:
+    question: Question
+    asked: list[tuple[str, str]]  # the (tool, word) the model called, in order
+    answer: str
+
+    @property
+    def tool(self) -> float:
+        """1 if the first call asked the right tool for the word of the question."""
+        return float(bool(self.asked) and self.asked[0] == (self.question.wanted, self.question.word))
+
+    @property
+    def found(self) -> float:
+        """1 if the answer's last number or colour is the secret."""
+        values = [v for v in VALUE.findall(self.answer.lower()) if v.isdigit() or v in COLOURS]
+        return float(bool(values) and values[-1] == self.question.secret)
+
+    @property
+    def right(self) -> float:
+        """1 if the answer is the secret and nothing else, as the question asks."""
+        return float(self.answer.strip().removesuffix(".").lower() == self.question.secret)
+
+    @property
+    def reward(self) -> float:
+        return 0.4 * self.right + 0.4 * self.found + 0.2 * self.tool
+
+
+def tools(q: Question, asked: list[tuple[str, str]]) -> list:
+    """The Agents SDK function tools for ``q``; each call is noted in ``asked``."""
+    from agents import function_tool
+
+    def answer(tool: str, word: str) -> str:
+        word = word.strip().strip("\"'").lower()
+        asked.append((tool, word))
+        return q.secret if (tool, word) == (q.wanted, q.word) else f"no secret {LOOKS_UP[tool]} for {word!r}"
+
+    # The tools' own argument is named `word`: the name the model sees.
+    def lookup(word: str) -> str:
+        return answer("lookup", word)
+
+    def lookup_a(word: str) -> str:
+        return answer("lookup_a", word)
+
+    def lookup_b(word: str) -> str:
+        return answer("lookup_b", word)
+
+    made = {"lookup": lookup, "lookup_a": lookup_a, "lookup_b": lookup_b}
+    return [function_tool(made[name], description_override=f"Look up the secret {LOOKS_UP[name]} of a word.") for name in q.tools]
+
+
 async def episode(llm, q: Question, *, model: str, temperature: float, seed: int) -> Episode:
     """One run of the agent: the Agents SDK, unchanged but for its client's base URL."""
-    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner
     from agents.exceptions import AgentsException
 
     asked: list[tuple[str, str]] = []
-
-    def answer(tool: str, word: str, what: str) -> str:
-        word = word.strip().strip("\"'").lower()
-        asked.append((tool, word))
-        return q.secret if (tool, word) == (q.wanted, q.word) else f"no secret {what} for {word!r}"
-
-    # The tools' own argument is named `word`: the name the model sees.
-    @function_tool
-    def lookup(word: str) -> str:
-        """Look up the secret number of a word."""
-        return answer("lookup", word, "number")
-
-    @function_tool
-    def lookup_a(word: str) -> str:
-        """Look up the secret number of a word."""
-        return answer("lookup_a", word, "number")
-
-    @function_tool
-    def lookup_b(word: str) -> str:
-        """Look up the secret colour of a word."""
-        return answer("lookup_b", word, "colour")
-
     agent = Agent(
         name="secrets",
-        instructions=CHOOSE_INSTRUCTIONS if q.kind else INSTRUCTIONS,
+        instructions=q.instructions,
         model=OpenAIChatCompletionsModel(model, llm),
-        tools=[lookup_a, lookup_b] if q.kind else [lookup],
+        tools=tools(q, asked),
         # The first turn must call a tool; the SDK then lets the model choose (reset_tool_choice).
         model_settings=ModelSettings(tool_choice="required", temperature=temperature, max_tokens=MAX_TOKENS, extra_args={"seed": seed}),
     )
@@ -184,20 +196,23 @@ async def episode(llm, q: Question, *, model: str, temperature: float, seed: int
         final = str(result.final_output or "")
     except AgentsException:  # it kept calling tools past max_turns: no answer
         final = ""
-    return Episode(q.word, q.secret, asked, final, q.wanted)
+    return Episode(q, asked, final)
+
+
+def looked_up(q: Question, call_id: str = "call_0") -> list[dict]:
+    """``q`` asked, the right tool called and its answer, as chat messages: an episode up to its answer."""
+    call = {"id": call_id, "type": "function", "function": {"name": q.wanted, "arguments": f'{{"word": "{q.word}"}}'}}
+    return [
+        {"role": "user", "content": q.prompt},
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": q.secret},
+    ]
 
 
 def worked_episode(task: str) -> list[dict]:
     """The teacher's context: one episode played right, as chat messages with the tool call and its result."""
-    word, secret = WORKED
-    q = Question(word, secret, "number" if task == "choose" else "")
-    call = {"id": "call_worked", "type": "function", "function": {"name": q.wanted, "arguments": f'{{"word": "{word}"}}'}}
-    return [
-        {"role": "user", "content": q.prompt},
-        {"role": "assistant", "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": call["id"], "content": secret},
-        {"role": "assistant", "content": secret},
-    ]
+    q = Question(*WORKED, "number" if task == "choose" else "")
+    return [*looked_up(q, "call_worked"), {"role": "assistant", "content": q.secret}]
 
 
 async def count(client: AsyncClient, held_out: list[str], *, policy: str, task: str) -> None:
@@ -207,33 +222,16 @@ async def count(client: AsyncClient, held_out: list[str], *, policy: str, task: 
     questions = [question(task, word, rng) for word in held_out]
 
     async def answer(q: Question, context: list[dict]) -> str:
-        call = {"id": "call_0", "type": "function", "function": {"name": q.wanted, "arguments": f'{{"word": "{q.word}"}}'}}
-        messages = [
-            {"role": "system", "content": CHOOSE_INSTRUCTIONS if q.kind else INSTRUCTIONS},
-            *context,
-            {"role": "user", "content": q.prompt},
-            {"role": "assistant", "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": call["id"], "content": q.secret},
-        ]
-        what = {"lookup_a": "number", "lookup_b": "colour"}
-        tools = [
-            {
-                "type": "function",
-                "function": {
-                    "name": name,
-                    "description": f"Look up the secret {what.get(name, 'number')} of a word.",
-                    "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]},
-                },
-            }
-            for name in (("lookup_a", "lookup_b") if q.kind else ("lookup",))
-        ]
+        # The tools as the Agents SDK offers them to the model.
+        offered = [{"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.params_json_schema}} for t in tools(q, [])]
+        messages = [{"role": "system", "content": q.instructions}, *context, *looked_up(q)]
         llm = client.trajectory().async_openai(max_retries=0)
-        reply = await llm.chat.completions.create(model=f"{policy}@0", messages=messages, tools=tools, temperature=0, max_tokens=MAX_TOKENS)
+        reply = await llm.chat.completions.create(model=f"{policy}@0", messages=messages, tools=offered, temperature=0, max_tokens=MAX_TOKENS)
         return reply.choices[0].message.content or ""
 
     for name, context in (("the base", []), ("the teacher (the base shown the worked episode)", worked_episode(task))):
         answers = await asyncio.gather(*(answer(q, context) for q in questions))
-        right = sum(int(Episode(q.word, q.secret, [], a).right) for q, a in zip(questions, answers))
+        right = sum(int(Episode(q, [], a).right) for q, a in zip(questions, answers))
         print(f"{name}, greedy, after the tool's result: {right} of {len(questions)} answers are the secret alone; e.g. {answers[:3]}", flush=True)
 
 

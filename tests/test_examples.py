@@ -94,15 +94,15 @@ def test_the_sweeps_tasks_hold_out_problems_and_score_as_their_docs_say() -> Non
 def test_the_agent_demo_holds_out_words_and_scores_an_episode_as_its_docs_say(tmp_path: Path) -> None:
     train, held_out = lookup_agent.words()
     assert len(held_out) == lookup_agent.HELD_OUT and not set(train) & set(held_out) and lookup_agent.words() == (train, held_out)
-    Episode = lookup_agent.Episode
-    right = Episode("violin", "412", [("lookup", "violin")], "412")
-    found = Episode("violin", "412", [("lookup", "violin")], "<tool_response>\n412\n</tool_response>")
-    wrong_word = Episode("violin", "412", [("lookup", "viola")], "It is 412, I think, or 7")
+    Episode, Question = lookup_agent.Episode, lookup_agent.Question
+    right = Episode(Question("violin", "412"), [("lookup", "violin")], "412")
+    found = Episode(Question("violin", "412"), [("lookup", "violin")], "<tool_response>\n412\n</tool_response>")
+    wrong_word = Episode(Question("violin", "412"), [("lookup", "viola")], "It is 412, I think, or 7")
     assert (right.right, right.found, right.tool, right.reward) == (1.0, 1.0, 1.0, 1.0)
     assert (found.right, found.found, found.tool) == (0.0, 1.0, 1.0) and found.reward == 0.6000000000000001
     assert (wrong_word.right, wrong_word.found, wrong_word.tool, wrong_word.reward) == (0.0, 0.0, 0.0, 0.0)
     # --task choose: the tool the question names, and a colour as the secret
-    wrong_tool = Episode("violin", "blue", [("lookup_a", "violin")], "Blue.", wanted="lookup_b")
+    wrong_tool = Episode(Question("violin", "blue", "colour"), [("lookup_a", "violin")], "Blue.")
     assert (wrong_tool.right, wrong_tool.found, wrong_tool.tool) == (1.0, 1.0, 0.0)
     q = lookup_agent.question("choose", "violin", random.Random(0))
     assert (
