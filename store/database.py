@@ -39,17 +39,20 @@ log = logging.getLogger("burnish.store")
 # process): long enough for any commit, so a busy store slows a call rather than failing it.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # WAL checkpoints: SQLite's auto-checkpoint copies the WAL back into the database file and
-# syncs it inside whichever commit takes the WAL past its limit (1000 pages by default: on the
-# benchmark VM one commit in about a hundred waited 15-20 ms, the whole p99 of a lone call).
-# So a second connection, on its own thread, runs a PASSIVE checkpoint (which never blocks a
-# writer) after commits, at most every CHECKPOINT_EVERY_S, and the write connections'
-# auto-checkpoint waits for AUTOCHECKPOINT_PAGES: when a commit crosses it, the thread has
-# copied back all but the last moment's pages, so that commit copies little, and, being the
-# only writer then, completes the checkpoint, which lets the next commit start the WAL over.
-# (PASSIVE alone never does that under steady writes: new pages arrive while it runs, and the
-# WAL grew past 100 MB.)
-CHECKPOINT_EVERY_S = 0.1
-AUTOCHECKPOINT_PAGES = 4096  # 16 MiB of 4 KiB pages
+# syncs it (three fdatasyncs, 5-7 ms on the benchmark VM) inside whichever commit takes the WAL
+# past its limit: with the default limit (1000 pages) one lone call in about a hundred waited
+# for it, the whole p99. So commits never checkpoint on the event loop: a connection of its
+# own, on its own thread, runs a PASSIVE checkpoint (which never blocks a writer) after
+# commits, at most every CHECKPOINT_EVERY_S. PASSIVE alone never empties the WAL under steady
+# writes (new pages arrive while it runs: the WAL grew past 100 MB), so once the WAL holds
+# WAL_PAGES, commits go to the writer thread (``Database.wal_due``), which completes the
+# checkpoint after its next commit, as the only writer then: the thread has already copied all
+# but the last moment's pages, and the next commit starts the WAL over.
+# The cadence is measured (bench/tail.py, c=1 on the fast upstream, docs/performance.md): each
+# checkpoint's two syncs slow the calls that overlap them, so fewer, larger ones (every 0.5 s,
+# a 64 MiB WAL) took the added p99 from 1.8 to 1.1 ms where every 0.1 s and 16 MiB did not.
+CHECKPOINT_EVERY_S = 0.5
+WAL_PAGES = 16384  # 64 MiB of 4 KiB pages
 # Any constant shared by every burnish process: concurrent migrators take turns on it.
 MIGRATION_LOCK_KEY = 0x6275726E697368  # "burnish"
 
@@ -101,13 +104,18 @@ class Database:
             sync_url = self.url.set(drivername="sqlite")
             # One connection, used only from the writer thread.
             self.writer = create_engine(sync_url, pool_size=1, max_overflow=0, connect_args={"check_same_thread": False})
-            _configure_sqlite(self.writer, sqlite_synchronous, immediate=True, autocheckpoint=AUTOCHECKPOINT_PAGES)
+            # The writer thread's auto-checkpoint stays on, at WAL_PAGES: a net should the
+            # checkpoint thread fail (``_checkpoint_done``).
+            _configure_sqlite(self.writer, sqlite_synchronous, immediate=True, autocheckpoint=WAL_PAGES)
             self._write_thread: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="burnish-sqlite-writer")
             self._write_conn: Connection | None = None
             self._checkpoint_thread = ThreadPoolExecutor(1, thread_name_prefix="burnish-sqlite-checkpoint")
             self._checkpoint_conn: sqlite3.Connection | None = None
             self._checkpoint_running = False
             self._last_checkpoint = 0.0
+            # The WAL reached WAL_PAGES: commits go to the writer thread until one of them
+            # completes the checkpoint (set by the checkpoint thread, cleared by the writer's).
+            self.wal_due = False
             self._synchronous = sqlite_synchronous.upper()
             # A second write connection, for ``transaction_here``: small commits on the event
             # loop's own thread, without the hop to the writer thread (which cost ~0.2 ms of CPU
@@ -118,7 +126,9 @@ class Database:
             self._here_conn: Connection | None = None
             if self._synchronous in {"OFF", "NORMAL"}:
                 self.here = create_engine(sync_url, pool_size=1, max_overflow=0, connect_args={"check_same_thread": False})
-                _configure_sqlite(self.here, sqlite_synchronous, immediate=True, busy_timeout_ms=0, autocheckpoint=AUTOCHECKPOINT_PAGES)
+                # Its auto-checkpoint is a net at twice WAL_PAGES, never reached while the
+                # checkpoint thread keeps up (it ends a burst of writes faster than the thread looks).
+                _configure_sqlite(self.here, sqlite_synchronous, immediate=True, busy_timeout_ms=0, autocheckpoint=2 * WAL_PAGES)
         else:
             # No JIT: the store's queries are short, and a correlated subquery's estimate (the
             # training queue's unsettled groups) crossed jit_above_cost, which then spent 30-200
@@ -128,6 +138,7 @@ class Database:
             self.writer = create_async_engine(self.url, pool_size=1, max_overflow=0, pool_pre_ping=True, connect_args=args)
             self._write_thread = None
             self.here = None
+            self.wal_due = False
 
     async def optimize(self) -> None:
         """SQLite: refresh the planner's statistics where they are missing or stale (``PRAGMA
@@ -188,13 +199,30 @@ class Database:
             conn = sqlite3.connect(str(self.url.database), timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False)
             conn.execute(f"PRAGMA synchronous={self._synchronous}")  # OFF: its checkpoints skip their syncs too
             self._checkpoint_conn = conn
-        self._checkpoint_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        _busy, pages, _copied = self._checkpoint_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        if pages >= WAL_PAGES:
+            self.wal_due = True
 
     def _checkpoint_done(self, future: asyncio.Future[None]) -> None:
         self._checkpoint_running = False
         self._last_checkpoint = time.monotonic()
         if not future.cancelled() and future.exception() is not None:
             log.warning("WAL checkpoint failed: %s", future.exception())
+            self.wal_due = True  # the writer thread's connection checkpoints instead
+
+    @property
+    def here_open(self) -> bool:
+        """Whether a commit may go to ``transaction_here`` now."""
+        return self.here is not None and not self.wal_due
+
+    def _complete_checkpoint(self, conn: Connection) -> None:
+        # On the writer thread, after its commit, while loop commits wait for it: no other
+        # writer, so a PASSIVE checkpoint copies every page left and the next commit restarts the WAL.
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        busy, pages, copied = driver.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        if not busy and copied == pages:
+            self.wal_due = False
 
     def _sync_transaction(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         # Runs on the writer thread, which keeps its one connection open between
@@ -204,11 +232,17 @@ class Database:
             self._write_conn = self.writer.connect()
         try:
             with self._write_conn.begin():
-                return fn(self._write_conn, *args)
+                result = fn(self._write_conn, *args)
         except Exception:
             self._write_conn.close()  # start afresh: the connection may be unusable
             self._write_conn = None
             raise
+        if self.wal_due:
+            try:
+                self._complete_checkpoint(self._write_conn)
+            except Exception as exc:  # committed all the same; the next commit tries again
+                log.warning("WAL checkpoint failed: %s", exc)
+        return result
 
     async def migrate(self, revision: str = "head") -> None:
         await self.transaction(_upgrade, revision)

@@ -157,7 +157,7 @@ class Writer:
                 log.exception("a commit observer failed")
 
     def _here_fits(self, items: list[Item]) -> bool:
-        return self.db.here is not None and len(items) <= HERE_MAX and _size(items) <= HERE_MAX_BYTES
+        return self.db.here_open and len(items) <= HERE_MAX and _size(items) <= HERE_MAX_BYTES
 
     async def _transaction(self, items: list[Item]) -> list[Any]:
         if self._here_fits(items):
