@@ -21,6 +21,13 @@ Two measures, neither of them a timing:
    moved between 0.05 and 0.08 ms from one run of unchanged code to the next (the same
    gateway read 10.6 and 18.4). A flag here calls for ``bench/versus.py REV``.
 
+3. **The tail at c=1 against the upstream's** (a verdict): one keep-alive connection,
+   back-to-back lone calls (bench/tail.py's client), the upstream directly then through the
+   gateway, taking turns for ``--rounds`` rounds; the ratio of the gateway's p99 to the
+   upstream's, over all rounds' calls. It fails when the ratio is above ``P99_LIMIT``. What
+   moves it is the work a lone call waits behind (a checkpoint on the event loop, a
+   collection, a background read): ``bench/tail.py`` says which.
+
 Run it for every change to the proxy path; when a change makes the gateway cheaper, lower
 the baselines to the new figures in the same commit, so the gain is kept.
 """
@@ -39,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gateway_overhead import start_gateway  # noqa: E402
 from harness import PLAIN_BODY, ROOT, STREAM_BODY, Load, OtherLoad, Proc, git_state, install_cleanup, start_upstream  # noqa: E402
 from inprocess import instructions  # noqa: E402
+from tail import calls, latency  # noqa: E402
 
 # Instructions per lone call at 1f6a02f: the lean upstream client (gateway/http1.py), a
 # stream's pieces that came together handed on together, and a lone record committed on the
@@ -53,6 +61,11 @@ MARGIN_INSTRUCTIONS = 0.10
 BASELINE = {"plain": 7.7, "stream": 4.5}
 MARGIN = 0.15
 CONNS = 64
+# The gateway's p99 at c=1 over the upstream's, each round's calls pooled. Five runs of this
+# script on the 2-vCPU VM at 49a2cf6 (checkpoints off the loop) read P99_RUNS; the commit
+# before, with the WAL checkpointed on the loop every 4,096 pages, read 6.1-9.6 (see
+# docs/notes/performance-runs.md). The limit sits above the noise of unchanged code.
+P99_LIMIT = 0.0
 RESULTS = ROOT / "bench" / "results" / "check.json"
 
 
@@ -94,6 +107,11 @@ def main() -> int:
     print(f"other processes used {busy:.0%} of the CPU" + (" -- figures skewed, run again on a quiet machine" if busy > 0.05 else ""))
 
     failed = []
+    tail = p99_ratio(args.rounds, args.seconds)
+    print(f"\np99 at c=1 through the gateway / the upstream's directly: {tail['ratio']:.2f} (limit {P99_LIMIT:.2f})", end="  ")
+    print(f"(gateway {tail['gateway']['p99_ms']:.3f} ms, upstream {tail['direct']['p99_ms']:.3f} ms)", "ok" if tail["ratio"] <= P99_LIMIT else "REGRESSED")
+    if tail["ratio"] > P99_LIMIT:
+        failed.append("p99")
     counts = {}
     print(f"\ninstructions per lone call through the app (limit = baseline x {1 + MARGIN_INSTRUCTIONS:.2f}):", flush=True)
     for mode in ("plain", "stream"):
@@ -104,9 +122,33 @@ def main() -> int:
             failed.append(mode)
         print(f"  {mode:6s} {count / 1e6:.3f}M  (baseline {INSTRUCTIONS[mode] / 1e6:.3f}M, limit {limit / 1e6:.3f}M)  {verdict}", flush=True)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    summary = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "git": git_state(), "other_cpu_share": busy, "instructions": counts, "ratios": ratios, "raw": raw}
+    summary = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "git": git_state(),
+        "other_cpu_share": busy,
+        "instructions": counts,
+        "ratios": ratios,
+        "p99": tail,
+        "raw": raw,
+    }
     RESULTS.write_text(json.dumps(summary, indent=2))
     return 1 if failed else 0
+
+
+def p99_ratio(rounds: int, seconds: float) -> dict:
+    """Lone calls on one connection, directly and through a fresh gateway, taking turns."""
+    timed: dict[str, list] = {"direct": [], "gateway": []}
+    with tempfile.TemporaryDirectory(prefix="burnish-check-tail-") as tmp:
+        upstream = start_upstream()
+        gateway = start_gateway(upstream.url, True, tmp)
+        try:
+            for _ in range(rounds):
+                timed["direct"] += calls(upstream.port, seconds)
+                timed["gateway"] += calls(gateway.port, seconds)
+        finally:
+            Proc.stop_all()
+    figures = {label: latency(t) for label, t in timed.items()}
+    return {**figures, "ratio": figures["gateway"]["p99_ms"] / figures["direct"]["p99_ms"]}
 
 
 if __name__ == "__main__":

@@ -111,6 +111,7 @@ def main() -> int:
     ap.add_argument("--answer-len", type=int, default=150)
     ap.add_argument("--steps", type=int, default=3, help="timed steps, after one warm-up")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pause-vllm", metavar="URL", help="pause this vLLM's scheduler for each step (POST /pause?mode=keep), then resume it")
     ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "trainer_step.json")
     args = ap.parse_args()
 
@@ -118,6 +119,7 @@ def main() -> int:
 
     if path := vs_trl.import_path():
         sys.path.insert(0, path)
+    import httpx
     import torch
 
     from burnish_server.core.policies import LoraSettings, TrainSettings
@@ -144,11 +146,18 @@ def main() -> int:
         batch_s = sync() - t0
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        times = []
+        times, windows = [], []
         for _ in range(1 + args.steps):
             t0 = sync()
-            metrics = policy.step(batch.items)
-            times.append(sync() - t0)
+            if args.pause_vllm:
+                httpx.post(args.pause_vllm + "/pause", params={"mode": "keep"}, timeout=120).raise_for_status()
+            try:
+                metrics = policy.step(batch.items)
+            finally:
+                if args.pause_vllm:
+                    httpx.post(args.pause_vllm + "/resume", timeout=120).raise_for_status()
+            windows.append((t0, sync()))
+            times.append(windows[-1][1] - t0)
         peak = torch.cuda.max_memory_allocated() if cuda else None
         t0 = sync()
         policy.save(work / "checkpoint")
@@ -167,6 +176,9 @@ def main() -> int:
         "batch_s": batch_s,
         "step_s": step_s,
         "step_times": times,
+        # perf_counter is CLOCK_MONOTONIC on Linux: another process's timestamps compare with these
+        # (bench/trainer_beside.py reads vLLM's tokens generated during each step).
+        "step_windows": windows,
         "sampled_tokens_per_s": metrics.tokens / step_s,
         "save_s": save_s,
         "peak_memory": peak,

@@ -51,6 +51,9 @@ DEMO_WINDOW = 8192
 TINY_WINDOW = 2048
 # vLLM's port, or the first free one after it.
 DEFAULT_VLLM_PORT = 8000
+# The most of a step that sampling waits for on the CPU build (trainer/turns.py): half the
+# gateway's upstream_read_timeout, so a stream paused mid-answer is never cut.
+PAUSE_SAMPLING_S = 30.0
 
 
 def _burnish(*args: str) -> list[str]:
@@ -230,8 +233,11 @@ def run_up(
     fleet = [vllm] + [
         dataclasses.replace(vllm, port=port, log_path=vllm.log_path.with_name(f"vllm-{i}.log"), process=None) for i, port in enumerate(ports[1:], start=1)
     ]
+    # On the CPU build the trainer and vLLM share the cores: the trainer pauses sampling for
+    # each step (trainer/turns.py), unless BURNISH_TRAINER_PAUSE_SAMPLING says otherwise.
+    pause_s = os.environ.get("BURNISH_TRAINER_PAUSE_SAMPLING", str(PAUSE_SAMPLING_S) if cpu_build() else "0")
     for v, cores in zip(fleet, share_cores(replicas)):
-        v.cpu_cores = cores
+        v.cpu_cores, v.pausable = cores, float(pause_s) > 0
     upstream = ",".join(v.url for v in fleet)
     wanted = Policy(name=policy, base_model=vllm.served_model_name or vllm.model, model_path=vllm.model, lora=served.defaults.lora, train=served.defaults.train)
     created = asyncio.run(_ensure_policy(settings, wanted, switch_base))
@@ -260,6 +266,7 @@ def run_up(
         **os.environ,
         "BURNISH_ADMIN_TOKEN": token,
         "BURNISH_MAX_LORA_RANK": str(max_lora_rank),
+        "BURNISH_TRAINER_PAUSE_SAMPLING": pause_s,
         **({"BURNISH_INSECURE": "true"} if settings.insecure else {}),
     }
 

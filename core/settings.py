@@ -127,6 +127,14 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     # How often every replica is checked for the versions it should hold (a replica that
     # joined, or restarted, is caught up).
     trainer_catch_up_every: float = 2.0
+    # Where the trainer and vLLM share the CPU's cores: vLLM's scheduler paused for each step,
+    # for at most this many seconds (POST /pause?mode=keep on every replica, then /resume;
+    # vLLM started with VLLM_SERVER_DEV_MODE=1). Each takes the cores in turn instead of both
+    # spinning on them: a SmolLM2 step beside 16 sampling streams took 6.6x its time alone,
+    # paused 1.03x (bench/trainer_beside.py). Calls wait meanwhile, none is dropped; kept under
+    # upstream_read_timeout, so a stream paused mid-answer is not cut. 0: never (the default;
+    # `burnish up` on the CPU build sets 30).
+    trainer_pause_sampling: Annotated[float, Meta(ge=0)] = 0.0
     # How often a candidate's trial and a promoted version's watch for a regression are
     # tested (core/promotion.py): each test reads the policy's rewarded trajectories.
     trainer_review_every: float = 5.0

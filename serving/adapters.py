@@ -71,6 +71,15 @@ class VLLMAdapters:
             raise AdapterError(str(exc)) from None
         return compare(probe, served)
 
+    def pause(self) -> None:
+        """Freeze vLLM's scheduler: running and new requests wait, none is dropped (``mode=keep``).
+        Needs vLLM started with ``VLLM_SERVER_DEV_MODE=1`` (404 otherwise)."""
+        self.http.post("/pause", params={"mode": "keep"}).raise_for_status()
+
+    def resume(self) -> None:
+        """Let a paused scheduler go on (a no-op where it was not paused)."""
+        self.http.post("/resume").raise_for_status()
+
     def unload(self, name: str) -> None:
         self.http.post("/v1/unload_lora_adapter", json={"lora_name": name})
 

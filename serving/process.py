@@ -116,6 +116,9 @@ class VLLMServer:
     # On the CPU build: the cores its OpenMP threads run on ("0-3"), VLLM_CPU_OMP_THREADS_BIND;
     # None: vLLM's own choice (all of them). Replicas on one machine each take their share.
     cpu_cores: str | None = None
+    # vLLM's /pause and /resume (VLLM_SERVER_DEV_MODE=1), for a trainer on the same cores
+    # (trainer/turns.py). Dev mode also opens vLLM's other development routes: loopback only.
+    pausable: bool = False
     # ``--lora-target-modules`` (see SERVED_LORA_MODULES); the user's own flag wins; empty: vLLM's default.
     lora_modules: tuple[str, ...] = SERVED_LORA_MODULES
     process: subprocess.Popen | None = None
@@ -154,6 +157,8 @@ class VLLMServer:
             env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         if self.cpu_cores is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_cores
+        if self.pausable:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         return env
 
     def start(self) -> VLLMServer:

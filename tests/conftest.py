@@ -294,6 +294,7 @@ def tiny_vllm(tiny_model: Path, log_dir: Path) -> Iterator[VLLMServer]:
         max_model_len=2048,
         max_lora_rank=8,
         extra_args=TINY_MODEL_ARGS,
+        pausable=True,  # as burnish up starts it on the CPU build (trainer/turns.py)
     ).start()
     try:
         server.wait_healthy(timeout=300)

@@ -39,6 +39,7 @@ from burnish_server.trainer.fidelity import make_probe, save_probe
 from burnish_server.trainer.policy_model import PolicyModel
 from burnish_server.trainer.sequences import training_batch
 from burnish_server.trainer.teacher import ContextTeacher, served_scores
+from burnish_server.trainer.turns import Turns
 
 log = logging.getLogger("burnish.trainer")
 
@@ -79,8 +80,9 @@ def objectives(m: StepMetrics) -> str:
 
 
 class Models:
-    def __init__(self, settings: Settings, checkpoints: Checkpoints, ranks: Ranks | None = None) -> None:
+    def __init__(self, settings: Settings, checkpoints: Checkpoints, ranks: Ranks | None = None, turns: Turns | None = None) -> None:
         self.settings, self.checkpoints = settings, checkpoints
+        self.turns = turns or Turns()  # rank 0's: sampling paused for its steps where it shares vLLM's cores
         self.ranks = ranks or Ranks()
         self.holding = Holding(settings.trainer_dtype, settings.trainer_checkpointing, settings.trainer_packing)
         self.models: dict[str, PolicyModel] = {}
@@ -188,7 +190,8 @@ class Models:
                 scorer.close()
             served = scorer.requests
         t_served = time.perf_counter() - t2
-        metrics = model.step(batch.items)
+        with self.turns.paused():
+            metrics = model.step(batch.items)
         metrics.seconds_teacher += t_served
         metrics.teacher_requests = served
         # What vLLM must answer with this adapter before it serves it (trainer/fidelity.py).

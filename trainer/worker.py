@@ -42,6 +42,7 @@ from burnish_server.trainer.models import Models
 from burnish_server.trainer.promoter import Promoter
 from burnish_server.trainer.publisher import Publisher, Refusals
 from burnish_server.trainer.stepper import Stepper
+from burnish_server.trainer.turns import Turns
 
 log = logging.getLogger("burnish.trainer")
 
@@ -60,8 +61,8 @@ class TrainerWorker:
         self.db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
         self.checkpoints = Checkpoints(settings.data_path)
         # The models in memory, on this rank and (under torchrun) on every other (trainer/models.py).
-        self.held = Models(settings, self.checkpoints, ranks)
         self.fleet = Fleet(settings)
+        self.held = Models(settings, self.checkpoints, ranks, Turns(self.fleet, settings.trainer_pause_sampling))
         refusals = Refusals(settings.trainer_publish_retry)
         self.replicas = CatchUp(settings, self.db, self.checkpoints, self.fleet, refusals)
         self.publisher = Publisher(settings, self.db, self.checkpoints, self.fleet, refusals, on_published=self.replicas.soon)
@@ -130,6 +131,7 @@ class TrainerWorker:
 
     async def recover(self) -> None:
         await self.stepper.recover()
+        await asyncio.to_thread(self.held.turns.release)
 
     async def catch_up(self) -> None:
         await self.replicas.run()
