@@ -533,7 +533,13 @@ def trainer_killed(up: int, data: Path, url: str, log: Path) -> Row:
             os.kill(pid, signal.SIGKILL)
             killed = time.monotonic()
             kills.append(moment)
-            # Restarted by burnish up (cli/supervisor.py), it trains again: a new step served.
+            # Restarted by burnish up (cli/supervisor.py), and said so: a kill just after a fast
+            # publish has the next step served already, before burnish up notices the death.
+            while f"the trainer is back ({len(kills)} restart" not in log.read_text():
+                if time.monotonic() - killed > 120:
+                    raise RuntimeError(f"burnish up did not restart the trainer after the {moment} kill")
+                time.sleep(0.2)
+            # It trains again: a new step served.
             while admin(url, f"/admin/policies/{policy}")["step"] <= served:
                 if time.monotonic() - killed > 900:
                     raise RuntimeError("no step served after the trainer's restart")

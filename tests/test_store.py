@@ -189,7 +189,7 @@ async def test_sqlite_wal_stays_bounded_under_steady_writes(sqlite_url: str, mon
     from burnish_server.store import database
 
     monkeypatch.setattr(database, "CHECKPOINT_EVERY_S", 0.05)
-    monkeypatch.setattr(database, "WAL_PAGES", 512)  # 2 MiB: restarted several times below
+    monkeypatch.setattr(database, "WAL_PAGES", 256)  # 1 MiB (the loop's net at 2): restarted many times below
     db = Database(sqlite_url)
     await db.migrate()
     w = Writer(db)
