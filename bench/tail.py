@@ -37,10 +37,11 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import vs_litellm  # noqa: E402
 from gateway_overhead import start_gateway  # noqa: E402
 from harness import HOST, PATH, PYTHON, ROOT, Proc, code_of, free_port, git_state, install_cleanup, start_upstream  # noqa: E402
 
-BODY = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}, separators=(",", ":")).encode()
+BODY = vs_litellm.BODY.encode()  # vs_litellm.py's c=1 case, whose tail this explains
 WARMUP_S = 1.0
 RESULTS = ROOT / "bench" / "results" / "tail.json"
 clock = time.perf_counter

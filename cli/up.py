@@ -235,9 +235,10 @@ def run_up(
     ]
     # On the CPU build the trainer and vLLM share the cores: the trainer pauses sampling for
     # each step (trainer/turns.py), unless BURNISH_TRAINER_PAUSE_SAMPLING says otherwise.
-    pause_s = os.environ.get("BURNISH_TRAINER_PAUSE_SAMPLING", str(PAUSE_SAMPLING_S) if cpu_build() else "0")
+    # (Settings has read and checked the variable where it is set; its default, 0, is not ours.)
+    pause_s = settings.trainer_pause_sampling if "BURNISH_TRAINER_PAUSE_SAMPLING" in os.environ else PAUSE_SAMPLING_S if cpu_build() else 0.0
     for v, cores in zip(fleet, share_cores(replicas)):
-        v.cpu_cores, v.pausable = cores, float(pause_s) > 0
+        v.cpu_cores, v.pausable = cores, pause_s > 0
     upstream = ",".join(v.url for v in fleet)
     wanted = Policy(name=policy, base_model=vllm.served_model_name or vllm.model, model_path=vllm.model, lora=served.defaults.lora, train=served.defaults.train)
     created = asyncio.run(_ensure_policy(settings, wanted, switch_base))
@@ -266,7 +267,7 @@ def run_up(
         **os.environ,
         "BURNISH_ADMIN_TOKEN": token,
         "BURNISH_MAX_LORA_RANK": str(max_lora_rank),
-        "BURNISH_TRAINER_PAUSE_SAMPLING": pause_s,
+        "BURNISH_TRAINER_PAUSE_SAMPLING": str(pause_s),
         **({"BURNISH_INSECURE": "true"} if settings.insecure else {}),
     }
 
