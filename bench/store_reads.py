@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dashboard_pages import drop, make  # noqa: E402
 from promotion_queries import SERVED, Traffic  # noqa: E402
 
-from burnish_server.store import promotion  # noqa: E402
+from burnish_server.store import promotion, versions  # noqa: E402
 from burnish_server.store.database import Database  # noqa: E402
 from burnish_server.store.evals import scores_by_step  # noqa: E402
 from burnish_server.store.models import Call, Trajectory  # noqa: E402
@@ -90,7 +90,7 @@ async def time_reads(url: str, kind: str, repeat: int, only: str | None) -> None
     held_out = msgspec.structs.replace(canary, promotion=msgspec.structs.replace(canary.promotion, rule="eval"))
     between = msgspec.structs.replace(canary, head=SERVED, candidate=None, candidate_since=None)
     # The canary's test as the trainer's review keeps it: the status shows it (store/promotion.py: shown_test).
-    await db.transaction(promotion.record_test, "agent", canary.candidate, await db.read(promotion.evidence, canary))
+    await db.transaction(versions.record_test, "agent", canary.candidate, await db.read(promotion.evidence, canary))
     await db.dispose()
     reads: dict[str, Any] = {
         "status": lambda db: db.read(policy_status, "agent"),

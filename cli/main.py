@@ -55,7 +55,8 @@ def gateway(**options: object) -> None:
     """Serve the gateway."""
     import uvicorn
 
-    from burnish_server.gateway.app import check_startable, create_app
+    from burnish_server.gateway.app import create_app
+    from burnish_server.gateway.wiring import check_startable
 
     settings = _settings(**options)
     logs.configure(settings.log_level, settings.log_format)

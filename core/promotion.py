@@ -25,7 +25,10 @@ them on the step's row and the API, the dashboard and the trackers read them. Th
 questions (is a new step tried first? does a test decide?) are ``PromotionSettings``'
 (``core/policies.py``); nothing else compares a rule or a decision by its string.
 
-Pure functions of counts, means and variances: the store computes those in SQL
+So is a version's life: every move of a policy's head, served step and candidate is one of the
+transitions at the end (``Versions`` in, a ``Move`` out), which ``store/versions.py`` alone writes.
+
+Pure functions of counts, means, variances and versions: the store computes the samples in SQL
 (``store/promotion.py``); the trainer's ``Promoter`` (``trainer/promoter.py``) acts on them.
 """
 
@@ -157,3 +160,100 @@ def trial(rule: PromotionSettings, served: Sample, candidate: Sample) -> Compari
 def regression(rule: PromotionSettings, before: Sample, now: Sample) -> Comparison:
     """The served version's rollback test under the policy's rule."""
     return regressed(before, now, margin=rule.margin, confidence=rule.confidence, min_n=rule.min_trajectories)
+
+
+# ---- a version's life: where the head, the served step and the candidate move -------------
+#
+# Every move of a policy's versions is one of the functions below, of where the versions stand
+# and what happened; the store writes what they return (``store/versions.py``), in the same
+# transaction that read where they stood, and nothing else writes them. None: nothing moves
+# (what the move assumed no longer holds: another decision or a rollback came first, and stands).
+
+
+class Versions(msgspec.Struct, frozen=True):
+    """Where a policy's versions stand: ``head`` is the version to serve, and the next step
+    trains from it; ``step`` is the version served; ``candidate`` is the version on trial."""
+
+    head: int
+    step: int
+    candidate: int | None = None
+
+
+class Move(msgspec.Struct, frozen=True):
+    """A transition: the versions after it, and the decisions it records (each with its step), in order."""
+
+    versions: Versions
+    decisions: tuple[tuple[int, DecisionRecord], ...] = ()
+
+
+class Publishing(enum.Enum):
+    """How a policy's head is published: served outright, on trial as the candidate, or not at
+    all (a rejected candidate kept as the head only to train from)."""
+
+    SERVE = "serve"
+    TRIAL = "trial"
+    KEEP = "keep"
+
+
+def publishing(rule: PromotionSettings, head: int, decision: Outcome | None, published: bool) -> Publishing:
+    """A step goes on trial under a rule that tries steps when it never served nor was decided;
+    a version served before (a rollback's target, the base model) serves outright."""
+    if head == 0:
+        return Publishing.SERVE
+    if decision == Outcome.REJECTED:
+        return Publishing.KEEP
+    fresh = decision is None and not published
+    return Publishing.TRIAL if rule.trials and fresh else Publishing.SERVE
+
+
+def recorded(now: Versions, parent: int, step: int) -> Move | None:
+    """A step trained from ``parent`` is recorded: it becomes the head, unless a rollback moved
+    the head while it trained (then it is kept, never served)."""
+    return Move(msgspec.structs.replace(now, head=step)) if now.head == parent else None
+
+
+def served(now: Versions, step: int) -> Move | None:
+    """vLLM serves ``step`` (loaded and checked): it is the served version, if it is still the
+    head (a rollback during the load wins, and is published next)."""
+    return Move(msgspec.structs.replace(now, step=step)) if now.head == step else None
+
+
+def on_trial(now: Versions, step: int) -> Move | None:
+    """vLLM serves ``step`` (loaded and checked) as the candidate: its trial begins, if it is still the head."""
+    return Move(msgspec.structs.replace(now, candidate=step)) if now.head == step else None
+
+
+def decided(now: Versions, rule: PromotionSettings, step: int, record: DecisionRecord) -> Move | None:
+    """``step``'s trial ends: promoted, it serves; rejected, the served version stays, and the
+    head goes back to it unless the policy trains from candidates. Only if ``step`` is still the
+    candidate: a decision made elsewhere meanwhile stands."""
+    if now.candidate != step:
+        return None
+    after = msgspec.structs.replace(now, candidate=None)
+    if record.decision == Outcome.PROMOTED:
+        after = msgspec.structs.replace(after, step=step)
+    elif rule.train_from == "served":
+        after = msgspec.structs.replace(after, head=now.step)
+    return Move(after, ((step, record),))
+
+
+def rolled_back(now: Versions, seen: Versions, to: int, record: DecisionRecord) -> Move | None:
+    """The served version regressed: ``to`` is the head again (the trainer loads it), and the
+    served version's record says why. Only if nothing moved since the test read ``seen``."""
+    if (now.step, now.head) != (seen.step, seen.head):
+        return None
+    return Move(msgspec.structs.replace(now, head=to), ((now.step, record),))
+
+
+def admin_rolled_back(now: Versions, to: int, target: Outcome | None) -> Move:
+    """An admin makes ``to`` the version to serve and to train from (``target``: its step's
+    latest decision). A candidate on trial is rejected; a rejected version rolled back to counts
+    as promoted by the admin, so it serves outright, not on trial."""
+    why = f"an admin rolled back to step {to}"
+    after, decisions = msgspec.structs.replace(now, head=to), []
+    if now.candidate is not None and now.candidate != to:
+        after = msgspec.structs.replace(after, candidate=None)
+        decisions.append((now.candidate, DecisionRecord(decision=Outcome.REJECTED, by="admin", reason=why)))
+    if target == Outcome.REJECTED:
+        decisions.append((to, DecisionRecord(decision=Outcome.PROMOTED, by="admin", reason=why)))
+    return Move(after, tuple(decisions))

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from burnish_server.core.errors import Conflict
 from burnish_server.core.promotion import Outcome
 from burnish_server.gateway.services import Services
-from burnish_server.store import controls
+from burnish_server.store import controls, versions
 from burnish_server.store import policies as store
 
 T = TypeVar("T")
@@ -45,7 +45,7 @@ async def train_now(svc: Services, name: str) -> None:
 
 async def rollback(svc: Services, name: str, step: int) -> None:
     """Serve (and train on from) an earlier step; 0 is the base model."""
-    await write(svc, store.request_rollback, name, step)
+    await write(svc, versions.request_rollback, name, step)
 
 
 async def promote(svc: Services, name: str) -> None:

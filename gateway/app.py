@@ -1,18 +1,14 @@
-"""The app factory: settings in, a Litestar app (``gateway/edge.py``'s ``Gateway``) out. No module-level state."""
+"""The app factory: settings in, a Litestar app (``gateway/edge.py``'s ``Gateway``) out. No
+module-level state: what the app runs on is built in its lifespan (``gateway/wiring.py``)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
 import gc
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Any
 
-import httpx
 from litestar import Litestar, Response, Router, get
 from litestar.di import NamedDependency
 from litestar.exceptions import HTTPException
@@ -21,24 +17,17 @@ from litestar.openapi.spec import Components
 
 from burnish_server.core import logs
 from burnish_server.core.errors import BurnishError
-from burnish_server.core.secrets import Redactor
 from burnish_server.core.settings import Settings
-from burnish_server.gateway import errors, idle_groups, openapi, replicas, ui
-from burnish_server.gateway.access import BEARER, PUBLIC, SECURITY_SCHEMES, Access, KeyRing, access_middleware, follow_keys
+from burnish_server.gateway import errors, openapi, ui
+from burnish_server.gateway.access import BEARER, PUBLIC, SECURITY_SCHEMES, access_middleware
 from burnish_server.gateway.edge import Gateway
 from burnish_server.gateway.errors import responses
-from burnish_server.gateway.metrics import CONTENT_TYPE, Metrics
+from burnish_server.gateway.metrics import CONTENT_TYPE
 from burnish_server.gateway.routes import admin, demonstrations, projects, proxy, ruler, trajectories
 from burnish_server.gateway.routes.common import DEPENDENCIES
-from burnish_server.gateway.routing import Registry, follow
 from burnish_server.gateway.services import Services
-from burnish_server.gateway.upstream import Upstream
-from burnish_server.store.database import Database
-from burnish_server.store.keys import leave, load_keys
-from burnish_server.store.policies import load_policies
+from burnish_server.gateway.wiring import Background, background_tasks, close_services, open_services
 from burnish_server.store.stats import store_state
-from burnish_server.store.writer import Writer
-from burnish_server.telemetry.langfuse_export import LangfuseExport
 
 log = logging.getLogger("burnish.gateway")
 
@@ -61,133 +50,28 @@ async def metrics(svc: NamedDependency[Services]) -> Response[bytes]:
     return Response(svc.metrics.render(), media_type=CONTENT_TYPE)
 
 
-def committed(metrics: Metrics, langfuse: LangfuseExport | None) -> Callable[[list[Any], float], None]:
-    """What happens to each commit's items once they are durable: counted and timed, and sent to Langfuse."""
-
-    def on_commit(items: list[Any], seconds: float) -> None:
-        metrics.commit_batch.observe(len(items))
-        metrics.commit_seconds.observe(seconds)
-        if langfuse is not None:
-            langfuse.put_calls(items)
-
-    return on_commit
-
-
-def _pool_figure(upstream: Upstream, state: str) -> float:
-    return upstream.pool.stats()[state]
-
-
-# How often the store's planner statistics are refreshed (Database.optimize: SQLite only).
-STATISTICS_EVERY_S = 600.0
-
-
-async def keep_statistics(db: Database, every_s: float = STATISTICS_EVERY_S) -> None:
-    """Refresh the store's planner statistics now and every ``every_s``, until cancelled."""
-    while True:
-        try:
-            await db.optimize()
-        except Exception as exc:  # a busy store: next time
-            log.warning("store statistics not refreshed: %s", exc)
-        await asyncio.sleep(every_s)
-
-
-def refusal(access: Access, settings: Settings) -> str | None:
-    """Why the gateway must not start, if it must not: open beyond loopback, anyone who can
-    reach the address could read every trajectory and spend the upstream; closed with neither
-    keys nor an admin token, no one could ever get in."""
-    if access.may_be_open or access.ring.configured or access.admin_token is not None:
-        return None
-    return (
-        f"refusing to serve on {settings.host} without API keys: make one first "
-        "(burnish keys create --name NAME --project PROJECT), or set BURNISH_ADMIN_TOKEN to make them over /admin/keys, "
-        "or pass --insecure (BURNISH_INSECURE=true) to run open"
-    )
-
-
-async def check_startable(settings: Settings) -> None:
-    """``refusal`` before any worker starts (``burnish gateway --workers N``): a worker that
-    refuses in its lifespan is only logged by the server that supervises it."""
-    db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
-    try:
-        why = refusal(Access(settings, db, KeyRing(await db.read(load_keys))), settings)
-    finally:
-        await db.dispose()
-    if why:
-        raise RuntimeError(why)
-
-
 def create_app(settings: Settings | None = None) -> Gateway:
     settings = settings or Settings.load()
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
-        if settings.auto_migrate:
-            await db.migrate()
-        access = Access(settings, db, KeyRing(await db.read(load_keys)))
-        if why := refusal(access, settings):
-            await db.dispose()
-            raise RuntimeError(why)
-        writer = Writer(db, batch_max=settings.commit_batch_max, attempts=settings.commit_attempts)
-        writer.start()
-        upstream = Upstream(settings, replicas.initial(settings))
-        if replicas.watched(settings):  # learn who is up and serves what before the first call
-            await replicas.check_all(settings, upstream)
-        policies = Registry(await db.read(load_policies))
-        judge_http = httpx.AsyncClient(timeout=httpx.Timeout(settings.upstream_timeout, connect=settings.connect_timeout))
-        metrics = Metrics()
-        metrics.record_queue.set_function(lambda: writer.pending)
-        for state in ("in_use", "idle"):
-            metrics.upstream_connections.labels(state).set_function(functools.partial(_pool_figure, upstream, state))
-        metrics.upstream_origins.set_function(lambda: upstream.pool.stats()["origins"])
-        langfuse = LangfuseExport.from_settings(settings, metrics.registry)
-        writer.on_commit = committed(metrics, langfuse)
-        svc = Services(
-            settings=settings,
-            db=db,
-            writer=writer,
-            upstream=upstream,
-            policies=policies,
-            judge_http=judge_http,
-            metrics=metrics,
-            access=access,
-            redact=Redactor.from_settings(settings),
-            langfuse=langfuse,
-        )
+        svc = await open_services(settings)
         app.state.services = svc
-        app.state.ui_status = ui.Statuses(db)  # the dashboard's policy snapshots (gateway/ui/status.py)
-        background = [
-            asyncio.create_task(app.state.ui_status.run(), name="burnish-ui-status"),
-            asyncio.create_task(keep_statistics(db), name="burnish-statistics"),
-            asyncio.create_task(follow(db, policies), name="burnish-policies"),
-            asyncio.create_task(follow_keys(db, access), name="burnish-keys"),
-            asyncio.create_task(ruler.auto_ruler(svc), name="burnish-auto-ruler"),
-            asyncio.create_task(idle_groups.close_idle(svc), name="burnish-idle-groups"),
-        ]
-        if replicas.watched(settings):
-            background.append(asyncio.create_task(replicas.watch(settings, upstream), name="burnish-replicas"))
+        app.state.ui_status = ui.Statuses(svc.db)
+        background = Background(background_tasks(svc, app.state.ui_status))
         # Everything allocated so far lives as long as the app: move it out of the
         # collector's sight, so full collections stop walking it (a p99 latency cost).
         gc.collect()
         gc.freeze()
-        mode = "open (no API keys yet)" if access.open else "API keys required"
-        log.info("gateway up: upstream %s, store %s, %s", settings.upstream_discover or settings.upstream, db.url.render_as_string(hide_password=True), mode)
+        mode = "open (no API keys yet)" if svc.access.open else "API keys required"
+        log.info(
+            "gateway up: upstream %s, store %s, %s", settings.upstream_discover or settings.upstream, svc.db.url.render_as_string(hide_password=True), mode
+        )
         try:
             yield
         finally:
-            for task in background:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):  # the writer's flush below must run
-                    await task
-            await judge_http.aclose()
-            await upstream.aclose()
-            await writer.close()
-            if access.ring.limited:  # the others take back its share of the limits at once
-                with contextlib.suppress(Exception):
-                    await db.transaction(leave, access.gateway_id)
-            if langfuse is not None:  # after the writer: its last commits are exported too
-                await asyncio.to_thread(langfuse.close)
-            await db.dispose()
+            await background.stop()
+            await close_services(svc)
 
     app = Litestar(
         route_handlers=[

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 from burnish_server.core.policies import Policy
 from burnish_server.core.promotion import Outcome
 from burnish_server.core.views import EvalList, PolicyView, StepView
-from burnish_server.store import evals, promotion
+from burnish_server.store import evals, versions
 from burnish_server.store import policies as store
 
 
@@ -28,7 +28,7 @@ def change_policy(conn: Connection, name: str, change: Callable[[Policy], dict[s
 def decide(conn: Connection, name: str, decision: Outcome) -> None:
     """An admin promotes or rejects the candidate on trial, on the locked row."""
     store.lock_policy(conn, name)
-    promotion.admin_decide(conn, store.get_policy(conn, name), decision)
+    versions.admin_decide(conn, store.get_policy(conn, name), decision)
 
 
 def history(conn: Connection, name: str) -> tuple[list[StepView], dict[int, evals.Score]]:

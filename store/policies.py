@@ -6,8 +6,8 @@ these functions, which are sync functions of a ``Connection`` (``Database.transa
 for writes, ``Database.read`` for reads). A check that fails raises a domain error
 (``NotFound``, ``Conflict``) and changes nothing.
 
-The served version moves only here: ``record_step`` advances ``head`` (what should be
-served), ``mark_served`` moves ``step`` (what is served) once vLLM answered with it.
+A policy's versions (its head, served step and candidate) and the decisions on its steps are
+written by ``store/versions.py`` alone.
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from burnish_server.core.policies import (
     adapter_name,
     settings_conflicts,
 )
-from burnish_server.core.promotion import DecisionRecord, Outcome
+from burnish_server.core.promotion import Outcome
 from burnish_server.core.records import DEMONSTRATION
 from burnish_server.core.steps import StepMetrics, split_totals
 from burnish_server.core.views import CandidateView, PolicyView, ReplicaView, StepView
 from burnish_server.store import groups, promotion
 from burnish_server.store.evals import eval_scores
 from burnish_server.store.models import Group, PolicyRow, StepRow, iso, utcnow
-from burnish_server.store.training import complete_groups, count_ready, credited, group_members, training_rules
+from burnish_server.store.training import count_ready, credited, group_members, training_rules
 
 
 def to_policy(row: Any) -> Policy:
@@ -140,24 +140,6 @@ def request_training(conn: Connection, name: str) -> int:
     return ready
 
 
-def request_rollback(conn: Connection, name: str, step: int) -> Policy:
-    """Make ``step`` the version to serve and to train from; the trainer loads it and switches.
-    A candidate on trial is rejected; a rejected version rolled back to counts as promoted by
-    the admin (it serves outright, not on trial)."""
-    policy = get_policy(conn, name)
-    target = conn.execute(select(StepRow.decision).where(StepRow.policy == name, StepRow.step == step)).one_or_none()
-    if step != 0 and target is None:
-        raise NotFound(f"policy {name!r} has no checkpoint at step {step}", "checkpoint_not_found", "step")
-    why = f"an admin rolled back to step {step}"
-    if policy.candidate is not None and policy.candidate != step:
-        promotion.decide(conn, policy, policy.candidate, DecisionRecord(decision=Outcome.REJECTED, by="admin", reason=why))
-    if target is not None and target.decision == Outcome.REJECTED:
-        promotion.note(conn, name, step, DecisionRecord(decision=Outcome.PROMOTED, by="admin", reason=why))
-    # A new intent: an error from loading the version it replaces no longer applies.
-    conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(head=step, load_error=None, load_error_at=None, updated_at=utcnow()))
-    return get_policy(conn, name)
-
-
 # ---- the trainer's side -------------------------------------------------------------
 
 
@@ -166,46 +148,13 @@ def last_step(conn: Connection, name: str) -> int:
     return conn.execute(select(func.max(StepRow.step)).where(StepRow.policy == name)).scalar() or 0
 
 
-def record_step(conn: Connection, name: str, step: int, parent: int, groups: list[str], worker: str, metrics: StepMetrics, checkpoint: str) -> bool:
-    """The commit point of a step: its groups are trained, its row exists, and it becomes
-    the head, unless a rollback moved the head while it trained (then it is kept, unserved).
-    Returns whether it became the head."""
-    complete_groups(conn, groups, worker, step)
-    metrics = msgspec.structs.replace(metrics, groups=len(groups))  # what the status counts as trained
-    conn.execute(
-        insert(StepRow).values(
-            policy=name, step=step, parent=parent, groups=groups, metrics=msgspec.to_builtins(metrics), checkpoint=checkpoint, trainer=worker
-        )
-    )
-    moved = conn.execute(
-        update(PolicyRow).where(PolicyRow.name == name, PolicyRow.head == parent).values(head=step, train_requested_at=None, updated_at=utcnow())
-    ).rowcount
-    return bool(moved)
-
-
 def clear_training_request(conn: Connection, name: str) -> None:
     conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(train_requested_at=None))
-
-
-def mark_served(conn: Connection, name: str, step: int, seconds: float | None) -> None:
-    # Only if it is still the head: a rollback during the load wins, and is published next.
-    conn.execute(
-        update(PolicyRow).where(PolicyRow.name == name, PolicyRow.head == step).values(step=step, load_error=None, load_error_at=None, updated_at=utcnow())
-    )
-    conn.execute(
-        update(StepRow)
-        .where(StepRow.policy == name, StepRow.step == step, StepRow.published_at.is_(None))
-        .values(published_at=utcnow(), publish_seconds=seconds)
-    )
 
 
 def mark_replicas(conn: Connection, name: str, replicas: list[ReplicaView]) -> None:
     """Where each vLLM replica stands for the policy (the trainer writes it when it changes)."""
     conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(replicas=msgspec.to_builtins(replicas)))
-
-
-def mark_load_error(conn: Connection, name: str, error: str) -> None:
-    conn.execute(update(PolicyRow).where(PolicyRow.name == name).values(load_error=error[:2000], load_error_at=utcnow()))
 
 
 # ---- reads for the admin API --------------------------------------------------------

@@ -1,14 +1,11 @@
-"""Candidates in the store: the samples a trial reads, and the decisions that end it.
+"""Candidates in the store: the samples a trial and the rollback watch read.
 
 A step trained under a promotion rule that tries it first (``PromotionSettings.trials``) is
-published to vLLM as the policy's *candidate* (``mark_candidate``); the trainer's ``Promoter``
+published to vLLM as the policy's *candidate*; the trainer's ``Promoter``
 (``trainer/promoter.py``) tests it against the served version on each pass (``trial_samples``
-here, then ``core/promotion.py: trial``) and ``decide`` promotes it (it becomes the served
-version) or rejects it (the served version stays; the next step trains from the served version
-or from the candidate, as the policy says). An admin may decide at any time
-(``admin_decide``). Every decision is written on the step's row as a ``DecisionRecord``, so the
-step list, the metrics history and the status show it. This module reads samples and writes
-records; what they mean is ``core/promotion.py``'s.
+here, then ``core/promotion.py: trial``) and promotes or rejects it through
+``store/versions.py``, which writes every decision on the step's row as a ``DecisionRecord``.
+This module only reads; what the samples mean is ``core/promotion.py``'s.
 
 A trajectory's *version* is the step that answered its ok calls to the policy; one whose calls
 span versions counts for neither. Under ``canary`` both sides count the trajectories begun
@@ -25,16 +22,15 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
-from sqlalchemy import case, func, select, update
+from sqlalchemy import case, func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import aliased
 
-from burnish_server.core.errors import Conflict
 from burnish_server.core.policies import Policy
 from burnish_server.core.promotion import Comparison, DecisionRecord, Outcome, Sample, trial
 from burnish_server.core.records import OK
 from burnish_server.store import evals
-from burnish_server.store.models import Call, PolicyRow, StepRow, Trajectory, utcnow
+from burnish_server.store.models import Call, StepRow, Trajectory, utcnow
 
 # The rollback watch reads a version's newest calls this many windows at a time, then this many
 # times more while the window is not full (``_latest``): a trajectory makes a few calls.
@@ -135,16 +131,9 @@ def _latest(conn: Connection, policy: str, step: int, window: int) -> Sample:
         rows *= READ_AHEAD
 
 
-def record_test(conn: Connection, name: str, step: int, test: Comparison) -> None:
-    """Keep the canary ``step``'s test as the trainer just read it (the status shows it), if
-    ``step`` is still on trial."""
-    values = {"candidate_test": msgspec.to_builtins(test), "candidate_tested_at": utcnow()}
-    conn.execute(update(PolicyRow).where(PolicyRow.name == name, PolicyRow.candidate == step).values(values))
-
-
 def shown_test(conn: Connection, policy: Policy, tested: Any, tested_at: datetime | None) -> tuple[Comparison | None, datetime | None]:
     """The candidate's test as the status shows it, and when it was read. A canary's as the
-    trainer last read it (``record_test``, every ``trainer_review_every`` seconds): its trial
+    trainer last read it (``store/versions.py: record_test``, every ``trainer_review_every`` seconds): its trial
     costs what it served, up to ``max_trajectories`` over the canary's share. An eval trial's
     (an index-only read of the two versions' held-out entries) and a canary's before the
     trainer's first read, as they stand."""
@@ -154,78 +143,6 @@ def shown_test(conn: Connection, policy: Policy, tested: Any, tested_at: datetim
     return test, None if test is None else utcnow()
 
 
-def mark_candidate(conn: Connection, name: str, step: int, seconds: float | None) -> None:
-    """vLLM serves ``step`` (loaded and checked): its trial begins, if it is still the head."""
-    now = utcnow()
-    conn.execute(
-        update(PolicyRow)
-        .where(PolicyRow.name == name, PolicyRow.head == step)
-        .values(candidate=step, candidate_since=now, candidate_test=None, candidate_tested_at=None, load_error=None, updated_at=now)
-    )
-    conn.execute(
-        update(StepRow).where(StepRow.policy == name, StepRow.step == step, StepRow.published_at.is_(None)).values(published_at=now, publish_seconds=seconds)
-    )
-
-
-def decide(conn: Connection, policy: Policy, step: int, record: DecisionRecord) -> bool:
-    """End ``step``'s trial: promoted (it serves) or rejected (the served version stays; the
-    head goes back to it unless the policy trains from candidates). Only if it is still the
-    candidate: a decision made elsewhere meanwhile stands. Returns whether this one was made."""
-    now = utcnow()
-    values: dict[str, Any] = {"candidate": None, "candidate_since": None, "updated_at": now}
-    if record.decision == Outcome.PROMOTED:
-        values["step"] = step
-    elif policy.promotion.train_from == "served":
-        values["head"] = PolicyRow.step
-    moved = conn.execute(update(PolicyRow).where(PolicyRow.name == policy.name, PolicyRow.candidate == step).values(**values)).rowcount
-    if moved:
-        note(conn, policy.name, step, record)
-    return bool(moved)
-
-
-def note(conn: Connection, policy: str, step: int, record: DecisionRecord) -> None:
-    """Write a decision on the step's row: the latest, and added to its list."""
-    now = record.decided_at or utcnow()
-    earlier = conn.execute(select(StepRow.decisions).where(StepRow.policy == policy, StepRow.step == step)).scalar() or []
-    entry = msgspec.to_builtins(msgspec.structs.replace(record, decided_at=now))
-    conn.execute(
-        update(StepRow).where(StepRow.policy == policy, StepRow.step == step).values(decision=record.decision, decided_at=now, decisions=[*earlier, entry])
-    )
-
-
 def decisions(stored: list[dict[str, Any]] | None) -> list[DecisionRecord]:
-    """A step row's decisions, as written by ``note``."""
+    """A step row's decisions, as written by ``store/versions.py: note``."""
     return msgspec.convert(stored or [], list[DecisionRecord], strict=False)  # strict=False: decided_at is an ISO string in JSON
-
-
-def admin_decide(conn: Connection, policy: Policy, decision: Outcome) -> None:
-    """An admin promotes or rejects the candidate, with the evidence as it stands."""
-    if policy.candidate is None:
-        raise Conflict(f"policy {policy.name!r} has no candidate on trial", "no_candidate")
-    record = DecisionRecord(decision=decision, by="admin", reason=f"{decision} by an admin", test=evidence(conn, policy))
-    decide(conn, policy, policy.candidate, record)
-
-
-def roll_back(conn: Connection, policy: Policy, to: int, record: DecisionRecord) -> bool:
-    """The served version regressed: serve ``to`` again (the trainer loads it) and say why."""
-    now = utcnow()
-    moved = conn.execute(
-        update(PolicyRow).where(PolicyRow.name == policy.name, PolicyRow.step == policy.step, PolicyRow.head == policy.head).values(head=to, updated_at=now)
-    ).rowcount
-    if moved:
-        note(conn, policy.name, policy.step, record)
-    return bool(moved)
-
-
-def goes_on_trial(conn: Connection, policy: Policy) -> bool | None:
-    """How the policy's head is published: on trial as the candidate (True), served outright
-    (False), or not at all (None: a rejected candidate kept only to train from). A step goes
-    on trial under a rule that tries steps when it never served nor was decided; a
-    version served before (a rollback's target, the base model) serves outright."""
-    if policy.head == 0:
-        return False
-    row = conn.execute(select(StepRow.decision, StepRow.published_at).where(StepRow.policy == policy.name, StepRow.step == policy.head)).one_or_none()
-    if row is not None and row.decision == Outcome.REJECTED:
-        return None
-    fresh = row is None or (row.decision is None and row.published_at is None)
-    return policy.promotion.trials and fresh

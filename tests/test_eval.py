@@ -19,8 +19,9 @@ from burnish_server.core.steps import StepMetrics
 from burnish_server.store.database import Database, alembic_config
 from burnish_server.store.evals import METRICS_NEWEST, for_metrics
 from burnish_server.store.models import Group, Trajectory, utcnow
-from burnish_server.store.policies import create_policy, policy_status, record_step, update_policy
+from burnish_server.store.policies import create_policy, policy_status, update_policy
 from burnish_server.store.training import DEFAULT_LEASE_S, claim_groups, count_ready, group_calls
+from burnish_server.store.versions import record_step
 from burnish_server.store.writer import Writer
 from burnish_server.store.writes import CloseGroup, PostReward
 from tests.conftest import ADMIN_TOKEN, Gateway, langfuse_settings, set_served_step, wait_for

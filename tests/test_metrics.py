@@ -10,8 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from burnish_server.core.drift import REASONS
 from burnish_server.core.steps import StepMetrics
 from burnish_server.store.database import Database
-from burnish_server.store.policies import record_step
 from burnish_server.store.training import claim_groups
+from burnish_server.store.versions import record_step
 from tests.conftest import Gateway
 from tests.upstream import Upstream
 

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import event, select, true, update
 
 from burnish_server.core.promotion import Sample
-from burnish_server.store import evals, promotion
+from burnish_server.store import evals, promotion, versions
 from burnish_server.store.evals import Score
 from burnish_server.store.models import PolicyRow, Trajectory, utcnow
 from burnish_server.store.writes import PostReward
@@ -60,17 +60,17 @@ async def test_the_status_shows_the_test_the_trainer_last_read_and_reads_it_itse
     rule = PromotionSettings(rule="canary", min_trajectories=2)
     await db.transaction(create_policy, Policy(name="agent", base_model="tiny", promotion=rule))
     await db.transaction(lambda c: c.execute(update(PolicyRow).values(head=2, step=1)))
-    await db.transaction(promotion.mark_candidate, "agent", 2, 0.1)
+    await db.transaction(versions.mark_candidate, "agent", 2, 0.1)
     await trajectory(writer, "candidate", [2], 200, 0.8)  # since the trial began (START + 200 min is after now)
     live = (await db.read(policy_status, "agent")).candidate
     assert live is not None and live.test is not None and live.test.candidate.n == 1
     policy = await db.read(get_policy, "agent")
     kept = await db.read(promotion.evidence, policy)
     await trajectory(writer, "after", [2], 201, 0.2)  # after the review: shown at the next one
-    await db.transaction(promotion.record_test, "agent", 2, kept)
+    await db.transaction(versions.record_test, "agent", 2, kept)
     shown = (await db.read(policy_status, "agent")).candidate
     assert shown is not None and shown.test == kept and shown.tested_at is not None and shown.tested_at >= live.tested_at
-    await db.transaction(promotion.record_test, "agent", 1, await db.read(promotion.evidence, policy))  # not on trial: ignored
+    await db.transaction(versions.record_test, "agent", 1, await db.read(promotion.evidence, policy))  # not on trial: ignored
     assert (await db.read(policy_status, "agent")).candidate.test == kept  # type: ignore[union-attr]
     # Settings that change the test: read again under them, until the trainer's next review.
     await db.transaction(lambda c: update_policy(c, "agent", promotion=msgspec.structs.replace(rule, margin=0.1)))
@@ -83,7 +83,7 @@ async def test_the_status_shows_the_test_the_trainer_last_read_and_reads_it_itse
     assert kept_now is not None and kept_now.test == changed.test and kept_now.tested_at is not None
     # A new trial forgets the last one's test.
     await db.transaction(lambda c: c.execute(update(PolicyRow).values(head=3)))
-    await db.transaction(promotion.mark_candidate, "agent", 3, 0.1)
+    await db.transaction(versions.mark_candidate, "agent", 3, 0.1)
     fresh = (await db.read(policy_status, "agent")).candidate
     assert fresh is not None and fresh.step == 3 and fresh.test is not None and fresh.test.candidate.n == 0
     # Under manual nothing tests: no test, and no time it was read.

@@ -22,8 +22,9 @@ from sqlalchemy import select
 from burnish_server.core.settings import Settings
 from burnish_server.serving.process import VLLMServer, last_lines
 from burnish_server.store.models import Group, StepRow
-from burnish_server.store.policies import get_policy, load_policies, record_step
+from burnish_server.store.policies import get_policy, load_policies
 from burnish_server.store.training import claim_groups, count_ready, group_calls
+from burnish_server.store.versions import record_step
 from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
 from tests.conftest import Gateway, served_step
 

@@ -123,7 +123,8 @@ async def test_steps_are_recorded_served_and_lose_to_a_rollback(store) -> None:
     """The trainer's side of the policies table on both databases: record, serve, rollback mid-step."""
     from burnish_server.core.policies import Policy
     from burnish_server.core.steps import StepMetrics
-    from burnish_server.store.policies import create_policy, get_policy, list_steps, mark_load_error, mark_served, policy_status, record_step, request_rollback
+    from burnish_server.store.policies import create_policy, get_policy, list_steps, policy_status
+    from burnish_server.store.versions import mark_load_error, mark_served, record_step, request_rollback
 
     db, writer = store
     await db.transaction(create_policy, Policy(name="agent", base_model="tiny"))

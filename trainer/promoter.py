@@ -2,8 +2,8 @@
 the served version back where it regressed.
 
 What the figures mean is ``core/promotion.py``'s (the test, the outcomes, the record); what
-the rule asks is ``PromotionSettings``' (``core/policies.py``); the store reads the samples and
-writes the records (``store/promotion.py``). This class only puts them together, on each of
+the rule asks is ``PromotionSettings``' (``core/policies.py``); the store reads the samples
+(``store/promotion.py``) and writes the decisions (``store/versions.py``). This class only puts them together, on each of
 the trainer's passes, and tells whoever watches the decisions (``on_decision``: Langfuse and the
 trackers, through the worker).
 """
@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from burnish_server.core.policies import Policy
 from burnish_server.core.promotion import DecisionRecord, Outcome, regression
-from burnish_server.store import promotion
+from burnish_server.store import promotion, versions
 from burnish_server.store.database import Database
 from burnish_server.store.models import utcnow
 from burnish_server.store.policies import get_policy
@@ -45,7 +45,7 @@ class Promoter:
             record = await self.verdict(policy)
             if record is None:
                 return policy
-            if await self.db.transaction(promotion.decide, policy, policy.candidate, record):
+            if await self.db.transaction(versions.decide, policy, policy.candidate, record):
                 log.info("%s@%d %s: %s", policy.name, policy.candidate, record.decision, record.reason)
                 self.on_decision(policy.name, policy.candidate, record)
             return await self.db.read(get_policy, policy.name)
@@ -57,7 +57,7 @@ class Promoter:
         if test.outcome is not Outcome.REJECTED:
             return policy
         record = DecisionRecord(decision=Outcome.ROLLED_BACK, by="test", reason=f"regressed against step {to}: {test.reason}", test=test, decided_at=utcnow())
-        if await self.db.transaction(promotion.roll_back, policy, to, record):
+        if await self.db.transaction(versions.roll_back, policy, to, record):
             log.warning("%s@%d rolled back to step %d: %s", policy.name, policy.step, to, record.reason)
             self.on_decision(policy.name, policy.step, record)
         return await self.db.read(get_policy, policy.name)
@@ -72,6 +72,6 @@ class Promoter:
             return None
         if test.outcome is None:
             if policy.promotion.canary:  # the status shows a canary's test as read here
-                await self.db.transaction(promotion.record_test, policy.name, policy.candidate, test)
+                await self.db.transaction(versions.record_test, policy.name, policy.candidate, test)
             return None
         return DecisionRecord(decision=test.outcome, by="test", reason=test.reason, test=test, decided_at=utcnow())

@@ -18,12 +18,12 @@ from collections.abc import Callable
 
 from burnish_server.core.fidelity import Probe, noise_floor
 from burnish_server.core.policies import Policy, adapter_name, served_name
+from burnish_server.core.promotion import Publishing
 from burnish_server.core.settings import Settings
 from burnish_server.serving.adapters import AdapterError, Unfaithful, VLLMAdapters
 from burnish_server.serving.fleet import UNREACHABLE, Fleet
-from burnish_server.store import promotion
+from burnish_server.store import versions
 from burnish_server.store.database import Database
-from burnish_server.store.policies import mark_load_error, mark_served
 from burnish_server.trainer.checkpoints import Checkpoints
 
 log = logging.getLogger("burnish.trainer")
@@ -60,8 +60,8 @@ class Publisher:
         immediate, a new step goes on trial instead. Returns whether it published one."""
         if policy.head in (policy.step, policy.candidate):
             return False
-        trial = await self.db.read(promotion.goes_on_trial, policy)
-        if trial is None:  # a rejected candidate, kept as the head only to train from
+        how = await self.db.read(versions.publishing_of, policy)
+        if how is Publishing.KEEP:  # a rejected candidate, kept as the head only to train from
             return False
         failed = self.failed.get(policy.name)
         if failed is not None and failed[0] == policy.head and time.monotonic() - failed[1] < self.settings.trainer_publish_retry:
@@ -72,14 +72,14 @@ class Publisher:
         except Exception as exc:
             log.error("%s is not served: %s", version, exc)
             self.failed[policy.name] = (policy.head, time.monotonic())
-            await self.db.transaction(mark_load_error, policy.name, f"{version}: {exc}")
+            await self.db.transaction(versions.mark_load_error, policy.name, f"{version}: {exc}")
             return False
         self.failed.pop(policy.name, None)
-        if trial:
-            await self.db.transaction(promotion.mark_candidate, policy.name, policy.head, seconds)
+        if how is Publishing.TRIAL:
+            await self.db.transaction(versions.mark_candidate, policy.name, policy.head, seconds)
             log.info("%s is on trial under %s (loaded and checked in %.3fs)", version, policy.promotion.rule, seconds)
         else:
-            await self.db.transaction(mark_served, policy.name, policy.head, seconds)
+            await self.db.transaction(versions.mark_served, policy.name, policy.head, seconds)
             log.info("%s now serves %s (loaded and checked in %.3fs)", policy.name, version, seconds)
         self.on_published()
         return True

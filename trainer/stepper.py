@@ -22,8 +22,9 @@ from burnish_server.core.policies import Policy
 from burnish_server.core.settings import Settings
 from burnish_server.store.database import Database
 from burnish_server.store.models import utcnow
-from burnish_server.store.policies import clear_training_request, get_policy, last_step, load_policies, record_step
+from burnish_server.store.policies import clear_training_request, get_policy, last_step, load_policies
 from burnish_server.store.training import claim_groups, group_calls, other_trainer_busy, release_groups
+from burnish_server.store.versions import record_step
 from burnish_server.telemetry.watchers import Step
 from burnish_server.trainer.checkpoints import Checkpoints
 from burnish_server.trainer.models import Models
