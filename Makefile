@@ -30,18 +30,18 @@ $(VENV)/.bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[test,bench]'
 	touch $@
 
-# The Compose CLI plugin, for tests/test_deploy.py (apt-get download, hash-checked: see the script).
+# The Compose CLI plugin, for tests/cli/test_deploy.py (apt-get download, hash-checked: see the script).
 .tools/docker/cli-plugins/docker-compose:
 	tests/compose_plugin.sh $@
 
-# Debian's Chromium, for the dashboard's browser tests (tests/test_dashboard.py, Playwright for
+# Debian's Chromium, for the dashboard's browser tests (tests/gateway/test_dashboard.py, Playwright for
 # Python): Playwright's own browser download is not used. Installed by package name with apt-get.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 .tools/chromium:
 	command -v chromium >/dev/null || ($(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium)
 	mkdir -p .tools && touch $@
 
-# The coding CLIs tests/test_coding_agents.py runs unchanged, pinned, from npm by name (no lockfile:
+# The coding CLIs tests/e2e/test_coding_agents.py runs unchanged, pinned, from npm by name (no lockfile:
 # it would name the registry's download addresses).
 CODING_CLIS := @openai/codex@0.169.0 @anthropic-ai/claude-code@2.1.328
 .tools/clis/.installed:

@@ -122,7 +122,7 @@ def make_tiny_model(path: Path) -> Path:
 
 
 def start_vllm(model: Path, *, cores: str | None = None, stats: bool = False) -> Proc:
-    """vLLM as `burnish up` and tests/test_vllm.py start it, in a Proc so it is stopped with its
+    """vLLM as `burnish up` and tests/serving/test_vllm.py start it, in a Proc so it is stopped with its
     group. ``cores``: its own (replicas on one machine); ``stats``: keep vLLM's statistics (its
     Prometheus counters), which cost it a little."""
     server = VLLMServer(

@@ -42,7 +42,7 @@ def turn_credits(call_rewards: Sequence[float | None], discount: float) -> list[
 
     Credit per turn is added to the trajectory's group-relative advantage, not normalised
     with it: a call's reward moves its own call's advantage and, discounted, its
-    trajectory's earlier calls', and nothing else (tests/test_grpo.py). So call rewards are
+    trajectory's earlier calls', and nothing else (tests/trainer/test_grpo.py). So call rewards are
     in the advantage's units (the group's standard deviations of reward, where advantages
     are scaled): +0.5 for a call that did its part, -0.5 for one that did not."""
     credits, ahead = [0.0] * len(call_rewards), 0.0

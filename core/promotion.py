@@ -109,7 +109,7 @@ class DecisionRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
 def t_quantile(p: float, df: float) -> float:
     """Student's t quantile at ``p`` for ``df`` degrees of freedom: the normal quantile
     corrected by the Cornish-Fisher expansion (Abramowitz and Stegun 26.7.5), within 0.15% of
-    the table for p up to 0.99 and 4 or more degrees of freedom (tests/test_promotion.py)."""
+    the table for p up to 0.99 and 4 or more degrees of freedom (tests/trainer/test_promotion.py)."""
     z = NormalDist().inv_cdf(p)
     if math.isinf(df):
         return z

@@ -9,7 +9,7 @@ version; then the next round samples from it. It prints the mean reward per roun
 writes a PNG plot of it (reward.png). On the embedded tiny model the mean reward rises
 from about 0.07 to 0.5-0.75 in 30-40 rounds (a few minutes on two cores).
 
-tests/test_learning.py runs `play_round` as the proof that the whole loop learns.
+tests/e2e/test_learning.py runs `play_round` as the proof that the whole loop learns.
 """
 
 from __future__ import annotations

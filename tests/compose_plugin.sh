@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Docker Compose CLI plugin, for tests/test_deploy.py's `docker compose config` (no engine
+# The Docker Compose CLI plugin, for tests/cli/test_deploy.py's `docker compose config` (no engine
 # needed), into $1 (e.g. .tools/docker/cli-plugins/docker-compose).
 #
 # Debian ships Compose v2 from trixie on; this machine may run bookworm. So apt reads trixie's

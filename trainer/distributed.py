@@ -6,7 +6,7 @@ talks to the store and to vLLM (trainer/worker.py) and tells the others what to 
 that they finish together; each rank runs forward and backward on its share, the adapter's
 gradients are summed across ranks, and every rank takes the same optimizer step. The loss
 is normalised by the step's token count over all ranks, so N ranks compute the gradient one
-rank would (tests/test_distributed.py checks the adapters agree).
+rank would (tests/trainer/test_distributed.py checks the adapters agree).
 
 Two ways to hold the base model (``BURNISH_TRAINER_PARALLEL``):
 

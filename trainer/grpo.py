@@ -2,7 +2,7 @@
 
 The advantages and credits are ``core/credit.py``'s (the dashboard shows the same figures).
 Everything here is a pure function of tensors, so it can be checked by hand
-(tests/test_grpo.py). The loop that feeds it lives elsewhere in trainer/.
+(tests/trainer/test_grpo.py). The loop that feeds it lives elsewhere in trainer/.
 
     advantage_i   = (r_i - mean(r)) / (std(r) + eps)        per group; std optional
     credit_i,t    = sum over calls k >= t of  gamma^(k-t) * c_i,k

@@ -23,7 +23,7 @@ Language Models: Learning from Self-Generated Mistakes", GKD, 2024) define it wi
 reverse KL, estimated on the sampled token alone as the Tinker cookbook does (Thinking
 Machines, "On-Policy Distillation", 2025): a per-token advantage ``-d_t`` with no discount, so
 the teacher is asked one forward pass per sample, never the full [positions x vocabulary]
-distribution. tests/test_objectives.py checks the gradient against finite differences of the
+distribution. tests/trainer/test_objectives.py checks the gradient against finite differences of the
 exact KL on the tiny model.
 """
 
