@@ -61,7 +61,7 @@ def run_setup(args: argparse.Namespace) -> None:
     """One setup, in this process: load, two steps per policy, print what it cost."""
     import torch
 
-    from burnish_server.core.policies import LoraSettings, TrainSettings
+    from burnish_server.core.learning.policies import LoraSettings, TrainSettings
     from burnish_server.trainer.base_model import SharedBase
     from burnish_server.trainer.policy_model import PolicyModel
     from burnish_server.trainer.sequences import Sequence

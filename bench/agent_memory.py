@@ -74,7 +74,7 @@ def agent_batch(seed: int, sequences: int = 32) -> list:
 def worker(args: argparse.Namespace) -> None:
     import torch
 
-    from burnish_server.core.policies import LoraSettings, TrainSettings
+    from burnish_server.core.learning.policies import LoraSettings, TrainSettings
     from burnish_server.trainer.base_model import Holding, SharedBase
     from burnish_server.trainer.policy_model import PolicyModel
 

@@ -12,7 +12,7 @@ Claude Code (``--tools Bash``) runs ``-p`` then ``-p --continue``; mini-swe-agen
 three steps of its own. Per CLI it reports the first prompt's tokens, the calls, their seconds,
 and the merge share: of the calls after a session's first, those whose prompt extends the
 session's sequence so far (``extends_previous``), with the reasons of the others
-(core/drift.py). Also the prompt of each CLI with its whole default toolset (refused past the
+(core/learning/drift.py). Also the prompt of each CLI with its whole default toolset (refused past the
 window: the tokens come from the error), and vLLM's resident memory.
 
 Writes bench/results/coding_agents.json.

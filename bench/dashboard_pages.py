@@ -71,9 +71,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.servers
 
 from promotion_queries import BASE_MODEL, CANDIDATE, DAYS, NAMES, PG_SERVER, SERVED, STEPS, Traffic, add_policies, admin, fill  # noqa: E402
 
-from burnish_server.core.drift import REASONS  # noqa: E402
-from burnish_server.core.policies import LoraSettings, PromotionSettings, TrainSettings  # noqa: E402
-from burnish_server.core.settings import Settings  # noqa: E402
+from burnish_server.core.learning.drift import REASONS  # noqa: E402
+from burnish_server.core.learning.policies import LoraSettings, PromotionSettings, TrainSettings  # noqa: E402
+from burnish_server.core.platform.settings import Settings  # noqa: E402
 from burnish_server.gateway.app import create_app  # noqa: E402
 from burnish_server.store.database import Database  # noqa: E402
 from burnish_server.store.evals import any_unscored, settle_unscored  # noqa: E402

@@ -50,7 +50,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 def build(args: argparse.Namespace, checkpointing: str = "off"):
     """This rank's model, as the trainer builds it."""
-    from burnish_server.core.policies import LoraSettings, TrainSettings
+    from burnish_server.core.learning.policies import LoraSettings, TrainSettings
     from burnish_server.trainer.base_model import Holding, SharedBase
     from burnish_server.trainer.distributed import Ranks
     from burnish_server.trainer.policy_model import PolicyModel
@@ -101,7 +101,7 @@ def speed(args: argparse.Namespace) -> dict:
 def packing(args: argparse.Namespace) -> dict:
     """One step's seconds with the batch padded and packed, alternating, under the base's own
     attention (SDPA on the CPU): what packing costs where no variable-length kernel is."""
-    from burnish_server.core.policies import LoraSettings, TrainSettings
+    from burnish_server.core.learning.policies import LoraSettings, TrainSettings
     from burnish_server.trainer.base_model import Holding, SharedBase
     from burnish_server.trainer.policy_model import PolicyModel
 

@@ -38,7 +38,7 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import PATH, PLAIN_BODY, PYTHON, STREAM_BODY, code_of, install_cleanup, start_upstream  # noqa: E402
 
-from burnish_server.core.settings import Settings  # noqa: E402
+from burnish_server.core.platform.settings import Settings  # noqa: E402
 from burnish_server.gateway.app import create_app  # noqa: E402
 
 

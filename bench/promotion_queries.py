@@ -38,7 +38,7 @@ import numpy as np
 from sqlalchemy import Connection, create_engine, event, insert, make_url, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from burnish_server.core.policies import LoraSettings, PromotionSettings, TrainSettings
+from burnish_server.core.learning.policies import LoraSettings, PromotionSettings, TrainSettings
 from burnish_server.store import promotion
 from burnish_server.store.database import Database
 from burnish_server.store.models import Call, PolicyRow, StepRow, Trajectory

@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from harness import PYTHON, free_port, install_cleanup  # noqa: E402
 
 from burnish_server.cli.up import prepare_model  # noqa: E402
-from burnish_server.core.settings import Settings  # noqa: E402
+from burnish_server.core.platform.settings import Settings  # noqa: E402
 from burnish_server.serving.process import VLLMServer  # noqa: E402
 
 WORK = ROOT / "bench" / "results" / ".trainer-beside"

@@ -9,7 +9,7 @@ Run from the repository root (on a GPU: ``bench/gpu.sh`` runs it; on the CPU, a 
 The batch is an agent's, made as the gateway records it: ``--groups`` groups of
 ``--group-size`` trajectories, each of two calls (a tool prompt of ``--prompt-len`` tokens and a
 sampled answer of ``--answer-len``, then a tool result of ``--answer-len`` / 2 tokens and a second
-answer), with token ids and logprobs packed as in the ``calls`` table (``core/records.py``) and
+answer), with token ids and logprobs packed as in the ``calls`` table (``core/protocols/records.py``) and
 random rewards. Phases, each timed (the device synchronised at its end):
 
 * ``batch``: ``trainer/sequences.py: training_batch``: the calls merged into one sequence per
@@ -45,8 +45,8 @@ def recorded_rows(args: argparse.Namespace, vocab: int) -> list:
     """The claimed groups' calls as ``store/training.py: group_calls`` returns them."""
     import msgspec
 
-    from burnish_server.core import tokens
-    from burnish_server.core.records import CallRecord
+    from burnish_server.core.learning import tokens
+    from burnish_server.core.protocols.records import CallRecord
     from burnish_server.store.training import TrainingCall
 
     rng = random.Random(args.seed)
@@ -122,7 +122,7 @@ def main() -> int:
     import httpx
     import torch
 
-    from burnish_server.core.policies import LoraSettings, TrainSettings
+    from burnish_server.core.learning.policies import LoraSettings, TrainSettings
     from burnish_server.trainer.base_model import SharedBase
     from burnish_server.trainer.policy_model import PolicyModel
     from burnish_server.trainer.sequences import training_batch

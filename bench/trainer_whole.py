@@ -69,9 +69,9 @@ async def whole(args: argparse.Namespace, model: Path, vocab: int, work: Path) -
     from trainer_step import recorded_rows
     from vllm_standin import VLLMStandIn
 
-    from burnish_server.core.policies import LoraSettings, Policy, PromotionSettings, TrainSettings
-    from burnish_server.core.settings import Settings
-    from burnish_server.core.steps import StepMetrics
+    from burnish_server.core.learning.policies import LoraSettings, Policy, PromotionSettings, TrainSettings
+    from burnish_server.core.learning.steps import StepMetrics
+    from burnish_server.core.platform.settings import Settings
     from burnish_server.store.database import Database
     from burnish_server.store.policies import create_policy, get_policy, list_steps
     from burnish_server.store.writes import insert_calls
@@ -88,7 +88,7 @@ async def whole(args: argparse.Namespace, model: Path, vocab: int, work: Path) -
     rows = recorded_rows(argparse.Namespace(**{**vars(args), "groups": args.groups * args.passes}), vocab)
     per_pass = len(rows) // args.passes
     with VLLMStandIn(args.model, str(model)) as vllm:
-        # The stand-in has no weights to score the fidelity probe with (core/fidelity.py).
+        # The stand-in has no weights to score the fidelity probe with (core/learning/fidelity.py).
         settings = Settings.load({}, data_dir=str(work / "data"), upstream=vllm.url, trainer_fidelity=False)
         db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
         await db.migrate()

@@ -11,8 +11,8 @@ one recording gateway with the policy ``agent`` on it. The same question goes, i
 * ``chat``      the gateway's /v1/chat/completions for the policy (token ids asked for and
                 scrubbed: the path every policy call took before)
 * ``responses`` the gateway's /v1/responses for the policy: translated to a chat
-                completion and back (``core/translate/responses.py``)
-* ``messages``  the gateway's /v1/messages for the policy (``core/translate/messages.py``)
+                completion and back (``core/protocols/translate/responses.py``)
+* ``messages``  the gateway's /v1/messages for the policy (``core/protocols/translate/messages.py``)
 
 plain and streamed, at concurrency 1 (p50/p99 over 6 s) and 64 (req/s over 10 s, and the
 gateway's CPU per request). Prints a table of what each translated surface adds over the

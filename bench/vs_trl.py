@@ -188,7 +188,7 @@ def prepare(args: argparse.Namespace, work: Path) -> dict:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from burnish_server.core.policies import LoraSettings, TrainSettings
+    from burnish_server.core.learning.policies import LoraSettings, TrainSettings
     from burnish_server.trainer.grpo import group_advantages
     from burnish_server.trainer.tiny_model import make_tiny_model
 
@@ -246,7 +246,7 @@ def ours_stepper(spec: dict):
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    from burnish_server.core.policies import LoraSettings, TrainSettings
+    from burnish_server.core.learning.policies import LoraSettings, TrainSettings
     from burnish_server.trainer.base_model import Holding, SharedBase
     from burnish_server.trainer.policy_model import PolicyModel
     from burnish_server.trainer.sequences import Sequence

@@ -2,7 +2,7 @@
 
 An archive is JSON Lines (``.jsonl``), gzip-compressed JSON Lines (``.jsonl.gz``), or Parquet
 (``.parquet``, with pyarrow installed): one archived trajectory per line or row
-(``core/archive.py``). Prune writes each batch to it and syncs it to disk before the batch's
+(``core/platform/archive.py``). Prune writes each batch to it and syncs it to disk before the batch's
 deletion commits (``store/retention.py``). A Parquet file is only whole once closed, so prune
 first writes a JSON Lines journal beside it (``<archive>.partial.jsonl``), synced batch by
 batch like any archive, turns it into the Parquet file at the end, and removes it: if prune
@@ -24,8 +24,8 @@ from typing import IO, Any
 
 import click
 
-from burnish_server.core.archive import ArchivedTrajectory, CorruptArchive, decode, encode
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform.archive import ArchivedTrajectory, CorruptArchive, decode, encode
+from burnish_server.core.platform.settings import Settings
 
 KINDS = (".jsonl", ".jsonl.gz", ".parquet")
 # Trajectories and groups per batch: each batch is a short transaction.
@@ -223,7 +223,7 @@ def _settings(**overrides: object) -> Settings:
 
 
 def _check_days(value: float | None) -> float | None:
-    from burnish_server.core.retention import check_days
+    from burnish_server.core.platform.retention import check_days
 
     if value is None:
         return None
@@ -246,7 +246,7 @@ class Plan:
 
 
 async def _plan(database: Any, settings: Settings, projects: tuple[str, ...], older_than: float | None, include_trained: bool) -> Plan:
-    from burnish_server.core.retention import effective
+    from burnish_server.core.platform.retention import effective
     from burnish_server.store import retention
 
     own = await database.read(retention.all_retention)
@@ -276,7 +276,7 @@ async def prune_store(
     ``writer`` before its deletion commits (None: a dry run). Returns the counts."""
     from sqlalchemy.exc import OperationalError
 
-    from burnish_server.core.retention import cutoff
+    from burnish_server.core.platform.retention import cutoff
     from burnish_server.store import retention
 
     cut = cutoff(now or datetime.now(UTC), days)
@@ -382,7 +382,7 @@ def prune(
     rewarded since the cutoff, no open group, nothing training or waiting to, and (unless
     --include-trained) nothing a kept version trained on. `burnish db restore ARCHIVE` puts
     them back."""
-    from burnish_server.core.access import is_project
+    from burnish_server.core.platform.access import is_project
 
     for project in projects:
         if not is_project(project):

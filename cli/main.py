@@ -17,10 +17,10 @@ from typing import TypeVar
 import click
 
 from burnish_server.cli.db import prune, restore
-from burnish_server.core import logs
-from burnish_server.core.access import SCOPES
-from burnish_server.core.policies import adapter_name
-from burnish_server.core.settings import Settings
+from burnish_server.core.learning.policies import adapter_name
+from burnish_server.core.platform import logs
+from burnish_server.core.platform.access import SCOPES
+from burnish_server.core.platform.settings import Settings
 
 T = TypeVar("T")
 SCOPE_NAMES: list[str] = list(SCOPES)
@@ -167,7 +167,7 @@ def create_key(
     """Make a key and print its secret: the only time it is shown."""
     import msgspec
 
-    from burnish_server.core.access import Limits, is_project
+    from burnish_server.core.platform.access import Limits, is_project
     from burnish_server.store.keys import create_key as create
 
     if not is_project(project):
@@ -199,7 +199,7 @@ def list_keys(**options: object) -> None:
 @click.option("--data-dir", help="[BURNISH_DATA_DIR]")
 def revoke_key(key_id: str, **options: object) -> None:
     """Revoke a key: every gateway refuses it within a second."""
-    from burnish_server.core.errors import NotFound
+    from burnish_server.core.platform.errors import NotFound
     from burnish_server.store.keys import revoke_key as revoke
 
     try:
@@ -403,7 +403,7 @@ def export_version(version: str, out: str, fmt: str, **options: object) -> None:
     """Write VERSION (POLICY for the version it serves, or POLICY@STEP) into the folder OUT (needs the train extra)."""
     from pathlib import Path
 
-    from burnish_server.core.errors import NotFound
+    from burnish_server.core.platform.errors import NotFound
     from burnish_server.store.policies import get_policy, list_steps
 
     try:

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from burnish_server.core.demonstrations import MAX_DEMONSTRATIONS
+from burnish_server.core.learning.demonstrations import MAX_DEMONSTRATIONS
 
 
 class SftFailed(RuntimeError):

@@ -29,10 +29,10 @@ import click
 import httpx
 
 from burnish_server.cli.supervisor import Child, CrashLoop, Supervisor, kill_group
-from burnish_server.core.defaults import Defaults, ModelShape, defaults
-from burnish_server.core.errors import Conflict
-from burnish_server.core.policies import LoraSettings, Policy, TrainSettings, vllm_max_lora_rank
-from burnish_server.core.settings import Settings
+from burnish_server.core.learning.defaults import Defaults, ModelShape, defaults
+from burnish_server.core.learning.policies import LoraSettings, Policy, TrainSettings, vllm_max_lora_rank
+from burnish_server.core.platform.errors import Conflict
+from burnish_server.core.platform.settings import Settings
 from burnish_server.serving.models import embedded_gguf
 from burnish_server.serving.process import VLLMFailed, VLLMServer, cpu_build, free_ports, last_lines, lora_modules, port_free, share_cores
 from burnish_server.serving.tool_calling import ToolCalling, choose
@@ -65,7 +65,7 @@ def _burnish(*args: str) -> list[str]:
 COMPACT_JSON = ["--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}']
 # The tiny model's chat template writes tool calls the way Qwen2.5 does (<tool_call>): hermes.
 TINY_MODEL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", *COMPACT_JSON]
-# The tiny model has random weights: the rule for pretrained models (core/defaults.py) does not
+# The tiny model has random weights: the rule for pretrained models (core/learning/defaults.py) does not
 # fit it; it needs a far larger step (docs/trainer.md).
 TINY_MODEL_DEFAULTS = Defaults(
     lora=LoraSettings(rank=8, alpha=16),
@@ -135,7 +135,7 @@ def served_window(config: dict, vllm_args: Sequence[str], window: int | None) ->
 
 
 def model_defaults(files: Path | None, window: int | None = None, vllm_args: Sequence[str] = ()) -> Defaults:
-    """The training defaults for a pretrained model (core/defaults.py), from its config.json,
+    """The training defaults for a pretrained model (core/learning/defaults.py), from its config.json,
     its sequences as long as the window it is served with (``window``, where ``burnish up``
     sets it; else ``served_window``)."""
     micro_batch = CPU_MICRO_BATCH_TOKENS if cpu_build() else None
@@ -157,7 +157,7 @@ def prepare_model(settings: Settings, model: str | None, vllm_port: int, vllm_ar
     """``model``: None (the embedded SmolLM2), ``tiny`` (the tiny random model), a ``.gguf``
     file (converted once), or a local folder or hub id, served as it is. Each with a tool-call
     parser and a chat template that shows the model its tools (serving/tool_calling.py), and
-    the one rule's training defaults (core/defaults.py)."""
+    the one rule's training defaults (core/learning/defaults.py)."""
     logs = settings.data_path / "logs"
     # The trainer's dtype: float32 on the CPU, where vLLM's "auto" would serve bf16 and the
     # two engines' logprobs of a sample would differ (logprob_diff_mean, docs/trainer.md).

@@ -1,6 +1,6 @@
 """Access at the edge: who is calling, whether the route allows it, and per-key limits.
 
-Every route says what it needs in its ``opt["scope"]`` (``core/access.py``: call, read,
+Every route says what it needs in its ``opt["scope"]`` (``core/platform/access.py``: call, read,
 metrics, admin; ``"call|read"`` for either) or ``"public"``; a route that says nothing
 needs ``admin``. ``Access.admit`` checks a request, in one raw ASGI middleware
 (``access_middleware``) that runs after Litestar's routing, before the handler, and on the
@@ -40,13 +40,13 @@ from typing import Any
 from litestar.openapi.spec import SecurityScheme
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from burnish_server.core.access import ANONYMOUS, ROOT, ApiKey, Limits, Principal, hash_secret, is_loopback
-from burnish_server.core.errors import BurnishError, Forbidden, TooManyRequests, Unauthorized
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform.access import ANONYMOUS, ROOT, ApiKey, Limits, Principal, hash_secret, is_loopback
+from burnish_server.core.platform.clock import utcnow
+from burnish_server.core.platform.errors import BurnishError, Forbidden, TooManyRequests, Unauthorized
+from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway.sessions import Sessions, cookie_secret
 from burnish_server.store import keys as store
 from burnish_server.store.database import Database
-from burnish_server.store.models import utcnow
 
 log = logging.getLogger("burnish.gateway")
 

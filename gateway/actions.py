@@ -11,8 +11,8 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from burnish_server.core.errors import Conflict
-from burnish_server.core.promotion import Outcome
+from burnish_server.core.learning.promotion import Outcome
+from burnish_server.core.platform.errors import Conflict
 from burnish_server.gateway.services import Services
 from burnish_server.store import controls, versions
 from burnish_server.store import policies as store

@@ -15,9 +15,9 @@ from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components
 
-from burnish_server.core import logs
-from burnish_server.core.errors import BurnishError
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform import logs
+from burnish_server.core.platform.errors import BurnishError
+from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway import errors, openapi, ui
 from burnish_server.gateway.access import BEARER, PUBLIC, SECURITY_SCHEMES, access_middleware
 from burnish_server.gateway.edge import Gateway

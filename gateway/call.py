@@ -16,16 +16,16 @@ from urllib.parse import quote
 
 import msgspec
 
-from burnish_server.core.access import ANONYMOUS, Principal
-from burnish_server.core.errors import Invalid, NotRecorded, UpstreamError
-from burnish_server.core.policies import Policy, Route
-from burnish_server.core.records import OK, UNADJUSTED, CallRecord
-from burnish_server.core.surfaces import Surface
+from burnish_server.core.learning.policies import Policy, Route
+from burnish_server.core.platform.access import ANONYMOUS, Principal
+from burnish_server.core.platform.clock import utcnow
+from burnish_server.core.platform.errors import Invalid, NotRecorded, UpstreamError
+from burnish_server.core.protocols.records import OK, UNADJUSTED, CallRecord
+from burnish_server.core.protocols.surfaces import Surface
 from burnish_server.gateway import keys
 from burnish_server.gateway.capture import Injected, Tokens, extract_tokens, inject
 from burnish_server.gateway.services import Services
 from burnish_server.gateway.upstream import UpstreamResponse, failed
-from burnish_server.store.models import utcnow
 
 log = logging.getLogger("burnish.gateway")
 T = TypeVar("T")
@@ -175,7 +175,7 @@ class Call:
         return tokens, parsed
 
     def masked(self, raw: bytes, parsed: Any) -> tuple[bytes, Any]:
-        """An upstream's error answer with the gateway's secrets masked (core/secrets.py), and
+        """An upstream's error answer with the gateway's secrets masked (core/platform/secrets.py), and
         what it decodes to (decoded again only where something was masked)."""
         masked = self.svc.redact(raw)
         return (raw, parsed) if masked is raw else (masked, json_or_none(masked))

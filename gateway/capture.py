@@ -4,7 +4,7 @@ A plain response is decoded once. A stream is cut into server-sent events as it
 passes; each event is forwarded at once, except the stream's terminal event
 (``data: [DONE]``, ``message_stop``, ``response.completed``), which the relay
 holds until the call's record is committed. Events are also folded into the
-shape of the surface's plain response (its assembler, ``core/surfaces/``), so a streamed call is stored like a
+shape of the surface's plain response (its assembler, ``core/protocols/surfaces/``), so a streamed call is stored like a
 plain one.
 """
 
@@ -17,10 +17,11 @@ from typing import Any
 
 import msgspec
 
-from burnish_server.core import answers, tokens
-from burnish_server.core.records import OK, UPSTREAM_CUT, UPSTREAM_ERROR
-from burnish_server.core.secrets import Redactor
-from burnish_server.core.surfaces import CHAT, Surface
+from burnish_server.core.learning import tokens
+from burnish_server.core.platform.secrets import Redactor
+from burnish_server.core.protocols import answers
+from burnish_server.core.protocols.records import OK, UPSTREAM_CUT, UPSTREAM_ERROR
+from burnish_server.core.protocols.surfaces import CHAT, Surface
 
 _decode = msgspec.json.Decoder().decode
 _convert = msgspec.convert
@@ -105,7 +106,7 @@ class StreamCapture:
         self.surface = surface
         self.injected = injected
         self.listener = listener  # sees each event, typed (a translated surface turns it into its own)
-        self.redact = redact  # masks the gateway's secrets in an upstream's error event (core/secrets.py)
+        self.redact = redact  # masks the gateway's secrets in an upstream's error event (core/platform/secrets.py)
         self.assembler = surface.assembler()
         # The bytes of an event not yet ended, as they came, and the last 3 of them (a
         # separator may straddle two reads): joined only by the read that can end it. Joined
@@ -155,7 +156,7 @@ class StreamCapture:
         name, data = _parse_event(event)
         if data is None:
             return False, None
-        typed = None  # the event as the surface reads it (core/answers.py), if it is one
+        typed = None  # the event as the surface reads it (core/protocols/answers.py), if it is one
         rewritten = None
         if data != b"[DONE]":
             try:
@@ -169,7 +170,7 @@ class StreamCapture:
                     return self._failed(event, str(err.get("message") if isinstance(err, dict) else err))
                 if name == "error" or obj.get("type") == "error":
                     return self._failed(event, str(obj.get("message") or obj))
-                # Read as the surface's event (core/answers.py) before any of it is read: an event
+                # Read as the surface's event (core/protocols/answers.py) before any of it is read: an event
                 # of the wrong shape is relayed as it came, and the call recorded as the
                 # upstream's error. Only that is caught: an error in the gateway's own code is its bug.
                 try:

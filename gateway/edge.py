@@ -30,8 +30,8 @@ from litestar import Litestar
 from litestar.datastructures import State
 from litestar.types import HTTPScope, Receive, Scope, Send
 
-from burnish_server.core.logs import request_id
-from burnish_server.core.surfaces import SURFACES, Surface
+from burnish_server.core.platform.logs import request_id
+from burnish_server.core.protocols.surfaces import SURFACES, Surface
 from burnish_server.gateway import keys, request_ids
 from burnish_server.gateway.errors import SURFACE, asgi_error
 from burnish_server.gateway.routes.proxy import Inbound, forward

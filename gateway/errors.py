@@ -1,7 +1,7 @@
 """Errors at the gateway's edge: every failure a client sees is in its surface's error format.
 
-One tree, ``core/errors.py``, each error with its HTTP status, mapped to a body here and
-only here. The format is the surface's (``core/surfaces/``): OpenAI's body on ``/v1`` and
+One tree, ``core/platform/errors.py``, each error with its HTTP status, mapped to a body here and
+only here. The format is the surface's (``core/protocols/surfaces/``): OpenAI's body on ``/v1`` and
 every JSON API, Anthropic's on ``/v1/messages``. The gateway's entry point (``edge.py``)
 puts the surface a path names in the request's scope state; a request without one gets
 OpenAI's. Litestar's own errors (a body that does not decode or validate, a path parameter
@@ -25,10 +25,10 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.response.base import ASGIResponse
 from litestar.types import Scope
 
-from burnish_server.core.errors import BurnishError
-from burnish_server.core.ids import ID_REGEX, ID_RULE
-from burnish_server.core.surfaces import Surface
-from burnish_server.core.surfaces.base import openai_error_body
+from burnish_server.core.platform.errors import BurnishError
+from burnish_server.core.platform.ids import ID_REGEX, ID_RULE
+from burnish_server.core.protocols.surfaces import Surface
+from burnish_server.core.protocols.surfaces.base import openai_error_body
 
 log = logging.getLogger("burnish.gateway")
 

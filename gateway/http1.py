@@ -22,7 +22,7 @@ asks for ``identity``), ``Expect: 100-continue``, HTTP/2. Proxies from the envir
 (``HTTPS_PROXY``...) are not spoken here: an upstream that must be reached through one is
 spoken to with httpx instead (``gateway/upstream.py``).
 
-Every failure is one of burnish's upstream errors (``core/errors.py``; ``gateway/upstream.py``
+Every failure is one of burnish's upstream errors (``core/platform/errors.py``; ``gateway/upstream.py``
 decides which are retried):
 
 - ``UpstreamConnectError``: no connection (refused, unreachable, a name that does not resolve,
@@ -47,7 +47,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from burnish_server.core.errors import (
+from burnish_server.core.platform.errors import (
     Invalid,
     UpstreamConnectError,
     UpstreamError,

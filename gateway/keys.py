@@ -5,7 +5,7 @@ Precedence: the URL prefix ``/g/{group}/t/{trajectory}/v1`` or ``/t/{trajectory}
 ``X-Group-Id`` and ``X-Group-Size``, then a coding CLI's own session id (``session-id``,
 the Codex CLI's; ``X-Claude-Code-Session-Id``, Claude Code's), so that a CLI's session is one
 trajectory without any setting (a session id off the ids' rule is not a key). A call with no
-trajectory key becomes a one-call trajectory with a generated id. Ids follow ``core/ids.py``;
+trajectory key becomes a one-call trajectory with a generated id. Ids follow ``core/platform/ids.py``;
 a key of a project's caller is stored under its project (``routes/proxy.py``), so two projects'
 sessions never meet.
 
@@ -21,8 +21,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from burnish_server.core.errors import Invalid
-from burnish_server.core.ids import check_id, new_trajectory_id
+from burnish_server.core.platform.errors import Invalid
+from burnish_server.core.platform.ids import check_id, new_trajectory_id
 
 MAX_GROUP_SIZE = 100_000
 

@@ -56,7 +56,7 @@ class Metrics:
         )
         self.splits = Gauge(
             "burnish_sequence_splits",
-            "Calls whose prompt did not extend their trajectory, in the steps trained so far, by reason (core/drift.py)",
+            "Calls whose prompt did not extend their trajectory, in the steps trained so far, by reason (core/learning/drift.py)",
             ["policy", "reason"],
             registry=r,
         )

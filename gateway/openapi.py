@@ -45,9 +45,9 @@ from litestar.openapi.spec import (
 from litestar.routes import HTTPRoute
 from litestar.types import Message, Scope
 
-from burnish_server.core.ids import ID_REGEX, ID_RULE
-from burnish_server.core.surfaces import SURFACES, Surface
-from burnish_server.core.surfaces.base import openai_error_body
+from burnish_server.core.platform.ids import ID_REGEX, ID_RULE
+from burnish_server.core.protocols.surfaces import SURFACES, Surface
+from burnish_server.core.protocols.surfaces.base import openai_error_body
 from burnish_server.gateway.call import MAX_MODEL_CHARS
 from burnish_server.gateway.errors import _MEANING
 from burnish_server.gateway.keys import MAX_GROUP_SIZE

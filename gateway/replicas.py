@@ -19,10 +19,11 @@ import time
 
 import msgspec
 
-from burnish_server.core.errors import BurnishError
-from burnish_server.core.replicas import Replica, ReplicaSet
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform.errors import BurnishError
+from burnish_server.core.platform.replicas import Replica, ReplicaSet
+from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway.upstream import Upstream
+from burnish_server.serving.discovery import upstreams
 
 log = logging.getLogger("burnish.gateway")
 
@@ -42,13 +43,13 @@ _decode_models = msgspec.json.Decoder(_Models).decode
 
 
 def watched(settings: Settings) -> bool:
-    return bool(settings.upstream_discover) or len(settings.upstreams) > 1
+    return bool(settings.upstream_discover) or len(upstreams(settings)) > 1
 
 
 def initial(settings: Settings) -> ReplicaSet:
     """The replicas a gateway starts with (none yet if discovery fails: ``watch`` retries)."""
     try:
-        urls = settings.upstreams
+        urls = upstreams(settings)
     except OSError as exc:
         log.warning("upstream_discover: %s; no replica until it resolves", exc)
         urls = ()
@@ -93,7 +94,7 @@ async def watch(settings: Settings, upstream: Upstream) -> None:
         if settings.upstream_discover and (not replicas.replicas or time.monotonic() - resolved_at >= settings.upstream_discover_every):
             resolved_at = time.monotonic()
             try:
-                urls = await asyncio.to_thread(lambda: settings.upstreams)
+                urls = await asyncio.to_thread(upstreams, settings)
             except OSError as exc:
                 log.warning("upstream_discover: %s; keeping the %d replicas known", exc, len(replicas.replicas))
             else:

@@ -11,9 +11,9 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from burnish_server.core.access import ROOT, Principal
-from burnish_server.core.errors import NotFound
-from burnish_server.core.policies import Policy, Route, open_to, resolve
+from burnish_server.core.learning.policies import Policy, Route, open_to, resolve
+from burnish_server.core.platform.access import ROOT, Principal
+from burnish_server.core.platform.errors import NotFound
 from burnish_server.store.database import Database
 from burnish_server.store.policies import load_policies
 

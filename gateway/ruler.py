@@ -1,6 +1,6 @@
 """RULER: an LLM judge scores the trajectories of a group relative to each other.
 
-    members' calls -> conversations (one message list each: core/transcript.py)
+    members' calls -> conversations (one message list each: core/protocols/transcript.py)
                    -> shared prefix shown once, each trajectory's own part after it
                    -> identical trajectories judged once
                    -> one chat call with a JSON schema: a score in [0, 1] and an explanation per id
@@ -31,8 +31,8 @@ import httpx
 import msgspec
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from burnish_server.core.transcript import Message
-from burnish_server.core.verdicts import Score
+from burnish_server.core.learning.verdicts import Score
+from burnish_server.core.protocols.transcript import Message
 
 DEFAULT_RUBRIC = """\
 - A trajectory that reaches the user's goal scores higher than one that does not; this matters most.

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import httpx
 from litestar.connection import ASGIConnection
 
-from burnish_server.core.secrets import Redactor
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform.secrets import Redactor
+from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway.access import Access
 from burnish_server.gateway.metrics import Metrics
 from burnish_server.gateway.routing import Registry
@@ -32,7 +32,7 @@ class Services:
     judge_http: httpx.AsyncClient
     metrics: Metrics
     access: Access
-    # Masks the configured secrets in the upstream's error answers (core/secrets.py).
+    # Masks the configured secrets in the upstream's error answers (core/platform/secrets.py).
     redact: Redactor
     # None unless the Langfuse keys are set.
     langfuse: LangfuseExport | None = None

@@ -1,4 +1,4 @@
-"""The dashboard's sessions at the edge (``core/sessions.py``): made at sign-in, a request let in
+"""The dashboard's sessions at the edge (``core/platform/sessions.py``): made at sign-in, a request let in
 by its cookie, ended at sign-out or by an admin.
 
 The cookie holds the session's random secret, never a credential:
@@ -24,14 +24,14 @@ import functools
 from collections.abc import Iterable
 from datetime import timedelta
 
-from burnish_server.core.access import ANONYMOUS, ROOT, Principal, hash_secret
-from burnish_server.core.errors import Unauthorized
-from burnish_server.core.sessions import admin_fingerprint, is_secret, new_secret, refusal
-from burnish_server.core.settings import Settings
-from burnish_server.core.views import SessionView
+from burnish_server.core.platform.access import ANONYMOUS, ROOT, Principal, hash_secret
+from burnish_server.core.platform.clock import utcnow
+from burnish_server.core.platform.errors import Unauthorized
+from burnish_server.core.platform.sessions import admin_fingerprint, is_secret, new_secret, refusal
+from burnish_server.core.platform.settings import Settings
+from burnish_server.core.platform.views import SessionView
 from burnish_server.store import sessions as store
 from burnish_server.store.database import Database
-from burnish_server.store.models import utcnow
 
 COOKIE = "burnish_ui"
 SECURE_COOKIE = "__Host-burnish_ui"

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Mapping
 import anyio
 from litestar.types import Receive, Scope, Send
 
-from burnish_server.core.errors import NotRecorded, UpstreamError
-from burnish_server.core.records import CLIENT_DISCONNECTED, UPSTREAM_CUT
+from burnish_server.core.platform.errors import NotRecorded, UpstreamError
+from burnish_server.core.protocols.records import CLIENT_DISCONNECTED, UPSTREAM_CUT
 from burnish_server.gateway.call import Call
 from burnish_server.gateway.translation import Translation
 from burnish_server.gateway.upstream import UpstreamResponse

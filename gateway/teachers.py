@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import msgspec
 
-from burnish_server.core.errors import Invalid
-from burnish_server.core.policies import Policy
+from burnish_server.core.learning.policies import Policy
+from burnish_server.core.platform.errors import Invalid
 from burnish_server.gateway.upstream import Upstream, UpstreamError
 
 # Words, digits, spaces, punctuation, accents and an emoji: tokenizers that differ differ here.

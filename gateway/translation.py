@@ -10,7 +10,7 @@ model is only what goes upstream and how the answer comes back, and that is a Tr
   a surface vLLM returns token ids on (chat completions, completions).
 - ``ThroughChat``: a policy's call on ``/v1/responses`` or ``/v1/messages``, which vLLM
   returns no token ids on. It goes to vLLM as a chat completion (the surface's translator,
-  ``core/translate/``) and its answer, or each chunk of its stream, comes back translated.
+  ``core/protocols/translate/``) and its answer, or each chunk of its stream, comes back translated.
 
 What is recorded either way: the client's request (for a Responses call that continues an
 earlier one, with ``input`` resolved to the whole conversation, so every reader sees what
@@ -25,14 +25,14 @@ from typing import Any
 
 import msgspec
 
-from burnish_server.core import answers, wire
-from burnish_server.core.access import local
-from burnish_server.core.errors import Invalid
-from burnish_server.core.policies import HostedTools
-from burnish_server.core.records import OK, UPSTREAM_CUT, UPSTREAM_ERROR, CallRecord
-from burnish_server.core.surfaces import CHAT, MESSAGES, RESPONSES
-from burnish_server.core.translate import common as translate
-from burnish_server.core.translate import messages, responses
+from burnish_server.core.learning.policies import HostedTools
+from burnish_server.core.platform.access import local
+from burnish_server.core.platform.errors import Invalid
+from burnish_server.core.protocols import answers, wire
+from burnish_server.core.protocols.records import OK, UPSTREAM_CUT, UPSTREAM_ERROR, CallRecord
+from burnish_server.core.protocols.surfaces import CHAT, MESSAGES, RESPONSES
+from burnish_server.core.protocols.translate import common as translate
+from burnish_server.core.protocols.translate import messages, responses
 from burnish_server.gateway.call import Call, json_or_none, read_answer, upstream_message
 from burnish_server.gateway.capture import StreamCapture, extract_tokens
 from burnish_server.gateway.upstream import UpstreamResponse, response_headers

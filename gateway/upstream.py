@@ -8,7 +8,7 @@ more again (docs/performance.md). Where the environment routes the upstream thro
 the same requests go through httpx instead (``HttpxPool``), as RULER's judge and the trainer
 already do: slower, and only for deployments that need it.
 
-Failures are burnish's upstream errors (``core/errors.py``), whichever client raised them.
+Failures are burnish's upstream errors (``core/platform/errors.py``), whichever client raised them.
 A call is sent again (exponential backoff with jitter, each time to the call's next replica)
 only while nothing has reached the client, and only when the upstream did nothing with it:
 it could not be connected to, its answer was not HTTP or never began, or it answered
@@ -20,7 +20,7 @@ on a new connection when the kept-alive one it reused was closed before any answ
 upstream closed it as idle): so a call is sent at most twice per attempt, ``upstream_attempts``
 attempts in all.
 
-Time-outs (``core/settings.py``): connecting (``upstream_connect_timeout``), the wait for
+Time-outs (``core/platform/settings.py``): connecting (``upstream_connect_timeout``), the wait for
 the answer to begin (``upstream_timeout``: its head, counted from sending the request, and
 a stream's first event), and silence between reads once it has begun
 (``upstream_read_timeout``).
@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from burnish_server.core.errors import (
+from burnish_server.core.platform.errors import (
     UpstreamConnectError,
     UpstreamError,
     UpstreamPoolTimeout,
@@ -48,8 +48,8 @@ from burnish_server.core.errors import (
     UpstreamTimeout,
     VersionLoading,
 )
-from burnish_server.core.replicas import ReplicaSet
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform.replicas import ReplicaSet
+from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway.http1 import Pool, check_header
 from burnish_server.gateway.keys import KEY_HEADERS
 
@@ -117,7 +117,7 @@ def proxied(urls: Iterable[str]) -> bool:
 
 
 class Upstream:
-    """The replicas (one, or several: ``core/replicas.py`` orders them for each call) and one
+    """The replicas (one, or several: ``core/platform/replicas.py`` orders them for each call) and one
     connection pool to all of them. ``gateway/replicas.py`` keeps their health and models."""
 
     def __init__(self, settings: Settings, replicas: ReplicaSet) -> None:

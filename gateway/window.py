@@ -1,10 +1,10 @@
-"""A policy's call fitted to the window vLLM serves it with (core/window.py reads vLLM's refusals).
+"""A policy's call fitted to the window vLLM serves it with (core/protocols/window.py reads vLLM's refusals).
 
 - A ``max_tokens`` past the window is lowered to the window, not refused: vLLM then gives the
   call what its prompt leaves. The first such call of a policy is refused by vLLM and sent again
   (the gateway learns the window from the refusal); later ones are lowered before they go. The
   recorded call says so (``adjustments``: asked, sent).
-- A prompt past the window is answered with the protocol's own error (core/window.py), naming
+- A prompt past the window is answered with the protocol's own error (core/protocols/window.py), naming
   the prompt's tokens as vLLM's ``/tokenize`` counts them (its refusal stops counting one past
   the window), and recorded as refused.
 """
@@ -16,9 +16,9 @@ from typing import Any
 
 import msgspec
 
-from burnish_server.core import window
-from burnish_server.core.errors import Invalid, UpstreamError
-from burnish_server.core.records import UPSTREAM_ERROR
+from burnish_server.core.platform.errors import Invalid, UpstreamError
+from burnish_server.core.protocols import window
+from burnish_server.core.protocols.records import UPSTREAM_ERROR
 from burnish_server.gateway.call import Call, json_or_none, upstream_message
 from burnish_server.gateway.upstream import UpstreamResponse
 

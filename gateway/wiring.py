@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
-from burnish_server.core.secrets import Redactor
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform.secrets import Redactor
+from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway import idle_groups, replicas
 from burnish_server.gateway.access import Access, KeyRing, follow_keys
 from burnish_server.gateway.metrics import Metrics

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from burnish_server.core.fidelity import Fidelity, Probe, compare
+from burnish_server.core.learning.fidelity import Fidelity, Probe, compare
 from burnish_server.serving.scoring import ScoringError, prompt_logprobs
 
 log = logging.getLogger("burnish.serving")
@@ -25,7 +25,7 @@ class AdapterError(RuntimeError):
 
 
 class Unfaithful(AdapterError):
-    """vLLM answers with the adapter, but not as the trainer made it (core/fidelity.py)."""
+    """vLLM answers with the adapter, but not as the trainer made it (core/learning/fidelity.py)."""
 
 
 class VLLMAdapters:

@@ -18,8 +18,9 @@ from typing import TypeVar
 
 import httpx
 
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform.settings import Settings
 from burnish_server.serving.adapters import VLLMAdapters
+from burnish_server.serving.discovery import upstreams
 
 log = logging.getLogger("burnish.serving")
 T = TypeVar("T")
@@ -39,10 +40,10 @@ class Fleet:
     def urls(self) -> tuple[str, ...]:
         s = self.settings
         if not s.upstream_discover:
-            return s.upstreams
+            return upstreams(s)
         if time.monotonic() - self._resolved_at >= s.upstream_discover_every or not self._urls:
             try:
-                urls = s.upstreams
+                urls = upstreams(s)
             except OSError as exc:
                 log.warning("upstream_discover: %s; keeping the %d replicas known", exc, len(self._urls))
             else:

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import httpx
 
-from burnish_server.core.defaults import LLAMA_PROJECTIONS
+from burnish_server.core.learning.defaults import LLAMA_PROJECTIONS
 
 # What vLLM applies LoRA to: the decoder's projections, never the LM head. vLLM's default wraps
 # the LM head too (for adapters that train it), and on the CPU build a request for prompt
 # logprobs (a served teacher's scoring, the fidelity probe) batched with LoRA calls then kills
 # the engine: the LM head's LoRA takes one row per request, the prompt's logits one per token
 # (punica_cpu add_lora_logits: "einsum(): subscript b has size 10 ... size 34"). burnish trains
-# no LM head (core/policies.py), so nothing is lost; a policy made to train one is refused at
+# no LM head (core/learning/policies.py), so nothing is lost; a policy made to train one is refused at
 # publishing by the fidelity probe (trainer/fidelity.py).
 SERVED_LORA_MODULES = LLAMA_PROJECTIONS
 NEVER_SERVED = frozenset({"lm_head", "embed_tokens", "wte", "word_embeddings"})

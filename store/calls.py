@@ -1,4 +1,4 @@
-"""Calls between their row in ``calls`` and their one definition, ``core.records.CallRecord``."""
+"""Calls between their row in ``calls`` and their one definition, ``core.protocols.records.CallRecord``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from burnish_server.core.records import Adjustments, CallRecord
+from burnish_server.core.protocols.records import Adjustments, CallRecord
 from burnish_server.store.models import Call
 
 # Every column but the key, in the table's order: CallRecord has a field for each.

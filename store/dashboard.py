@@ -12,9 +12,9 @@ from typing import Any, Literal, NamedTuple
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.access import qualify
-from burnish_server.core.records import OK
-from burnish_server.core.transcript import UnreadableCall, exchange
+from burnish_server.core.platform.access import qualify
+from burnish_server.core.protocols.records import OK
+from burnish_server.core.protocols.transcript import UnreadableCall, exchange
 from burnish_server.store import evals
 from burnish_server.store.calls import to_record
 from burnish_server.store.models import Call, Group, Trajectory

@@ -27,9 +27,9 @@ from typing import Any, NamedTuple
 from sqlalchemy import String, delete, false, func, insert, literal, select, true, union_all, update
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.policies import adapter_name
-from burnish_server.core.records import OK
-from burnish_server.core.views import EvalScore
+from burnish_server.core.learning.policies import adapter_name
+from burnish_server.core.platform.views import EvalScore
+from burnish_server.core.protocols.records import OK
 from burnish_server.store.models import Call, HeldOut, PolicyRow, StepRow, Trajectory
 
 # /metrics shows, per policy, the base (step 0), the served step and this many newest steps

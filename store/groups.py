@@ -1,4 +1,4 @@
-"""Group states in SQL: the rule of ``core.groups.group_state`` as expressions over the ``groups`` table.
+"""Group states in SQL: the rule of ``core.learning.groups.group_state`` as expressions over the ``groups`` table.
 
 Every query that asks what state a group is in (metrics, the training queue, RULER, policy
 status) uses these, so the rule lives in two places only: here in SQL, there in Python.
@@ -12,7 +12,7 @@ from typing import NamedTuple
 from sqlalchemy import ColumnElement, and_, case, func, literal, select, union_all
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.groups import GroupState, Lack
+from burnish_server.core.learning.groups import GroupState, Lack
 from burnish_server.store.models import Group
 
 STATE = case(

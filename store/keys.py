@@ -1,6 +1,6 @@
 """API keys in the store: made, listed and revoked by the admin (API or CLI), read by every gateway.
 
-A key's secret is never stored: only its SHA-256 (``core/access.py``). Rows are never
+A key's secret is never stored: only its SHA-256 (``core/platform/access.py``). Rows are never
 deleted; a revoked key keeps its row, so that "has this gateway ever had keys" (which
 decides whether it may run open) never turns back to no.
 """
@@ -14,10 +14,11 @@ import msgspec
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.access import SHOWN_PREFIX, ApiKey, Limits, hash_secret, new_key_id, new_secret
-from burnish_server.core.errors import NotFound
-from burnish_server.core.views import KeyView, NewKeyView
-from burnish_server.store.models import ApiKeyRow, GatewayRow, UiSessionRow, iso, utcnow
+from burnish_server.core.platform.access import SHOWN_PREFIX, ApiKey, Limits, hash_secret, new_key_id, new_secret
+from burnish_server.core.platform.clock import utcnow
+from burnish_server.core.platform.errors import NotFound
+from burnish_server.core.platform.views import KeyView, NewKeyView
+from burnish_server.store.models import ApiKeyRow, GatewayRow, UiSessionRow, iso
 
 
 def _aware(value: datetime | None) -> datetime | None:

@@ -2,9 +2,9 @@
 
 Request and response bodies are stored as the JSON bytes that crossed the wire
 (``LargeBinary``), so recording never re-encodes them; token ids and logprobs are
-packed little-endian arrays (see ``core/tokens.py``). Each table's typed view lives in
-the domain: a call is ``core.records.CallRecord``, a policy ``core.policies.Policy``, a
-group's state ``core.groups.GroupState``.
+packed little-endian arrays (see ``core/learning/tokens.py``). Each table's typed view lives in
+the domain: a call is ``core.protocols.records.CallRecord``, a policy ``core.learning.policies.Policy``, a
+group's state ``core.learning.groups.GroupState``.
 """
 
 from __future__ import annotations
@@ -31,14 +31,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from burnish_server.core.access import DEFAULT_PROJECT, STORED_ID_MAX
+from burnish_server.core.platform.access import DEFAULT_PROJECT, STORED_ID_MAX
+from burnish_server.core.platform.clock import utcnow
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a BIGINT identity.
 PK = BigInteger().with_variant(Integer(), "sqlite")
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 def iso(value: datetime | None) -> str | None:
@@ -87,7 +84,7 @@ class Group(Base):
     )
 
     pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
-    # Namespaced by project: "<project>/<id>", or the bare id in the default project (core/access.py).
+    # Namespaced by project: "<project>/<id>", or the bare id in the default project (core/platform/access.py).
     id: Mapped[str] = mapped_column(String(STORED_ID_MAX), unique=True)
     project: Mapped[str] = mapped_column(String(64), default=DEFAULT_PROJECT, server_default=DEFAULT_PROJECT)
     # Members expected (X-Group-Size); the group closes itself when that many are rewarded.
@@ -111,7 +108,7 @@ class Group(Base):
     # Held out for evaluation: a member's call was marked (X-Eval, /eval/...). Never trained
     # on; once set, never cleared.
     eval: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
-    # What it lacks to train (core.groups.Lack), settled when it closes (store/training.py:
+    # What it lacks to train (core.learning.groups.Lack), settled when it closes (store/training.py:
     # settle); None while open, or until settled again after a call that came after its close.
     lacks: Mapped[int | None] = mapped_column(SmallInteger)
 
@@ -216,7 +213,7 @@ class Call(Base):
     # A Responses API answer the gateway served for a policy (and the client let it store):
     # its id, so a later call can continue it with `previous_response_id`.
     response_id: Mapped[str | None] = mapped_column(String(128))
-    # What the gateway changed to serve the call (core/records.py: Adjustments); None: nothing.
+    # What the gateway changed to serve the call (core/protocols/records.py: Adjustments); None: nothing.
     adjustments: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
@@ -240,7 +237,7 @@ class Reward(Base):
 
 
 class PolicyRow(Base):
-    """A trainable model (``core.policies.Policy`` is its typed view)."""
+    """A trainable model (``core.learning.policies.Policy`` is its typed view)."""
 
     __tablename__ = "policies"
 
@@ -248,27 +245,27 @@ class PolicyRow(Base):
     name: Mapped[str] = mapped_column(String(128), unique=True)
     base_model: Mapped[str] = mapped_column(String(256))
     model_path: Mapped[str | None] = mapped_column(String(1024))
-    # core.policies.LoraSettings / TrainSettings, as JSON objects.
+    # core.learning.policies.LoraSettings / TrainSettings, as JSON objects.
     lora: Mapped[dict[str, Any]] = mapped_column(JSON)
     train: Mapped[dict[str, Any]] = mapped_column(JSON)
-    # core.policies.RulerSettings; None for a policy made before RULER existed (defaults).
+    # core.learning.policies.RulerSettings; None for a policy made before RULER existed (defaults).
     ruler: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # The project it belongs to (None: shared by every project) and the other projects an
     # admin shared it with (a JSON list of names).
     project: Mapped[str | None] = mapped_column(String(64))
     shared_with: Mapped[list[str] | None] = mapped_column(JSON)
-    # core.policies.PromotionSettings; None for a policy made before promotion existed (defaults).
+    # core.learning.policies.PromotionSettings; None for a policy made before promotion existed (defaults).
     promotion: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    # core.policies.ServingSettings; None for a policy made before it existed (defaults).
+    # core.learning.policies.ServingSettings; None for a policy made before it existed (defaults).
     serving: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     paused: Mapped[bool] = mapped_column(Boolean, default=False)
     # The version served, and the one the next step trains from (and that should be served).
     step: Mapped[int] = mapped_column(Integer, default=0)
     head: Mapped[int] = mapped_column(Integer, default=0)
-    # The version on trial (core/promotion.py), and since when it serves.
+    # The version on trial (core/learning/promotion.py), and since when it serves.
     candidate: Mapped[int | None] = mapped_column(Integer)
     candidate_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    # Its test as the trainer last read it (core.promotion.Comparison), and when: the status
+    # Its test as the trainer last read it (core.learning.promotion.Comparison), and when: the status
     # shows it rather than read the trial again (a canary's costs what the trial served).
     candidate_test: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     candidate_tested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -277,7 +274,7 @@ class PolicyRow(Base):
     # The last failure to load a version into vLLM; cleared when one loads.
     load_error: Mapped[str | None] = mapped_column(Text)
     load_error_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    # core.views.ReplicaView objects, one per vLLM replica, as the trainer last saw them.
+    # core.platform.views.ReplicaView objects, one per vLLM replica, as the trainer last saw them.
     replicas: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -295,7 +292,7 @@ class StepRow(Base):
     # The checkpoint this step started from (step - 1, or the one rolled back to).
     parent: Mapped[int] = mapped_column(Integer)
     groups: Mapped[list[str]] = mapped_column(JSON)
-    # core/steps.py: StepMetrics, as JSON (read back with StepMetrics.read).
+    # core/learning/steps.py: StepMetrics, as JSON (read back with StepMetrics.read).
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
     checkpoint: Mapped[str] = mapped_column(String(1024))
     trainer: Mapped[str] = mapped_column(String(128))
@@ -305,7 +302,7 @@ class StepRow(Base):
     publish_seconds: Mapped[float | None] = mapped_column(Float)
     # Whether it served: the latest decision, "promoted", "rejected" or "rolled_back" (None:
     # not decided, or never tried), and when; every decision in order, each with who made
-    # it, why, and the test's figures (core.promotion.Comparison) where a test made it.
+    # it, why, and the test's figures (core.learning.promotion.Comparison) where a test made it.
     decision: Mapped[str | None] = mapped_column(String(16))
     decided_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     decisions: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
@@ -325,7 +322,7 @@ class RulerVerdict(Base):
 
 
 class ApiKeyRow(Base):
-    """An API key (``core.access.ApiKey`` is its typed view). Never deleted: revoking keeps the row,
+    """An API key (``core.platform.access.ApiKey`` is its typed view). Never deleted: revoking keeps the row,
     so that a gateway which has had keys never falls back to being open."""
 
     __tablename__ = "api_keys"
@@ -357,7 +354,7 @@ class GatewayRow(Base):
 
 
 class UiSessionRow(Base):
-    """A dashboard sign-in (``core.sessions.UiSession`` is its typed view). Deleted when it ends by
+    """A dashboard sign-in (``core.platform.sessions.UiSession`` is its typed view). Deleted when it ends by
     sign-out or by an admin; one past its lifetime is swept at the next sign-in."""
 
     __tablename__ = "ui_sessions"
@@ -370,7 +367,7 @@ class UiSessionRow(Base):
     # The key it was signed in with (its revocation ends it); None: the admin token.
     key_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id"), index=True)
     project: Mapped[str] = mapped_column(String(64))
-    # For the admin token's sessions: a fingerprint of the token (core/sessions.py).
+    # For the admin token's sessions: a fingerprint of the token (core/platform/sessions.py).
     admin_fingerprint: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -380,7 +377,7 @@ class UiSessionRow(Base):
 
 
 class RetentionRow(Base):
-    """A project's retention (``core.retention.Retention`` is its typed view); a project
+    """A project's retention (``core.platform.retention.Retention`` is its typed view); a project
     without a row takes the server's default (``store/retention.py`` reads and writes it)."""
 
     __tablename__ = "retention"

@@ -18,9 +18,8 @@ import msgspec
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.errors import Conflict, NotFound
-from burnish_server.core.health import RecentGroups, health
-from burnish_server.core.policies import (
+from burnish_server.core.learning.health import RecentGroups, health
+from burnish_server.core.learning.policies import (
     LoraSettings,
     Policy,
     PromotionSettings,
@@ -30,13 +29,15 @@ from burnish_server.core.policies import (
     adapter_name,
     settings_conflicts,
 )
-from burnish_server.core.promotion import Outcome
-from burnish_server.core.records import DEMONSTRATION
-from burnish_server.core.steps import StepMetrics, split_totals
-from burnish_server.core.views import CandidateView, PolicyView, ReplicaView, StepView
+from burnish_server.core.learning.promotion import Outcome
+from burnish_server.core.learning.steps import StepMetrics, split_totals
+from burnish_server.core.platform.clock import utcnow
+from burnish_server.core.platform.errors import Conflict, NotFound
+from burnish_server.core.platform.views import CandidateView, PolicyView, ReplicaView, StepView
+from burnish_server.core.protocols.records import DEMONSTRATION
 from burnish_server.store import groups, promotion
 from burnish_server.store.evals import eval_scores
-from burnish_server.store.models import Group, PolicyRow, StepRow, iso, utcnow
+from burnish_server.store.models import Group, PolicyRow, StepRow, iso
 from burnish_server.store.training import count_ready, credited, group_members, training_rules
 
 
@@ -185,7 +186,7 @@ def list_steps(conn: Connection, name: str, limit: int | None = None) -> list[St
     return [step_view(row, policy.step) for row in reversed(rows)]
 
 
-# Closed groups the health report reads for ties (core/health.py).
+# Closed groups the health report reads for ties (core/learning/health.py).
 RECENT_GROUPS = 16
 
 
@@ -194,7 +195,7 @@ def recent_groups(conn: Connection, policy: str, last: int = RECENT_GROUPS) -> R
     left out of the count): how many tied, as readiness
     sees it (``store/training.py: ready_groups``): every trajectory rewarded alike and no
     call's credit to train on; and how many can never train for want of a reward or of a
-    second member (core/groups.py: cannot_train)."""
+    second member (core/learning/groups.py: cannot_train)."""
     closed = (
         select(Group.id)
         .where(

@@ -3,9 +3,9 @@
 A step trained under a promotion rule that tries it first (``PromotionSettings.trials``) is
 published to vLLM as the policy's *candidate*; the trainer's ``Promoter``
 (``trainer/promoter.py``) tests it against the served version on each pass (``trial_samples``
-here, then ``core/promotion.py: trial``) and promotes or rejects it through
+here, then ``core/learning/promotion.py: trial``) and promotes or rejects it through
 ``store/versions.py``, which writes every decision on the step's row as a ``DecisionRecord``.
-This module only reads; what the samples mean is ``core/promotion.py``'s.
+This module only reads; what the samples mean is ``core/learning/promotion.py``'s.
 
 A trajectory's *version* is the step that answered its ok calls to the policy; one whose calls
 span versions counts for neither. Under ``canary`` both sides count the trajectories begun
@@ -26,11 +26,12 @@ from sqlalchemy import case, func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import aliased
 
-from burnish_server.core.policies import Policy
-from burnish_server.core.promotion import Comparison, DecisionRecord, Outcome, Sample, trial
-from burnish_server.core.records import OK
+from burnish_server.core.learning.policies import Policy
+from burnish_server.core.learning.promotion import Comparison, DecisionRecord, Outcome, Sample, trial
+from burnish_server.core.platform.clock import utcnow
+from burnish_server.core.protocols.records import OK
 from burnish_server.store import evals
-from burnish_server.store.models import Call, StepRow, Trajectory, utcnow
+from burnish_server.store.models import Call, StepRow, Trajectory
 
 # The rollback watch reads a version's newest calls this many windows at a time, then this many
 # times more while the window is not full (``_latest``): a trajectory makes a few calls.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import or_, select
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.records import OK, CallRecord
+from burnish_server.core.protocols.records import OK, CallRecord
 from burnish_server.store.calls import to_record
 from burnish_server.store.models import Call, Group, Trajectory
 

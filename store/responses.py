@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.records import CallRecord
+from burnish_server.core.protocols.records import CallRecord
 from burnish_server.store.calls import CALL_COLUMNS, to_record
 from burnish_server.store.models import Call
 

@@ -1,6 +1,6 @@
 """Retention: each project's setting, and removing old trajectories (prune) and putting them back (restore).
 
-What may go (``core/retention.py`` says it for users): a trajectory whose last call and last
+What may go (``core/platform/retention.py`` says it for users): a trajectory whose last call and last
 reward are older than the cutoff, taken whole with its calls and rewards; a trajectory in a
 group only with the whole group (every member that old), which must be closed, neither being
 trained nor ready to train, and, unless asked, not trained on by a kept version of its policy.
@@ -10,7 +10,7 @@ Prune goes in small batches, each in two short transactions, so that live traffi
 held up for long:
 
 1. ``select_batch`` (a read) finds the next candidates after a cursor, and ``read_batch``
-   reads everything about them into archive records (``core/archive.py``);
+   reads everything about them into archive records (``core/platform/archive.py``);
 2. ``delete_batch`` (a write transaction) locks the candidates' rows (groups first, then
    trajectories, each in id order, as the writer takes them), checks that nothing changed
    since the read (no call, no reward, no claim, no change of state), deletes what did not
@@ -36,10 +36,11 @@ from sqlalchemy import and_, delete, exists, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.archive import ArchivedCall, ArchivedGroup, ArchivedReward, ArchivedTrajectory, ArchivedVerdict, utc
-from burnish_server.core.promotion import Outcome
-from burnish_server.core.retention import Retention
-from burnish_server.store.models import Call, Group, HeldOut, PolicyRow, RetentionRow, Reward, RulerVerdict, StepRow, Trajectory, utcnow
+from burnish_server.core.learning.promotion import Outcome
+from burnish_server.core.platform.archive import ArchivedCall, ArchivedGroup, ArchivedReward, ArchivedTrajectory, ArchivedVerdict, utc
+from burnish_server.core.platform.clock import utcnow
+from burnish_server.core.platform.retention import Retention
+from burnish_server.store.models import Call, Group, HeldOut, PolicyRow, RetentionRow, Reward, RulerVerdict, StepRow, Trajectory
 from burnish_server.store.training import ready_groups, training_rules
 
 # ---- the setting --------------------------------------------------------------------------

@@ -20,14 +20,15 @@ from sqlalchemy import exists, insert, or_, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.access import local
-from burnish_server.core.errors import Conflict, NotFound
-from burnish_server.core.groups import group_state, rewards_final
-from burnish_server.core.records import OK, CallRecord
-from burnish_server.core.verdicts import Score
+from burnish_server.core.learning.groups import group_state, rewards_final
+from burnish_server.core.learning.verdicts import Score
+from burnish_server.core.platform.access import local
+from burnish_server.core.platform.clock import utcnow
+from burnish_server.core.platform.errors import Conflict, NotFound
+from burnish_server.core.protocols.records import OK, CallRecord
 from burnish_server.store import evals, groups
 from burnish_server.store.calls import to_record
-from burnish_server.store.models import Call, Group, PolicyRow, Reward, RulerVerdict, Trajectory, utcnow
+from burnish_server.store.models import Call, Group, PolicyRow, Reward, RulerVerdict, Trajectory
 from burnish_server.store.training import settle
 
 # A gateway that died while judging a group of a policy with automatic RULER: another

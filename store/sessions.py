@@ -1,4 +1,4 @@
-"""The dashboard's sessions in the store (``core/sessions.py``): made at sign-in, read on every
+"""The dashboard's sessions in the store (``core/platform/sessions.py``): made at sign-in, read on every
 dashboard request by whichever gateway serves it, deleted at sign-out or by an admin.
 
 Every read is by a unique column (the secret's hash, the public id) or bounded by what it
@@ -15,12 +15,13 @@ from typing import Any
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.access import ApiKey
-from burnish_server.core.errors import NotFound
-from burnish_server.core.sessions import UiSession, new_session_id
-from burnish_server.core.views import SessionView
+from burnish_server.core.platform.access import ApiKey
+from burnish_server.core.platform.clock import utcnow
+from burnish_server.core.platform.errors import NotFound
+from burnish_server.core.platform.sessions import UiSession, new_session_id
+from burnish_server.core.platform.views import SessionView
 from burnish_server.store.keys import to_key
-from burnish_server.store.models import ApiKeyRow, UiSessionRow, iso, utcnow
+from burnish_server.store.models import ApiKeyRow, UiSessionRow, iso
 
 
 def _aware(value: datetime) -> datetime:

@@ -6,7 +6,7 @@ import msgspec
 from sqlalchemy import case, func, select
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.steps import StepMetrics, split_totals
+from burnish_server.core.learning.steps import StepMetrics, split_totals
 from burnish_server.store import evals, groups, promotion
 from burnish_server.store.evals import Score
 from burnish_server.store.models import Group, PolicyRow, StepRow, Trajectory

@@ -3,7 +3,7 @@
 A group is ready for its policy when it is closed, every member has a reward, and the
 rewards are not all equal, or some call carries a reward of its own that is not 0 (equal
 rewards and no call's credit give zero advantages: nothing to learn); see
-``core/groups.py`` for the states. A group held out for evaluation is never ready: neither
+``core/learning/groups.py`` for the states. A group held out for evaluation is never ready: neither
 one marked itself (``groups.eval``) nor one with any marked member (a trajectory marked
 before it joined the group), so a held-out trajectory is never trained on, however the
 marks arrived.
@@ -27,15 +27,16 @@ from sqlalchemy import ColumnElement, Select, and_, case, exists, func, or_, sel
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import InstrumentedAttribute, aliased
 
-from burnish_server.core.groups import Lack, tolerated
-from burnish_server.core.policies import Objective, TrainSettings
-from burnish_server.core.records import DEMONSTRATION, OK, CallRecord
-from burnish_server.core.settings import Settings
+from burnish_server.core.learning.groups import Lack, tolerated
+from burnish_server.core.learning.policies import Objective, TrainSettings
+from burnish_server.core.platform.clock import utcnow
+from burnish_server.core.platform.settings import Settings
+from burnish_server.core.protocols.records import DEMONSTRATION, OK, CallRecord
 from burnish_server.store import groups
 from burnish_server.store.calls import to_record
-from burnish_server.store.models import Call, Group, PolicyRow, Reward, Trajectory, utcnow
+from burnish_server.store.models import Call, Group, PolicyRow, Reward, Trajectory
 
-# A claim's lease when the caller names none: the trainer's own default (core/settings.py: trainer_lease).
+# A claim's lease when the caller names none: the trainer's own default (core/platform/settings.py: trainer_lease).
 DEFAULT_LEASE_S = Settings().trainer_lease
 
 
@@ -94,7 +95,7 @@ class Training(NamedTuple):
 
 
 def training_rules(conn: Connection, policy: str) -> Training:
-    """The policy's ``Training`` (core/policies.py: open_to, TrainSettings.weights)."""
+    """The policy's ``Training`` (core/learning/policies.py: open_to, TrainSettings.weights)."""
     row = conn.execute(select(PolicyRow.project, PolicyRow.shared_with, PolicyRow.train).where(PolicyRow.name == policy)).one_or_none()
     if row is None:
         return Training(None, Objective())
@@ -103,7 +104,7 @@ def training_rules(conn: Connection, policy: str) -> Training:
 
 
 def lacks(group_id: ColumnElement[str] | InstrumentedAttribute[str]) -> Any:
-    """What the group ``group_id`` names lacks to train (core/groups.py: Lack), worked out from
+    """What the group ``group_id`` names lacks to train (core/learning/groups.py: Lack), worked out from
     its members (``ix_trajectories_group_members``) and their calls' rewards: a scalar subquery
     correlated with the group. The worst lack wins: a held-out member, then a missing reward,
     then a tie with no call's own reward."""
@@ -153,7 +154,7 @@ def ready_groups(
 ) -> Select:
     """Ids of the policy's ready, unclaimed groups, oldest closed first; only ``rules.projects``'
     where given (a group of a project the policy was unshared from waits, untrained). What
-    ready asks of a group depends on the objective (core/groups.py: tolerated): GRPO alone,
+    ready asks of a group depends on the objective (core/learning/groups.py: tolerated): GRPO alone,
     every member rewarded and rewards that differ; with SFT, every member rewarded;
     distillation, nothing (the teacher scores the samples).
 
@@ -166,7 +167,7 @@ def ready_groups(
     tolerance = int(tolerated(rules.objective))
     # On GRPO alone (the default), one value of the index: its entries come oldest closed first.
     fits = lack == tolerance if tolerance == Lack.NOTHING else lack <= tolerance
-    # Posted demonstrations (core/demonstrations.py) train SFT alone, and need no reward.
+    # Posted demonstrations (core/learning/demonstrations.py) train SFT alone, and need no reward.
     sampled = or_(Group.close_reason.is_(None), Group.close_reason != DEMONSTRATION)
     kind = and_(sampled, fits)
     if rules.objective.sft > 0:

@@ -1,7 +1,7 @@
 """A policy's versions in the store: every write of its head, its served step, its candidate and
 the decisions on its steps' rows.
 
-What may move, and where to, is ``core/promotion.py``'s (``recorded``, ``served``, ``on_trial``,
+What may move, and where to, is ``core/learning/promotion.py``'s (``recorded``, ``served``, ``on_trial``,
 ``decided``, ``rolled_back``, ``admin_rolled_back``): each function here locks the policy's row,
 reads where its versions stand, asks the transition, and writes what it returns in the same
 transaction. The trainer's stepper, publisher and promoter and the admin API write versions
@@ -20,9 +20,8 @@ import msgspec
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.errors import Conflict, NotFound
-from burnish_server.core.policies import Policy
-from burnish_server.core.promotion import (
+from burnish_server.core.learning.policies import Policy
+from burnish_server.core.learning.promotion import (
     Comparison,
     DecisionRecord,
     Move,
@@ -37,8 +36,10 @@ from burnish_server.core.promotion import (
     rolled_back,
     served,
 )
-from burnish_server.core.steps import StepMetrics
-from burnish_server.store.models import PolicyRow, StepRow, utcnow
+from burnish_server.core.learning.steps import StepMetrics
+from burnish_server.core.platform.clock import utcnow
+from burnish_server.core.platform.errors import Conflict, NotFound
+from burnish_server.store.models import PolicyRow, StepRow
 from burnish_server.store.promotion import evidence
 from burnish_server.store.training import complete_groups
 
@@ -89,7 +90,7 @@ def record_step(conn: Connection, name: str, step: int, parent: int, groups: lis
 
 
 def publishing_of(conn: Connection, policy: Policy) -> Publishing:
-    """How the policy's head is published (``core/promotion.py: publishing``), by its step's row."""
+    """How the policy's head is published (``core/learning/promotion.py: publishing``), by its step's row."""
     row = conn.execute(select(StepRow.decision, StepRow.published_at).where(StepRow.policy == policy.name, StepRow.step == policy.head)).one_or_none()
     decision = None if row is None or row.decision is None else Outcome(row.decision)
     return publishing(policy.promotion, policy.head, decision, row is not None and row.published_at is not None)

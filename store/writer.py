@@ -23,8 +23,8 @@ from typing import Any, Protocol
 from sqlalchemy.exc import OperationalError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from burnish_server.core.errors import BurnishError
-from burnish_server.core.records import CallRecord
+from burnish_server.core.platform.errors import BurnishError
+from burnish_server.core.protocols.records import CallRecord
 from burnish_server.store.database import Database
 from burnish_server.store.writes import insert_calls
 

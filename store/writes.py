@@ -5,7 +5,7 @@ These are plain functions of a sync ``Connection`` (see ``Database.transaction``
 Calls are written in bulk: one upsert of their groups, one of their trajectories,
 one insert of the calls, for a whole commit batch. Rewards and closes are small
 operations that check before they change anything; a check that fails raises a domain
-error (``core/errors.py``), which the writer hands to that operation's caller alone.
+error (``core/platform/errors.py``), which the writer hands to that operation's caller alone.
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ from sqlalchemy import bindparam, exists, false, func, insert, null, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.access import local, project_of
-from burnish_server.core.errors import Conflict, NotFound
-from burnish_server.core.groups import Lack
-from burnish_server.core.records import DEMONSTRATION, CallRecord
+from burnish_server.core.learning.groups import Lack
+from burnish_server.core.platform.access import local, project_of
+from burnish_server.core.platform.clock import utcnow
+from burnish_server.core.platform.errors import Conflict, NotFound
+from burnish_server.core.protocols.records import DEMONSTRATION, CallRecord
 from burnish_server.store import evals
 from burnish_server.store.calls import CALL_COLUMNS, to_row
-from burnish_server.store.models import Call, Group, Reward, Trajectory, utcnow
+from burnish_server.store.models import Call, Group, Reward, Trajectory
 from burnish_server.store.training import settle
 
 
@@ -169,7 +170,7 @@ def insert_calls(conn: Connection, records: list[CallRecord]) -> None:
 def _held_out(records: list[CallRecord]) -> list[dict[str, Any]]:
     """A call marked for evaluation without its group's key (``X-Trajectory-Id`` alone) still
     holds its trajectory's group out: ``_HOLD_OUT``'s rows, which say so on the group's row
-    (core/groups.py: Lack.HELD_OUT)."""
+    (core/learning/groups.py: Lack.HELD_OUT)."""
     marked = sorted({rec.trajectory_id for rec in records if rec.eval and rec.group_id is None})
     return [{"trajectory_id": t, "lacks": int(Lack.HELD_OUT)} for t in marked]
 
@@ -314,7 +315,7 @@ class CloseGroup:
 
 @dataclass(slots=True)
 class RecordDemonstrations:
-    """Posted demonstrations (core/demonstrations.py: ``record``), each a trajectory in a group
+    """Posted demonstrations (core/learning/demonstrations.py: ``record``), each a trajectory in a group
     of its own, closed at once: it takes no reward and waits for a policy that trains on SFT."""
 
     records: list[CallRecord]

@@ -47,14 +47,14 @@ import httpx
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from burnish_server.core.policies import adapter_name
-from burnish_server.core.records import CallRecord
-from burnish_server.core.transcript import UnreadableCall, exchange
+from burnish_server.core.learning.policies import adapter_name
+from burnish_server.core.protocols.records import CallRecord
+from burnish_server.core.protocols.transcript import UnreadableCall, exchange
 from burnish_server.telemetry.exporter import Exporter
 from burnish_server.telemetry.watchers import Decision, Step
 
 if TYPE_CHECKING:
-    from burnish_server.core.settings import Settings
+    from burnish_server.core.platform.settings import Settings
 
 log = logging.getLogger("burnish.langfuse")
 

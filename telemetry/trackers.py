@@ -4,7 +4,7 @@ MLflow and TensorBoard: each on when its setting is set (docs/operations.md).
 What is logged, per policy (one W&B run, one MLflow run, one TensorBoard subdirectory each),
 against the policy's step:
 
-- ``train/<metric>``: each figure of a recorded step (core/steps.py: StepMetrics);
+- ``train/<metric>``: each figure of a recorded step (core/learning/steps.py: StepMetrics);
 - ``eval/score`` and ``eval/trajectories``: a version's held-out score and the rewarded eval
   trajectories it is over, at that version's step, each time either changes;
 - ``promotion/<decision>`` (1: promoted, rejected or rolled_back) and the test's figures
@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import msgspec
 
-from burnish_server.core.policies import adapter_name
+from burnish_server.core.learning.policies import adapter_name
 from burnish_server.telemetry.exporter import Exporter
 from burnish_server.telemetry.watchers import Decision, Step
 
 if TYPE_CHECKING:
-    from burnish_server.core.settings import Settings
+    from burnish_server.core.platform.settings import Settings
 
 log = logging.getLogger("burnish.trackers")
 
@@ -155,7 +155,7 @@ class MLflowTracker:
         if run_id is None:
             found = self.client.get_experiment_by_name(self.experiment)
             experiment_id = found.experiment_id if found is not None else self.client.create_experiment(self.experiment)
-            # Policy names are ids (core/ids.py: no quotes), safe inside the filter's quotes.
+            # Policy names are ids (core/platform/ids.py: no quotes), safe inside the filter's quotes.
             earlier = self.client.search_runs(
                 [experiment_id], filter_string=f"tags.`{POLICY_TAG}` = '{policy}'", order_by=["attributes.start_time DESC"], max_results=1
             )

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from burnish_server.core.promotion import DecisionRecord
-from burnish_server.core.steps import StepMetrics
+from burnish_server.core.learning.promotion import DecisionRecord
+from burnish_server.core.learning.steps import StepMetrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,7 @@ class Step:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """A candidate promoted or rejected, or a served version rolled back (core/promotion.py)."""
+    """A candidate promoted or rejected, or a served version rolled back (core/learning/promotion.py)."""
 
     policy: str
     step: int

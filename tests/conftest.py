@@ -22,7 +22,7 @@ from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from burnish_server.cli.up import TINY_MODEL_ARGS
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway.app import create_app
 from burnish_server.serving.process import VLLMServer
 from burnish_server.store.database import Database

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from burnish_server.core.records import CallRecord
+from burnish_server.core.protocols.records import CallRecord
 
 
 def call(endpoint: str, request: dict[str, Any], response: dict[str, Any] | None, **fields: Any) -> CallRecord:

@@ -25,7 +25,7 @@ from burnish_server.trainer.recompute import selective
 
 @dataclass(frozen=True)
 class Holding:
-    """How the trainer holds a base model (``BURNISH_TRAINER_*`` in core/settings.py)."""
+    """How the trainer holds a base model (``BURNISH_TRAINER_*`` in core/platform/settings.py)."""
 
     # The base's weights and activations: bf16 on a GPU; fp32 on the CPU, where bf16 matmuls
     # are slow or missing. LoRA's weights and optimizer state are fp32 whatever this says; in a

@@ -4,7 +4,7 @@ calls may ask for them), and records where each stands per policy.
 
 So a replica that joins, or comes back empty after a restart, serves the policy again within
 seconds, and gets its calls only from then on: one that does not list the served version gets
-none of the policy's calls from the gateways (``core/replicas.py``).
+none of the policy's calls from the gateways (``core/platform/replicas.py``).
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ import asyncio
 import logging
 import time
 
-from burnish_server.core.policies import Policy, adapter_name
-from burnish_server.core.settings import Settings
-from burnish_server.core.views import ReplicaView
+from burnish_server.core.learning.policies import Policy, adapter_name
+from burnish_server.core.platform.clock import utcnow
+from burnish_server.core.platform.settings import Settings
+from burnish_server.core.platform.views import ReplicaView
 from burnish_server.serving.adapters import VLLMAdapters, steps_of
 from burnish_server.serving.fleet import UNREACHABLE, Fleet
 from burnish_server.store.database import Database
-from burnish_server.store.models import iso, utcnow
+from burnish_server.store.models import iso
 from burnish_server.store.policies import load_policies, mark_replicas
 from burnish_server.trainer.checkpoints import Checkpoints
 from burnish_server.trainer.publisher import Refusals, checked

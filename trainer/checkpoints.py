@@ -5,7 +5,7 @@
         optimizer.pt          AdamW's state, so a restarted trainer resumes exactly
         trainer_state.json    the step and the settings it trained with
         metrics.json          the step's metrics
-        probe.json            what vLLM must answer with the adapter (core/fidelity.py)
+        probe.json            what vLLM must answer with the adapter (core/learning/fidelity.py)
 
 A step is written to ``.<step>.partial`` and renamed into place. A trainer that died
 before its step was recorded in the store leaves a whole directory with no row: at start it
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import msgspec
 
-from burnish_server.core.fidelity import Probe
+from burnish_server.core.learning.fidelity import Probe
 
 log = logging.getLogger("burnish.trainer")
 

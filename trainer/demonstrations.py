@@ -1,4 +1,4 @@
-"""A posted demonstration (core/demonstrations.py) as a training sequence: the conversation
+"""A posted demonstration (core/learning/demonstrations.py) as a training sequence: the conversation
 rendered with the chat template vLLM serves the model with, its assistant turns the only
 tokens trained.
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from burnish_server.core.records import CallRecord
-from burnish_server.core.transcript import UnreadableCall, exchange
+from burnish_server.core.protocols.records import CallRecord
+from burnish_server.core.protocols.transcript import UnreadableCall, exchange
 from burnish_server.trainer.sequences import Sequence
 
 

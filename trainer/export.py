@@ -25,7 +25,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Literal
 
-from burnish_server.core.adapters import ADAPTER_CONFIG, ADAPTER_FILES, ADAPTER_WEIGHTS, exported_config
+from burnish_server.core.learning.adapters import ADAPTER_CONFIG, ADAPTER_FILES, ADAPTER_WEIGHTS, exported_config
 
 Format = Literal["adapter", "merged", "gguf"]
 FORMATS: tuple[Format, ...] = ("adapter", "merged", "gguf")

@@ -1,4 +1,4 @@
-"""A checkpoint's probe (core/fidelity.py): its step's shortest sequences and the trainer's
+"""A checkpoint's probe (core/learning/fidelity.py): its step's shortest sequences and the trainer's
 log-probability of each of their tokens under the adapter just trained, saved beside the
 adapter as ``probe.json``. Publishing (trainer/publisher.py) compares what vLLM serves with it.
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import torch
 
-from burnish_server.core.fidelity import PROBE_SEQUENCES, PROBE_TOKENS, Probe
+from burnish_server.core.learning.fidelity import PROBE_SEQUENCES, PROBE_TOKENS, Probe
 from burnish_server.trainer.checkpoints import PROBE_FILE
 from burnish_server.trainer.policy_model import PolicyModel, make_batch
 from burnish_server.trainer.sequences import Sequence

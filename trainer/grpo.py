@@ -1,6 +1,6 @@
 """GRPO's arithmetic: group-relative advantages and the clipped, token-level loss.
 
-The advantages and credits are ``core/credit.py``'s (the dashboard shows the same figures).
+The advantages and credits are ``core/learning/credit.py``'s (the dashboard shows the same figures).
 Everything here is a pure function of tensors, so it can be checked by hand
 (tests/trainer/test_grpo.py). The loop that feeds it lives elsewhere in trainer/.
 
@@ -37,12 +37,12 @@ from dataclasses import dataclass
 
 import torch
 
-from burnish_server.core import credit
-from burnish_server.core.policies import TrainSettings
+from burnish_server.core.learning import credit
+from burnish_server.core.learning.policies import TrainSettings
 
 
 def group_advantages(rewards: torch.Tensor, *, scale: bool = True, eps: float = 1e-4) -> torch.Tensor:
-    """``core/credit.py: group_advantages`` on a tensor (the rule lives there, shared with the dashboard)."""
+    """``core/learning/credit.py: group_advantages`` on a tensor (the rule lives there, shared with the dashboard)."""
     return torch.tensor(credit.group_advantages(rewards.tolist(), scale=scale, eps=eps), dtype=torch.float32)
 
 

@@ -25,9 +25,10 @@ from pathlib import Path
 
 import msgspec
 
-from burnish_server.core.policies import Policy
-from burnish_server.core.settings import Settings
-from burnish_server.core.steps import StepMetrics
+from burnish_server.core.learning.policies import Policy
+from burnish_server.core.learning.steps import StepMetrics
+from burnish_server.core.platform.settings import Settings
+from burnish_server.serving.discovery import upstreams
 from burnish_server.serving.scoring import VLLMScorer
 from burnish_server.serving.tool_calling import served_template
 from burnish_server.store.training import TrainingCall
@@ -183,7 +184,7 @@ class Models:
         t2 = time.perf_counter()
         served = 0
         if prompts is not None and teacher is not None and teacher.model is not None:
-            scorer = VLLMScorer(self.settings.upstreams[0], api_key=self.settings.upstream_api_key)
+            scorer = VLLMScorer(upstreams(self.settings)[0], api_key=self.settings.upstream_api_key)
             try:
                 served_scores(batch.items, scorer, teacher.model, policy.train.max_seq_len)
             finally:
@@ -208,7 +209,7 @@ class Models:
         metrics.untokenized_calls, metrics.stale_calls, metrics.call_rewards = batch.untokenized, batch.stale, batch.call_rewards
         metrics.sequence_splits = batch.splits
         metrics.teacher_unrendered_calls = batch.unrendered
-        metrics.count_splits(batch.split_reasons)  # why each split happened (core/drift.py)
+        metrics.count_splits(batch.split_reasons)  # why each split happened (core/learning/drift.py)
         metrics.ranks = self.ranks.world
         ages = batch.staleness or [0]
         metrics.staleness_mean, metrics.staleness_max = sum(ages) / len(ages), max(ages)

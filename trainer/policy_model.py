@@ -2,7 +2,7 @@
 
 Read top to bottom: the batch (sequences padded into tensors), the forward pass
 (per-token logprobs), the step (loss, backward, clip, AdamW), checkpoints. Every knob
-and its default is in ``core/policies.py`` (LoraSettings, TrainSettings).
+and its default is in ``core/learning/policies.py`` (LoraSettings, TrainSettings).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 import msgspec
 import torch
 
-from burnish_server.core.policies import LoraSettings, TrainSettings
-from burnish_server.core.steps import StepMetrics
+from burnish_server.core.learning.policies import LoraSettings, TrainSettings
+from burnish_server.core.learning.steps import StepMetrics
 from burnish_server.trainer.base_model import Head, SharedBase
 from burnish_server.trainer.grpo import behaviour_gap, grpo_loss
 from burnish_server.trainer.logprobs import sampled_logprobs, top_forward_kl, top_logprobs
@@ -348,7 +348,7 @@ class PolicyModel:
 
     def step(self, items: list[tuple[Sequence, float]]) -> StepMetrics:
         """One optimizer step over (sequence, advantage) pairs: the policy's objectives
-        (core/policies.py: Objective), each token-level over the tokens it trains on, weighted
+        (core/learning/policies.py: Objective), each token-level over the tokens it trains on, weighted
         and summed; the teacher scores the samples first where the policy distills.
 
         Besides the loss it reports how far the trainer's logprobs of the sampled tokens are

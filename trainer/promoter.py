@@ -1,8 +1,8 @@
 """The trainer's side of promotion: end a candidate's trial where its test decides, and roll
 the served version back where it regressed.
 
-What the figures mean is ``core/promotion.py``'s (the test, the outcomes, the record); what
-the rule asks is ``PromotionSettings``' (``core/policies.py``); the store reads the samples
+What the figures mean is ``core/learning/promotion.py``'s (the test, the outcomes, the record); what
+the rule asks is ``PromotionSettings``' (``core/learning/policies.py``); the store reads the samples
 (``store/promotion.py``) and writes the decisions (``store/versions.py``). This class only puts them together, on each of
 the trainer's passes, and tells whoever watches the decisions (``on_decision``: Langfuse and the
 trackers, through the worker).
@@ -14,11 +14,11 @@ import logging
 import time
 from collections.abc import Callable
 
-from burnish_server.core.policies import Policy
-from burnish_server.core.promotion import DecisionRecord, Outcome, regression
+from burnish_server.core.learning.policies import Policy
+from burnish_server.core.learning.promotion import DecisionRecord, Outcome, regression
+from burnish_server.core.platform.clock import utcnow
 from burnish_server.store import promotion, versions
 from burnish_server.store.database import Database
-from burnish_server.store.models import utcnow
 from burnish_server.store.policies import get_policy
 
 log = logging.getLogger("burnish.trainer")

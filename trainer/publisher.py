@@ -16,10 +16,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from burnish_server.core.fidelity import Probe, noise_floor
-from burnish_server.core.policies import Policy, adapter_name, served_name
-from burnish_server.core.promotion import Publishing
-from burnish_server.core.settings import Settings
+from burnish_server.core.learning.fidelity import Probe, noise_floor
+from burnish_server.core.learning.policies import Policy, adapter_name, served_name
+from burnish_server.core.learning.promotion import Publishing
+from burnish_server.core.platform.settings import Settings
 from burnish_server.serving.adapters import AdapterError, Unfaithful, VLLMAdapters
 from burnish_server.serving.fleet import UNREACHABLE, Fleet
 from burnish_server.store import versions
@@ -132,7 +132,7 @@ class Publisher:
 def checked(vllm: VLLMAdapters, loaded: str | None, model: str, probe: Probe | None = None, tolerance: float = 0.0) -> None:
     """``vllm.check(model)``, and where there is a probe, that vLLM answers as the trainer made
     the adapter (``Unfaithful`` if not, past ``tolerance``, or where it is 0 the noise floor of
-    the probe's dtype: core/fidelity.py); if either fails, the adapter just
+    the probe's dtype: core/learning/fidelity.py); if either fails, the adapter just
     ``loaded`` is unloaded again, so that no gateway sends calls to a replica that listed it but
     could not answer with it, or would answer with other weights."""
     try:

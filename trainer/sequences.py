@@ -3,7 +3,7 @@
     recorded call ──(its prompt and completion ids, as vLLM returned them)──▶ SampledCall
     a trajectory's SampledCalls ──(merged where each prompt extends the last)──▶ Sequences
     a group's rewards ──(group-relative advantages, trainer/grpo.py)──▶ (Sequence, advantage) pairs
-    rewards posted for single calls ──(turn_credits, core/credit.py)──▶ each token's credit, in its Sequence
+    rewards posted for single calls ──(turn_credits, core/learning/credit.py)──▶ each token's credit, in its Sequence
 
 A call trains only on the ids the policy actually saw and sampled. A call recorded without
 prompt or completion ids is skipped and counted (``untokenized_calls`` in the step's
@@ -15,7 +15,7 @@ start with everything so far (the previous prompt and completion) extends that s
 so a multi-turn episode trains as one. A call whose prompt does not (a chat template that
 drops earlier reasoning, an agent that rewrote its history, a reply re-tokenised
 differently) starts a new sequence: a split, counted (``sequence_splits``) and shown per
-call in the trajectory view (``extends_previous``). The rule is ``core/tokens.py:
+call in the trajectory view (``extends_previous``). The rule is ``core/learning/tokens.py:
 Continuity``, the same for both. Only sampled tokens are trained on (mask 1); prompt
 tokens, tool results and user turns are context (mask 0).
 
@@ -27,7 +27,7 @@ and maximum, and with ``max_staleness`` set, older calls are skipped and counted
 A call with several choices (n > 1) gives one sequence per choice: each is its own
 sample of the same prompt, and is not merged with other calls (nor counted as a split).
 
-A call sampled under a grammar (``core/grammar.py``: a forced tool call, a JSON format) keeps
+A call sampled under a grammar (``core/protocols/grammar.py``: a forced tool call, a JSON format) keeps
 its recorded logprobs only to find the tokens the grammar forced; the ratio of its other
 tokens is taken against the trainer's own logprob (``Sequence.compared`` 0), since vLLM's are
 renormalised over what the grammar allowed (docs/trainer.md, "The ratio under a grammar").
@@ -41,12 +41,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from burnish_server.core.credit import trained_mask, turn_credits
-from burnish_server.core.drift import split_reason
-from burnish_server.core.grammar import held
-from burnish_server.core.policies import TrainSettings
-from burnish_server.core.records import DEMONSTRATION, CallRecord
-from burnish_server.core.tokens import Continuity
+from burnish_server.core.learning.credit import trained_mask, turn_credits
+from burnish_server.core.learning.drift import split_reason
+from burnish_server.core.learning.policies import TrainSettings
+from burnish_server.core.learning.tokens import Continuity
+from burnish_server.core.protocols.grammar import held
+from burnish_server.core.protocols.records import DEMONSTRATION, CallRecord
 from burnish_server.store.training import TrainingCall
 from burnish_server.trainer.grpo import group_advantages
 
@@ -62,7 +62,7 @@ class SampledCall:
     prompt: list[int]
     completions: list[list[int]]  # one per choice
     logprobs: list[list[float]] | None  # the behaviour policy's, aligned with completions
-    credit: float = 0.0  # its credit per turn (core/credit.py: turn_credits), for every choice
+    credit: float = 0.0  # its credit per turn (core/learning/credit.py: turn_credits), for every choice
     teacher_prompt: list[int] | None = None  # where the policy distills: its prompt with the teacher's context
     # Sampled free of any grammar: its recorded logprobs are of the distribution the trainer computes.
     free: bool = True
@@ -92,7 +92,7 @@ class Sequence:
     held: list[int] = field(default_factory=list)  # 1 on sampled tokens of calls held to a grammar
     calls: int = 0
     spans: list[Span] = field(default_factory=list)
-    # Which objectives train on it (core/policies.py: Objective): GRPO where its group's rewards
+    # Which objectives train on it (core/learning/policies.py: Objective): GRPO where its group's rewards
     # say something; SFT where it is one of its group's best; distillation where the teacher
     # scored its tokens (``taught`` 1, ``teacher_logprobs`` theirs).
     grpo: bool = True
@@ -203,7 +203,7 @@ class Batch:
     stale: int = 0  # calls skipped: sampled more than max_staleness steps before the trained one
     staleness: list[int] = field(default_factory=list)  # of each call trained: head - its sampling step
     call_rewards: int = 0  # calls that carried a reward of their own (credit per turn)
-    split_reasons: dict[str, int] = field(default_factory=dict)  # core/drift.py: why each split happened
+    split_reasons: dict[str, int] = field(default_factory=dict)  # core/learning/drift.py: why each split happened
     unrendered: int = 0  # calls the teacher could not be shown faithfully: not distilled
 
 

@@ -18,10 +18,10 @@ import asyncio
 import logging
 import time
 
-from burnish_server.core.policies import Policy
-from burnish_server.core.settings import Settings
+from burnish_server.core.learning.policies import Policy
+from burnish_server.core.platform.clock import utcnow
+from burnish_server.core.platform.settings import Settings
 from burnish_server.store.database import Database
-from burnish_server.store.models import utcnow
 from burnish_server.store.policies import clear_training_request, get_policy, last_step, load_policies
 from burnish_server.store.training import claim_groups, group_calls, other_trainer_busy, release_groups
 from burnish_server.store.versions import record_step

@@ -1,10 +1,10 @@
 """The teacher of on-policy distillation: its prompt for each recorded call.
 
 The teacher is the policy's own base model with its adapter off, shown the policy's teacher
-context (core/policies.py: Teacher) before each conversation: context distillation. It scores
+context (core/learning/policies.py: Teacher) before each conversation: context distillation. It scores
 the very tokens the policy sampled, after its own prompt:
 
-    recorded call ──(core/transcript.py: its conversation and tools)──▶ messages
+    recorded call ──(core/protocols/transcript.py: its conversation and tools)──▶ messages
     messages ──(the chat template)──▶ must equal the prompt ids vLLM recorded, else skipped
     [leading system messages] + context + [the rest] ──(the chat template)──▶ the teacher's prompt
 
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from burnish_server.core.conversation import Message, ToolCall
-from burnish_server.core.messages import Turn, with_context
-from burnish_server.core.policies import Teacher
-from burnish_server.core.records import CallRecord
-from burnish_server.core.transcript import UnreadableCall, exchange
+from burnish_server.core.learning.policies import Teacher
+from burnish_server.core.protocols.conversation import Message, ToolCall
+from burnish_server.core.protocols.messages import Turn, with_context
+from burnish_server.core.protocols.records import CallRecord
+from burnish_server.core.protocols.transcript import UnreadableCall, exchange
 from burnish_server.serving.scoring import VLLMScorer
 from burnish_server.trainer.sequences import Sequence
 
@@ -68,7 +68,7 @@ class ContextTeacher:
 
 
 def chat(turn: Turn) -> dict[str, Any]:
-    """A context turn as the chat template takes a recorded conversation's (core/conversation.py:
+    """A context turn as the chat template takes a recorded conversation's (core/protocols/conversation.py:
     ``Message.chat``), so a worked episode's tool calls render as the policy's own would."""
     calls = tuple(ToolCall(c.function.name, c.function.arguments, c.id) for c in turn.tool_calls or ())
     return Message(turn.role, turn.content or "", calls, turn.tool_call_id).chat()

@@ -25,9 +25,9 @@ import socket
 import time
 from dataclasses import dataclass, field
 
-from burnish_server.core.policies import Policy
-from burnish_server.core.promotion import DecisionRecord
-from burnish_server.core.settings import Settings
+from burnish_server.core.learning.policies import Policy
+from burnish_server.core.learning.promotion import DecisionRecord
+from burnish_server.core.platform.settings import Settings
 from burnish_server.serving.fleet import Fleet
 from burnish_server.store.database import Database
 from burnish_server.store.evals import Score, any_unscored, scores_by_step, settle_unscored

@@ -20,12 +20,12 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody, Parameter
 from litestar.response import Stream
 
-from burnish_server.core.access import PRINTABLE, SCOPES, KeyName, Limits, ProjectName, Scope
-from burnish_server.core.errors import Invalid
-from burnish_server.core.ids import ID_REGEX
-from burnish_server.core.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, ServingSettings, TrainSettings, settings_conflicts
-from burnish_server.core.steps import StepMetrics
-from burnish_server.core.views import (
+from burnish_server.core.learning.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, ServingSettings, TrainSettings, settings_conflicts
+from burnish_server.core.learning.steps import StepMetrics
+from burnish_server.core.platform.access import PRINTABLE, SCOPES, KeyName, Limits, ProjectName, Scope
+from burnish_server.core.platform.errors import Invalid
+from burnish_server.core.platform.ids import ID_REGEX
+from burnish_server.core.platform.views import (
     EvalList,
     KeyList,
     KeyView,
@@ -119,7 +119,7 @@ async def create_policy(data: JSONBody[PolicyIn], svc: NamedDependency[Services]
 
 def _refuse_conflicts(policy: Policy, max_lora_rank: int) -> None:
     """Settings that could never do what they configure are refused, naming the fields and the
-    smallest value that works (core/policies.py: settings_conflicts)."""
+    smallest value that works (core/learning/policies.py: settings_conflicts)."""
     if found := settings_conflicts(policy.promotion, policy.lora, max_lora_rank or None, policy.train):
         raise Invalid("; ".join(found), "conflicting_settings", found[0].split(" ", 1)[0])
 

@@ -1,12 +1,12 @@
 """What the JSON API routes share: typed id parameters and the services dependency.
 
-Ids in paths are checked by Litestar against their pattern, ``core.ids.ID_REGEX`` or a
+Ids in paths are checked by Litestar against their pattern, ``core.platform.ids.ID_REGEX`` or a
 project's ``PROJECT_REGEX`` (so the OpenAPI schema shows it, and a wrong one is a 400
 ``invalid_id`` from ``gateway/errors.py``, whose message quotes the rule the description
 states after its colon).
 Handlers get ``Services`` by dependency injection (``svc``), never from a global, the
-caller (``caller``: its project namespaces every id it names, ``core/access.py``), and
-return the typed answers of ``core/views.py``, which Litestar encodes and documents.
+caller (``caller``: its project namespaces every id it names, ``core/platform/access.py``), and
+return the typed answers of ``core/platform/views.py``, which Litestar encodes and documents.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.params import Parameter
 
-from burnish_server.core.access import PROJECT_REGEX, PROJECT_RULE, Principal
-from burnish_server.core.ids import ID_REGEX, ID_RULE
-from burnish_server.core.sessions import SESSION_ID_REGEX
+from burnish_server.core.platform.access import PROJECT_REGEX, PROJECT_RULE, Principal
+from burnish_server.core.platform.ids import ID_REGEX, ID_RULE
+from burnish_server.core.platform.sessions import SESSION_ID_REGEX
 from burnish_server.gateway.access import principal
 from burnish_server.gateway.services import Services
 

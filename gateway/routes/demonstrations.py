@@ -1,4 +1,4 @@
-"""``POST /v1/demonstrations``: conversations a policy imitates (core/demonstrations.py); and
+"""``POST /v1/demonstrations``: conversations a policy imitates (core/learning/demonstrations.py); and
 ``POST /admin/policies/{name}/teacher-answers``: a teacher's answers to the policy's recorded
 prompts, recorded as demonstrations.
 
@@ -22,13 +22,13 @@ from litestar import post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from burnish_server.core.access import DEFAULT_PROJECT, PRINTABLE, Principal, local, qualify
-from burnish_server.core.demonstrations import MAX_DEMONSTRATIONS, Demonstration, DemonstrationsIn, record
-from burnish_server.core.errors import Invalid, NotFound
-from burnish_server.core.messages import with_context
-from burnish_server.core.policies import served_name
-from burnish_server.core.records import CallRecord
-from burnish_server.core.transcript import exchange
+from burnish_server.core.learning.demonstrations import MAX_DEMONSTRATIONS, Demonstration, DemonstrationsIn, record
+from burnish_server.core.learning.policies import served_name
+from burnish_server.core.platform.access import DEFAULT_PROJECT, PRINTABLE, Principal, local, qualify
+from burnish_server.core.platform.errors import Invalid, NotFound
+from burnish_server.core.protocols.messages import with_context
+from burnish_server.core.protocols.records import CallRecord
+from burnish_server.core.protocols.transcript import exchange
 from burnish_server.gateway.access import ACCESS_ERRORS, BEARER
 from burnish_server.gateway.errors import responses
 from burnish_server.gateway.routes.common import PolicyName

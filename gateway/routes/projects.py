@@ -1,4 +1,4 @@
-"""The admin API's project settings: retention (``core/retention.py``).
+"""The admin API's project settings: retention (``core/platform/retention.py``).
 
 ``GET`` and ``PUT /admin/projects/{project}/retention``: how long the project's trajectories
 are kept after their last call or reward, which ``burnish db prune`` applies. Admin only,
@@ -11,7 +11,7 @@ from litestar import Router, get, put
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from burnish_server.core.retention import Retention, RetentionView, effective
+from burnish_server.core.platform.retention import Retention, RetentionView, effective
 from burnish_server.gateway.access import ACCESS_ERRORS as ACCESS
 from burnish_server.gateway.access import BEARER
 from burnish_server.gateway.errors import responses

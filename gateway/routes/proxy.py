@@ -5,7 +5,7 @@ One pipeline for every call (``forward``)::
     body ─ parse only model/stream ─ the call's Translation ─▶ upstream (retried while nothing was sent)
          ◀─ plain: read, translate, record, commit, then the body
          ◀─ stream: each event as it arrives; record and commit; then the terminal event
-    a failure: raised once (core/errors.py), recorded, answered in the surface's error format
+    a failure: raised once (core/platform/errors.py), recorded, answered in the surface's error format
 
 The call's ``Translation`` (``gateway/translation.py``) is all that differs: a call passes
 through as it came (the gateway adds only ``X-Trajectory-Id`` and ``X-Policy-Version``,
@@ -25,10 +25,10 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.response.base import ASGIResponse
 from litestar.types import ASGIApp, Receive, Scope
 
-from burnish_server.core.access import ANONYMOUS, DEFAULT_PROJECT, Principal, qualify_optional
-from burnish_server.core.errors import BurnishError, Invalid, TooLarge, UpstreamError
-from burnish_server.core.records import UPSTREAM_ERROR
-from burnish_server.core.surfaces import SURFACES, Surface
+from burnish_server.core.platform.access import ANONYMOUS, DEFAULT_PROJECT, Principal, qualify_optional
+from burnish_server.core.platform.errors import BurnishError, Invalid, TooLarge, UpstreamError
+from burnish_server.core.protocols.records import UPSTREAM_ERROR
+from burnish_server.core.protocols.surfaces import SURFACES, Surface
 from burnish_server.gateway import keys, openapi, window
 from burnish_server.gateway.access import BEARER, principal
 from burnish_server.gateway.call import Call, json_or_none, parse_head
@@ -81,7 +81,7 @@ async def forward(inbound: Inbound, surface: Surface) -> ASGIApp:
     svc, caller, scope = inbound.svc, inbound.caller, inbound.scope
     key = keys.resolve(inbound.params, keys.key_headers(scope["headers"]), eval_path=keys.is_eval_path(scope["path"]))
     shown = key.trajectory_id
-    if caller.project != DEFAULT_PROJECT:  # stored under the caller's project (core/access.py)
+    if caller.project != DEFAULT_PROJECT:  # stored under the caller's project (core/platform/access.py)
         key = dataclasses.replace(key, trajectory_id=caller.stored(key.trajectory_id), group_id=qualify_optional(caller.project, key.group_id))
     try:
         body = await inbound.body()

@@ -22,11 +22,11 @@ from litestar import post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from burnish_server.core.access import NO_NUL, PRINTABLE, Principal, local
-from burnish_server.core.errors import BurnishError, Conflict, Invalid, Unavailable
-from burnish_server.core.policies import JUDGE_URL_PATTERN, RulerSettings
-from burnish_server.core.transcript import conversation
-from burnish_server.core.views import JudgeView, RulerView, ScoreView
+from burnish_server.core.learning.policies import JUDGE_URL_PATTERN, RulerSettings
+from burnish_server.core.platform.access import NO_NUL, PRINTABLE, Principal, local
+from burnish_server.core.platform.errors import BurnishError, Conflict, Invalid, Unavailable
+from burnish_server.core.platform.views import JudgeView, RulerView, ScoreView
+from burnish_server.core.protocols.transcript import conversation
 from burnish_server.gateway import openapi
 from burnish_server.gateway.access import ACCESS_ERRORS, BEARER
 from burnish_server.gateway.errors import responses
@@ -133,7 +133,7 @@ def _judge(svc: Services, policy: RulerSettings, request: RulerIn, base_model: s
 
 
 async def run_ruler(svc: Services, group_id: str, request: RulerIn) -> RulerView:
-    """Judge a group (by its stored id: ``core/access.py``) or reuse a cached verdict, and store its rewards."""
+    """Judge a group (by its stored id: ``core/platform/access.py``) or reuse a cached verdict, and store its rewards."""
     group = await svc.db.read(store.group_for_judge, group_id)
     policy = svc.policies.policies.get(group.policy) if group.policy else None
     settings = policy.ruler if policy is not None else RulerSettings()

@@ -21,7 +21,7 @@ from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.static_files import create_static_files_router
 from litestar.template import TemplateConfig
 
-from burnish_server.core.errors import BurnishError
+from burnish_server.core.platform.errors import BurnishError
 from burnish_server.gateway.access import PUBLIC
 from burnish_server.gateway.ui import auth, controls, pages, sessions
 from burnish_server.gateway.ui.status import Statuses

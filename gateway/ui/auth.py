@@ -33,8 +33,8 @@ from litestar.exceptions import HTTPException, NotFoundException
 from litestar.params import Body, FromQuery
 from litestar.response import Redirect, Template
 
-from burnish_server.core.access import ANONYMOUS, Principal
-from burnish_server.core.errors import BurnishError, Unauthorized
+from burnish_server.core.platform.access import ANONYMOUS, Principal
+from burnish_server.core.platform.errors import BurnishError, Unauthorized
 from burnish_server.gateway.access import PUBLIC
 from burnish_server.gateway.services import Services
 from burnish_server.gateway.sessions import SECURE_COOKIE, cookie_name

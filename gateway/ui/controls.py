@@ -19,8 +19,8 @@ from litestar.enums import RequestEncodingType
 from litestar.params import Body, Parameter
 from litestar.response import Redirect, Stream
 
-from burnish_server.core.access import Principal
-from burnish_server.core.errors import Forbidden
+from burnish_server.core.platform.access import Principal
+from burnish_server.core.platform.errors import Forbidden
 from burnish_server.gateway import actions, downloads
 from burnish_server.gateway.routes.common import PolicyName
 from burnish_server.gateway.services import Services

@@ -15,8 +15,8 @@ from litestar.di import NamedDependency
 from litestar.params import FromQuery
 from litestar.response import Redirect, Template
 
-from burnish_server.core.access import Principal
-from burnish_server.core.sessions import SESSION_ID_REGEX
+from burnish_server.core.platform.access import Principal
+from burnish_server.core.platform.sessions import SESSION_ID_REGEX
 from burnish_server.gateway.routes.common import SessionId
 from burnish_server.gateway.services import Services
 from burnish_server.gateway.sessions import cookie_name

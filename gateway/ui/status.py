@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 
-from burnish_server.core.errors import NotFound
+from burnish_server.core.platform.errors import NotFound
 from burnish_server.store import controls
 from burnish_server.store.controls import Timeline
 from burnish_server.store.database import Database

@@ -2,13 +2,13 @@
 call what training makes of it.
 
 The conversation is read from each call's recorded bodies on its own surface
-(``core/transcript.py``): chat messages, a completion's prompt, Responses items and Messages
+(``core/protocols/transcript.py``): chat messages, a completion's prompt, Responses items and Messages
 blocks all become messages, tool calls and tool results included. A call whose prompt
 repeats the conversation so far adds only what is new; one that does not (the agent rewrote
 its history) shows its whole prompt, marked.
 
 For a call the trainer reads (an ok call of the group's policy, with token ids), the figures
-are the trainer's own (``core/credit.py``): the trajectory's group-relative advantage from
+are the trainer's own (``core/learning/credit.py``): the trajectory's group-relative advantage from
 its group's rewards as they stand, plus the call's credit per turn; the tokens the loss sees
 (the mask: sampled, and not forced by a grammar); whether the call merged with the one
 before or split, and why (``store/reads.py``, the trainer's rule).
@@ -19,12 +19,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from burnish_server.core.credit import group_advantages, trained_mask, turn_credits
-from burnish_server.core.groups import GroupState
-from burnish_server.core.policies import Policy
-from burnish_server.core.records import OK
-from burnish_server.core.transcript import Message, UnreadableCall, read_bodies
-from burnish_server.core.views import CallView, TrajectoryView
+from burnish_server.core.learning.credit import group_advantages, trained_mask, turn_credits
+from burnish_server.core.learning.groups import GroupState
+from burnish_server.core.learning.policies import Policy
+from burnish_server.core.platform.views import CallView, TrajectoryView
+from burnish_server.core.protocols.records import OK
+from burnish_server.core.protocols.transcript import Message, UnreadableCall, read_bodies
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """API keys, projects and the gateways' heartbeats
 
 trajectories.project and groups.project name the project a row belongs to; the ids of a
-project other than the default are stored as "<project>/<id>" (core/access.py), so the id
+project other than the default are stored as "<project>/<id>" (core/platform/access.py), so the id
 columns widen to 200 characters. Rows recorded before projects existed belong to the
 default project, whose ids are stored as they are: nothing of them changes.
 

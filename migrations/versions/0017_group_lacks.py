@@ -1,4 +1,4 @@
-"""What a closed group lacks to train, kept on its row (``groups.lacks``, core/groups.py: Lack),
+"""What a closed group lacks to train, kept on its row (``groups.lacks``, core/learning/groups.py: Lack),
 and the training queue's index by it: ``ix_groups_waiting`` becomes ``(policy, lacks, closed_at)``
 over the same closed, untrained groups, so that a ready group is one index entry however many
 ties, unrewarded and held-out groups wait beside it.

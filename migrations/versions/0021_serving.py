@@ -1,8 +1,8 @@
 """How a policy's calls are served, and what the gateway changed to serve one:
 
-- ``policies.serving``, the policy's serving settings (core.policies.ServingSettings: what it
+- ``policies.serving``, the policy's serving settings (core.learning.policies.ServingSettings: what it
   does with a hosted tool a client offers);
-- ``calls.adjustments``, what the gateway changed of a call to serve it (core.records.Adjustments:
+- ``calls.adjustments``, what the gateway changed of a call to serve it (core.protocols.records.Adjustments:
   tools left out, max_tokens lowered to fit the served window).
 
 Revision ID: 0021

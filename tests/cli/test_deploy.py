@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from burnish_server.core.settings import ENV_PREFIX, Settings
+from burnish_server.core.platform.settings import ENV_PREFIX, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())

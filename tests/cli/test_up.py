@@ -1,5 +1,5 @@
 """What ``burnish up`` decides before it starts anything: the training defaults a model gets
-(one rule, core/defaults.py), the ports it may use, and whether the policy it names was made
+(one rule, core/learning/defaults.py), the ports it may use, and whether the policy it names was made
 for the model it serves. Each refusal must come before any server starts, with the fix."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 from sqlalchemy import update
 
 from burnish_server.cli.up import _ensure_policy
-from burnish_server.core.defaults import LLAMA_PROJECTIONS, ModelShape, defaults, learning_rate
-from burnish_server.core.policies import LoraSettings, Policy, TrainSettings
-from burnish_server.core.settings import Settings
+from burnish_server.core.learning.defaults import LLAMA_PROJECTIONS, ModelShape, defaults, learning_rate
+from burnish_server.core.learning.policies import LoraSettings, Policy, TrainSettings
+from burnish_server.core.platform.settings import Settings
 from burnish_server.serving.process import VLLMFailed, VLLMServer, free_ports
 from burnish_server.store.database import Database
 from burnish_server.store.models import PolicyRow

@@ -1,6 +1,6 @@
 """An upstream's answer of any shape: read, or refused as the upstream's malformed answer.
 
-core/answers.py types what the gateway reads in an answer; capture converts each stream
+core/protocols/answers.py types what the gateway reads in an answer; capture converts each stream
 event (and a plain answer's token fields, and the chat completion a translator reads)
 before reading it. Here every surface's capture, the token extraction and both translators
 are fed JSON of every shape hypothesis can make, shaped like the real events so that the
@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from burnish_server.core import answers, wire
-from burnish_server.core.records import OK, UPSTREAM_ERROR
-from burnish_server.core.surfaces import CHAT, COMPLETIONS, MESSAGES, RESPONSES, SURFACES, Surface
-from burnish_server.core.translate import messages, responses
+from burnish_server.core.protocols import answers, wire
+from burnish_server.core.protocols.records import OK, UPSTREAM_ERROR
+from burnish_server.core.protocols.surfaces import CHAT, COMPLETIONS, MESSAGES, RESPONSES, SURFACES, Surface
+from burnish_server.core.protocols.translate import messages, responses
 from burnish_server.gateway.call import read_answer
 from burnish_server.gateway.capture import StreamCapture, extract_tokens
 

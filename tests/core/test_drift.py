@@ -1,4 +1,4 @@
-"""Why a trajectory's call did not extend the one before it (core/drift.py), per call and per
+"""Why a trajectory's call did not extend the one before it (core/learning/drift.py), per call and per
 step: each reason from a pair of recorded calls made by hand, then through the trainer's batch."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from burnish_server.core.drift import REASONS, split_reason
-from burnish_server.core.policies import TrainSettings
-from burnish_server.core.records import CallRecord
-from burnish_server.core.tokens import pack_floats, pack_ids
+from burnish_server.core.learning.drift import REASONS, split_reason
+from burnish_server.core.learning.policies import TrainSettings
+from burnish_server.core.learning.tokens import pack_floats, pack_ids
+from burnish_server.core.protocols.records import CallRecord
 from burnish_server.store.training import TrainingCall
 from burnish_server.trainer.sequences import training_batch
 from tests.records import chat_call

@@ -1,9 +1,9 @@
-"""A run's learning health from its steps' metrics (core/health.py)."""
+"""A run's learning health from its steps' metrics (core/learning/health.py)."""
 
 from __future__ import annotations
 
-from burnish_server.core.health import RecentGroups, health
-from burnish_server.core.steps import StepMetrics
+from burnish_server.core.learning.health import RecentGroups, health
+from burnish_server.core.learning.steps import StepMetrics
 from tests.conftest import Gateway
 
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from burnish_server.core.logs import JsonFormatter, RequestIdFilter, request_id
+from burnish_server.core.platform.logs import JsonFormatter, RequestIdFilter, request_id
 from tests.conftest import Gateway
 from tests.upstream import Upstream
 

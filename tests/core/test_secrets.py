@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from burnish_server.core.secrets import MASK, Redactor
+from burnish_server.core.platform.secrets import MASK, Redactor
 from tests.conftest import Gateway
 from tests.upstream import Upstream
 

@@ -1,8 +1,8 @@
-"""One reading of any recorded call (core/transcript.py): the four protocols as one chat conversation."""
+"""One reading of any recorded call (core/protocols/transcript.py): the four protocols as one chat conversation."""
 
 from __future__ import annotations
 
-from burnish_server.core.transcript import Message, ToolCall, UnreadableCall, conversation, exchange
+from burnish_server.core.protocols.transcript import Message, ToolCall, UnreadableCall, conversation, exchange
 from tests.records import call, chat_call
 
 WEATHER = {"type": "function", "function": {"name": "weather", "description": "", "parameters": {"type": "object"}}}

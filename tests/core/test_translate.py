@@ -1,4 +1,4 @@
-"""core/translate: chat completion chunks to Responses and Messages events, field by field.
+"""core/protocols/translate: chat completion chunks to Responses and Messages events, field by field.
 
 Pure functions of their input, so the whole event sequence is written out here. The same
 sequences go through the gateway to the official SDKs in tests/gateway/test_translated.py.
@@ -11,8 +11,8 @@ from typing import Any
 
 import msgspec
 
-from burnish_server.core import answers, wire
-from burnish_server.core.translate import messages, responses
+from burnish_server.core.protocols import answers, wire
+from burnish_server.core.protocols.translate import messages, responses
 
 CHUNKS: list[dict[str, Any]] = [
     {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}], "prompt_token_ids": [1, 2, 3]},
@@ -299,7 +299,7 @@ def long_stream(pieces: int) -> list[dict[str, Any]]:
 
 
 def test_a_long_answer_adds_up_piece_by_piece() -> None:
-    """The translators write text and arguments in pieces (core/translate/common.py: StreamedFields):
+    """The translators write text and arguments in pieces (core/protocols/translate/common.py: StreamedFields):
     what the done events, a result taken mid-stream and the final answer say is all of it."""
     n = 3000
     reasoning, text = "".join(f"r{i} " for i in range(n)), "".join(f"t{i} " for i in range(n))
@@ -330,7 +330,7 @@ def test_the_readers_see_what_the_model_was_shown() -> None:
     """A coding CLI's request read back (the transcript, the teacher's render check) gives the
     conversation and tools the translator sent vLLM: flat namespace names, no hosted tools, a
     deferred tool once loaded, a tool_reference as the definition it loads."""
-    from burnish_server.core.transcript import read_bodies
+    from burnish_server.core.protocols.transcript import read_bodies
     from tests.gateway.test_translated import CLAUDE_CODE_BODY, CODEX_BODY
 
     search = {"type": "tool_use", "id": "toolu_1", "name": "ToolSearch", "input": {"query": "select:NotebookEdit"}}

@@ -6,7 +6,7 @@ trajectory (``/g/clients/t/<trajectory>/v1``). For each, every call is recorded 
 vLLM's exact token ids (prompt, completion, and logprobs aligned with the completion), on
 every surface (chat completions, completions, the Responses API, Anthropic Messages), plain
 and streamed, with tools. Where it is cheap, the recorded ids are compared with what vLLM
-itself samples for the chat request the gateway sends (see ``core/translate``).
+itself samples for the chat request the gateway sends (see ``core/protocols/translate``).
 
 Then the trainer's view: the recorded calls, read as the trainer reads them
 (``store/training.py: group_calls``), go through ``trainer/sequences.py: training_batch``;
@@ -38,8 +38,8 @@ import httpx
 import openai
 import pytest
 
-from burnish_server.core.policies import TrainSettings
-from burnish_server.core.settings import Settings
+from burnish_server.core.learning.policies import TrainSettings
+from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway.app import create_app
 from burnish_server.serving.process import VLLMServer
 from burnish_server.store.database import Database
@@ -62,7 +62,7 @@ CHAT_FORCED = {"type": "function", "function": {"name": "calculator"}}
 RESPONSES_TOOL = {"type": "function", "name": "calculator", "description": DESCRIPTION, "parameters": NO_ARGS, "strict": True}
 RESPONSES_FORCED = {"type": "function", "name": "calculator"}
 ANTHROPIC_TOOL = {"name": "calculator", "description": DESCRIPTION, "input_schema": NO_ARGS}
-# The chat tool the gateway makes of ANTHROPIC_TOOL (core/translate/messages.py: _tool).
+# The chat tool the gateway makes of ANTHROPIC_TOOL (core/protocols/translate/messages.py: _tool).
 ANTHROPIC_AS_CHAT = {"type": "function", "function": {"name": "calculator", "parameters": NO_ARGS, "description": DESCRIPTION}}
 # A structured answer (xgrammar): the grammar ends it, so the stream completes.
 ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["84", "42"]}}, "required": ["answer"], "additionalProperties": False}

@@ -27,7 +27,7 @@ import jsonschema
 import openai
 import pytest
 
-from burnish_server.core.policies import TrainSettings
+from burnish_server.core.learning.policies import TrainSettings
 from tests.conftest import Up, burnish_up, real_model_parts
 
 GROUP = "default"
@@ -100,7 +100,7 @@ def test_a_gguf_file_named_by_path_gets_what_the_embedded_default_gets(up: Up, t
     defaults, and the same tool template with SmolLM2's own default system prompt. Both read
     the folder this module's ``burnish up`` converted (a conversion is kept once)."""
     from burnish_server.cli.up import prepare_model
-    from burnish_server.core.settings import Settings
+    from burnish_server.core.platform.settings import Settings
     from burnish_server.serving.models import embedded_gguf
 
     settings = Settings.load(None, data_dir=str(tmp_path))
@@ -186,7 +186,7 @@ def test_openai_chat_tool_loop(up: Up) -> None:
     calls = recorded(up, "openai-chat", 2)
     assert calls[1]["request"]["messages"][-1] == {"role": "tool", "tool_call_id": call.id, "content": "41"}
     # The call came back as the template writes it: the same text, and where its tokens differ
-    # from the sampled ones, the view says so (core/drift.py).
+    # from the sampled ones, the view says so (core/learning/drift.py).
     assert calls[1]["split_reason"] == (None if calls[1]["extends_previous"] else "tool_call_rerendered")
 
 
@@ -497,7 +497,7 @@ def random_adapter(model: Path, path: Path) -> Path:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from burnish_server.core.defaults import LLAMA_PROJECTIONS
+    from burnish_server.core.learning.defaults import LLAMA_PROJECTIONS
 
     torch.manual_seed(0)
     peft_model = get_peft_model(
@@ -514,7 +514,7 @@ def scoring_beside_lora_calls(url: str, adapter: Path) -> tuple[list[int], bool]
     """LoRA calls in flight (sampling 96 tokens each), then what burnish itself asks vLLM for
     prompt logprobs: a served teacher's scoring (the base) and the fidelity probe (the adapter).
     Every answer's status, and whether vLLM still answers after."""
-    from burnish_server.core.fidelity import Probe
+    from burnish_server.core.learning.fidelity import Probe
     from burnish_server.serving.adapters import AdapterError, VLLMAdapters
     from burnish_server.serving.scoring import ScoringError, VLLMScorer
 

@@ -116,7 +116,7 @@ def test_pip_installs_name_extras_that_exist(case: tuple[str, list[str]]) -> Non
 
 @functools.cache
 def _routes() -> list[tuple[set[str], re.Pattern[str]]]:
-    from burnish_server.core.settings import Settings
+    from burnish_server.core.platform.settings import Settings
     from burnish_server.gateway.app import create_app
 
     app = create_app(Settings.load({}, upstream="http://127.0.0.1:9"))
@@ -176,8 +176,8 @@ def test_the_settings_reference_names_every_setting() -> None:
     policy's settings in its section."""
     import msgspec
 
-    from burnish_server.core.policies import LoraSettings, PromotionSettings, RulerSettings, ServingSettings, TrainSettings
-    from burnish_server.core.settings import Settings
+    from burnish_server.core.learning.policies import LoraSettings, PromotionSettings, RulerSettings, ServingSettings, TrainSettings
+    from burnish_server.core.platform.settings import Settings
 
     text = (ROOT / "docs" / "settings.md").read_text()
     missing = [f"BURNISH_{f.name.upper()}" for f in msgspec.structs.fields(Settings) if f"`BURNISH_{f.name.upper()}`" not in text]

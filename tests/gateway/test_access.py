@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
-from burnish_server.core.access import hash_secret
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform.access import hash_secret
+from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway.access import required_scope
 from burnish_server.gateway.app import create_app
 from tests.conftest import Gateway
@@ -411,8 +411,8 @@ def test_a_call_refused_for_concurrency_spends_none_of_the_rate(gateway: Gateway
 def test_an_unknown_secret_is_not_looked_up_again_within_its_time(tmp_path: Path) -> None:
     """A wrong key is looked up in the store once, then answered from memory for
     UNKNOWN_KEY_TTL_S: with the keys' table gone, the store would fail any lookup."""
-    from burnish_server.core.access import ApiKey, Limits
-    from burnish_server.core.errors import Unauthorized
+    from burnish_server.core.platform.access import ApiKey, Limits
+    from burnish_server.core.platform.errors import Unauthorized
     from burnish_server.gateway.access import UNKNOWN_KEY_TTL_S, Access, KeyRing
     from burnish_server.store.database import Database
 

@@ -11,7 +11,7 @@ import httpx
 import msgspec
 import pytest
 
-from burnish_server.core.policies import LoraSettings, TrainSettings
+from burnish_server.core.learning.policies import LoraSettings, TrainSettings
 from burnish_server.gateway.routing import REFRESH_EVERY_S
 from tests.conftest import ADMIN_TOKEN, Gateway
 from tests.upstream import Upstream
@@ -198,7 +198,7 @@ def test_a_policy_stored_with_conflicting_settings_warns_in_its_status(gw: Gatew
     import subprocess
     import sys
 
-    from burnish_server.core.policies import Policy, PromotionSettings
+    from burnish_server.core.learning.policies import Policy, PromotionSettings
     from burnish_server.store.database import Database
     from burnish_server.store.policies import create_policy
 

@@ -27,7 +27,7 @@ import pytest
 from playwright import sync_api as playwright_sync
 from playwright.sync_api import expect
 
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway.app import create_app
 from burnish_server.serving.process import VLLMServer
 from burnish_server.trainer.worker import TrainerWorker, WorkerSettings

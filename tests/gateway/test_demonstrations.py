@@ -1,4 +1,4 @@
-"""Posted demonstrations (core/demonstrations.py, POST /v1/demonstrations, `burnish sft`): recorded
+"""Posted demonstrations (core/learning/demonstrations.py, POST /v1/demonstrations, `burnish sft`): recorded
 as trajectories of their own, ready where the policy trains on SFT, rendered by the trainer to
 the very tokens vLLM reads, and trained on their assistant turns alone."""
 
@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from burnish_server.core.records import DEMONSTRATION
+from burnish_server.core.protocols.records import DEMONSTRATION
 from tests.conftest import Gateway
 
 TOOLS = [
@@ -127,8 +127,8 @@ def test_a_demonstration_with_tool_calls_renders_to_the_tokens_vllm_reads(vllm, 
     import msgspec
     from transformers import AutoTokenizer
 
-    from burnish_server.core.demonstrations import Demonstration, record
-    from burnish_server.store.models import utcnow
+    from burnish_server.core.learning.demonstrations import Demonstration, record
+    from burnish_server.core.platform.clock import utcnow
     from burnish_server.trainer.demonstrations import Demonstrations
 
     demonstration = msgspec.convert(WITH_TOOL, Demonstration)
@@ -160,7 +160,7 @@ def test_a_demonstration_with_tool_calls_renders_to_the_tokens_vllm_reads(vllm, 
 async def test_a_step_of_sft_on_posted_demonstrations_through_the_trainer(make_gateway, vllm, tiny_model: Path) -> None:
     """Demonstrations posted over the API train a step of SFT alone: every demonstration's
     assistant tokens, nothing skipped, the version published."""
-    from burnish_server.core.settings import Settings
+    from burnish_server.core.platform.settings import Settings
     from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
 
     gw = make_gateway(upstream=vllm.url, upstream_timeout=120)

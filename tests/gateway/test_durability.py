@@ -18,7 +18,7 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform.settings import Settings
 from burnish_server.serving.process import last_lines
 from tests.servers import free_port
 from tests.upstream import Upstream

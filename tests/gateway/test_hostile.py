@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from burnish_server.core.ids import ID_REGEX
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform.ids import ID_REGEX
+from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway.app import create_app
 from tests.conftest import ADMIN_TOKEN, Gateway, fresh_database_url
 from tests.servers import ServerThread

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from burnish_server.core.errors import Invalid, UpstreamConnectError, UpstreamPoolTimeout, UpstreamProtocolError, UpstreamReadError
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform.errors import Invalid, UpstreamConnectError, UpstreamPoolTimeout, UpstreamProtocolError, UpstreamReadError
+from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway.http1 import HIGH_WATER, MAX_HEAD_BYTES, Pool
 
 IDLE = Settings().upstream_idle_expiry

@@ -17,7 +17,7 @@ import pytest
 from langfuse import Langfuse
 from prometheus_client.parser import text_string_to_metric_families
 
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway.app import create_app
 from tests.conftest import Gateway, langfuse_settings, wait_for
 from tests.judge import Judge, scores

@@ -7,8 +7,8 @@ import asyncio
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from burnish_server.core.drift import REASONS
-from burnish_server.core.steps import StepMetrics
+from burnish_server.core.learning.drift import REASONS
+from burnish_server.core.learning.steps import StepMetrics
 from burnish_server.store.database import Database
 from burnish_server.store.training import claim_groups
 from burnish_server.store.versions import record_step

@@ -7,9 +7,9 @@ from typing import Any
 
 import jsonschema
 
-from burnish_server.core.access import PROJECT_REGEX
-from burnish_server.core.ids import ID_REGEX
-from burnish_server.core.sessions import SESSION_ID_REGEX
+from burnish_server.core.platform.access import PROJECT_REGEX
+from burnish_server.core.platform.ids import ID_REGEX
+from burnish_server.core.platform.sessions import SESSION_ID_REGEX
 from tests.conftest import Gateway
 
 
@@ -195,7 +195,7 @@ def test_options_lists_every_method_of_a_path(gateway: Gateway) -> None:
 def test_every_prefix_of_a_surface_documents_one_shape(gateway: Gateway) -> None:
     """/v1/..., /t/{t}/v1/..., /g/{g}/t/{t}/v1/... and each under /eval: the same body, answers
     and error statuses; the key headers only where the path does not carry the keys."""
-    from burnish_server.core.surfaces import SURFACES
+    from burnish_server.core.protocols.surfaces import SURFACES
     from burnish_server.gateway.routes.proxy import PREFIXES
 
     with gateway.client() as c:

@@ -24,9 +24,10 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from burnish_server.core.replicas import ReplicaSet, discover, parse_upstreams
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform.replicas import ReplicaSet, parse_upstreams
+from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway.routing import REFRESH_EVERY_S
+from burnish_server.serving.discovery import discover
 from burnish_server.serving.process import VLLMServer
 from burnish_server.store.database import Database
 from burnish_server.store.models import Call as CallRow
@@ -65,7 +66,7 @@ def test_a_key_sticks_moves_only_with_its_replica_and_is_the_same_in_every_proce
     assert all(350 < n < 650 for n in Counter(first.values()).values())
     # The same choice every time, and in another interpreter (no per-process hash seed).
     assert all(replicas.order(k)[0].url == first[k] for k in keys[:100])
-    code = "from burnish_server.core.replicas import ReplicaSet; import sys; print(ReplicaSet(sys.argv[1:]).order('trajectory-7')[0].url)"
+    code = "from burnish_server.core.platform.replicas import ReplicaSet; import sys; print(ReplicaSet(sys.argv[1:]).order('trajectory-7')[0].url)"
     out = subprocess.run([sys.executable, "-c", code, *urls], capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "123"})
     assert out.stdout.strip() == first["trajectory-7"]
     # A replica goes down: only its keys move, each to its second choice; back up, they return.

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from burnish_server.core.transcript import Message, conversation
+from burnish_server.core.protocols.transcript import Message, conversation
 from burnish_server.gateway.ruler import DEFAULT_RUBRIC, build_prompt
 from tests.conftest import Gateway, wait_for
 from tests.judge import Judge, raw, scores

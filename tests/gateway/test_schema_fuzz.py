@@ -20,7 +20,7 @@ What the configuration says, and why:
   to valid data there (``positive_data_acceptance``); everything else is checked as elsewhere.
 - A policy's settings may be refused 400 ``conflicting_settings`` when each field is valid
   alone but together they could never decide (``max_trajectories`` below
-  ``min_trajectories``, core/policies.py: settings_conflicts): a relation between fields that
+  ``min_trajectories``, core/learning/policies.py: settings_conflicts): a relation between fields that
   the schema cannot say, so 400 is an accepted answer to valid data there too.
 - The trajectory list and its export state each parameter's pattern or enum in the schema,
   and their one parser (gateway/listing.py, shared with the dashboard) accepts exactly that,

@@ -1,4 +1,4 @@
-"""The dashboard's sessions (core/sessions.py, gateway/sessions.py): a sign-in keeps a random
+"""The dashboard's sessions (core/platform/sessions.py, gateway/sessions.py): a sign-in keeps a random
 secret in the cookie and its hash in the store, never the credential; sign-out, an admin, a
 revoked key and a changed admin token end it on every gateway sharing the store; idle and
 absolute expiry; the cookie is no credential outside /ui. Over real sockets, on a real SQLite
@@ -22,9 +22,10 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.access import hash_secret
+from burnish_server.core.platform.access import hash_secret
+from burnish_server.core.platform.clock import utcnow
 from burnish_server.store.database import Database
-from burnish_server.store.models import ApiKeyRow, UiSessionRow, utcnow
+from burnish_server.store.models import ApiKeyRow, UiSessionRow
 from tests.conftest import ADMIN_TOKEN, PG_REQUIRED, Gateway
 from tests.gateway.test_access import bearer, make_key
 from tests.upstream import Upstream

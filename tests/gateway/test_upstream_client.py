@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from burnish_server.core.errors import Invalid, UpstreamConnectError, UpstreamProtocolError
-from burnish_server.core.replicas import ReplicaSet
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform.errors import Invalid, UpstreamConnectError, UpstreamProtocolError
+from burnish_server.core.platform.replicas import ReplicaSet
+from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway.http1 import Pool
 from burnish_server.gateway.upstream import HttpxPool, Upstream, proxied
 from tests.gateway.test_http1 import OK, Server

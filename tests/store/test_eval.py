@@ -14,11 +14,12 @@ from langfuse import Langfuse
 from sqlalchemy import select
 
 from burnish import AsyncClient, Client
-from burnish_server.core.policies import Policy
-from burnish_server.core.steps import StepMetrics
+from burnish_server.core.learning.policies import Policy
+from burnish_server.core.learning.steps import StepMetrics
+from burnish_server.core.platform.clock import utcnow
 from burnish_server.store.database import Database, alembic_config
 from burnish_server.store.evals import METRICS_NEWEST, for_metrics
-from burnish_server.store.models import Group, Trajectory, utcnow
+from burnish_server.store.models import Group, Trajectory
 from burnish_server.store.policies import create_policy, policy_status, update_policy
 from burnish_server.store.training import DEFAULT_LEASE_S, claim_groups, count_ready, group_calls
 from burnish_server.store.versions import record_step

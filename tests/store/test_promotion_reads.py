@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select, true, update
 
-from burnish_server.core.promotion import Sample
+from burnish_server.core.learning.promotion import Sample
+from burnish_server.core.platform.clock import utcnow
 from burnish_server.store import evals, promotion, versions
 from burnish_server.store.evals import Score
-from burnish_server.store.models import PolicyRow, Trajectory, utcnow
+from burnish_server.store.models import PolicyRow, Trajectory
 from burnish_server.store.writes import PostReward
 from tests.store.test_store import record
 
@@ -52,7 +53,7 @@ async def test_the_status_shows_the_test_the_trainer_last_read_and_reads_it_itse
     last kept it (``record_test``), and reads the trial itself only before the first review."""
     import msgspec
 
-    from burnish_server.core.policies import Policy, PromotionSettings
+    from burnish_server.core.learning.policies import Policy, PromotionSettings
     from burnish_server.store.policies import create_policy, get_policy, policy_status, update_policy
     from burnish_server.trainer.promoter import Promoter
 

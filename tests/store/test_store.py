@@ -12,10 +12,11 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import func, inspect, select
 from sqlalchemy.exc import IntegrityError
 
-from burnish_server.core.errors import NotFound
-from burnish_server.core.records import CallRecord
+from burnish_server.core.platform.clock import utcnow
+from burnish_server.core.platform.errors import NotFound
+from burnish_server.core.protocols.records import CallRecord
 from burnish_server.store.database import Database, alembic_config, compare_type
-from burnish_server.store.models import Base, Call, Group, Reward, Trajectory, utcnow
+from burnish_server.store.models import Base, Call, Group, Reward, Trajectory
 from burnish_server.store.writer import Writer
 from burnish_server.store.writes import CloseGroup, PostReward
 

@@ -10,9 +10,10 @@ import msgspec
 import pytest
 from sqlalchemy import event, select, update
 
-from burnish_server.core.groups import Lack
+from burnish_server.core.learning.groups import Lack
+from burnish_server.core.platform.clock import utcnow
 from burnish_server.store.database import Database
-from burnish_server.store.models import Group, utcnow
+from burnish_server.store.models import Group
 from burnish_server.store.policies import recent_groups
 from burnish_server.store.training import claim_groups, complete_groups, count_ready, group_calls, release_groups
 from burnish_server.store.writer import Writer
@@ -121,8 +122,8 @@ async def answer(db: Any, read: Any, *args: Any) -> Any:
 
 async def test_steps_are_recorded_served_and_lose_to_a_rollback(store) -> None:
     """The trainer's side of the policies table on both databases: record, serve, rollback mid-step."""
-    from burnish_server.core.policies import Policy
-    from burnish_server.core.steps import StepMetrics
+    from burnish_server.core.learning.policies import Policy
+    from burnish_server.core.learning.steps import StepMetrics
     from burnish_server.store.policies import create_policy, get_policy, list_steps, policy_status
     from burnish_server.store.versions import mark_load_error, mark_served, record_step, request_rollback
 

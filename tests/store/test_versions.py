@@ -1,4 +1,4 @@
-"""A version's life: the transitions of ``core/promotion.py`` as one table (what each event does
+"""A version's life: the transitions of ``core/learning/promotion.py`` as one table (what each event does
 to a policy's head, served step and candidate, and which decision it records), and
 ``store/versions.py`` writing them on SQLite and PostgreSQL."""
 
@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from burnish_server.core.policies import Policy, PromotionSettings
-from burnish_server.core.promotion import (
+from burnish_server.core.learning.policies import Policy, PromotionSettings
+from burnish_server.core.learning.promotion import (
     DecisionRecord,
     Move,
     Outcome,
@@ -23,7 +23,7 @@ from burnish_server.core.promotion import (
     rolled_back,
     served,
 )
-from burnish_server.core.steps import StepMetrics
+from burnish_server.core.learning.steps import StepMetrics
 
 IMMEDIATE, CANARY, EVAL, MANUAL = (PromotionSettings(rule=rule) for rule in ("immediate", "canary", "eval", "manual"))
 FROM_CANDIDATE = PromotionSettings(rule="canary", train_from="candidate")

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file
 from sqlalchemy import select
 
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform.settings import Settings
 from burnish_server.serving.process import VLLMServer, last_lines
 from burnish_server.store.database import Database
 from burnish_server.store.models import Group

@@ -1,5 +1,5 @@
 """A version is served only as the trainer made it: vLLM's log-probabilities of each
-checkpoint's probe against the trainer's (core/fidelity.py), before it serves, after a
+checkpoint's probe against the trainer's (core/learning/fidelity.py), before it serves, after a
 rollback, and on a replica caught up."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import msgspec
 
-from burnish_server.core.fidelity import NOISE_FLOORS, Probe
-from burnish_server.core.settings import Settings
+from burnish_server.core.learning.fidelity import NOISE_FLOORS, Probe
+from burnish_server.core.platform.settings import Settings
 from burnish_server.serving.adapters import VLLMAdapters
 from burnish_server.serving.process import VLLMServer
 from burnish_server.store.policies import get_policy

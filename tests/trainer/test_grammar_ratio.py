@@ -1,5 +1,5 @@
 """A token sampled under a grammar takes its ratio against the trainer's own logprob
-(``core/grammar.py``, trainer/sequences.py; docs/trainer.md, "The ratio").
+(``core/protocols/grammar.py``, trainer/sequences.py; docs/trainer.md, "The ratio").
 
 vLLM records the logprobs of the distribution the grammar left (renormalised over the
 tokens it allowed); the trainer computes the model's own. Against vLLM's, the ratio of a
@@ -22,8 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from burnish_server.core.grammar import held
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform.settings import Settings
+from burnish_server.core.protocols.grammar import held
 from burnish_server.gateway.app import create_app
 from burnish_server.serving.process import VLLMServer
 from burnish_server.serving.scoring import prompt_logprobs

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from burnish_server.core.policies import TrainSettings
+from burnish_server.core.learning.policies import TrainSettings
 from burnish_server.trainer.grpo import group_advantages, grpo_loss
 
 
@@ -106,7 +106,7 @@ def test_truncated_importance_sampling_weighs_each_token_by_its_capped_ratio() -
 
 
 def test_turn_credits_are_discounted_sums_of_the_call_rewards_at_and_after_each_call() -> None:
-    from burnish_server.core.credit import turn_credits
+    from burnish_server.core.learning.credit import turn_credits
 
     assert turn_credits([None, None, None], 0.9) == [0.0, 0.0, 0.0]
     assert turn_credits([1.0, None, 2.0], 1.0) == [3.0, 2.0, 2.0]

@@ -20,11 +20,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from burnish_server.core.listing import Filters
-from burnish_server.core.policies import LoraSettings, Policy, TrainSettings
-from burnish_server.core.records import CallRecord
-from burnish_server.core.settings import Settings
-from burnish_server.core.tokens import pack_floats, pack_ids
+from burnish_server.core.learning.policies import LoraSettings, Policy, TrainSettings
+from burnish_server.core.learning.tokens import pack_floats, pack_ids
+from burnish_server.core.platform.listing import Filters
+from burnish_server.core.platform.settings import Settings
+from burnish_server.core.protocols.records import CallRecord
 from burnish_server.store.database import Database
 from burnish_server.store.reads import export_jsonl, get_trajectory
 from burnish_server.store.training import TrainingCall, group_calls
@@ -215,7 +215,7 @@ async def test_the_trajectory_view_shows_the_same_splits_as_the_trainer(tokenize
     assert kept is not None and rewritten is not None and alone is not None
     assert [c.extends_previous for c in kept.calls] == [True, True, True] and kept.sequence_splits == 0
     assert [c.extends_previous for c in rewritten.calls] == [True, None, None, None, False, False] and rewritten.sequence_splits == 2
-    # Why, per call: the template dropped the reasoning of each earlier answer (core/drift.py).
+    # Why, per call: the template dropped the reasoning of each earlier answer (core/learning/drift.py).
     assert [c.split_reason for c in rewritten.calls] == [None, None, None, None, "reasoning_dropped", "reasoning_dropped"]
     batch = training_batch(rows, TrainSettings())
     assert batch.splits == kept.sequence_splits + rewritten.sequence_splits

@@ -10,8 +10,8 @@ import msgspec
 import pytest
 import torch
 
-from burnish_server.core.policies import DEFAULT_TOP_K, LoraSettings, Objective, Teacher, TeacherTurn, TrainSettings
-from burnish_server.core.tokens import pack_floats, pack_ids
+from burnish_server.core.learning.policies import DEFAULT_TOP_K, LoraSettings, Objective, Teacher, TeacherTurn, TrainSettings
+from burnish_server.core.learning.tokens import pack_floats, pack_ids
 from burnish_server.store.training import TrainingCall
 from burnish_server.trainer.objectives import distill_loss, sft_loss
 from burnish_server.trainer.policy_model import PolicyModel, make_batch
@@ -314,7 +314,7 @@ async def test_a_policy_distills_through_the_gateway_and_vllm_with_no_reward_pos
     served. Every call's prompt as vLLM rendered it is the teacher's render without the context."""
     import httpx
 
-    from burnish_server.core.settings import Settings
+    from burnish_server.core.platform.settings import Settings
     from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
 
     gw = make_gateway(upstream=vllm.url, upstream_timeout=120)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from burnish_server.core.policies import LoraSettings, TrainSettings
+from burnish_server.core.learning.policies import LoraSettings, TrainSettings
 from burnish_server.trainer.grpo import group_advantages
 from burnish_server.trainer.policy_model import PolicyModel
 from burnish_server.trainer.sequences import Sequence

@@ -1,6 +1,6 @@
 """Promotion: candidates on trial, the test that decides them, and the automatic rollback.
 
-The test itself (core/promotion.py) is checked against Student's t table and, by simulation,
+The test itself (core/learning/promotion.py) is checked against Student's t table and, by simulation,
 against its stated error rates. Then the whole trial runs on the tiny model through vLLM, the
 gateway and the trainer (in this process, one pass at a time, as tests/trainer/test_admin_training.py
 does), on SQLite and PostgreSQL:
@@ -27,9 +27,9 @@ import pytest
 from langfuse import Langfuse as LangfuseClient
 
 from burnish import Client
-from burnish_server.core.policies import Policy, PromotionSettings, in_canary
-from burnish_server.core.promotion import Sample, compare, regressed, t_quantile
-from burnish_server.core.settings import Settings
+from burnish_server.core.learning.policies import Policy, PromotionSettings, in_canary
+from burnish_server.core.learning.promotion import Sample, compare, regressed, t_quantile
+from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway.routing import REFRESH_EVERY_S
 from burnish_server.serving.process import VLLMServer
 from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
@@ -111,7 +111,7 @@ def test_the_canary_is_its_share_and_sticky() -> None:
 
 # ---- the trial, through vLLM, the gateway and the trainer ----------------------------------------
 
-# rollback_window at min_trajectories: the smallest window allowed (core/policies.py: settings_conflicts).
+# rollback_window at min_trajectories: the smallest window allowed (core/learning/policies.py: settings_conflicts).
 RULE = {"canary_share": 0.5, "min_trajectories": 8, "margin": 0.1, "rollback_window": 8}
 CALL = {"model": "agent", "messages": [{"role": "user", "content": "digits"}], "max_tokens": 4}
 

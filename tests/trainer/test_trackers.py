@@ -22,9 +22,9 @@ from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from wandb.proto import wandb_internal_pb2
 
-from burnish_server.core.promotion import DecisionRecord, Outcome, Sample, compare
-from burnish_server.core.settings import Settings
-from burnish_server.core.steps import StepMetrics
+from burnish_server.core.learning.promotion import DecisionRecord, Outcome, Sample, compare
+from burnish_server.core.learning.steps import StepMetrics
+from burnish_server.core.platform.settings import Settings
 from burnish_server.store.database import Database
 from burnish_server.store.policies import list_steps
 from burnish_server.telemetry.trackers import MLflowTracker, TensorBoardTracker, Trackers, WandbTracker, _require, numeric
@@ -126,7 +126,7 @@ def recorded(policy: str, step: int, metrics: StepMetrics) -> Step:
 
 FLAT = {"train/loss": 0.125, "train/reward_mean": 0.5, "train/tokens": 96.0, "train/groups": 2.0, "train/phase/seconds": 1.5, "train/phase/inner/x": 3.0}
 STEP = StepMetrics(loss=0.125, reward_mean=0.5, tokens=96.0, groups=2, seconds=1.5)
-# Every figure the step has (core/steps.py); those it has not (None) are left out.
+# Every figure the step has (core/learning/steps.py); those it has not (None) are left out.
 NUMERIC = {f"train/{k}": float(v) for k, v in STEP.figures().items()}
 OTHER = {f"train/{k}": float(v) for k, v in StepMetrics(loss=1.0).figures().items()}
 

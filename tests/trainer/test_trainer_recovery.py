@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import select
 
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform.settings import Settings
 from burnish_server.serving.process import VLLMServer, last_lines
 from burnish_server.store.models import Group, StepRow
 from burnish_server.store.policies import get_policy, load_policies

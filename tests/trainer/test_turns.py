@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from burnish_server.core.settings import Settings
+from burnish_server.core.platform.settings import Settings
 from burnish_server.serving.adapters import VLLMAdapters
 from burnish_server.serving.fleet import Fleet
 from burnish_server.serving.process import VLLMServer
