@@ -55,7 +55,7 @@ def test_json_lines_carry_the_request_id() -> None:
 
 def test_the_gateway_logs_json_when_asked(tmp_path) -> None:
     out = subprocess.run(
-        [sys.executable, "-c", "import logging; from burnish_server.core import logs; logs.configure('info', 'json'); logging.getLogger('burnish.gateway').info('hello %s', 'there')"],
+        [sys.executable, "-c", "import logging; from burnish_server.core.platform import logs; logs.configure('info', 'json'); logging.getLogger('burnish.gateway').info('hello %s', 'there')"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     line = json.loads(out.stderr.strip().splitlines()[-1])
