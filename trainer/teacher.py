@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from burnish_server.core.learning.messages import Turn, with_context
 from burnish_server.core.learning.policies import Teacher
-from burnish_server.core.protocols.conversation import Message, ToolCall
-from burnish_server.core.protocols.messages import Turn, with_context
+from burnish_server.core.protocols.conversation import Message
 from burnish_server.core.protocols.records import CallRecord
 from burnish_server.core.protocols.transcript import UnreadableCall, exchange
+from burnish_server.core.protocols.wire import tool_call
 from burnish_server.serving.scoring import VLLMScorer
 from burnish_server.trainer.sequences import Sequence
 
@@ -70,7 +71,7 @@ class ContextTeacher:
 def chat(turn: Turn) -> dict[str, Any]:
     """A context turn as the chat template takes a recorded conversation's (core/protocols/conversation.py:
     ``Message.chat``), so a worked episode's tool calls render as the policy's own would."""
-    calls = tuple(ToolCall(c.function.name, c.function.arguments, c.id) for c in turn.tool_calls or ())
+    calls = tuple(tool_call(c.function.name, c.function.arguments, c.id) for c in turn.tool_calls or ())
     return Message(turn.role, turn.content or "", calls, turn.tool_call_id).chat()
 
 

@@ -18,8 +18,8 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from burnish_server.core.protocols import messages
-from burnish_server.core.protocols.messages import Turn
+from burnish_server.core.learning import messages
+from burnish_server.core.learning.messages import Turn
 from burnish_server.core.protocols.records import DEMONSTRATION, CallRecord
 
 __all__ = ["DEMONSTRATION", "Demonstration", "DemonstrationsIn", "record"]

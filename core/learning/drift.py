@@ -63,7 +63,9 @@ def split_reason(before: CallRecord, call: CallRecord) -> str:
     shown = now.prompt[len(then.prompt)] if len(now.prompt) > len(then.prompt) else None
     if shown is None or shown.role != "assistant":
         return "history_rewritten"
-    if [(c.name, _parsed(c.arguments)) for c in shown.tool_calls] != [(c.name, _parsed(c.arguments)) for c in answer.tool_calls]:
+    if [(c.function.name, _parsed(c.function.arguments)) for c in shown.tool_calls] != [
+        (c.function.name, _parsed(c.function.arguments)) for c in answer.tool_calls
+    ]:
         return "another_model"
     # Reasoning first: a template that drops it leaves the rest of the answer, calls included, as it was.
     if _has_reasoning(_answer(before)):

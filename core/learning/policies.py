@@ -26,8 +26,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from burnish_server.core.learning.messages import Turn, problem
 from burnish_server.core.platform.access import NO_NUL, PRINTABLE
-from burnish_server.core.protocols.messages import Turn, problem
 
 
 class LoraSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -93,7 +93,7 @@ class Teacher(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     has one): instructions in a system turn, worked examples as earlier user and assistant
     turns, which small models follow far more readily than examples described in a system
     prompt; a tool agent's worked episodes hold the assistant's tool calls and the tool
-    results, as a demonstration does (core/protocols/messages.py). The base needs a context to teach
+    results, as a demonstration does (core/learning/messages.py). The base needs a context to teach
     anything; a served model may go without."""
 
     context: Annotated[tuple[TeacherTurn, ...], Meta(max_length=200)] = ()

@@ -94,17 +94,11 @@ class ChatChunk(Answer):
 CHUNK_HEAD = ("id", "created", "model", "system_fingerprint", "service_tier")
 
 
-class ToolCall(Answer):
-    id: str | None = None
-    type: str | None = None
-    function: FunctionDelta | None = None
-
-
 class ChatMessage(Answer):
     content: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: list[ToolCallDelta] | None = None  # a whole answer's calls: deltas with no index
 
 
 class ChatChoice(Answer):

@@ -11,16 +11,11 @@ from typing import Any
 import msgspec
 
 from burnish_server.core.protocols import wire
+from burnish_server.core.protocols.wire import ToolCall
 
 
 class UnreadableCall(ValueError):
     """A recorded body that is not the endpoint's shape (so no conversation can be read from it)."""
-
-
-class ToolCall(msgspec.Struct, frozen=True, omit_defaults=True):
-    name: str
-    arguments: str = ""
-    id: str | None = None
 
 
 class Message(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -36,7 +31,8 @@ class Message(msgspec.Struct, frozen=True, omit_defaults=True):
         out: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.tool_calls:
             out["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": arguments_of(c.arguments)}} for c in self.tool_calls
+                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": arguments_of(c.function.arguments)}}
+                for c in self.tool_calls
             ]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
@@ -48,7 +44,7 @@ class Message(msgspec.Struct, frozen=True, omit_defaults=True):
         lines = [head]
         if self.content:
             lines.append(self.content)
-        lines += [f"-> calls {c.name}({c.arguments})" for c in self.tool_calls]
+        lines += [f"-> calls {c.function.name}({c.function.arguments})" for c in self.tool_calls]
         return "\n".join(lines)
 
 

@@ -37,15 +37,23 @@ class ContentPart(Wire):
 Content = str | list[ContentPart] | None
 
 
-class Function(Wire):
+class Function(msgspec.Struct, frozen=True, omit_defaults=True):  # as Wire, and frozen
     name: str = ""
-    arguments: str = ""
+    arguments: str = ""  # JSON text, as the chat API writes it
 
 
-class ToolCall(Wire):
+class ToolCall(msgspec.Struct, frozen=True, omit_defaults=True):  # as Wire, and frozen
+    """A tool call, in the chat API's shape: the one definition every protocol's reader and the
+    conversation in chat form (``conversation.py``) use. Frozen, so messages that hold it compare
+    and hash as values."""
+
     id: str | None = None
     type: str = "function"
     function: Function = msgspec.field(default_factory=Function)
+
+
+def tool_call(name: str, arguments: str = "", id: str | None = None) -> ToolCall:
+    return ToolCall(id=id, function=Function(name=name, arguments=arguments))
 
 
 # ---- chat completions ---------------------------------------------------------------------

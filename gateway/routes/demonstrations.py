@@ -23,10 +23,10 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
 from burnish_server.core.learning.demonstrations import MAX_DEMONSTRATIONS, Demonstration, DemonstrationsIn, record
+from burnish_server.core.learning.messages import with_context
 from burnish_server.core.learning.policies import served_name
 from burnish_server.core.platform.access import DEFAULT_PROJECT, PRINTABLE, Principal, local, qualify
 from burnish_server.core.platform.errors import Invalid, NotFound
-from burnish_server.core.protocols.messages import with_context
 from burnish_server.core.protocols.records import CallRecord
 from burnish_server.core.protocols.transcript import exchange
 from burnish_server.gateway.access import ACCESS_ERRORS, BEARER

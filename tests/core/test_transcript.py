@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from burnish_server.core.protocols.transcript import Message, ToolCall, UnreadableCall, conversation, exchange
+from burnish_server.core.protocols.transcript import Message, UnreadableCall, conversation, exchange, tool_call
 from tests.records import call, chat_call
 
 WEATHER = {"type": "function", "function": {"name": "weather", "description": "", "parameters": {"type": "object"}}}
@@ -32,7 +32,7 @@ def test_chat_keeps_messages_tools_and_every_choice() -> None:
     turn = exchange(chat_call(request, response))
     assert turn.prompt == [Message("system", "be brief"), Message("user", "hi\n[image_url]")]
     assert turn.tools == [WEATHER]
-    assert turn.answers == [Message("assistant", "", (ToolCall("weather", "{}", "c"),)), Message("assistant", "b")]
+    assert turn.answers == [Message("assistant", "", (tool_call("weather", "{}", "c"),)), Message("assistant", "b")]
     assert turn.answers[0].chat()["tool_calls"][0]["function"] == {"name": "weather", "arguments": {}}
 
 
@@ -56,13 +56,13 @@ def test_responses_api_instructions_function_calls_and_outputs() -> None:
     assert turn.prompt == [
         Message("system", "You add."),
         Message("user", "1+2?"),
-        Message("assistant", "", (ToolCall("add", '{"a": 1, "b": 2}', "k1"),)),
+        Message("assistant", "", (tool_call("add", '{"a": 1, "b": 2}', "k1"),)),
         Message("tool", "3", (), "k1"),
     ]
     assert turn.tools == [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
     assert turn.answers == [Message("assistant", "3")]
     plain = exchange(call("responses", {"input": "hello"}, {"output": [{"type": "function_call", "name": "f", "arguments": "{}", "call_id": "z"}]}))
-    assert plain.prompt == [Message("user", "hello")] and plain.answers == [Message("assistant", "", (ToolCall("f", "{}", "z"),))]
+    assert plain.prompt == [Message("user", "hello")] and plain.answers == [Message("assistant", "", (tool_call("f", "{}", "z"),))]
 
 
 def test_anthropic_messages_system_tool_use_and_tool_results() -> None:
@@ -83,7 +83,7 @@ def test_anthropic_messages_system_tool_use_and_tool_results() -> None:
     assert turn.prompt == [
         Message("system", "You add."),
         Message("user", "1+2?"),
-        Message("assistant", "Adding.", (ToolCall("add", '{"a":1}', "u1"),)),
+        Message("assistant", "Adding.", (tool_call("add", '{"a":1}', "u1"),)),
         Message("tool", "3", (), "u1"),
         Message("user", "so?"),
     ]

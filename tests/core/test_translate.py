@@ -345,6 +345,6 @@ def test_the_readers_see_what_the_model_was_shown() -> None:
         sent = module.chat_request(msgspec.convert(body, wire_type))
         read = read_bodies(endpoint, json.dumps(body).encode(), None)
         assert [t["function"]["name"] for t in read.tools or ()] == [t["function"]["name"] for t in sent["tools"]]
-        assert [(m.role, m.content, [c.name for c in m.tool_calls]) for m in read.prompt] == [
+        assert [(m.role, m.content, [c.function.name for c in m.tool_calls]) for m in read.prompt] == [
             (m["role"], m["content"], [c["function"]["name"] for c in m.get("tool_calls", ())]) for m in sent["messages"]
         ]

@@ -11,8 +11,9 @@ from typing import Any
 from msgspec import UNSET
 
 from burnish_server.core.protocols import answers, wire
-from burnish_server.core.protocols.conversation import Exchange, Message, ToolCall, text_of
+from burnish_server.core.protocols.conversation import Exchange, Message, text_of
 from burnish_server.core.protocols.surfaces.base import OPENAI_ERRORS, Surface, append, extend, joined
+from burnish_server.core.protocols.wire import tool_call
 
 
 class ChatAssembler:
@@ -80,7 +81,7 @@ class ChatAssembler:
 
 
 def _chat_message(m: wire.ChatMessage) -> Message:
-    calls = tuple(ToolCall(c.function.name, c.function.arguments, c.id) for c in m.tool_calls or ())
+    calls = tuple(tool_call(c.function.name, c.function.arguments, c.id) for c in m.tool_calls or ())  # as any reader compares them: id, name, arguments
     return Message(m.role, text_of(m.content), calls, m.tool_call_id)
 
 

@@ -14,9 +14,10 @@ import msgspec
 
 from burnish_server.core.platform.errors import Invalid
 from burnish_server.core.protocols import answers, wire
-from burnish_server.core.protocols.conversation import Exchange, Message, ToolCall, text_of
+from burnish_server.core.protocols.conversation import Exchange, Message, text_of
 from burnish_server.core.protocols.surfaces.base import ANTHROPIC_ERRORS, Surface, append, joined
 from burnish_server.core.protocols.translate import messages as translator
+from burnish_server.core.protocols.wire import ToolCall, tool_call
 
 _decode = msgspec.json.Decoder().decode
 # What msgspec raises for bytes that are no JSON: malformed, not UTF-8, nested too deeply.
@@ -87,7 +88,7 @@ def _blocks_to_messages(role: str, content: str | list[wire.Block], definitions:
             case "text":
                 text.append(block.text or "")
             case "tool_use":
-                calls.append(ToolCall(block.name or "", msgspec.json.encode(block.input).decode(), block.id))
+                calls.append(tool_call(block.name or "", msgspec.json.encode(block.input).decode(), block.id))
             case "tool_result":
                 # As the model was shown it (core/protocols/translate/messages.py): tool_reference blocks as
                 # the definitions they load, an error marked.

@@ -13,9 +13,10 @@ from typing import Any
 
 from burnish_server.core.platform.errors import Invalid
 from burnish_server.core.protocols import answers, wire
-from burnish_server.core.protocols.conversation import Exchange, Message, ToolCall, text_of
+from burnish_server.core.protocols.conversation import Exchange, Message, text_of
 from burnish_server.core.protocols.surfaces.base import RESPONSES_ERRORS, Surface
 from burnish_server.core.protocols.translate import responses as translator
+from burnish_server.core.protocols.wire import tool_call
 
 
 class ResponsesAssembler:
@@ -49,7 +50,7 @@ def _responses_items(items: list[wire.ResponsesItem]) -> list[Message]:
             case "message":  # a developer message is the system message the model was shown
                 out.append(Message("system" if item.role == "developer" else item.role or "user", text_of(item.content)))
             case "function_call":
-                call = ToolCall(translator.flat_name(item.namespace, item.name or ""), item.arguments or "", item.call_id)
+                call = tool_call(translator.flat_name(item.namespace, item.name or ""), item.arguments or "", item.call_id)
                 # Calls made in one turn belong to one assistant message.
                 if out and out[-1].role == "assistant" and (out[-1].tool_calls or not out[-1].content):
                     last = out.pop()

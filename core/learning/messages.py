@@ -23,6 +23,10 @@ class Function(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class ToolCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A tool call as a user posts it, checked strictly (the API's schema). Once checked it is
+    read as the protocols' one ``ToolCall`` (``core/protocols/wire.py``), which reads whatever
+    a recorded call holds."""
+
     function: Function
     id: Annotated[str, Meta(max_length=256, pattern=NO_NUL)] | None = None
     type: Literal["function"] = "function"
