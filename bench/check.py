@@ -44,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gateway_overhead import start_gateway  # noqa: E402
-from harness import PLAIN_BODY, ROOT, STREAM_BODY, Load, OtherLoad, Proc, git_state, install_cleanup, start_upstream  # noqa: E402
+from harness import PLAIN_BODY, ROOT, STREAM_BODY, Load, OtherLoad, Proc, code_of, git_state, install_cleanup, start_upstream  # noqa: E402
 from inprocess import instructions  # noqa: E402
 from tail import calls, latency  # noqa: E402
 
@@ -73,6 +73,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--against", metavar="REV", help="also time the p99 through the gateway at commit REV, taking turns: a flag both share is the machine's (its disk)"
+    )
     args = parser.parse_args()
     install_cleanup()
     other, load = OtherLoad(), Load()
@@ -107,9 +110,11 @@ def main() -> int:
     print(f"other processes used {busy:.0%} of the CPU" + (" -- figures skewed, run again on a quiet machine" if busy > 0.05 else ""))
 
     failed = []
-    tail = p99_ratio(args.rounds, args.seconds)
+    tail = p99_ratio(args.rounds, args.seconds, args.against)
     print(f"\np99 at c=1 through the gateway / the upstream's directly: {tail['ratio']:.2f} (limit {P99_LIMIT:.2f})", end="  ")
     print(f"(gateway {tail['gateway']['p99_ms']:.3f} ms, upstream {tail['direct']['p99_ms']:.3f} ms)", "ok" if tail["ratio"] <= P99_LIMIT else "REGRESSED")
+    if args.against:
+        print(f"  at {args.against}, in the same run: {tail['ratio_against']:.2f} (gateway {tail[args.against]['p99_ms']:.3f} ms)")
     if tail["ratio"] > P99_LIMIT:
         failed.append("p99")
     counts = {}
@@ -135,20 +140,24 @@ def main() -> int:
     return 1 if failed else 0
 
 
-def p99_ratio(rounds: int, seconds: float) -> dict:
-    """Lone calls on one connection, directly and through a fresh gateway, taking turns."""
-    timed: dict[str, list] = {"direct": [], "gateway": []}
+def p99_ratio(rounds: int, seconds: float, against: str | None = None) -> dict:
+    """Lone calls on one connection, directly and through a fresh gateway (and, with
+    ``against``, the gateway at that commit), taking turns."""
+    timed: dict[str, list] = {"direct": [], "gateway": []} | ({against: []} if against else {})
     with tempfile.TemporaryDirectory(prefix="burnish-check-tail-") as tmp:
         upstream = start_upstream()
-        gateway = start_gateway(upstream.url, True, tmp)
+        ports = {"direct": upstream.port, "gateway": start_gateway(upstream.url, True, f"{tmp}/this").port}
+        if against:
+            ports[against] = start_gateway(upstream.url, True, f"{tmp}/{against}", name=f"gateway-{against}", env=code_of(against)).port
         try:
             for _ in range(rounds):
-                timed["direct"] += calls(upstream.port, seconds)
-                timed["gateway"] += calls(gateway.port, seconds)
+                for label, port in ports.items():
+                    timed[label] += calls(port, seconds)
         finally:
             Proc.stop_all()
     figures = {label: latency(t) for label, t in timed.items()}
-    return {**figures, "ratio": figures["gateway"]["p99_ms"] / figures["direct"]["p99_ms"]}
+    direct = figures["direct"]["p99_ms"]
+    return {**figures, "ratio": figures["gateway"]["p99_ms"] / direct} | ({"ratio_against": figures[against]["p99_ms"] / direct} if against else {})
 
 
 if __name__ == "__main__":

@@ -29,8 +29,11 @@ def test_the_trainer_never_loads_litestar() -> None:
 
 
 def test_the_domain_loads_no_framework() -> None:
-    modules = " ".join(f"burnish_server.core.{p.stem}" for p in (ROOT / "core").glob("*.py") if p.stem != "__init__")
-    code = f"import sys; import {', '.join(modules.split())}; print(' '.join(m for m in ('sqlalchemy', 'litestar', 'httpx', 'torch') if m in sys.modules))"
+    # Every module of every room of core/ (core/protocols/surfaces/chat.py -> burnish_server.core.protocols.surfaces.chat).
+    paths = [p.relative_to(ROOT).with_suffix("") for p in (ROOT / "core").rglob("*.py") if not p.name.startswith("_")]
+    modules = [".".join(("burnish_server", *p.parts)) for p in paths]
+    assert len(modules) > 30 and "burnish_server.core.protocols.wire" in modules, modules
+    code = f"import sys; import {', '.join(modules)}; print(' '.join(m for m in ('sqlalchemy', 'litestar', 'httpx', 'torch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
     assert out.returncode == 0 and out.stdout.split() == [], out.stderr or out.stdout
 
