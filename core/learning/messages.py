@@ -17,17 +17,17 @@ from burnish_server.core.platform.access import NO_NUL
 Text = Annotated[str, Meta(max_length=200_000, pattern=NO_NUL)]
 
 
-class Function(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class TurnFunction(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: Annotated[str, Meta(min_length=1, max_length=256, pattern=NO_NUL)]
     arguments: Text = "{}"  # JSON text, as the chat API writes it
 
 
-class ToolCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class TurnToolCall(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A tool call as a user posts it, checked strictly (the API's schema). Once checked it is
     read as the protocols' one ``ToolCall`` (``core/protocols/wire.py``), which reads whatever
     a recorded call holds."""
 
-    function: Function
+    function: TurnFunction
     id: Annotated[str, Meta(max_length=256, pattern=NO_NUL)] | None = None
     type: Literal["function"] = "function"
 
@@ -37,7 +37,7 @@ class Turn(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_default
 
     role: Literal["system", "user", "assistant", "tool"]
     content: Text | None = None
-    tool_calls: Annotated[list[ToolCall], Meta(max_length=64)] | None = None
+    tool_calls: Annotated[list[TurnToolCall], Meta(max_length=64)] | None = None
     tool_call_id: Annotated[str, Meta(max_length=256, pattern=NO_NUL)] | None = None
 
     def problem(self) -> str | None:
