@@ -14,6 +14,7 @@ meanwhile (a rollback, another decision) writes nothing, and what came first sta
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -51,11 +52,20 @@ def versions(conn: Connection, name: str) -> Versions | None:
     return None if row is None else Versions(head=row.head, step=row.step, candidate=row.candidate)
 
 
-def _write(conn: Connection, name: str, move: Move | None, **values: Any) -> bool:
-    """Write a transition's versions (and ``values``, columns that go with it) and its decisions."""
-    if move is None:
-        return False
+def _move(conn: Connection, name: str, transition: Callable[[Versions], Move | None], **values: Any) -> bool:
+    """Read where the policy's versions stand, ask ``transition``, and write what it returns
+    (``_write``). Whether anything moved."""
+    now = versions(conn, name)
+    move = None if now is None else transition(now)
+    return move is not None and _write(conn, name, move, **values)
+
+
+def _write(conn: Connection, name: str, move: Move, **values: Any) -> bool:
+    """Write a move's versions (with ``values``, columns that go with it; a candidate gone takes
+    its ``candidate_since`` with it) and its decisions."""
     after = move.versions
+    if after.candidate is None:
+        values.setdefault("candidate_since", None)
     conn.execute(
         update(PolicyRow).where(PolicyRow.name == name).values(head=after.head, step=after.step, candidate=after.candidate, updated_at=utcnow(), **values)
     )
@@ -85,8 +95,7 @@ def record_step(conn: Connection, name: str, step: int, parent: int, groups: lis
             policy=name, step=step, parent=parent, groups=groups, metrics=msgspec.to_builtins(metrics), checkpoint=checkpoint, trainer=worker
         )
     )
-    now = versions(conn, name)
-    return _write(conn, name, None if now is None else recorded(now, parent, step), train_requested_at=None)
+    return _move(conn, name, lambda now: recorded(now, parent, step), train_requested_at=None)
 
 
 def publishing_of(conn: Connection, policy: Policy) -> Publishing:
@@ -98,19 +107,17 @@ def publishing_of(conn: Connection, policy: Policy) -> Publishing:
 
 def mark_served(conn: Connection, name: str, step: int, seconds: float | None) -> bool:
     """vLLM serves ``step``, loaded and checked: it is the served version (``served``)."""
-    now = versions(conn, name)
-    moved = _write(conn, name, None if now is None else served(now, step), load_error=None, load_error_at=None)
+    moved = _move(conn, name, lambda now: served(now, step), load_error=None, load_error_at=None)
     _published(conn, name, step, seconds)
     return moved
 
 
 def mark_candidate(conn: Connection, name: str, step: int, seconds: float | None) -> bool:
     """vLLM serves ``step``, loaded and checked, as the candidate: its trial begins (``on_trial``)."""
-    now = versions(conn, name)
-    moved = _write(
+    moved = _move(
         conn,
         name,
-        None if now is None else on_trial(now, step),
+        lambda now: on_trial(now, step),
         candidate_since=utcnow(),
         candidate_test=None,
         candidate_tested_at=None,
@@ -134,15 +141,13 @@ def record_test(conn: Connection, name: str, step: int, test: Comparison) -> Non
 
 def decide(conn: Connection, policy: Policy, step: int, record: DecisionRecord) -> bool:
     """End ``step``'s trial as ``record`` says (``decided``)."""
-    now = versions(conn, policy.name)
-    return _write(conn, policy.name, None if now is None else decided(now, policy.promotion, step, record), candidate_since=None)
+    return _move(conn, policy.name, lambda now: decided(now, policy.promotion, step, record))
 
 
 def roll_back(conn: Connection, policy: Policy, to: int, record: DecisionRecord) -> bool:
     """The served version regressed: serve ``to`` again (``rolled_back``)."""
-    now = versions(conn, policy.name)
     seen = Versions(head=policy.head, step=policy.step, candidate=policy.candidate)
-    return _write(conn, policy.name, None if now is None else rolled_back(now, seen, to, record))
+    return _move(conn, policy.name, lambda now: rolled_back(now, seen, to, record))
 
 
 # ---- the admin's side ---------------------------------------------------------------
@@ -167,8 +172,7 @@ def request_rollback(conn: Connection, name: str, step: int) -> None:
     if step != 0 and target is None:
         raise NotFound(f"policy {name!r} has no checkpoint at step {step}", "checkpoint_not_found", "step")
     decision = None if target is None or target.decision is None else Outcome(target.decision)
-    move = admin_rolled_back(now, step, decision)
-    _write(conn, name, move, candidate_since=None if move.versions.candidate is None else PolicyRow.candidate_since, load_error=None, load_error_at=None)
+    _write(conn, name, admin_rolled_back(now, step, decision), load_error=None, load_error_at=None)
 
 
 def note(conn: Connection, policy: str, step: int, record: DecisionRecord) -> None:

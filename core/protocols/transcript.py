@@ -20,9 +20,8 @@ import msgspec
 from burnish_server.core.protocols.conversation import Exchange, Message, UnreadableCall
 from burnish_server.core.protocols.records import CallRecord
 from burnish_server.core.protocols.surfaces import BY_NAME
-from burnish_server.core.protocols.wire import ToolCall, tool_call
 
-__all__ = ["Exchange", "Message", "ToolCall", "UnreadableCall", "conversation", "exchange", "read_bodies", "tool_call"]
+__all__ = ["Exchange", "Message", "UnreadableCall", "conversation", "exchange", "read_bodies"]
 
 
 def exchange(call: CallRecord) -> Exchange:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from burnish_server.core.protocols.transcript import Message, UnreadableCall, conversation, exchange, tool_call
+from burnish_server.core.protocols.transcript import Message, UnreadableCall, conversation, exchange
+from burnish_server.core.protocols.wire import tool_call
 from tests.records import call, chat_call
 
 WEATHER = {"type": "function", "function": {"name": "weather", "description": "", "parameters": {"type": "object"}}}
