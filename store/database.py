@@ -48,10 +48,12 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 # WAL_PAGES, commits go to the writer thread (``Database.wal_due``), which completes the
 # checkpoint after its next commit, as the only writer then: the thread has already copied all
 # but the last moment's pages, and the next commit starts the WAL over.
-# The cadence is measured (bench/tail.py, c=1 on the fast upstream, docs/performance.md): each
-# checkpoint's two syncs slow the calls that overlap them, so fewer, larger ones (every 0.5 s,
-# a 64 MiB WAL) took the added p99 from 1.8 to 1.1 ms where every 0.1 s and 16 MiB did not.
-CHECKPOINT_EVERY_S = 0.5
+# The cadence is measured (c=1 on the fast upstream, docs/performance.md). Each checkpoint's
+# two syncs slow every process on the machine while they flush (on the benchmark VM a writer
+# of 40 MB/s syncing every 0.5 s took the p99 of a server that touches no disk from 0.2 to
+# 7 ms; syncing every 0.1 s, 2 ms): so many small flushes, not a few large ones. Every 0.1 s
+# the lone call's p99 was 1.7-2.2 ms where every 0.5 s it was 2.1-5.5 (every 0.02 s no better).
+CHECKPOINT_EVERY_S = 0.1
 WAL_PAGES = 16384  # 64 MiB of 4 KiB pages
 # Any constant shared by every burnish process: concurrent migrators take turns on it.
 MIGRATION_LOCK_KEY = 0x6275726E697368  # "burnish"
