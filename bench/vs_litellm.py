@@ -58,6 +58,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
 
@@ -89,6 +90,7 @@ TARGET_TPUT_RATIO, TARGET_ADDED_RATIO = 10.0, 0.10
 TARGET_BEHIND_RPS, TARGET_BEHIND_P99 = 0.95, 1.10  # behind vLLM at c=64: of vLLM direct's req/s, and its p99
 ROUNDS = 3
 WARM_S = 4.0  # each target under each case before the first round
+SETTLE_IDLE, SETTLE_MAX = 0.05, 20.0  # see settle()
 BODY = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}, separators=(",", ":"))
 RESULTS = ROOT / "bench" / "results" / "vs_litellm.json"
 LITELLM_VENV = ROOT / "bench" / "results" / ".litellm-venv"  # bench/results/ is git-ignored
@@ -317,11 +319,13 @@ def measure(load: Load, section: str, targets: dict[str, Proc], other: OtherCPU,
     for label in labels:
         for conns, _, _ in CASES:
             load.run(targets[label].url, BODY, conns, WARM_S)
+            settle(targets.values())
     for n in range(rounds):
         order = labels[n % len(labels) :] + labels[: n % len(labels)]
         for conns, seconds, warmup in CASES:
             for label in order:
                 r = phase(load, section, label, targets[label], conns, seconds, warmup, other)
+                r["settle_s"] = settle(targets.values())
                 runs[label][f"c{conns}"].append(r)
                 bad = f"  ERRORS {r['errors']} non-2xx {r['non2xx']}" if r["errors"] or r["non2xx"] else ""
                 print(
@@ -330,6 +334,23 @@ def measure(load: Load, section: str, targets: dict[str, Proc], other: OtherCPU,
                     flush=True,
                 )
     return {label: {case: combine(rs) for case, rs in cases.items()} for label, cases in runs.items()}
+
+
+def settle(procs: Iterable[Proc], idle: float = SETTLE_IDLE, limit: float = SETTLE_MAX) -> float:
+    """Wait until the section's servers are idle (under ``idle`` of a core together, over 0.25 s),
+    at most ``limit`` s; returns the seconds waited. A proxy overloaded at c=64 (LiteLLM's p99
+    there is seconds) goes on answering the requests queued in it after the load has gone, and
+    a gateway's store flushes what it wrote: the next phase must not run beside either."""
+    procs = list(procs)
+    began = time.monotonic()
+    busy = sum(p.cpu_seconds() for p in procs)
+    while time.monotonic() - began < limit:
+        time.sleep(0.25)
+        now = sum(p.cpu_seconds() for p in procs)
+        if now - busy < idle * 0.25:
+            break
+        busy = now
+    return time.monotonic() - began
 
 
 def phase(load: Load, section: str, label: str, target: Proc, conns: int, seconds: float, warmup: float, other: OtherCPU) -> dict:
