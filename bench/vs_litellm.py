@@ -34,9 +34,9 @@ alone moved by half from run to run.
 Targets: burnish's throughput >= 10 x LiteLLM's, and burnish's added latency (p50 and p99)
 <= 1/10 of LiteLLM's. The throughput target is judged in the fast-upstream section only
 (with vLLM both are capped by vLLM; the ratio is shown). Behind vLLM, burnish is judged
-against vLLM alone at c=64: at least 0.95x its req/s, and a p99 within 10% of its own. Prints the tables and PASS/FAIL,
-writes bench/results/vs_litellm.json and exits 0 whatever the verdicts (non-zero only if
-the benchmark itself broke). Only 127.0.0.1; every server runs in its own process group
+against vLLM alone at c=64: at least 0.95x its req/s, and a p99 within 10% of its own.
+Prints the tables and PASS/FAIL, writes bench/results/vs_litellm.json and exits 0 whatever
+the verdicts (non-zero only if the benchmark itself broke). Only 127.0.0.1; every server runs in its own process group
 and is killed at exit, errors included.
 
 The machine may be shared: a thread samples the CPU of every process outside this

@@ -48,11 +48,9 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 # WAL_PAGES, commits go to the writer thread (``Database.wal_due``), which completes the
 # checkpoint after its next commit, as the only writer then: the thread has already copied all
 # but the last moment's pages, and the next commit starts the WAL over.
-# The cadence is measured (c=1 on the fast upstream, docs/performance.md). Each checkpoint's
-# two syncs slow every process on the machine while they flush (on the benchmark VM a writer
-# of 40 MB/s syncing every 0.5 s took the p99 of a server that touches no disk from 0.2 to
-# 7 ms; syncing every 0.1 s, 2 ms): so many small flushes, not a few large ones. Every 0.1 s
-# the lone call's p99 was 1.7-2.2 ms where every 0.5 s it was 2.1-5.5 (every 0.02 s no better).
+# The cadence is measured (c=1 on the fast upstream; figures in docs/performance.md, "Where
+# the tail comes from"): a sync's flush slows every process on the benchmark VM while it
+# writes, and the stall grows with the flush, so many small checkpoints beat a few large ones.
 CHECKPOINT_EVERY_S = 0.1
 WAL_PAGES = 16384  # 64 MiB of 4 KiB pages
 # Any constant shared by every burnish process: concurrent migrators take turns on it.
