@@ -309,14 +309,19 @@ class Load:
         self.lua.write_text(WRK_LUA)
         self.runs = 0
 
-    def run(self, url: str, body: str, conns: int, duration: float, warmup: float = 0.0, server: Proc | None = None, path: str = PATH) -> dict:
-        """Warm up, then load for ``duration`` s; returns rps, p50/p99 ms, errors (and ``server``'s CPU ms per request)."""
+    def run(
+        self, url: str, body: str, conns: int, duration: float, warmup: float = 0.0, server: Proc | None = None, path: str = PATH, upstream: Proc | None = None
+    ) -> dict:
+        """Warm up, then load for ``duration`` s; returns rps, p50/p99 ms, errors (and ``server``'s
+        CPU ms per request, and ``upstream``'s: the server behind a proxy)."""
         if warmup > 0:
             self._once(url + path, body, conns, warmup)
-        cpu0 = server.cpu_seconds() if server else 0.0
+        watched = {"server": server, "upstream": upstream}
+        cpu0 = {name: proc.cpu_seconds() for name, proc in watched.items() if proc}
         result = self._once(url + path, body, conns, duration)
-        if server and result["requests"]:
-            result["server_cpu_ms_per_req"] = (server.cpu_seconds() - cpu0) * 1000 / result["requests"]
+        for name, before in cpu0.items():
+            if result["requests"]:
+                result[f"{name}_cpu_ms_per_req"] = (watched[name].cpu_seconds() - before) * 1000 / result["requests"]  # type: ignore[union-attr]
         return result
 
     def _once(self, target: str, body: str, conns: int, duration: float) -> dict:

@@ -324,13 +324,14 @@ def measure(load: Load, section: str, targets: dict[str, Proc], other: OtherCPU,
         order = labels[n % len(labels) :] + labels[: n % len(labels)]
         for conns, seconds, warmup in CASES:
             for label in order:
-                r = phase(load, section, label, targets[label], conns, seconds, warmup, other)
+                r = phase(load, section, label, targets[label], conns, seconds, warmup, other, targets["direct"])
                 r["settle_s"] = settle(targets.values())
                 runs[label][f"c{conns}"].append(r)
                 bad = f"  ERRORS {r['errors']} non-2xx {r['non2xx']}" if r["errors"] or r["non2xx"] else ""
                 print(
                     f"  {section:<5} {label:<8} c={conns:<3} round {n + 1}/{rounds} {r['ok_rps']:8.1f} req/s  p50 {r['p50_ms']:8.3f} ms"
-                    f"  p99 {r['p99_ms']:8.3f} ms  server cpu {r.get('server_cpu_ms_per_req', 0):7.3f} ms/req  others {r['other_cpu_share']:4.0%}{bad}",
+                    f"  p99 {r['p99_ms']:8.3f} ms  server cpu {r.get('server_cpu_ms_per_req', 0):7.3f} ms/req"
+                    f"  upstream cpu {r.get('upstream_cpu_ms_per_req', r.get('server_cpu_ms_per_req', 0)):7.3f} ms/req  others {r['other_cpu_share']:4.0%}{bad}",
                     flush=True,
                 )
     return {label: {case: combine(rs) for case, rs in cases.items()} for label, cases in runs.items()}
@@ -353,14 +354,16 @@ def settle(procs: Iterable[Proc], idle: float = SETTLE_IDLE, limit: float = SETT
     return time.monotonic() - began
 
 
-def phase(load: Load, section: str, label: str, target: Proc, conns: int, seconds: float, warmup: float, other: OtherCPU) -> dict:
-    """One target under one case, run once more if other processes took more than OTHER_MAX."""
+def phase(load: Load, section: str, label: str, target: Proc, conns: int, seconds: float, warmup: float, other: OtherCPU, upstream: Proc) -> dict:
+    """One target under one case, run once more if other processes took more than OTHER_MAX.
+    Through a proxy, the upstream's own CPU per request is taken too: behind vLLM it tells the
+    proxy's own CPU from what the proxy costs vLLM (a batch it runs with fewer requests)."""
     global RETRIES
     ncpu = os.cpu_count() or 1
     best = None
     for attempt in range(2):
         t0, o0, names0 = time.monotonic(), other.seconds(), other.names()
-        r = load.run(target.url, BODY, conns, seconds, warmup, server=target)
+        r = load.run(target.url, BODY, conns, seconds, warmup, server=target, upstream=upstream if upstream is not target else None)
         r["other_cpu_share"] = (other.seconds() - o0) / ((time.monotonic() - t0) * ncpu)
         r["other_cpu_top"] = OtherCPU.top(names0, other.names())
         r["ok_rps"] = (r["requests"] - r["non2xx"]) / r["duration_s"] if r["duration_s"] else 0.0
@@ -383,7 +386,11 @@ def combine(rs: list[dict]) -> dict:
     """The rounds of one target and case as one result: the median of each figure (a round the
     VM stalled in moves a median of three by nothing), errors summed, the most interference
     kept, and every round's own figures under ``rounds``."""
-    med = {k: statistics.median(r[k] for r in rs) for k in ("ok_rps", "rps", "p50_ms", "p99_ms", "mean_ms", "server_cpu_ms_per_req") if all(k in r for r in rs)}
+    med = {
+        k: statistics.median(r[k] for r in rs)
+        for k in ("ok_rps", "rps", "p50_ms", "p99_ms", "mean_ms", "server_cpu_ms_per_req", "upstream_cpu_ms_per_req")
+        if all(k in r for r in rs)
+    }
     summed = {k: sum(r[k] for r in rs) for k in ("requests", "errors", "non2xx")}
     return {**med, **summed, "max_ms": max(r["max_ms"] for r in rs), "other_cpu_share": max(r["other_cpu_share"] for r in rs), "rounds": rs}
 
@@ -392,10 +399,15 @@ def ratio(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 
 
+def ratio_or_none(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else ratio(a, b)
+
+
 def summarize(key: str, res: dict) -> tuple[dict, dict]:
     c1, cn = "c1", f"c{TPUT_CONNS}"
     d = res["direct"]
     row: dict = {"direct_p50_ms": d[c1]["p50_ms"], "direct_p99_ms": d[c1]["p99_ms"], "rps_direct": d[cn]["ok_rps"], "rps_direct_c1": d[c1]["ok_rps"]}
+    row["upstream_cpu_ms_per_req"] = d[cn].get("server_cpu_ms_per_req")
     for t in ("burnish", "litellm"):
         r = res[t]
         row |= {
@@ -408,6 +420,7 @@ def summarize(key: str, res: dict) -> tuple[dict, dict]:
             f"{t}_vs_direct_rps": ratio(r[cn]["ok_rps"], d[cn]["ok_rps"]),
             f"{t}_cpu_ms_per_req": r[cn].get("server_cpu_ms_per_req"),
             f"{t}_cpu_ms_per_req_c1": r[c1].get("server_cpu_ms_per_req"),
+            f"{t}_upstream_cpu_ms_per_req": r[cn].get("upstream_cpu_ms_per_req"),
             f"{t}_errors": sum(r[c]["errors"] + r[c]["non2xx"] for c in (c1, cn)),
         }
     row["rps_ratio"] = ratio(row["rps_burnish"], row["rps_litellm"])
@@ -453,6 +466,10 @@ def print_section(title: str, row: dict) -> None:
         )
     if "burnish_vs_direct_p99" in row:
         print(f"  burnish p99 at c={TPUT_CONNS}: {fmt(row['burnish_vs_direct_p99'], '.2f')} x direct's")
+        print(
+            f"  vLLM's own CPU per request at c={TPUT_CONNS}: direct {fmt(row['upstream_cpu_ms_per_req'])} ms,"
+            f" behind burnish {fmt(row['burnish_upstream_cpu_ms_per_req'])} ms ({fmt(ratio_or_none(row['burnish_upstream_cpu_ms_per_req'], row['upstream_cpu_ms_per_req']), '.2f')}x)"
+        )
     print(f"  burnish / LiteLLM req/s: {fmt(row['rps_ratio'], '.2f')}  (target >= {TARGET_TPUT_RATIO:.0f})")
 
 
