@@ -23,9 +23,9 @@ ERROR. LiteLLM lives in its own venv (bench/results/.litellm-venv, git-ignored),
 script makes and fills with ``pip install 'litellm[proxy]'`` when it is missing: its
 dependencies need not agree with vLLM's.
 
-* c=1: one keep-alive connection, back-to-back requests for 8 s (1 s warm-up): p50/p99.
-  added = target - direct.
-* c=64: 64 connections for 10 s (2 s warm-up): successful req/s.
+* c=1: one keep-alive connection, back-to-back requests for 8 s (after a 1 s warm-up and the
+  servers' going idle, see ``phase``): p50/p99. added = target - direct.
+* c=64: 64 connections for 10 s (after a 2 s warm-up, the same): successful req/s.
 
 The targets take turns ``--rounds`` times (3), the order turning each round, and each figure
 is the median of its rounds: on a VM whose disk flushes stall it now and then, one round's p99
@@ -324,7 +324,7 @@ def measure(load: Load, section: str, targets: dict[str, Proc], other: OtherCPU,
         order = labels[n % len(labels) :] + labels[: n % len(labels)]
         for conns, seconds, warmup in CASES:
             for label in order:
-                r = phase(load, section, label, targets[label], conns, seconds, warmup, other, targets["direct"])
+                r = phase(load, section, label, targets[label], conns, seconds, warmup, other, targets)
                 r["settle_s"] = settle(targets.values())
                 runs[label][f"c{conns}"].append(r)
                 bad = f"  ERRORS {r['errors']} non-2xx {r['non2xx']}" if r["errors"] or r["non2xx"] else ""
@@ -354,16 +354,24 @@ def settle(procs: Iterable[Proc], idle: float = SETTLE_IDLE, limit: float = SETT
     return time.monotonic() - began
 
 
-def phase(load: Load, section: str, label: str, target: Proc, conns: int, seconds: float, warmup: float, other: OtherCPU, upstream: Proc) -> dict:
+def phase(load: Load, section: str, label: str, target: Proc, conns: int, seconds: float, warmup: float, other: OtherCPU, servers: dict[str, Proc]) -> dict:
     """One target under one case, run once more if other processes took more than OTHER_MAX.
     Through a proxy, the upstream's own CPU per request is taken too: behind vLLM it tells the
-    proxy's own CPU from what the proxy costs vLLM (a batch it runs with fewer requests)."""
+    proxy's own CPU from what the proxy costs vLLM (a batch it runs with fewer requests).
+
+    The warm-up's load ends, the servers go idle, then the measured load begins. The calls in
+    flight when the warm-up's connections close are dropped by vLLM called directly but carried
+    on to vLLM by a proxy (burnish records them): a measured run begun at once waited behind
+    them, and 300-600 ms answers at its start made a phase's p99 (docs/notes/performance-runs.md)."""
     global RETRIES
     ncpu = os.cpu_count() or 1
+    upstream = servers["direct"]
     best = None
     for attempt in range(2):
+        load.run(target.url, BODY, conns, warmup)
+        settle(servers.values())
         t0, o0, names0 = time.monotonic(), other.seconds(), other.names()
-        r = load.run(target.url, BODY, conns, seconds, warmup, server=target, upstream=upstream if upstream is not target else None)
+        r = load.run(target.url, BODY, conns, seconds, server=target, upstream=upstream if upstream is not target else None)
         r["other_cpu_share"] = (other.seconds() - o0) / ((time.monotonic() - t0) * ncpu)
         r["other_cpu_top"] = OtherCPU.top(names0, other.names())
         r["ok_rps"] = (r["requests"] - r["non2xx"]) / r["duration_s"] if r["duration_s"] else 0.0
