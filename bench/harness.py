@@ -316,12 +316,11 @@ class Load:
         CPU ms per request, and ``upstream``'s: the server behind a proxy)."""
         if warmup > 0:
             self._once(url + path, body, conns, warmup)
-        watched = {"server": server, "upstream": upstream}
-        cpu0 = {name: proc.cpu_seconds() for name, proc in watched.items() if proc}
+        watched = {name: (proc, proc.cpu_seconds()) for name, proc in (("server", server), ("upstream", upstream)) if proc}
         result = self._once(url + path, body, conns, duration)
-        for name, before in cpu0.items():
-            if result["requests"]:
-                result[f"{name}_cpu_ms_per_req"] = (watched[name].cpu_seconds() - before) * 1000 / result["requests"]  # type: ignore[union-attr]
+        if result["requests"]:
+            for name, (proc, before) in watched.items():
+                result[f"{name}_cpu_ms_per_req"] = (proc.cpu_seconds() - before) * 1000 / result["requests"]
         return result
 
     def _once(self, target: str, body: str, conns: int, duration: float) -> dict:

@@ -403,12 +403,8 @@ def combine(rs: list[dict]) -> dict:
     return {**med, **summed, "max_ms": max(r["max_ms"] for r in rs), "other_cpu_share": max(r["other_cpu_share"] for r in rs), "rounds": rs}
 
 
-def ratio(a: float, b: float) -> float | None:
-    return a / b if b > 0 else None
-
-
-def ratio_or_none(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else ratio(a, b)
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b <= 0 else a / b
 
 
 def summarize(key: str, res: dict) -> tuple[dict, dict]:
@@ -476,7 +472,7 @@ def print_section(title: str, row: dict) -> None:
         print(f"  burnish p99 at c={TPUT_CONNS}: {fmt(row['burnish_vs_direct_p99'], '.2f')} x direct's")
         print(
             f"  vLLM's own CPU per request at c={TPUT_CONNS}: direct {fmt(row['upstream_cpu_ms_per_req'])} ms,"
-            f" behind burnish {fmt(row['burnish_upstream_cpu_ms_per_req'])} ms ({fmt(ratio_or_none(row['burnish_upstream_cpu_ms_per_req'], row['upstream_cpu_ms_per_req']), '.2f')}x)"
+            f" behind burnish {fmt(row['burnish_upstream_cpu_ms_per_req'])} ms ({fmt(ratio(row['burnish_upstream_cpu_ms_per_req'], row['upstream_cpu_ms_per_req']), '.2f')}x)"
         )
     print(f"  burnish / LiteLLM req/s: {fmt(row['rps_ratio'], '.2f')}  (target >= {TARGET_TPUT_RATIO:.0f})")
 
