@@ -12,7 +12,7 @@ import msgspec
 
 from burnish_server.core.learning.fidelity import NOISE_FLOORS, Probe
 from burnish_server.core.platform.settings import Settings
-from burnish_server.serving.adapters import VLLMAdapters
+from burnish_server.serving.adapters import VLLMAdapters, steps_of
 from burnish_server.serving.process import VLLMServer
 from burnish_server.store.policies import get_policy
 from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
@@ -28,6 +28,10 @@ async def test_a_wrong_adapter_under_a_steps_name_is_never_served(make_gateway, 
     """Step 3's checkpoint holds step 1's weights (a copy gone wrong): vLLM loads them and
     answers, but not as step 3 was trained, so 3 is not served, the status says why, and vLLM
     drops it. Put right, it serves at the next try; a rollback is checked the same way."""
+    # The session's vLLM may still hold another test's agent@3 and agent@4: after step 2 serves,
+    # the publisher keeps the newest three (trainer_keep_loaded) and would unload agent@1, which
+    # this test scores below. Start from no agent adapters.
+    unload(vllm, steps_of("agent", list(served(vllm))))
     gw = make_gateway(upstream=vllm.url, upstream_timeout=120)
     gw.create_policy("agent", "tiny", model_path=str(tiny_model), **TINY)
     await make_groups(gw, 6)
