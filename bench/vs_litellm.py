@@ -15,13 +15,16 @@ Two sections, one after the other, each with its own upstream:
 * **fast upstream**: bench/harness.py's fixed-answer upstream (uvicorn, httptools, uvloop).
   Here the proxies are the bottleneck: this is where throughput is compared.
 
-In each section three targets take turns on every case: (a) the upstream directly,
+In each section the targets take turns on every case: (a) the upstream directly,
 (b) ``burnish gateway --upstream <it> --data-dir <tmp>`` (recording on, one worker) and
 (c) ``litellm --config <yaml> --num_workers 1``, with one model ``tiny`` ->
 ``hosted_vllm/tiny`` at ``<it>/v1``, no master key, no database, no callbacks, logging at
 ERROR. LiteLLM lives in its own venv (bench/results/.litellm-venv, git-ignored), which this
 script makes and fills with ``pip install 'litellm[proxy]'`` when it is missing: its
-dependencies need not agree with vLLM's.
+dependencies need not agree with vLLM's. Behind vLLM a fourth target, (d) nginx (Debian's
+``nginx-light``, installed with apt-get when missing and run as root; left out otherwise) with
+one worker, keep-alive to vLLM and no access log, shows what the leanest proxy, which records
+nothing, costs vLLM on the same cores: the floor under any gateway there.
 
 * c=1: one keep-alive connection, back-to-back requests for 8 s (after a 1 s warm-up and the
   servers' going idle, see ``phase``): p50/p99. added = target - direct.
@@ -190,6 +193,42 @@ def start_litellm(cli: Path, upstream: str, workdir: Path) -> Proc:
     port = free_port()
     cmd = [str(cli), "--config", str(config), "--host", HOST, "--port", str(port), "--num_workers", "1"]
     return made(Proc("litellm", cmd, port, env=LITELLM_ENV, health="/health/liveliness"))
+
+
+def start_nginx(upstream: Proc, workdir: Path) -> Proc | None:
+    """nginx in front of ``upstream``: one worker, keep-alive both ways, no log of requests. Installed
+    with apt-get (``nginx-light``) when missing and this runs as root; None if it cannot be had."""
+    nginx = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
+    if nginx is None and shutil.which("apt-get") and os.geteuid() == 0:
+        print("nginx not found; trying apt-get install -y nginx-light ...", flush=True)
+        for cmd in (["apt-get", "install", "-y", "-q", "--no-install-recommends", "nginx-light"], ["apt-get", "update", "-q"]):
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300, check=False, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+            if nginx := shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin"):
+                break
+        # The package starts the system's nginx on port 80: this benchmark runs its own.
+        subprocess.run(["service", "nginx", "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
+    if nginx is None:
+        print("nginx unavailable: the vLLM section goes without it", flush=True)
+        return None
+    port, run = free_port(), workdir / "nginx"
+    run.mkdir(exist_ok=True)
+    (run / "nginx.conf").write_text(f"""worker_processes 1;
+daemon off;
+pid {run}/nginx.pid;
+error_log {run}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {run}/body;
+    proxy_temp_path {run}/proxy;
+    upstream up {{ server {HOST}:{upstream.port}; keepalive 256; }}
+    server {{
+        listen {HOST}:{port};
+        location / {{ proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }}
+    }}
+}}
+""")
+    return made(Proc("nginx", [nginx, "-c", str(run / "nginx.conf")], port))
 
 
 def check(url: str) -> str:
@@ -442,6 +481,16 @@ def summarize(key: str, res: dict) -> tuple[dict, dict]:
         verdicts[f"{key}: burnish req/s >= {TARGET_TPUT_RATIO:.0f} x LiteLLM's (c={TPUT_CONNS})"] = (row["rps_ratio"] or 0) >= TARGET_TPUT_RATIO
     else:  # behind vLLM on the same cores, the gateway is judged against vLLM alone
         row["burnish_vs_direct_p99"] = ratio(res["burnish"][cn]["p99_ms"], d[cn]["p99_ms"])
+        if "nginx" in res:  # shown, not judged: the floor under any proxy on these cores
+            n = res["nginx"][cn]
+            row |= {
+                "rps_nginx": n["ok_rps"],
+                "nginx_vs_direct_rps": ratio(n["ok_rps"], d[cn]["ok_rps"]),
+                "nginx_vs_direct_p99": ratio(n["p99_ms"], d[cn]["p99_ms"]),
+                "nginx_cpu_ms_per_req": n.get("server_cpu_ms_per_req"),
+                "nginx_upstream_cpu_ms_per_req": n.get("upstream_cpu_ms_per_req"),
+                "nginx_added_p99_ms": res["nginx"][c1]["p99_ms"] - d[c1]["p99_ms"],
+            }
         verdicts[f"{key}: burnish req/s >= {TARGET_BEHIND_RPS:.2f} x direct (c={TPUT_CONNS})"] = (row["burnish_vs_direct_rps"] or 0) >= TARGET_BEHIND_RPS
         verdicts[f"{key}: burnish p99 <= {TARGET_BEHIND_P99:.2f} x direct's (c={TPUT_CONNS})"] = at_most(row["burnish_vs_direct_p99"], TARGET_BEHIND_P99)
     return row, verdicts
@@ -474,6 +523,12 @@ def print_section(title: str, row: dict) -> None:
             f"  vLLM's own CPU per request at c={TPUT_CONNS}: direct {fmt(row['upstream_cpu_ms_per_req'])} ms,"
             f" behind burnish {fmt(row['burnish_upstream_cpu_ms_per_req'])} ms ({fmt(ratio(row['burnish_upstream_cpu_ms_per_req'], row['upstream_cpu_ms_per_req']), '.2f')}x)"
         )
+    if "rps_nginx" in row:
+        print(
+            f"  nginx (records nothing, one worker): {row['rps_nginx']:.1f} req/s, {fmt(row['nginx_vs_direct_rps'], '.2f')} x direct,"
+            f" p99 {fmt(row['nginx_vs_direct_p99'], '.2f')} x direct's, cpu {fmt(row['nginx_cpu_ms_per_req'])} ms/req,"
+            f" vLLM's own {fmt(row['nginx_upstream_cpu_ms_per_req'])} ms/req; added p99 at c=1 {fmt(row['nginx_added_p99_ms'])} ms"
+        )
     print(f"  burnish / LiteLLM req/s: {fmt(row['rps_ratio'], '.2f')}  (target >= {TARGET_TPUT_RATIO:.0f})")
 
 
@@ -489,9 +544,13 @@ def run_section(key: str, load: Load, upstream: Proc, cli: Path, tmp: Path, othe
     try:
         procs["burnish"] = start_burnish(upstream.url, str(tmp / f"burnish-{key}"))
         procs["litellm"] = start_litellm(cli, upstream.url, tmp)
+        if key == "vllm" and (nginx := start_nginx(upstream, tmp)) is not None:
+            procs["nginx"] = nginx
         procs["direct"].wait_ready(300)
         procs["burnish"].wait_ready(60)
         procs["litellm"].wait_ready(180)
+        if "nginx" in procs:
+            procs["nginx"].wait_ready(30)
         answers = {label: check(p.url) for label, p in procs.items()}
         print(f"  {key}: upstream {upstream.url}; one call each answered {answers}", flush=True)
         res = measure(load, key, procs, other, rounds)

@@ -59,6 +59,8 @@ class Base(DeclarativeBase):
 WAITING = "closed_at IS NOT NULL AND trained_at IS NULL"
 CLAIMED = "claimed_by IS NOT NULL AND trained_at IS NULL"
 # In each dialect's own words: SQLite's planner uses a partial index only for a query that names its terms as written.
+# Partial indexes on "column not NULL" (migration 0022): every read names the column.
+IN_GROUP, TO_POLICY, HAS_RESPONSE_ID = "group_id IS NOT NULL", "policy IS NOT NULL", "response_id IS NOT NULL"
 UNSCORED = {"sqlite": "eval = 1 AND reward IS NOT NULL AND scored = 0", "postgresql": "eval AND reward IS NOT NULL AND NOT scored"}
 
 
@@ -123,8 +125,9 @@ class Trajectory(Base):
         # A project's page of trajectories, newest first.
         Index("ix_trajectories_project_pk", "project", "pk"),
         # A group's members with what readiness counts of them (store/training.py:
-        # group_members), read from the index alone.
-        Index("ix_trajectories_group_members", "group_id", "eval", "reward"),
+        # group_members), read from the index alone. Partial, like the calls' two below: a
+        # trajectory in no group writes no entry (every read names a group).
+        Index("ix_trajectories_group_members", "group_id", "eval", "reward", sqlite_where=text(IN_GROUP), postgresql_where=text(IN_GROUP)),
         # Held out and rewarded, but not settled into `held_out` (a few at most): read apart. Keyed
         # by `scored`, which the query names: SQLite prefers an index it searches to one it scans.
         Index("ix_trajectories_unscored", "scored", sqlite_where=text(UNSCORED["sqlite"]), postgresql_where=text(UNSCORED["postgresql"])),
@@ -176,9 +179,11 @@ class Call(Base):
         # and step answered, and how it ended): held-out scores, a version's filter, a trial.
         Index("ix_calls_trajectory", "trajectory_id", "started_at", "policy", "policy_step", "status"),
         # A version's calls by time: what a canary trial served, a version's newest trajectories
-        # (the rollback watch: store/promotion.py).
-        Index("ix_calls_version", "policy", "policy_step", "started_at", "trajectory_id", "status"),
-        Index("ix_calls_response_id", "response_id"),
+        # (the rollback watch: store/promotion.py). Only a policy's calls: every read names the
+        # policy, and a pass-through call then writes no entry (a WAL page less on SQLite).
+        Index("ix_calls_version", "policy", "policy_step", "started_at", "trajectory_id", "status", sqlite_where=text(TO_POLICY), postgresql_where=text(TO_POLICY)),
+        # A Responses API answer found by its id (store/responses.py); no entry for other calls.
+        Index("ix_calls_response_id", "response_id", sqlite_where=text(HAS_RESPONSE_ID), postgresql_where=text(HAS_RESPONSE_ID)),
     )
 
     pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
