@@ -202,7 +202,9 @@ def start_nginx(upstream: Proc, workdir: Path) -> Proc | None:
     if nginx is None and shutil.which("apt-get") and os.geteuid() == 0:
         print("nginx not found; trying apt-get install -y nginx-light ...", flush=True)
         for cmd in (["apt-get", "install", "-y", "-q", "--no-install-recommends", "nginx-light"], ["apt-get", "update", "-q"]):
-            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300, check=False, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+            subprocess.run(
+                cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300, check=False, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+            )
             if nginx := shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin"):
                 break
         # The package starts the system's nginx on port 80: this benchmark runs its own.

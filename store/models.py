@@ -181,7 +181,9 @@ class Call(Base):
         # A version's calls by time: what a canary trial served, a version's newest trajectories
         # (the rollback watch: store/promotion.py). Only a policy's calls: every read names the
         # policy, and a pass-through call then writes no entry (a WAL page less on SQLite).
-        Index("ix_calls_version", "policy", "policy_step", "started_at", "trajectory_id", "status", sqlite_where=text(TO_POLICY), postgresql_where=text(TO_POLICY)),
+        Index(
+            "ix_calls_version", "policy", "policy_step", "started_at", "trajectory_id", "status", sqlite_where=text(TO_POLICY), postgresql_where=text(TO_POLICY)
+        ),
         # A Responses API answer found by its id (store/responses.py); no entry for other calls.
         Index("ix_calls_response_id", "response_id", sqlite_where=text(HAS_RESPONSE_ID), postgresql_where=text(HAS_RESPONSE_ID)),
     )
