@@ -1,6 +1,6 @@
 """burnish against LiteLLM's proxy: the same load, straight to the upstream and through each.
 
-Run from the repository root (about 9 minutes; the first run also installs LiteLLM, a minute
+Run from the repository root (about 11 minutes; the first run also installs LiteLLM, a minute
 or two more)::
 
     .venv/bin/python bench/vs_litellm.py [--rounds 3] [--only vllm|fast]
