@@ -282,19 +282,33 @@ end
 """
 
 
+def find_tool(command: str, package: str, path: str | None = None) -> str | None:
+    """``command`` on PATH (or in ``path``); if absent, installed once with apt-get (as root) from
+    Debian's ``package``. None if it cannot be had."""
+
+    def found() -> str | None:
+        return shutil.which(command) or (shutil.which(command, path=path) if path else None)
+
+    if (tool := found()) or not (shutil.which("apt-get") and os.geteuid() == 0):
+        return tool
+    print(f"{command} not found; trying apt-get install -y {package} ...", flush=True)
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", package]
+    for cmd in (install, ["apt-get", "update", "-q"], install):
+        try:
+            subprocess.run(
+                cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300, check=False, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+            )
+        except subprocess.TimeoutExpired:
+            break
+        if tool := found():
+            return tool
+    return None
+
+
 def find_wrk() -> str | None:
     """wrk on PATH; if absent, try to install it (apt-get, as root) once."""
-    if wrk := shutil.which("wrk"):
+    if wrk := find_tool("wrk", "wrk"):
         return wrk
-    if shutil.which("apt-get") and os.geteuid() == 0:
-        print("wrk not found; trying apt-get install -y wrk ...", flush=True)
-        for cmd in (["apt-get", "install", "-y", "-q", "wrk"], ["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "wrk"]):
-            try:
-                subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=180, check=False)
-            except subprocess.TimeoutExpired:
-                break
-            if wrk := shutil.which("wrk"):
-                return wrk
     print("wrk unavailable: using the Python (asyncio) load generator, which may be the bottleneck at c=64", flush=True)
     return None
 

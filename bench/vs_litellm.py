@@ -77,6 +77,7 @@ from harness import (  # noqa: E402
     Load,
     Proc,
     code_fingerprint,
+    find_tool,
     free_port,
     git_state,
     install_cleanup,
@@ -198,16 +199,9 @@ def start_litellm(cli: Path, upstream: str, workdir: Path) -> Proc:
 def start_nginx(upstream: Proc, workdir: Path) -> Proc | None:
     """nginx in front of ``upstream``: one worker, keep-alive both ways, no log of requests. Installed
     with apt-get (``nginx-light``) when missing and this runs as root; None if it cannot be had."""
-    nginx = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
-    if nginx is None and shutil.which("apt-get") and os.geteuid() == 0:
-        print("nginx not found; trying apt-get install -y nginx-light ...", flush=True)
-        for cmd in (["apt-get", "install", "-y", "-q", "--no-install-recommends", "nginx-light"], ["apt-get", "update", "-q"]):
-            subprocess.run(
-                cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300, check=False, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-            )
-            if nginx := shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin"):
-                break
-        # The package starts the system's nginx on port 80: this benchmark runs its own.
+    installed = not (shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin"))
+    nginx = find_tool("nginx", "nginx-light", path="/usr/sbin")
+    if installed and nginx is not None:  # the package started the system's nginx on port 80: this runs its own
         subprocess.run(["service", "nginx", "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
     if nginx is None:
         print("nginx unavailable: the vLLM section goes without it", flush=True)

@@ -58,9 +58,9 @@ class Base(DeclarativeBase):
 
 WAITING = "closed_at IS NOT NULL AND trained_at IS NULL"
 CLAIMED = "claimed_by IS NOT NULL AND trained_at IS NULL"
-# In each dialect's own words: SQLite's planner uses a partial index only for a query that names its terms as written.
 # Partial indexes on "column not NULL" (migration 0022): every read names the column.
 IN_GROUP, TO_POLICY, HAS_RESPONSE_ID = "group_id IS NOT NULL", "policy IS NOT NULL", "response_id IS NOT NULL"
+# In each dialect's own words: SQLite's planner uses a partial index only for a query that names its terms as written.
 UNSCORED = {"sqlite": "eval = 1 AND reward IS NOT NULL AND scored = 0", "postgresql": "eval AND reward IS NOT NULL AND NOT scored"}
 
 

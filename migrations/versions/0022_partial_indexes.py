@@ -8,7 +8,7 @@ API, and a trajectory in no group, write no entry in them.
 Every read of them names the column with ``=``, ``IN`` or a join on it, which both databases
 take as "not NULL", so their plans keep them. A pass-through call, one trajectory and one call,
 then writes 7 pages of SQLite's WAL where it wrote 10 (docs/performance.md). Rebuilding them
-reads the two tables once: on a store of millions of calls, a minute or so of ``burnish migrate``.
+reads the two tables once: on a store of millions of calls, a minute or so of ``burnish db upgrade``.
 
 Revision ID: 0022
 Revises: 0021
