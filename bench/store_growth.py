@@ -36,7 +36,7 @@ from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from burnish_server.cli.db import ArchiveWriter, prune_store
-from burnish_server.core.learning.tokens import pack_floats, pack_ids
+from burnish_server.core.protocols.packed import pack_floats, pack_ids
 from burnish_server.core.protocols.records import CallRecord
 from burnish_server.store.database import Database
 from burnish_server.store.writer import Writer

@@ -45,7 +45,7 @@ def recorded_rows(args: argparse.Namespace, vocab: int) -> list:
     """The claimed groups' calls as ``store/training.py: group_calls`` returns them."""
     import msgspec
 
-    from burnish_server.core.learning import tokens
+    from burnish_server.core.protocols import packed
     from burnish_server.core.protocols.records import CallRecord
     from burnish_server.store.training import TrainingCall
 
@@ -70,10 +70,10 @@ def recorded_rows(args: argparse.Namespace, vocab: int) -> list:
                     request=msgspec.json.encode({"model": "agent"}),
                     started_at=now,
                     finished_at=now,
-                    prompt_token_ids=tokens.pack_ids(prompt),
-                    completion_token_ids=tokens.pack_ids(answer),
-                    completion_logprobs=tokens.pack_floats([-rng.uniform(0.01, 3.0) for _ in answer]),
-                    completion_lengths=tokens.pack_ids([len(answer)]),
+                    prompt_token_ids=packed.pack_ids(prompt),
+                    completion_token_ids=packed.pack_ids(answer),
+                    completion_logprobs=packed.pack_floats([-rng.uniform(0.01, 3.0) for _ in answer]),
+                    completion_lengths=packed.pack_ids([len(answer)]),
                     policy="agent",
                     policy_step=0,
                 )

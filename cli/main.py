@@ -17,9 +17,9 @@ from typing import TypeVar
 import click
 
 from burnish_server.cli.db import prune, restore
-from burnish_server.core.learning.policies import adapter_name
 from burnish_server.core.platform import logs
 from burnish_server.core.platform.access import SCOPES
+from burnish_server.core.platform.ids import adapter_name
 from burnish_server.core.platform.settings import Settings
 
 T = TypeVar("T")

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 import httpx
 import msgspec
 
+from burnish_server.core.api.views import PolicyList, PolicyView
 from burnish_server.core.learning.steps import StepMetrics
-from burnish_server.core.platform.views import PolicyList, PolicyView
 
 
 class StatusFailed(RuntimeError):

@@ -17,9 +17,8 @@ from typing import Any
 
 import msgspec
 
-from burnish_server.core.learning import tokens
 from burnish_server.core.platform.secrets import Redactor
-from burnish_server.core.protocols import answers
+from burnish_server.core.protocols import answers, packed
 from burnish_server.core.protocols.records import OK, UPSTREAM_CUT, UPSTREAM_ERROR
 from burnish_server.core.protocols.surfaces import CHAT, Surface
 
@@ -250,10 +249,10 @@ def extract_tokens(surface: Surface, body: Any) -> Tokens | None:
         lps = None  # not aligned with the sampled tokens: keep the ids only
     counted = ids if ids is not None else lps
     out = Tokens(
-        prompt_token_ids=tokens.pack_ids(prompt),
-        completion_token_ids=tokens.pack_ids([t for x in ids for t in x]) if ids is not None else None,
-        completion_logprobs=tokens.pack_floats([v for x in lps for v in x]) if lps is not None else None,
-        completion_lengths=tokens.pack_ids([len(x) for x in counted]) if counted is not None else None,
+        prompt_token_ids=packed.pack_ids(prompt),
+        completion_token_ids=packed.pack_ids([t for x in ids for t in x]) if ids is not None else None,
+        completion_logprobs=packed.pack_floats([v for x in lps for v in x]) if lps is not None else None,
+        completion_lengths=packed.pack_ids([len(x) for x in counted]) if counted is not None else None,
     )
     if out.prompt_token_ids is None and counted is None:
         return None

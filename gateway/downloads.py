@@ -14,8 +14,8 @@ from pathlib import Path
 from litestar.response import Stream
 
 from burnish_server.core.learning.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, exported_config
-from burnish_server.core.learning.policies import adapter_name
 from burnish_server.core.platform.errors import NotFound
+from burnish_server.core.platform.ids import adapter_name
 from burnish_server.gateway.services import Services
 from burnish_server.store import policies as store
 

@@ -1,7 +1,7 @@
 """A list's query string, parsed once for both doors: the JSON API (``GET /v1/trajectories``,
 its export) and the dashboard's lists (``/ui/trajectories``, ``/ui/groups``).
 
-Two Litestar dependencies, ``filters`` (what the list is narrowed to: ``core/platform/listing.py:
+Two Litestar dependencies, ``filters`` (what the list is narrowed to: ``core/api/listing.py:
 Filters``) and ``keyset`` (which page: ``Keyset``), registered on the app: a handler names
 ``filters: NamedDependency[Filters]`` and gets it checked, and the API's OpenAPI schema shows
 every parameter. A value that does not parse is an ``Invalid`` (400 ``invalid_request``, its
@@ -36,11 +36,11 @@ from litestar.di import NamedDependency, Provide
 from litestar.openapi.spec import OpenAPIType
 from litestar.params import QueryParameter
 
+from burnish_server.core.api.listing import MAX_LIMIT, Filters, Keyset
 from burnish_server.core.learning.groups import GroupState
 from burnish_server.core.platform.access import PROJECT_REGEX, PROJECT_RULE, Principal, is_project, local, project_of, qualify
 from burnish_server.core.platform.errors import Invalid
 from burnish_server.core.platform.ids import ID_PATTERN, ID_REGEX, ID_RULE
-from burnish_server.core.platform.listing import MAX_LIMIT, Filters, Keyset
 
 ALL = "all"  # the dashboard's every-project list, an admin's
 OPT = "listing"  # the route's opt key holding its Door

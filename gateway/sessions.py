@@ -24,12 +24,12 @@ import functools
 from collections.abc import Iterable
 from datetime import timedelta
 
+from burnish_server.core.api.views import SessionView
 from burnish_server.core.platform.access import ANONYMOUS, ROOT, Principal, hash_secret
 from burnish_server.core.platform.clock import utcnow
 from burnish_server.core.platform.errors import Unauthorized
 from burnish_server.core.platform.sessions import admin_fingerprint, is_secret, new_secret, refusal
 from burnish_server.core.platform.settings import Settings
-from burnish_server.core.platform.views import SessionView
 from burnish_server.store import sessions as store
 from burnish_server.store.database import Database
 

@@ -25,7 +25,6 @@ from typing import Any
 
 import msgspec
 
-from burnish_server.core.learning.policies import HostedTools
 from burnish_server.core.platform.access import local
 from burnish_server.core.platform.errors import Invalid
 from burnish_server.core.protocols import answers, wire
@@ -33,6 +32,7 @@ from burnish_server.core.protocols.records import OK, UPSTREAM_CUT, UPSTREAM_ERR
 from burnish_server.core.protocols.surfaces import CHAT, MESSAGES, RESPONSES
 from burnish_server.core.protocols.translate import common as translate
 from burnish_server.core.protocols.translate import messages, responses
+from burnish_server.core.protocols.translate.common import HostedTools
 from burnish_server.gateway.call import Call, json_or_none, read_answer, upstream_message
 from burnish_server.gateway.capture import StreamCapture, extract_tokens
 from burnish_server.gateway.upstream import UpstreamResponse, response_headers

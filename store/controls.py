@@ -11,9 +11,9 @@ from typing import Any, NamedTuple
 
 from sqlalchemy.engine import Connection
 
+from burnish_server.core.api.views import EvalList, PolicyView, StepView
 from burnish_server.core.learning.policies import Policy
 from burnish_server.core.learning.promotion import Outcome
-from burnish_server.core.platform.views import EvalList, PolicyView, StepView
 from burnish_server.store import evals, versions
 from burnish_server.store import policies as store
 

@@ -27,8 +27,8 @@ from typing import Any, NamedTuple
 from sqlalchemy import String, delete, false, func, insert, literal, select, true, union_all, update
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.learning.policies import adapter_name
-from burnish_server.core.platform.views import EvalScore
+from burnish_server.core.api.views import EvalScore
+from burnish_server.core.platform.ids import adapter_name
 from burnish_server.core.protocols.records import OK
 from burnish_server.store.models import Call, HeldOut, PolicyRow, StepRow, Trajectory
 

@@ -14,10 +14,10 @@ import msgspec
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
+from burnish_server.core.api.views import KeyView, NewKeyView
 from burnish_server.core.platform.access import SHOWN_PREFIX, ApiKey, Limits, hash_secret, new_key_id, new_secret
 from burnish_server.core.platform.clock import utcnow
 from burnish_server.core.platform.errors import NotFound
-from burnish_server.core.platform.views import KeyView, NewKeyView
 from burnish_server.store.models import ApiKeyRow, GatewayRow, UiSessionRow, iso
 
 

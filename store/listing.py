@@ -1,7 +1,7 @@
 """The one listing of trajectories and groups: filtered and paged in the store, for the JSON
 API (``GET /v1/trajectories``, the export) and the dashboard's lists alike.
 
-Every filter (``core/platform/listing.py: Filters``) is a WHERE clause the store evaluates, and a page
+Every filter (``core/api/listing.py: Filters``) is a WHERE clause the store evaluates, and a page
 is a keyset page (``Keyset``): the rows after the previous page's last row by key (``pk``),
 found by its stored id through the unique index, so a page costs the same at row one million
 as at row one, and nothing is counted that the page does not show.
@@ -18,7 +18,7 @@ import msgspec
 from sqlalchemy import Select, and_, func, select
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.platform.listing import Filters, Keyset
+from burnish_server.core.api.listing import Filters, Keyset
 from burnish_server.store import groups
 from burnish_server.store.models import Call, Group, Trajectory
 

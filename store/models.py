@@ -2,7 +2,7 @@
 
 Request and response bodies are stored as the JSON bytes that crossed the wire
 (``LargeBinary``), so recording never re-encodes them; token ids and logprobs are
-packed little-endian arrays (see ``core/learning/tokens.py``). Each table's typed view lives in
+packed little-endian arrays (see ``core/protocols/packed.py``). Each table's typed view lives in
 the domain: a call is ``core.protocols.records.CallRecord``, a policy ``core.learning.policies.Policy``, a
 group's state ``core.learning.groups.GroupState``.
 """
@@ -281,7 +281,7 @@ class PolicyRow(Base):
     # The last failure to load a version into vLLM; cleared when one loads.
     load_error: Mapped[str | None] = mapped_column(Text)
     load_error_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    # core.platform.views.ReplicaView objects, one per vLLM replica, as the trainer last saw them.
+    # core.api.views.ReplicaView objects, one per vLLM replica, as the trainer last saw them.
     replicas: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -18,6 +18,7 @@ import msgspec
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Connection
 
+from burnish_server.core.api.views import CandidateView, PolicyView, ReplicaView, StepView
 from burnish_server.core.learning.health import RecentGroups, health
 from burnish_server.core.learning.policies import (
     LoraSettings,
@@ -26,14 +27,13 @@ from burnish_server.core.learning.policies import (
     RulerSettings,
     ServingSettings,
     TrainSettings,
-    adapter_name,
     settings_conflicts,
 )
 from burnish_server.core.learning.promotion import Outcome
 from burnish_server.core.learning.steps import StepMetrics, split_totals
 from burnish_server.core.platform.clock import utcnow
 from burnish_server.core.platform.errors import Conflict, NotFound
-from burnish_server.core.platform.views import CandidateView, PolicyView, ReplicaView, StepView
+from burnish_server.core.platform.ids import adapter_name
 from burnish_server.core.protocols.records import DEMONSTRATION
 from burnish_server.store import groups, promotion
 from burnish_server.store.evals import eval_scores

@@ -1,10 +1,10 @@
 """Reading the store back: one trajectory, one group, a streamed export (a list's pages are
 ``store/listing.py``'s).
 
-Everything is returned as the API's typed answers (``core/platform/views.py``); request and
+Everything is returned as the API's typed answers (``core/api/views.py``); request and
 response bodies go out as ``msgspec.Raw``, the bytes that were recorded. Each call of a
 trajectory says whether its prompt extends the trajectory so far, by the rule the trainer
-merges on (``core/learning/tokens.py: Continuity``), over the calls the trainer reads (``Merging``).
+merges on (``core/learning/continuity.py: Continuity``), over the calls the trainer reads (``Merging``).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from sqlalchemy import func, literal, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from burnish_server.core.api.listing import Filters, Keyset
+from burnish_server.core.api.views import CallTokensView, CallView, GroupView, RewardView, TrajectoryPage, TrajectoryView
+from burnish_server.core.learning.continuity import Continuity
 from burnish_server.core.learning.drift import split_reason
 from burnish_server.core.learning.groups import GroupState, cannot_train, group_state
 from burnish_server.core.learning.policies import Objective
-from burnish_server.core.learning.tokens import Continuity
 from burnish_server.core.platform.access import local, local_optional
-from burnish_server.core.platform.listing import Filters, Keyset
-from burnish_server.core.platform.views import CallTokensView, CallView, GroupView, RewardView, TrajectoryPage, TrajectoryView
 from burnish_server.core.protocols.records import DEMONSTRATION, OK, Adjustments, CallTokens, unpack_tokens
 from burnish_server.store import listing
 from burnish_server.store.calls import to_record

@@ -15,11 +15,11 @@ from typing import Any
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Connection
 
+from burnish_server.core.api.views import SessionView
 from burnish_server.core.platform.access import ApiKey
 from burnish_server.core.platform.clock import utcnow
 from burnish_server.core.platform.errors import NotFound
 from burnish_server.core.platform.sessions import UiSession, new_session_id
-from burnish_server.core.platform.views import SessionView
 from burnish_server.store.keys import to_key
 from burnish_server.store.models import ApiKeyRow, UiSessionRow, iso
 

@@ -47,7 +47,7 @@ import httpx
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from burnish_server.core.learning.policies import adapter_name
+from burnish_server.core.platform.ids import adapter_name
 from burnish_server.core.protocols.records import CallRecord
 from burnish_server.core.protocols.transcript import UnreadableCall, exchange
 from burnish_server.telemetry.exporter import Exporter

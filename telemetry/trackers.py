@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import msgspec
 
-from burnish_server.core.learning.policies import adapter_name
+from burnish_server.core.platform.ids import adapter_name
 from burnish_server.telemetry.exporter import Exporter
 from burnish_server.telemetry.watchers import Decision, Step
 

@@ -57,6 +57,20 @@ def test_the_layer_contract_holds_and_catches_a_wrong_way_import() -> None:
     assert "burnish_server.core._wrong_way_probe -> burnish_server.gateway.app" in broken.stdout, broken.stdout[-3000:]
 
 
+def test_the_domains_rooms_import_one_way() -> None:
+    """platform < protocols < learning < api (docs/architecture.md): a room importing upward breaks the lint."""
+    probe = ROOT / "core" / "platform" / "_wrong_way_probe.py"
+    probe.write_text("import burnish_server.core.learning.policies  # a deliberate upward import\n")
+    try:
+        broken = lint_imports()
+    finally:
+        probe.unlink()
+    assert broken.returncode != 0
+    assert "The domain's rooms: each imports only the rooms below it BROKEN" in broken.stdout, broken.stdout[-3000:]
+    said = " ".join(broken.stdout.split())  # import-linter wraps its lines
+    assert "burnish_server.core.platform._wrong_way_probe -> burnish_server.core.learning.policies" in said, broken.stdout[-3000:]
+
+
 def test_no_module_imports_litestars_private_api() -> None:
     """Every Litestar import names public modules only (none with a segment starting ``_``):
     the lint bans the private modules there are today; this catches any."""

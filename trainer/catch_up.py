@@ -13,10 +13,11 @@ import asyncio
 import logging
 import time
 
-from burnish_server.core.learning.policies import Policy, adapter_name
+from burnish_server.core.api.views import ReplicaView
+from burnish_server.core.learning.policies import Policy
 from burnish_server.core.platform.clock import utcnow
+from burnish_server.core.platform.ids import adapter_name
 from burnish_server.core.platform.settings import Settings
-from burnish_server.core.platform.views import ReplicaView
 from burnish_server.serving.adapters import VLLMAdapters, steps_of
 from burnish_server.serving.fleet import UNREACHABLE, Fleet
 from burnish_server.store.database import Database

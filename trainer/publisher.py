@@ -17,8 +17,9 @@ import time
 from collections.abc import Callable
 
 from burnish_server.core.learning.fidelity import Probe, noise_floor
-from burnish_server.core.learning.policies import Policy, adapter_name, served_name
+from burnish_server.core.learning.policies import Policy, served_name
 from burnish_server.core.learning.promotion import Publishing
+from burnish_server.core.platform.ids import adapter_name
 from burnish_server.core.platform.settings import Settings
 from burnish_server.serving.adapters import AdapterError, Unfaithful, VLLMAdapters
 from burnish_server.serving.fleet import UNREACHABLE, Fleet

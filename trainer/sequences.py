@@ -15,7 +15,7 @@ start with everything so far (the previous prompt and completion) extends that s
 so a multi-turn episode trains as one. A call whose prompt does not (a chat template that
 drops earlier reasoning, an agent that rewrote its history, a reply re-tokenised
 differently) starts a new sequence: a split, counted (``sequence_splits``) and shown per
-call in the trajectory view (``extends_previous``). The rule is ``core/learning/tokens.py:
+call in the trajectory view (``extends_previous``). The rule is ``core/learning/continuity.py:
 Continuity``, the same for both. Only sampled tokens are trained on (mask 1); prompt
 tokens, tool results and user turns are context (mask 0).
 
@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from burnish_server.core.learning.continuity import Continuity
 from burnish_server.core.learning.credit import trained_mask, turn_credits
 from burnish_server.core.learning.drift import split_reason
 from burnish_server.core.learning.policies import TrainSettings
-from burnish_server.core.learning.tokens import Continuity
 from burnish_server.core.protocols.grammar import held
 from burnish_server.core.protocols.records import DEMONSTRATION, CallRecord
 from burnish_server.store.training import TrainingCall

@@ -1,7 +1,7 @@
 """Why a call's prompt did not extend its trajectory so far: the drift report.
 
 Where a call's prompt ids start with the previous call's prompt and completion, the trainer
-merges the two into one sequence (``core/learning/tokens.py: Continuity``). Where they do not, a new
+merges the two into one sequence (``core/learning/continuity.py: Continuity``). Where they do not, a new
 sequence starts: nothing is lost (each sequence trains on exactly what was sampled, in the
 context it was sampled in), but the shared context is computed twice, and a user may want
 to know why. The first token where the prompt leaves the history, and the two calls' bodies,

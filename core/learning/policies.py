@@ -28,6 +28,8 @@ from msgspec import Meta
 
 from burnish_server.core.learning.messages import Turn, problem
 from burnish_server.core.platform.access import NO_NUL, PRINTABLE
+from burnish_server.core.platform.ids import adapter_name
+from burnish_server.core.protocols.translate.common import HostedTools
 
 
 class LoraSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -205,16 +207,10 @@ class RulerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     combine: Literal["set", "add"] = "set"
 
 
-# What a policy does with a tool the client offers that only the client's own provider runs (a
-# hosted tool: the Responses API's web_search or image_generation, Anthropic's server tools):
-# "omit" leaves it out of what the model sees and says so (X-Burnish-Omitted-Tools, the recorded
-# call's adjustments); "refuse" answers 400.
-HostedTools = Literal["omit", "refuse"]
-
-
 class ServingSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How the gateway serves the policy's calls (core/protocols/translate/)."""
 
+    # What a hosted tool the client offers becomes (core/protocols/translate/common.py: HostedTools).
     hosted_tools: HostedTools = "omit"
     # The budget of a call that asks for none (the Codex CLI never does): None leaves it to the
     # window (vLLM then samples up to what the prompt leaves of it).
@@ -364,11 +360,6 @@ class Route:
     @property
     def version(self) -> str:
         return adapter_name(self.policy, self.step)
-
-
-def adapter_name(policy: str, step: int) -> str:
-    """The name vLLM serves a policy's step under (step 0 is the base model, not an adapter)."""
-    return f"{policy}@{step}"
 
 
 def served_name(policy: Policy, step: int) -> str:

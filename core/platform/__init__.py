@@ -1,3 +1,3 @@
-"""What every process stands on: settings, the one error tree, ids, secrets, access and
-projects, the dashboard's sessions, logging, retention and the archive, what a list is narrowed
-to, the JSON APIs' answers, and which replica a call goes to."""
+"""What every process stands on, and what names no other room: settings, the one error tree,
+ids (and the name a version is served under), secrets, access and projects, the dashboard's
+sessions, logging, retention and the archive, and which replica a call goes to."""

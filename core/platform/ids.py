@@ -1,4 +1,4 @@
-"""Trajectory, group and policy ids.
+"""Trajectory, group and policy ids, and the name a policy's version is served under.
 
 Ids are 1 to 128 characters from ``A-Z a-z 0-9 _ - . :``, not only dots; that keeps them
 safe in a URL path, a header and a file name without escaping. The gateway's path parameters use
@@ -31,3 +31,8 @@ def check_id(value: str, what: str) -> str:
 
 def new_trajectory_id() -> str:
     return f"t-{uuid.uuid4().hex}"
+
+
+def adapter_name(policy: str, step: int) -> str:
+    """The name vLLM serves a policy's step under (step 0 is the base model, not an adapter)."""
+    return f"{policy}@{step}"

@@ -29,7 +29,7 @@ from msgspec import UNSET
 # (a stream that said index 10**9 would have the assembler grow a list that long).
 MAX_INDEX = 10_000
 Index = Annotated[int, msgspec.Meta(ge=0, lt=MAX_INDEX)]
-# Token ids are stored as int32 (core/learning/tokens.py).
+# Token ids are stored as int32 (core/protocols/packed.py).
 TokenId = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
 Ids = list[TokenId]
 JSONObject = dict[str, Any]

@@ -15,8 +15,8 @@ from typing import Any
 
 import msgspec
 
-from burnish_server.core.learning import tokens as packed
-from burnish_server.core.learning.policies import adapter_name
+from burnish_server.core.platform.ids import adapter_name
+from burnish_server.core.protocols import packed
 
 # Statuses of a call.
 OK = "ok"
@@ -80,7 +80,7 @@ class CallRecord(msgspec.Struct, kw_only=True):
     response: bytes | None = None
     error: str | None = None
     usage: dict[str, Any] | None = None
-    # Packed little-endian arrays (core/learning/tokens.py); all choices end to end, cut by the lengths.
+    # Packed little-endian arrays (core/protocols/packed.py); all choices end to end, cut by the lengths.
     prompt_token_ids: bytes | None = None
     completion_token_ids: bytes | None = None
     completion_logprobs: bytes | None = None

@@ -20,12 +20,7 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody, Parameter
 from litestar.response import Stream
 
-from burnish_server.core.learning.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, ServingSettings, TrainSettings, settings_conflicts
-from burnish_server.core.learning.steps import StepMetrics
-from burnish_server.core.platform.access import PRINTABLE, SCOPES, KeyName, Limits, ProjectName, Scope
-from burnish_server.core.platform.errors import Invalid
-from burnish_server.core.platform.ids import ID_REGEX
-from burnish_server.core.platform.views import (
+from burnish_server.core.api.views import (
     EvalList,
     KeyList,
     KeyView,
@@ -38,6 +33,11 @@ from burnish_server.core.platform.views import (
     StepFigures,
     StepList,
 )
+from burnish_server.core.learning.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, ServingSettings, TrainSettings, settings_conflicts
+from burnish_server.core.learning.steps import StepMetrics
+from burnish_server.core.platform.access import PRINTABLE, SCOPES, KeyName, Limits, ProjectName, Scope
+from burnish_server.core.platform.errors import Invalid
+from burnish_server.core.platform.ids import ID_REGEX
 from burnish_server.gateway import actions, downloads, openapi
 from burnish_server.gateway.access import ACCESS_ERRORS as ACCESS
 from burnish_server.gateway.access import BEARER

@@ -6,7 +6,7 @@ project's ``PROJECT_REGEX`` (so the OpenAPI schema shows it, and a wrong one is 
 states after its colon).
 Handlers get ``Services`` by dependency injection (``svc``), never from a global, the
 caller (``caller``: its project namespaces every id it names, ``core/platform/access.py``), and
-return the typed answers of ``core/platform/views.py``, which Litestar encodes and documents.
+return the typed answers of ``core/api/views.py``, which Litestar encodes and documents.
 """
 
 from __future__ import annotations

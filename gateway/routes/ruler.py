@@ -22,10 +22,10 @@ from litestar import post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
+from burnish_server.core.api.views import JudgeView, RulerView, ScoreView
 from burnish_server.core.learning.policies import JUDGE_URL_PATTERN, RulerSettings
 from burnish_server.core.platform.access import NO_NUL, PRINTABLE, Principal, local
 from burnish_server.core.platform.errors import BurnishError, Conflict, Invalid, Unavailable
-from burnish_server.core.platform.views import JudgeView, RulerView, ScoreView
 from burnish_server.core.protocols.transcript import conversation
 from burnish_server.gateway import openapi
 from burnish_server.gateway.access import ACCESS_ERRORS, BEARER

@@ -19,10 +19,10 @@ from litestar.params import JSONBody
 from litestar.response import Stream
 from sqlalchemy.engine import Connection
 
+from burnish_server.core.api.listing import Filters, Keyset
+from burnish_server.core.api.views import GroupView, TrajectoryPage, TrajectoryView
 from burnish_server.core.platform.access import Principal, local
 from burnish_server.core.platform.errors import NotFound
-from burnish_server.core.platform.listing import Filters, Keyset
-from burnish_server.core.platform.views import GroupView, TrajectoryPage, TrajectoryView
 from burnish_server.gateway import listing
 from burnish_server.gateway.access import ACCESS_ERRORS, BEARER
 from burnish_server.gateway.errors import responses

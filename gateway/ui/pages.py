@@ -22,13 +22,14 @@ from litestar.di import NamedDependency
 from litestar.params import FromQuery, Parameter
 from litestar.response import Template
 
+from burnish_server.core.api.listing import Filters, Keyset
+from burnish_server.core.api.views import PolicyView, StepView
 from burnish_server.core.learning.groups import group_state
-from burnish_server.core.learning.policies import Policy, adapter_name, served_name
+from burnish_server.core.learning.policies import Policy, served_name
 from burnish_server.core.learning.steps import StepMetrics
 from burnish_server.core.platform.access import Principal, local, qualify
 from burnish_server.core.platform.errors import NotFound
-from burnish_server.core.platform.listing import Filters, Keyset
-from burnish_server.core.platform.views import PolicyView, StepView
+from burnish_server.core.platform.ids import adapter_name
 from burnish_server.gateway import listing as listings
 from burnish_server.gateway.routes.common import CallIndex, GroupId, PolicyName, TrajectoryId
 from burnish_server.gateway.routing import Registry

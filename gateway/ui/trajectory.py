@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from burnish_server.core.api.views import CallView, TrajectoryView
 from burnish_server.core.learning.credit import group_advantages, trained_mask, turn_credits
 from burnish_server.core.learning.groups import GroupState
 from burnish_server.core.learning.policies import Policy
-from burnish_server.core.platform.views import CallView, TrajectoryView
 from burnish_server.core.protocols.records import OK
 from burnish_server.core.protocols.transcript import Message, UnreadableCall, read_bodies
 

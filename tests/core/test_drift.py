@@ -9,7 +9,7 @@ import pytest
 
 from burnish_server.core.learning.drift import REASONS, split_reason
 from burnish_server.core.learning.policies import TrainSettings
-from burnish_server.core.learning.tokens import pack_floats, pack_ids
+from burnish_server.core.protocols.packed import pack_floats, pack_ids
 from burnish_server.core.protocols.records import CallRecord
 from burnish_server.store.training import TrainingCall
 from burnish_server.trainer.sequences import training_batch

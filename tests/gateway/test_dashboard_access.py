@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from burnish_server.core.api.listing import Filters, Keyset
 from burnish_server.core.learning.groups import GroupState
-from burnish_server.core.platform.listing import Filters, Keyset
 from burnish_server.store import listing
 from tests.conftest import ADMIN_TOKEN, Gateway
 from tests.gateway.test_access import bearer, make_key

@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from litestar.exceptions import LitestarWarning
 
+from burnish_server.core.api.listing import MAX_LIMIT, Filters, Keyset
 from burnish_server.core.platform.access import Principal
 from burnish_server.core.platform.errors import Invalid
-from burnish_server.core.platform.listing import MAX_LIMIT, Filters, Keyset
 from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway import listing
 from burnish_server.gateway.app import create_app

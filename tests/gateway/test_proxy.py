@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from burnish_server.core.learning.tokens import pack_ids
+from burnish_server.core.protocols.packed import pack_ids
 from burnish_server.core.protocols.surfaces import CHAT
 from burnish_server.gateway.capture import StreamCapture
 from burnish_server.gateway.edge import proxy_route

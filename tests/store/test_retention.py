@@ -23,11 +23,11 @@ from sqlalchemy import func, insert, select, update
 from burnish_server.cli.db import ArchiveWriter, prune_store, read_archive
 from burnish_server.cli.main import main as burnish
 from burnish_server.core.learning.policies import Policy
-from burnish_server.core.learning.tokens import pack_floats, pack_ids
 from burnish_server.core.platform.access import PROJECT_RULE
 from burnish_server.core.platform.archive import FORMAT, ArchivedCall, ArchivedGroup, ArchivedReward, ArchivedTrajectory, ArchivedVerdict, decode, encode
 from burnish_server.core.platform.errors import Conflict
 from burnish_server.core.platform.retention import Retention
+from burnish_server.core.protocols.packed import pack_floats, pack_ids
 from burnish_server.store import retention
 from burnish_server.store.database import Database
 from burnish_server.store.models import Call, Group, PolicyRow, Reward, RulerVerdict, StepRow, Trajectory

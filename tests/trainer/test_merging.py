@@ -20,10 +20,10 @@ from typing import Any
 import msgspec
 import pytest
 
+from burnish_server.core.api.listing import Filters
 from burnish_server.core.learning.policies import LoraSettings, Policy, TrainSettings
-from burnish_server.core.learning.tokens import pack_floats, pack_ids
-from burnish_server.core.platform.listing import Filters
 from burnish_server.core.platform.settings import Settings
+from burnish_server.core.protocols.packed import pack_floats, pack_ids
 from burnish_server.core.protocols.records import CallRecord
 from burnish_server.store.database import Database
 from burnish_server.store.reads import export_jsonl, get_trajectory

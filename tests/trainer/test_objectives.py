@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from burnish_server.core.learning.policies import DEFAULT_TOP_K, LoraSettings, Objective, Teacher, TeacherTurn, TrainSettings
-from burnish_server.core.learning.tokens import pack_floats, pack_ids
+from burnish_server.core.protocols.packed import pack_floats, pack_ids
 from burnish_server.store.training import TrainingCall
 from burnish_server.trainer.objectives import distill_loss, sft_loss
 from burnish_server.trainer.policy_model import PolicyModel, make_batch

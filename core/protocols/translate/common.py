@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
-from burnish_server.core.learning.policies import HostedTools
 from burnish_server.core.platform.errors import Invalid
 from burnish_server.core.protocols import answers
 
 _encode = msgspec.json.Encoder().encode
+
+# What a policy does with a tool the client offers that only the client's own provider runs (a
+# hosted tool: the Responses API's web_search or image_generation, Anthropic's server tools;
+# a policy's serving.hosted_tools): "omit" leaves it out of what the model sees and says so
+# (X-Burnish-Omitted-Tools, the recorded call's adjustments); "refuse" answers 400.
+HostedTools = Literal["omit", "refuse"]
 
 
 def sse(kind: str, data: Any) -> bytes:

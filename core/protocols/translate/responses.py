@@ -39,10 +39,10 @@ from typing import Any
 
 import msgspec
 
-from burnish_server.core.learning.policies import HostedTools
 from burnish_server.core.platform.errors import Invalid
 from burnish_server.core.protocols import answers, wire
 from burnish_server.core.protocols.translate.common import (
+    HostedTools,
     Offered,
     StreamedFields,
     ToolCallDelta,

@@ -49,7 +49,7 @@ class CallView(View, kw_only=True):
     tokens: CallTokensView | None
     # Whether this call's prompt ids start with the trajectory so far (the previous single-choice
     # call's prompt and completion), so that the trainer merges it into the same sequence
-    # (core/learning/tokens.py: Continuity). False: a split, a new sequence starts here. None: not merged:
+    # (core/learning/continuity.py: Continuity). False: a split, a new sequence starts here. None: not merged:
     # several choices, or not trained at all (no prompt or completion ids, not ok, or not
     # answered by the policy the trajectory's group trains).
     extends_previous: bool | None
