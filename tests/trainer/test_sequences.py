@@ -3,8 +3,9 @@ one rule for both (core/learning/continuity.py: Continuity)."""
 
 from __future__ import annotations
 
-from burnish_server.core.learning.continuity import Continuity, pack_floats, pack_ids
+from burnish_server.core.learning.continuity import Continuity
 from burnish_server.core.learning.policies import TrainSettings
+from burnish_server.core.protocols.packed import pack_floats, pack_ids
 from burnish_server.core.protocols.records import CallRecord
 from burnish_server.store.training import TrainingCall
 from burnish_server.trainer.sequences import SampledCall, build_sequences, training_batch
