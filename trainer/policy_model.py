@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 import torch
@@ -159,6 +159,84 @@ def filler(pad_id: int) -> list[tuple[Sequence, float]]:
     sequence = Sequence()
     sequence.add([pad_id], [pad_id], None)
     return [(sequence, 0.0)]
+
+
+V = TypeVar("V")  # a figure: torch.Tensor while the step runs, float once read
+
+
+@dataclass
+class Figures(Generic[V]):
+    """The step's figures, by name. While the step runs, 0-dim tensors on the device, summed over
+    its micro-batches (``+=``); read back once at its end, as floats. On a GPU a read waits for
+    everything queued, so one inside the loop would leave the device idle while the host
+    queues the next work. A micro-batch's figures leave 0 what it did not measure: it adds nothing."""
+
+    loss: V | float = 0.0  # the objectives' terms, weighted and summed
+    kl: V | float = 0.0
+    clip_fraction: V | float = 0.0  # each micro-batch's clipped share, weighted by its share of GRPO's tokens
+    grpo_loss: V | float = 0.0
+    sft_nll: V | float = 0.0  # summed over the demonstration tokens
+    teacher_kl: V | float = 0.0  # summed over the taught tokens
+    # Summed over the trained tokens with a comparable recorded logprob (rows without them
+    # compare with themselves, a gap of 0: left out): |logp - behaviour|, ratios outside the
+    # clip range, TIS weights at their cap.
+    logprob_diff: V | float = 0.0
+    outside_clip: V | float = 0.0
+    tis_capped: V | float = 0.0
+    entropy: V | float = 0.0  # summed over the sampled tokens
+    compared: V | float = 0.0  # the trained tokens with a comparable recorded logprob
+    held: V | float = 0.0  # the trained tokens sampled under a grammar
+
+    @classmethod
+    def zeros(cls, device: torch.device) -> Figures[torch.Tensor]:
+        zero = torch.zeros((), device=device)
+        return Figures(*[zero] * len(fields(cls)))
+
+    def __iadd__(self, other: Figures[V]) -> Figures[V]:
+        for f in fields(self):
+            # A figure left 0 queues no work (an int is the host's count: 0 adds nothing either).
+            if isinstance(term := getattr(other, f.name), torch.Tensor) or term:
+                setattr(self, f.name, getattr(self, f.name) + term)
+        return self
+
+    def stacked(self) -> torch.Tensor:
+        """One tensor of the figures, in field order, to sum over the ranks and read at once."""
+        return torch.stack([getattr(self, f.name) for f in fields(self)])
+
+
+# The objectives' terms (core/learning/policies.py: Objective), each over its own tokens in the
+# micro-batch and normalised by its tokens in the whole step (``tokens``), so that the
+# micro-batches' terms add up to the step's. The losses are trainer/grpo.py's and trainer/objectives.py's.
+
+
+def grpo_term(
+    logprobs: torch.Tensor, behaviour: torch.Tensor, batch: Batch, settings: TrainSettings, reference: torch.Tensor | None, tokens: int
+) -> tuple[torch.Tensor, Figures[torch.Tensor]]:
+    parts = grpo_loss(logprobs, behaviour, batch.advantages, batch.grpo, settings, reference, normaliser=tokens)
+    clip_fraction = parts.clip_fraction * parts.tokens / tokens  # the micro-batch's share, weighted by its tokens
+    return parts.loss, Figures(grpo_loss=parts.loss.detach(), kl=parts.kl, clip_fraction=clip_fraction, tis_capped=parts.tis_capped)
+
+
+def sft_term(logprobs: torch.Tensor, batch: Batch, tokens: int) -> tuple[torch.Tensor, Figures[torch.Tensor]]:
+    parts = sft_loss(logprobs, batch.imitate, tokens)
+    return parts.loss, Figures(sft_nll=parts.total)
+
+
+def distill_term(
+    logprobs: torch.Tensor, behaviour: torch.Tensor, batch: Batch, tokens: int, top_kl: torch.Tensor | None
+) -> tuple[torch.Tensor, Figures[torch.Tensor]]:
+    parts = distill_loss(logprobs, behaviour, batch.teacher_logprobs, batch.taught, tokens, top_kl)
+    return parts.loss, Figures(teacher_kl=parts.total)
+
+
+def batch_figures(
+    logprobs: torch.Tensor, behaviour: torch.Tensor, entropy: torch.Tensor, loss: torch.Tensor, batch: Batch, settings: TrainSettings
+) -> Figures[torch.Tensor]:
+    """A micro-batch's figures beside its objectives': its loss, the policy's entropy on its
+    sampled tokens, and how far the trainer is from vLLM on them (trainer/grpo.py: behaviour_gap)."""
+    spread = (entropy * batch.sampled).sum()
+    gap, outside = behaviour_gap(logprobs.detach(), behaviour, batch.sampled * batch.has_behaviour, settings)
+    return Figures(loss=loss.detach(), entropy=spread, logprob_diff=gap, outside_clip=outside, compared=batch.compared_tokens, held=batch.held_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,6 +424,12 @@ class PolicyModel:
                         tops[start + i] = (ids[prompt + i].tolist(), values[prompt + i].tolist())
                 offset += min(len(question.tokens), max_len)
 
+    @torch.no_grad()
+    def reference_logprobs(self, batch: Batch) -> torch.Tensor:
+        """The base model's logprobs of the sampled tokens (the adapter off): GRPO's KL reference."""
+        with self.model.disable_adapter():
+            return self.token_logprobs(batch)
+
     def step(self, items: list[tuple[Sequence, float]]) -> StepMetrics:
         """One optimizer step over (sequence, advantage) pairs: the policy's objectives
         (core/learning/policies.py: Objective), each token-level over the tokens it trains on, weighted
@@ -355,14 +439,14 @@ class PolicyModel:
         from those vLLM recorded (``logprob_diff``, ``outside_clip``: over the tokens that have
         recorded logprobs), which says whether the samples are still on-policy enough to learn from."""
         self.activate()
-        settings, ranks, packed = self.train, self.base.ranks, self.base.packs
+        settings, ranks, packed, max_len = self.train, self.base.ranks, self.base.packs, self.train.max_seq_len
         weights = settings.weights
         trained = [s.trained() for s, _ in items]
-        total = sum(sum(mask[: self.train.max_seq_len]) for mask in trained)  # over every rank's share
+        total = sum(sum(mask[:max_len]) for mask in trained)  # over every rank's share
         forced = sum(s.sampled for s, _ in items) - sum(sum(mask) for mask in trained)
         # This rank's share of the sequences (all of them, on one rank), in micro-batches; under
         # FSDP2 every rank runs as many as the busiest, the others' extra ones empty.
-        mine = ranks.share(items, [min(len(s.tokens), self.train.max_seq_len) for s, _ in items])
+        mine = ranks.share(items, [min(len(s.tokens), max_len) for s, _ in items])
         t0 = time.perf_counter()
         if weights.distill > 0:
             self.model.eval()
@@ -370,21 +454,14 @@ class PolicyModel:
         seconds_teacher = time.perf_counter() - t0
         self.model.train()
         # Each objective is normalised by its own tokens, over the whole step (every rank's share).
-        n_grpo, n_sft, _ = taught_tokens(items, self.train.max_seq_len)
-        n_distill = int(ranks.sum([float(taught_tokens(mine, self.train.max_seq_len)[2])])[0])
-        chunks = list(micro_batches(mine, self.train.micro_batch_tokens, self.train.max_seq_len, packed))
+        n_grpo, n_sft, _ = taught_tokens(items, max_len)
+        n_distill = int(ranks.sum([float(taught_tokens(mine, max_len)[2])])[0])
+        chunks = list(micro_batches(mine, settings.micro_batch_tokens, max_len, packed))
         passes = ranks.most(len(chunks)) if ranks.sharded else len(chunks)
-        # The step's figures, summed over its micro-batches on the device and read back once at
-        # the end: on a GPU a read waits for everything queued, so one inside the loop would
-        # leave the device idle while the host queues the next work.
-        zero = torch.zeros((), device=self.device)
-        sums = dict.fromkeys(
-            ("loss", "kl", "clip_fraction", "grpo_loss", "sft_nll", "teacher_kl", "logprob_diff", "outside_clip", "tis_capped", "entropy", "compared", "held"),
-            zero,
-        )
+        sums = Figures.zeros(self.device)
         for index in range(passes):
             real = index < len(chunks)
-            batch = make_batch(chunks[index] if real else filler(self.pad_id), self.pad_id, self.train.max_seq_len, self.device, packed)
+            batch = make_batch(chunks[index] if real else filler(self.pad_id), self.pad_id, max_len, self.device, packed)
             spread: list[torch.Tensor] = []
             top_kl: list[torch.Tensor] = []  # with the teacher's top k: the forward KL to it per sampled position
             logprobs = self.token_logprobs(batch, spread, top_kl if weights.distill > 0 else None)
@@ -392,40 +469,25 @@ class PolicyModel:
             behaviour = torch.where(batch.has_behaviour, batch.behaviour_logprobs, logprobs.detach())
             loss = logprobs.sum() * 0  # an objective with no tokens here adds nothing, but the pass still backpropagates (FSDP2's collectives)
             if weights.grpo > 0 and n_grpo:
-                reference = None
-                if settings.kl_coef > 0:
-                    with torch.no_grad(), self.model.disable_adapter():
-                        reference = self.token_logprobs(batch)
-                parts = grpo_loss(logprobs, behaviour, batch.advantages, batch.grpo, settings, reference, normaliser=n_grpo)
-                loss = loss + weights.grpo * parts.loss
-                sums["grpo_loss"] = sums["grpo_loss"] + parts.loss.detach()
-                sums["kl"] = sums["kl"] + parts.kl
-                sums["clip_fraction"] = sums["clip_fraction"] + parts.clip_fraction * parts.tokens / n_grpo
-                sums["tis_capped"] = sums["tis_capped"] + parts.tis_capped
+                reference = self.reference_logprobs(batch) if settings.kl_coef > 0 else None
+                term, figures = grpo_term(logprobs, behaviour, batch, settings, reference, n_grpo)
+                loss = loss + weights.grpo * term
+                sums += figures
             if weights.sft > 0 and n_sft:
-                sft = sft_loss(logprobs, batch.imitate, n_sft)
-                loss = loss + weights.sft * sft.loss
-                sums["sft_nll"] = sums["sft_nll"] + sft.total
+                term, figures = sft_term(logprobs, batch, n_sft)
+                loss = loss + weights.sft * term
+                sums += figures
             if weights.distill > 0 and n_distill:
-                taught = distill_loss(logprobs, behaviour, batch.teacher_logprobs, batch.taught, n_distill, top_kl[0] if top_kl else None)
-                loss = loss + weights.distill * taught.loss
-                sums["teacher_kl"] = sums["teacher_kl"] + taught.total
+                term, figures = distill_term(logprobs, behaviour, batch, n_distill, top_kl[0] if top_kl else None)
+                loss = loss + weights.distill * term
+                sums += figures
             (loss if real else loss * 0).backward()
-            if not real:
-                continue
-            # Normalised by the step's token count, the micro-batches' terms add up to the step's.
-            sums["entropy"] = sums["entropy"] + (spread[0] * batch.sampled).sum()
-            sums["loss"] = sums["loss"] + loss.detach()
-            gap, outside = behaviour_gap(logprobs.detach(), behaviour, batch.sampled * batch.has_behaviour, settings)
-            sums["logprob_diff"] = sums["logprob_diff"] + gap
-            sums["outside_clip"] = sums["outside_clip"] + outside
-            # over the trained tokens that have recorded logprobs (rows without them compare with themselves, a gap of 0: left out)
-            sums["compared"] = sums["compared"] + batch.compared_tokens
-            sums["held"] = sums["held"] + batch.held_tokens
+            if real:  # not an empty pass's (a filler's), though its objectives' figures above are summed all the same
+                sums += batch_figures(logprobs, behaviour, spread[0], loss, batch, settings)
         # Every rank's gradients and figures, summed: the step's, as one rank would have them.
         ranks.sum_gradients(self.params)
-        summed = ranks.total(torch.stack(list(sums.values())))
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.train.grad_clip)
+        summed = ranks.total(sums.stacked())
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, settings.grad_clip)
         # No objective had a token (every call unrendered for a teacher, say): no update at all,
         # not even AdamW's momentum carrying the weights on from the steps before.
         if (weights.grpo > 0) * n_grpo + (weights.sft > 0) * n_sft + (weights.distill > 0) * n_distill:
@@ -434,30 +496,30 @@ class PolicyModel:
         self.step_count += 1
         # The one read of the step: its figures, the gradient's norm and the adapter's distance.
         *values, grad_norm_value, distance = torch.cat([summed.double(), grad_norm.double()[None], self.distance_from_base().double()[None]]).tolist()
-        got = dict(zip(sums, values))
-        n = max(got["compared"], 1.0)
+        got: Figures[float] = Figures(*values)
+        n = max(got.compared, 1.0)
         return StepMetrics(
-            loss=got["loss"],
-            kl=got["kl"],
-            clip_fraction=got["clip_fraction"],
+            loss=got.loss,
+            kl=got.kl,
+            clip_fraction=got.clip_fraction,
             grad_norm=grad_norm_value,
             tokens=float(total),
             forced_tokens=float(forced),
-            held_tokens=got["held"],
+            held_tokens=got.held,
             sequences=float(len(items)),
-            grpo_loss=got["grpo_loss"],
+            grpo_loss=got.grpo_loss,
             grpo_tokens=float(n_grpo if weights.grpo > 0 else 0),
-            sft_loss=got["sft_nll"] / max(n_sft, 1),
+            sft_loss=got.sft_nll / max(n_sft, 1),
             sft_tokens=float(n_sft if weights.sft > 0 else 0),
-            teacher_kl=got["teacher_kl"] / max(n_distill, 1),
+            teacher_kl=got.teacher_kl / max(n_distill, 1),
             distill_tokens=float(n_distill if weights.distill > 0 else 0),
             seconds_teacher=seconds_teacher,
-            logprob_diff_mean=got["logprob_diff"] / n,
-            outside_clip_fraction=got["outside_clip"] / n,
-            tis_capped_fraction=got["tis_capped"] / n,
+            logprob_diff_mean=got.logprob_diff / n,
+            outside_clip_fraction=got.outside_clip / n,
+            tis_capped_fraction=got.tis_capped / n,
             # Learning health (docs/trainer.md): the policy's entropy on its sampled tokens, and
             # how far the adapter has moved the weights from the base's.
-            entropy=got["entropy"] / max(total, 1),
+            entropy=got.entropy / max(total, 1),
             distance_from_base=distance,
         )
 
