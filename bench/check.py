@@ -48,7 +48,7 @@ from harness import PLAIN_BODY, ROOT, STREAM_BODY, Load, OtherLoad, Proc, code_o
 from inprocess import instructions  # noqa: E402
 from tail import calls, latency  # noqa: E402
 
-# Instructions per lone call at 1f6a02f: the lean upstream client (gateway/http1.py), a
+# Instructions per lone call at 1f6a02f: the lean upstream client (gateway/upstream/connections/http1.py), a
 # stream's pieces that came together handed on together, and a lone record committed on the
 # SQLite driver (plain 0.820-0.831M, stream 1.30M; 1.30M and 1.85M with aiohttp). Python,
 # httptools, SQLAlchemy or SQLite releases move these too: a flag after an upgrade is settled

@@ -30,7 +30,7 @@ SCENARIOS = [("plain", False, 1), ("plain", True, 1), ("plain", False, 64), ("pl
 OUT = ROOT / "bench" / "results"
 
 STORE = "store: recording calls (SQLAlchemy + SQLite, on the loop and the writer thread)"
-UPSTREAM = "upstream client (gateway/http1.py): request and response"
+UPSTREAM = "upstream client (gateway/upstream/connections/http1.py): request and response"
 # Checked against the whole stack first: these own every sample they appear in.
 OWNERS = [
     ("logging/", "logging (any logger: formatting and handlers)"),
@@ -42,10 +42,10 @@ LEAF = [
     ("aiosqlite/", STORE),
     ("sqlalchemy/", STORE),
     ("sqlite3", STORE),
-    ("gateway/capture.py", "SSE parsing and stream capture"),
-    ("gateway/http1.py", UPSTREAM),
+    ("gateway/proxy/capture.py", "SSE parsing and stream capture"),
+    ("gateway/upstream/connections/http1.py", UPSTREAM),
     ("httptools/", UPSTREAM),
-    ("gateway/upstream.py", UPSTREAM),
+    ("gateway/upstream/client.py", UPSTREAM),
     ("tenacity/", "tenacity retry wrapper"),
     ("uvicorn/", "uvicorn: HTTP parsing and socket writes"),
     ("litestar/", "Litestar: routing, request, response objects"),

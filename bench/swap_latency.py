@@ -34,7 +34,7 @@ from vs_litellm import make_tiny_model, start_vllm  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from burnish_server.core.platform.settings import Settings  # noqa: E402
-from burnish_server.gateway.routing import REFRESH_EVERY_S  # noqa: E402
+from burnish_server.gateway.policies.routing import REFRESH_EVERY_S  # noqa: E402
 from burnish_server.store.policies import get_policy  # noqa: E402
 from burnish_server.store.training import claim_groups, group_calls  # noqa: E402
 from burnish_server.store.versions import record_step  # noqa: E402

@@ -35,8 +35,8 @@ import threading
 import time
 from typing import Any
 
-from burnish_server.gateway import http1
-from burnish_server.gateway.edge import Gateway
+from burnish_server.gateway.edge.entry import Gateway
+from burnish_server.gateway.upstream.client.connections import http1
 from burnish_server.store.database import Database
 
 clock = time.perf_counter

@@ -15,10 +15,13 @@ from typing import Any
 import httpx
 
 from burnish_server.core.learning.demonstrations import MAX_DEMONSTRATIONS
+from burnish_server.core.platform.errors import BurnishError
 
 
-class SftFailed(RuntimeError):
+class SftFailed(BurnishError, RuntimeError):
     """The file could not be read, or the gateway refused it; the message says what to do."""
+
+    default_code = "sft_failed"
 
 
 def read(path: Path) -> list[Any]:

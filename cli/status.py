@@ -11,10 +11,13 @@ import msgspec
 
 from burnish_server.core.api.views import PolicyList, PolicyView
 from burnish_server.core.learning.steps import StepMetrics
+from burnish_server.core.platform.errors import BurnishError
 
 
-class StatusFailed(RuntimeError):
+class StatusFailed(BurnishError, RuntimeError):
     """The gateway could not be asked, or refused; the message says what to do."""
+
+    default_code = "status_failed"
 
 
 def fetch(url: str, token: str, policy: str | None = None) -> list[PolicyView]:

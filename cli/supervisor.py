@@ -25,6 +25,7 @@ from pathlib import Path
 
 import click
 
+from burnish_server.core.platform.errors import Unavailable
 from burnish_server.serving.process import last_lines
 
 # The pause before the first restart; it doubles with each death in a row, to at most MAX_BACKOFF_S.
@@ -61,8 +62,10 @@ class Child:
     restarts: int = 0
 
 
-class CrashLoop(RuntimeError):
+class CrashLoop(Unavailable, RuntimeError):
     """A child died ``CRASH_LOOP_DEATHS`` times within ``CRASH_LOOP_S``: the message says which and why."""
+
+    default_code = "crash_loop"
 
 
 class Supervisor:

@@ -1,7 +1,7 @@
 """What a request handler needs, built once per app by its lifespan and kept on ``app.state``.
 
 JSON API handlers receive it by dependency injection (``svc: Services``, see
-``routes/common.py``); the proxy, on the hot path, reads it from ``app.state`` (``gateway/edge.py``)."""
+``routes/common.py``); the proxy, on the hot path, reads it from ``app.state`` (``gateway/edge/entry.py``)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from litestar.connection import ASGIConnection
 
 from burnish_server.core.platform.secrets import Redactor
 from burnish_server.core.platform.settings import Settings
-from burnish_server.gateway.access import Access
-from burnish_server.gateway.metrics import Metrics
-from burnish_server.gateway.routing import Registry
-from burnish_server.gateway.upstream import Upstream
+from burnish_server.gateway.access.admission import Access
+from burnish_server.gateway.edge.metrics import Metrics
+from burnish_server.gateway.policies.routing import Registry
+from burnish_server.gateway.upstream.client import Upstream
 from burnish_server.store.database import Database
 from burnish_server.store.writer import Writer
 from burnish_server.telemetry.langfuse_export import LangfuseExport
@@ -36,9 +36,9 @@ class Services:
     redact: Redactor
     # None unless the Langfuse keys are set.
     langfuse: LangfuseExport | None = None
-    # Proxied calls being served now (gateway/edge.py): a lone one commits its record at once.
+    # Proxied calls being served now (gateway/edge/entry.py): a lone one commits its record at once.
     in_flight: int = 0
-    # Each policy's served window in tokens, learned from the upstream's refusals (gateway/window.py).
+    # Each policy's served window in tokens, learned from the upstream's refusals (gateway/proxy/window.py).
     windows: dict[str, int] = field(default_factory=dict)
 
 

@@ -1,6 +1,6 @@
 """What a gateway runs on, built and torn down in one place: its ``Services`` (``open_services``,
-``close_services``) and its background tasks (``Background``), each by name. ``create_app``
-(``gateway/app.py``) composes them in its lifespan.
+``close_services``) and its background tasks (``Background``), each by name, composed in the
+app's ``lifespan`` (which ``gateway/app.py`` registers).
 
 Order matters at both ends: the store is migrated and the access rule checked before anything
 starts (a gateway that must not serve never opens its upstream); at the end, the background
@@ -13,22 +13,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import httpx
+from litestar import Litestar
 
 from burnish_server.core.platform.secrets import Redactor
 from burnish_server.core.platform.settings import Settings
-from burnish_server.gateway import idle_groups, replicas
-from burnish_server.gateway.access import Access, KeyRing, follow_keys
-from burnish_server.gateway.metrics import Metrics
-from burnish_server.gateway.routes import ruler
-from burnish_server.gateway.routing import Registry, follow
+from burnish_server.gateway.access.admission import Access, KeyRing, follow_keys
+from burnish_server.gateway.edge.metrics import Metrics
+from burnish_server.gateway.groups.idle import close_idle
+from burnish_server.gateway.groups.scoring import auto_ruler
+from burnish_server.gateway.policies.routing import Registry, follow
 from burnish_server.gateway.services import Services
 from burnish_server.gateway.ui.status import Statuses
-from burnish_server.gateway.upstream import Upstream
+from burnish_server.gateway.upstream import replicas
+from burnish_server.gateway.upstream.client import Upstream
 from burnish_server.store.database import Database
 from burnish_server.store.keys import leave, load_keys
 from burnish_server.store.policies import load_policies
@@ -154,8 +157,8 @@ def background_tasks(svc: Services, statuses: Statuses) -> dict[str, Coroutine[A
         "burnish-statistics": keep_statistics(svc.db),
         "burnish-policies": follow(svc.db, svc.policies),  # other gateways' and the trainer's changes
         "burnish-keys": follow_keys(svc.db, svc.access),
-        "burnish-auto-ruler": ruler.auto_ruler(svc),
-        "burnish-idle-groups": idle_groups.close_idle(svc),
+        "burnish-auto-ruler": auto_ruler(svc),
+        "burnish-idle-groups": close_idle(svc),
     }
     if replicas.watched(svc.settings):
         tasks["burnish-replicas"] = replicas.watch(svc.settings, svc.upstream)
@@ -184,3 +187,23 @@ class Background:
             with contextlib.suppress(asyncio.CancelledError, Exception):  # the writer's flush after this must run
                 await task
         log.debug("background tasks stopped")
+
+
+@contextlib.asynccontextmanager
+async def lifespan(settings: Settings, app: Litestar) -> AsyncIterator[None]:
+    """The app's life: its services and background tasks up, then down in the reverse order."""
+    svc = await open_services(settings)
+    app.state.services = svc
+    app.state.ui_status = Statuses(svc.db)
+    background = Background(background_tasks(svc, app.state.ui_status))
+    # Everything allocated so far lives as long as the app: move it out of the
+    # collector's sight, so full collections stop walking it (a p99 latency cost).
+    gc.collect()
+    gc.freeze()
+    mode = "open (no API keys yet)" if svc.access.open else "API keys required"
+    log.info("gateway up: upstream %s, store %s, %s", settings.upstream_discover or settings.upstream, svc.db.url.render_as_string(hide_password=True), mode)
+    try:
+        yield
+    finally:
+        await background.stop()
+        await close_services(svc)

@@ -15,17 +15,22 @@ from typing import Any
 import httpx
 
 from burnish_server.core.learning.fidelity import Fidelity, Probe, compare
+from burnish_server.core.platform.errors import Unavailable
 from burnish_server.serving.scoring import ScoringError, prompt_logprobs
 
 log = logging.getLogger("burnish.serving")
 
 
-class AdapterError(RuntimeError):
+class AdapterError(Unavailable, RuntimeError):
     """vLLM refused to load an adapter, or loaded it and does not answer with it."""
+
+    default_code = "adapter_failed"
 
 
 class Unfaithful(AdapterError):
     """vLLM answers with the adapter, but not as the trainer made it (core/learning/fidelity.py)."""
+
+    default_code = "adapter_unfaithful"
 
 
 class VLLMAdapters:

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from burnish_server.core.learning.defaults import LLAMA_PROJECTIONS
+from burnish_server.core.platform.errors import Unavailable
 
 # What vLLM applies LoRA to: the decoder's projections, never the LM head. vLLM's default wraps
 # the LM head too (for adapters that train it), and on the CPU build a request for prompt
@@ -39,8 +40,10 @@ def lora_modules(*trained: str) -> tuple[str, ...]:
     return tuple(m for m in dict.fromkeys((*SERVED_LORA_MODULES, *trained)) if m not in NEVER_SERVED)
 
 
-class VLLMFailed(RuntimeError):
+class VLLMFailed(Unavailable, RuntimeError):
     """vLLM exited or never became healthy; the message ends with its last log lines."""
+
+    default_code = "vllm_failed"
 
 
 def port_free(host: str, port: int) -> bool:

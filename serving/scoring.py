@@ -3,7 +3,7 @@
 ``logprobs`` asks ``/v1/completions`` for ``prompt_logprobs``: vLLM's log-probability of every
 prompt token given the ones before it, the token itself always among those returned. The
 teacher reads the ids the policy sampled, so it must share the policy's tokenizer (the
-gateway checks it when a teacher is set: gateway/teachers.py).
+gateway checks it when a teacher is set: gateway/policies/teachers.py).
 """
 
 from __future__ import annotations
@@ -12,12 +12,16 @@ from typing import Any
 
 import httpx
 
+from burnish_server.core.platform.errors import Unavailable
+
 # Prompts per request: one forward pass of vLLM's over a batch of sequences.
 PER_REQUEST = 32
 
 
-class ScoringError(RuntimeError):
+class ScoringError(Unavailable, RuntimeError):
     """vLLM did not score a sequence (the model is not served, or it refused the request)."""
+
+    default_code = "scoring_failed"
 
 
 class VLLMScorer:

@@ -1,6 +1,6 @@
 """A policy as the admin API and the dashboard change and read it, each in one transaction or
 one read: the gateway runs these with ``Database.transaction`` and ``Database.read`` and opens
-none of its own (``gateway/actions.py``, ``gateway/routes/admin.py``, ``gateway/ui/status.py``).
+none of its own (``gateway/policies/actions.py``, ``gateway/routes/admin.py``, ``gateway/ui/status.py``).
 """
 
 from __future__ import annotations

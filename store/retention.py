@@ -137,7 +137,9 @@ def _active_since(cut: datetime) -> Any:
 
 
 @dataclass
-class Batch:
+class PruneBatch:
+    """One batch of what prune takes: its units, where to go on from, and what they count."""
+
     units: list[Unit]
     # The cursors to go on from: the last trajectory's and group's pk looked at (None: done).
     after_trajectory: int | None
@@ -155,7 +157,7 @@ def select_batch(
     after_group: int | None,
     limit: int,
     kept: set[tuple[str, int]] | None = None,
-) -> Batch:
+) -> PruneBatch:
     """The next ``limit`` ungrouped trajectories and ``limit`` groups of ``project`` that may go,
     after the cursors (None: that kind is done); the counts say what was old enough and kept."""
     counts = Counts()
@@ -201,7 +203,7 @@ def select_batch(
             if gid is not None:
                 members[gid].append(tid)
         units += [Unit(g, members[g]) for g in goes]
-    return Batch(units, next_trajectory, next_group, counts)
+    return PruneBatch(units=units, after_trajectory=next_trajectory, after_group=next_group, counts=counts)
 
 
 def count_open(conn: Connection, project: str, cut: datetime) -> int:

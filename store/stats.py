@@ -26,7 +26,7 @@ class Versions(msgspec.Struct, frozen=True):
 
 
 class StoreState(msgspec.Struct, kw_only=True):
-    """The store as the gauges show it (gateway/metrics.py)."""
+    """The store as the gauges show it (gateway/edge/metrics.py)."""
 
     trajectories: dict[str, int]  # rewarded / unrewarded
     groups: dict[tuple[str | None, str], int]  # (policy, state) -> groups trained on (held-out apart)

@@ -275,7 +275,7 @@ def _why_closed(reason: str | None) -> str:
 def close_idle_groups(conn: Connection, idle_s: Mapping[str, float], now: datetime | None = None, limit: int = 500) -> list[str]:
     """Close the open groups of each policy in ``idle_s`` (policy: seconds) that have seen no
     member's call and no reward for that long; return their ids. Run every few seconds by
-    each gateway (gateway/idle_groups.py): closing an open group twice is harmless, and a
+    each gateway (gateway/groups/idle.py): closing an open group twice is harmless, and a
     group another gateway is closing is skipped (``SKIP LOCKED``)."""
     now = now or utcnow()
     closed: list[str] = []

@@ -180,7 +180,7 @@ def served_step(gw: Gateway, policy: str = "agent") -> int:
 
 def set_served_step(gw: Gateway, step: int, policy: str = "agent") -> None:
     """Switch a policy's version in the store as the trainer does, and wait for the gateway to follow."""
-    from burnish_server.gateway.routing import REFRESH_EVERY_S
+    from burnish_server.gateway.policies.routing import REFRESH_EVERY_S
     from burnish_server.store.database import Database
     from burnish_server.store.policies import update_policy
 

@@ -86,3 +86,35 @@ def test_no_module_imports_litestars_private_api() -> None:
                 if name.split(".")[0] == "litestar" and any(part.startswith("_") for part in name.split(".")[1:]):
                     found.append(f"{path.relative_to(ROOT)}: {name}")
     assert not found, found
+
+
+LAYERS = ("core", "store", "serving", "telemetry", "gateway", "trainer", "migrations", "cli")
+
+
+def test_every_error_is_under_the_one_tree() -> None:
+    """Every exception class the product defines subclasses ``core/platform/errors.py: BurnishError``
+    (docs/architecture.md, "Errors"), but the CLI's click exceptions, its edge as the gateway's
+    error handlers are the gateway's."""
+    code = f"""
+import importlib, pkgutil, sys
+from burnish_server.core.platform.errors import BurnishError
+import click
+for layer in {LAYERS!r}:
+    package = importlib.import_module("burnish_server." + layer)
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        # Not the migrations (Alembic binds their context only while it migrates), nor `python -m`'s entry.
+        if not info.name.startswith("burnish_server.migrations.") and not info.name.endswith(".__main__"):
+            importlib.import_module(info.name)
+seen, stack, outside = set(), [Exception], []
+while stack:
+    for sub in stack.pop().__subclasses__():
+        if sub not in seen:
+            seen.add(sub)
+            stack.append(sub)
+            if sub.__module__.startswith("burnish_server.") and not issubclass(sub, (BurnishError, click.ClickException)):
+                outside.append(sub.__module__ + "." + sub.__qualname__)
+print(" ".join(sorted(outside)))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd="/")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == [], out.stdout

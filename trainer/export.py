@@ -26,13 +26,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from burnish_server.core.learning.adapters import ADAPTER_CONFIG, ADAPTER_FILES, ADAPTER_WEIGHTS, exported_config
+from burnish_server.core.platform.errors import Invalid
 
 Format = Literal["adapter", "merged", "gguf"]
 FORMATS: tuple[Format, ...] = ("adapter", "merged", "gguf")
 
 
-class ExportError(ValueError):
+class ExportError(Invalid, ValueError):
     """What cannot be exported, and what to do instead."""
+
+    default_code = "export_invalid"
 
 
 def export(adapter: Path, base: str, out: Path, fmt: Format, name: str = "model") -> Path:

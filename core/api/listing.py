@@ -2,7 +2,7 @@
 
 One definition for both doors that list them, the JSON API (``GET /v1/trajectories``, the
 export) and the dashboard's lists: the gateway parses a query string into these once
-(``gateway/listing.py``), the store turns them into WHERE clauses and a keyset page
+(``gateway/edge/listing.py``), the store turns them into WHERE clauses and a keyset page
 (``store/listing.py``).
 """
 

@@ -1,7 +1,7 @@
 """A trained version's adapter as it leaves burnish: the files of peft's adapter folder, and
 its config pointed at the base it was trained on (so ``PeftModel.from_pretrained`` finds the
 base by itself). Used by ``burnish export`` (trainer/export.py) and the admin API's download
-(gateway/downloads.py) alike."""
+(gateway/policies/downloads.py) alike."""
 
 from __future__ import annotations
 

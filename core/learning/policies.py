@@ -10,7 +10,7 @@ itself. So:
 
 Policies live in the store (``store/policies.py``), are created and changed over the
 admin API, and are advanced by the trainer. The gateway routes from a snapshot of that
-table (``gateway/routing.py``).
+table (``gateway/policies/routing.py``).
 
 Every training knob and its default is here, and only here: the admin API validates
 against these structs, the store keeps them as JSON, the trainer reads them.
@@ -190,13 +190,13 @@ JUDGE_URL_PATTERN = r"^https?://[^/?#\s]+(/[^?#\s]*)?$"
 
 
 class RulerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """RULER for the policy's groups (gateway/ruler.py). A request's own rubric, judge_model
+    """RULER for the policy's groups (gateway/groups/ruler.py). A request's own rubric, judge_model
     and combine come first; the judge's endpoint never comes from a request."""
 
     # Judge every group of the policy when it closes (a group whose members all carry a
     # user reward is left alone under combine "set").
     auto: bool = False
-    # None: the default rubric (DEFAULT_RUBRIC in gateway/ruler.py).
+    # None: the default rubric (DEFAULT_RUBRIC in gateway/groups/ruler.py).
     rubric: Annotated[str, Meta(max_length=20_000, pattern=NO_NUL)] | None = None
     # None: BURNISH_JUDGE_MODEL, else the policy's base model.
     judge_model: Annotated[str, Meta(min_length=1, max_length=256, pattern=PRINTABLE)] | None = None

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from burnish_server.core.platform.access import STORED_ID_MAX, is_project, local, project_of
+from burnish_server.core.platform.errors import Invalid
 from burnish_server.core.platform.ids import ID_PATTERN
 
 FORMAT: Literal["burnish.archive/1"] = "burnish.archive/1"
@@ -113,8 +114,10 @@ class ArchivedTrajectory(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     archived_at: datetime | None = None
 
 
-class CorruptArchive(ValueError):
+class CorruptArchive(Invalid, ValueError):
     """A record that is not an archived trajectory; the message says why."""
+
+    default_code = "corrupt_archive"
 
 
 _ENCODER = msgspec.json.Encoder()

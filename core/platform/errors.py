@@ -4,7 +4,12 @@ Each carries a human message, a short machine ``code`` (stable: clients match on
 ``param`` it is about if any, and the HTTP ``status`` it is answered with; headers where the
 answer needs some (``Retry-After``, ``WWW-Authenticate``). The store, the services, the
 gateway and its upstream client raise them; the gateway turns any of them into the surface's
-error body in one place (``gateway/errors.py``), the trainer logs them.
+error body in one place (``gateway/edge/errors.py``), the trainer logs them, the CLI prints them.
+
+Every error class of the product is in this tree, wherever it is defined: a layer's own (RULER's
+judge, vLLM, an adapter, the CLI's supervisor) subclasses the branch it belongs to here. Those
+that were once a builtin's (``ValueError``, ``RuntimeError``) keep it as a second base, so an
+``except`` written for the builtin still catches them.
 
     BurnishError
     ├── Invalid 400            the input itself is wrong (an id, a body, a setting)
@@ -14,8 +19,19 @@ error body in one place (``gateway/errors.py``), the trainer logs them.
     ├── Conflict 409           its state refuses the change
     ├── TooLarge 413           a body over the limit
     ├── TooManyRequests 429    a key's rate or concurrency limit
+    │   ├── CorruptArchive         an archive line that is no archived trajectory (core/platform/archive.py)
+    │   ├── UnreadableCall         a recorded call that cannot be read as a conversation (core/protocols/conversation.py)
+    │   └── ExportError            an adapter or base that cannot be exported (trainer/export.py)
     ├── NotRecorded 503        the store could not take a call, so it was not completed
+    ├── StatusFailed, SftFailed  a CLI command's gateway call (cli/status.py, cli/sft.py)
     └── Unavailable 502        a service the operation needs did not answer (a judge, the store)
+        ├── RulerFailed        no verdict from RULER's judge (gateway/groups/ruler.py)
+        ├── JudgeOutputError   an answer of the judge that is no verdict (asked again)
+        ├── VLLMFailed         vLLM did not start or stay up (serving/process.py)
+        ├── CrashLoop          a child of `burnish up` died too often (cli/supervisor.py)
+        ├── ScoringError       vLLM did not score a prompt (serving/scoring.py)
+        ├── AdapterError       vLLM did not load or answer with an adapter (serving/adapters.py)
+        │   └── Unfaithful     it answered, but not as the trainer made it
         └── UpstreamError 502  the upstream (vLLM): no usable answer
             ├── UpstreamConnectError    could not connect: nothing of the request was sent
             ├── UpstreamProtocolError   what came back is not HTTP, or the connection closed
@@ -36,11 +52,13 @@ class BurnishError(Exception):
     """Base of burnish's errors."""
 
     status: ClassVar[int] = 400
+    # The code of an error raised without one (the layers' own errors below the tree).
+    default_code: ClassVar[str] = "error"
 
-    def __init__(self, message: str, code: str, param: str | None = None, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(self, message: str, code: str | None = None, param: str | None = None, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.code = code
+        self.code = code or self.default_code
         self.param = param
         self.headers = dict(headers) if headers else {}
 

@@ -16,7 +16,7 @@ from burnish_server.core.platform.errors import Invalid
 # (bodies, Litestar's parameters) searches with it; "abc\n" must not pass for "abc".
 # The one at the start refuses ids made only of dots: clients normalise "." and ".." out of
 # a URL's path, so such a trajectory could never be read or rewarded. (`[.]`, not `\.`:
-# gateway/errors.py recognises the pattern in msgspec's messages by its text up to the
+# gateway/edge/errors.py recognises the pattern in msgspec's messages by its text up to the
 # first backslash.)
 ID_REGEX = r"^(?![.]+$)[A-Za-z0-9_.:\-]{1,128}$(?!\n)"
 ID_PATTERN = re.compile(ID_REGEX)

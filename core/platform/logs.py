@@ -1,6 +1,6 @@
 """Logging for every burnish process: text or JSON lines, each with the request id.
 
-The gateway sets ``request_id`` for each request (``gateway/request_ids.py``); every log
+The gateway sets ``request_id`` for each request (``gateway/edge/request_ids.py``); every log
 line written while the request is handled carries it ("-" elsewhere, as in the trainer).
 Prompts, completions, keys and tokens are never logged, except by
 ``BURNISH_LOG_BODIES=true`` (bodies at DEBUG level, for debugging only).

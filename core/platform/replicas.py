@@ -1,14 +1,14 @@
 """Several vLLM replicas of one model: which replica a call goes to.
 
 The rule is rendezvous hashing ("highest random weight"): every replica gets a score for a
-call's key, a hash of the two, and the call goes to the replica with the highest score
-among those that are healthy and serve the model asked for. The key is the trajectory id, so
+call's sticky id, a hash of the two, and the call goes to the replica with the highest score
+among those that are healthy and serve the model asked for. The sticky id is the trajectory's, so
 
 - a trajectory's calls go to one replica while it stays, whose prefix cache holds the
   conversation so far;
 - when that replica leaves, only its trajectories move, each to its next choice, and they
   come back when it returns;
-- every gateway picks the same replica for a key without talking to the others (the hash is
+- every gateway picks the same replica for an id without talking to the others (the hash is
   stable across processes, unlike Python's ``hash``).
 
 A call's next choices are where it is retried when its replica cannot be reached.
@@ -85,8 +85,8 @@ class Replica:
     def serves(self, model: str | None) -> bool:
         return self.models is None or model is None or model in self.models
 
-    def score(self, key: int) -> int:
-        return _mix(key ^ self.seed)
+    def score(self, hashed: int) -> int:
+        return _mix(hashed ^ self.seed)
 
 
 class ReplicaSet:
@@ -103,17 +103,18 @@ class ReplicaSet:
         # A new one gets no calls until its first health check says what it serves.
         self.replicas = [known.get(url) or Replica(url, healthy=False) for url in urls]
 
-    def order(self, key: str | None, model: str | None = None) -> list[Replica]:
+    def order(self, sticky: str | None, model: str | None = None) -> list[Replica]:
         """Where a call goes, first choice first: the healthy replicas serving ``model``, else
-        the healthy ones, else all of them (an attempt is better than no attempt)."""
+        the healthy ones, else all of them (an attempt is better than no attempt). Calls with one
+        ``sticky`` id (a trajectory's, a group's) go to one replica while it is healthy."""
         replicas = self.replicas
         if len(replicas) <= 1:
             return replicas
         candidates = [r for r in replicas if r.healthy and r.serves(model)] or [r for r in replicas if r.healthy] or replicas
         if len(candidates) == 1:
             return candidates
-        if self.balance == "round_robin" or key is None:
+        if self.balance == "round_robin" or sticky is None:
             start = next(self._turn) % len(candidates)
             return candidates[start:] + candidates[:start]
-        h = stable_hash(key)
+        h = stable_hash(sticky)
         return sorted(candidates, key=lambda r: r.score(h), reverse=True)

@@ -56,7 +56,7 @@ def admin_fingerprint(token: str) -> str:
     """What an admin session keeps of the admin token it was made with: enough to tell whether
     the token changed since, and slow to compute (about 0.1 s) so that a copy of the store does
     not let anyone test guesses of an operator-chosen token quickly, as a plain SHA-256 would.
-    A gateway computes it once for its own token (``gateway/sessions.py``); the salt is fixed
+    A gateway computes it once for its own token (``gateway/access/sessions.py``); the salt is fixed
     because every session of one token must carry the same value."""
     return hashlib.pbkdf2_hmac("sha256", token.encode("utf-8", "surrogatepass"), _FINGERPRINT_SALT, _FINGERPRINT_ROUNDS).hex()
 
@@ -71,7 +71,7 @@ class UiSession(msgspec.Struct, frozen=True, kw_only=True):
     # For the admin token's sessions: ``admin_fingerprint`` of the token then.
     admin_fingerprint: str | None
     created_at: datetime
-    # The last page view, written at most about once a minute (``gateway/sessions.py``).
+    # The last page view, written at most about once a minute (``gateway/access/sessions.py``).
     last_seen_at: datetime
     idle_s: float
     expires_at: datetime

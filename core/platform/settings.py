@@ -101,7 +101,7 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     # An idle kept-alive connection is closed past this age: uvicorn (vLLM's server) closes
     # its own after 5 s, and one closed just as a request is written fails that request.
     upstream_idle_expiry: float = 4.0
-    # Connections the replicas' health checks use (gateway/replicas.py), apart from the
+    # Connections the replicas' health checks use (gateway/upstream/replicas.py), apart from the
     # proxy's: a pool full of long streams must not make a replica look down.
     health_check_connections: int = 16
     # TLS to an https upstream: a CA bundle (PEM) to trust instead of the system's, and a

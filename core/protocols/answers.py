@@ -4,7 +4,7 @@
 conversation. This module is the other side: what the gateway reads in an answer as it
 passes. The events each surface's stream assembler folds (``core/protocols/surfaces/``), the chat
 chunks the translators turn into another protocol (``core/protocols/translate/``), the token ids and
-logprobs that capture keeps (``gateway/capture.py``).
+logprobs that capture keeps (``gateway/proxy/capture.py``).
 
 An answer is converted into these (``msgspec.convert`` from its decoded JSON) before any of
 it is read. An answer of the wrong shape fails there, with ``msgspec.ValidationError``. That

@@ -10,12 +10,15 @@ from typing import Any
 
 import msgspec
 
+from burnish_server.core.platform.errors import Invalid
 from burnish_server.core.protocols import wire
 from burnish_server.core.protocols.wire import ToolCall
 
 
-class UnreadableCall(ValueError):
+class UnreadableCall(Invalid, ValueError):
     """A recorded body that is not the endpoint's shape (so no conversation can be read from it)."""
+
+    default_code = "unreadable_call"
 
 
 class Message(msgspec.Struct, frozen=True, omit_defaults=True):

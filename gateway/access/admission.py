@@ -4,12 +4,12 @@ Every route says what it needs in its ``opt["scope"]`` (``core/platform/access.p
 metrics, admin; ``"call|read"`` for either) or ``"public"``; a route that says nothing
 needs ``admin``. ``Access.admit`` checks a request, in one raw ASGI middleware
 (``access_middleware``) that runs after Litestar's routing, before the handler, and on the
-proxy's calls, which the gateway's entry point serves itself (``gateway/edge.py``):
+proxy's calls, which the gateway's entry point serves itself (``gateway/edge/entry.py``):
 
 1. the credential: ``Authorization: Bearer <key>`` (what OpenAI clients send as their
    ``api_key``) or ``x-api-key: <key>`` (what Anthropic clients send); on the dashboard's
    routes only (``opt["session"]``), without either, the sign-in's session cookie
-   (``gateway/sessions.py``);
+   (``gateway/access/sessions.py``);
 2. who it is: the admin token (every scope, the default project), a key (its project and
    scopes; revoked and expired keys are refused), the key or admin token a live session was
    signed in with, or, while the gateway is open, anyone;
@@ -44,7 +44,7 @@ from burnish_server.core.platform.access import ANONYMOUS, ROOT, ApiKey, Limits,
 from burnish_server.core.platform.clock import utcnow
 from burnish_server.core.platform.errors import BurnishError, Forbidden, TooManyRequests, Unauthorized
 from burnish_server.core.platform.settings import Settings
-from burnish_server.gateway.sessions import Sessions, cookie_secret
+from burnish_server.gateway.access.sessions import Sessions, cookie_secret
 from burnish_server.store import keys as store
 from burnish_server.store.database import Database
 

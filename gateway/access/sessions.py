@@ -9,7 +9,7 @@ The cookie holds the session's random secret, never a credential:
 - over plain HTTP, ``burnish_ui`` with ``Path=/ui``;
 - ``HttpOnly`` and ``SameSite=Strict`` either way (``ui/auth.py`` says why).
 
-Only the dashboard's routes read it (``opt["session"]``, ``gateway/access.py``): it is no
+Only the dashboard's routes read it (``opt["session"]``, ``gateway/access/admission.py``): it is no
 credential on ``/v1`` or ``/admin``, even where the browser sends it there (``Path=/``).
 
 Each dashboard request reads its session, and the session's key, from the store: a

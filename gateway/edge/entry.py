@@ -3,11 +3,11 @@
 ``Gateway`` wraps the Litestar app (the standard ASGI wrapper, no subclass): Litestar has no
 public hook before its routing, and the proxy's calls skip that routing.
 
-Every HTTP request gets its request id here (``gateway/request_ids.py``). Then a ``POST`` to a
+Every HTTP request gets its request id here (``gateway/edge/request_ids.py``). Then a ``POST`` to a
 proxy route (``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``,
-``/v1/messages``, under any of the key prefixes: ``routes/proxy.py``) is served here::
+``/v1/messages``, under any of the prefixes of ``gateway/proxy/paths.py``) is served here::
 
-    access.admit (key, scope "call", limits) ─▶ proxy.forward ─▶ the response, sent ─▶ access.release
+    access.admit (key, scope "call", limits) ─▶ proxy/forward.py: forward ─▶ the response, sent ─▶ access.release
     an error before anything is sent ─▶ errors.asgi_error (the surface's own error body)
 
 and every other request goes through Litestar's routing, middleware and handlers as usual.
@@ -31,39 +31,12 @@ from litestar.datastructures import State
 from litestar.types import HTTPScope, Receive, Scope, Send
 
 from burnish_server.core.platform.logs import request_id
-from burnish_server.core.protocols.surfaces import SURFACES, Surface
-from burnish_server.gateway import keys, request_ids
-from burnish_server.gateway.errors import SURFACE, asgi_error
-from burnish_server.gateway.routes.proxy import Inbound, forward
+from burnish_server.core.protocols.surfaces import Surface
+from burnish_server.gateway.edge import request_ids
+from burnish_server.gateway.edge.errors import SURFACE, asgi_error
+from burnish_server.gateway.proxy.forward import Inbound, forward
+from burnish_server.gateway.proxy.paths import proxy_route
 from burnish_server.gateway.services import Services
-
-_ROUTES = {f"v1/{surface.path}": surface for surface in SURFACES}
-_EVAL = keys.EVAL_PREFIX + "/"
-_NO_PARAMS: dict[str, str] = {}
-
-
-def proxy_route(path: str) -> tuple[Surface, dict[str, str]] | None:
-    """The surface a path names, with the keys in its prefix; None for any other path.
-
-    The paths are ``routes/proxy.py``'s: ``[/eval][/g/{group}][/t/{trajectory}]/v1/{surface}``
-    (a group only before a trajectory), each id one non-empty path segment."""
-    if path.startswith(_EVAL):
-        path = path[len(keys.EVAL_PREFIX) :]
-    params = _NO_PARAMS
-    if path.startswith("/g/"):
-        group, _, path = path[3:].partition("/")
-        if not group or not path.startswith("t/"):
-            return None
-        params = {"group_id": group}
-        path = "/" + path
-    if path.startswith("/t/"):
-        trajectory, _, path = path[3:].partition("/")
-        if not trajectory:
-            return None
-        params = {**params, "trajectory_id": trajectory}
-        path = "/" + path
-    surface = _ROUTES.get(path[1:]) if path.startswith("/") else None
-    return None if surface is None else (surface, params)
 
 
 class Gateway:

@@ -2,13 +2,13 @@
 
 One tree, ``core/platform/errors.py``, each error with its HTTP status, mapped to a body here and
 only here. The format is the surface's (``core/protocols/surfaces/``): OpenAI's body on ``/v1`` and
-every JSON API, Anthropic's on ``/v1/messages``. The gateway's entry point (``edge.py``)
+every JSON API, Anthropic's on ``/v1/messages``. The gateway's entry point (``entry.py``)
 puts the surface a path names in the request's scope state; a request without one gets
 OpenAI's. Litestar's own errors (a body that does not decode or validate, a path parameter
 off its pattern, 404/405/413) are mapped by their status; anything unexpected becomes a 500
 with a generic message, so no stack trace ever reaches a client.
 
-The proxy's calls are served before Litestar's exception layer (``gateway/edge.py``):
+The proxy's calls are served before Litestar's exception layer (``gateway/edge/entry.py``):
 ``asgi_error`` gives them the same answers. ``responses`` documents the body in the
 OpenAPI schema.
 """
@@ -23,7 +23,7 @@ from litestar import Request, Response
 from litestar.exceptions import ClientException, HTTPException, ValidationException
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.response.base import ASGIResponse
-from litestar.types import Scope
+from litestar.types import ExceptionHandlersMap, Scope
 
 from burnish_server.core.platform.errors import BurnishError
 from burnish_server.core.platform.ids import ID_REGEX, ID_RULE
@@ -40,7 +40,7 @@ SURFACE = "surface"  # the key of the request's surface in its scope state
 
 
 def surface_of(scope: Scope) -> Surface | None:
-    """The surface whose path a request is on (set by ``edge.py``), if any."""
+    """The surface whose path a request is on (set by ``entry.py``), if any."""
     state = scope.get("state")
     return state.get(SURFACE) if state else None
 
@@ -111,7 +111,7 @@ def handle_unexpected(request: Request, exc: Exception) -> Response:
 
 
 def asgi_error(exc: Exception, scope: Scope) -> ASGIResponse:
-    """The answer to an error on the proxy's own entry (``gateway/edge.py``), which Litestar's
+    """The answer to an error on the proxy's own entry (``gateway/edge/entry.py``), which Litestar's
     exception layer does not see: the same body and headers the handlers above give."""
     headers: dict[str, str] | None = None
     code: str | None
@@ -138,7 +138,7 @@ class ErrorBody(msgspec.Struct):
     error: ErrorDetail
 
 
-_MEANING = {
+MEANING = {
     400: "Invalid request: a body, query or id that does not fit (code says which)",
     401: "Missing, unknown, revoked or expired API key",
     403: "The API key lacks the scope this route needs",
@@ -153,4 +153,12 @@ _MEANING = {
 
 def responses(*statuses: int) -> dict[int, ResponseSpec]:
     """The error statuses a route can answer, each with the error body, for its OpenAPI entry."""
-    return {s: ResponseSpec(data_container=ErrorBody, description=_MEANING[s], generate_examples=False) for s in statuses}
+    return {s: ResponseSpec(data_container=ErrorBody, description=MEANING[s], generate_examples=False) for s in statuses}
+
+
+# The app's exception handlers: the tree's errors, Litestar's own, and anything else (a 500).
+EXCEPTION_HANDLERS: ExceptionHandlersMap = {
+    BurnishError: handle_burnish_error,
+    HTTPException: handle_http_exception,
+    Exception: handle_unexpected,
+}

@@ -2,8 +2,8 @@
 its export) and the dashboard's lists (``/ui/trajectories``, ``/ui/groups``).
 
 Two Litestar dependencies, ``filters`` (what the list is narrowed to: ``core/api/listing.py:
-Filters``) and ``keyset`` (which page: ``Keyset``), registered on the app: a handler names
-``filters: NamedDependency[Filters]`` and gets it checked, and the API's OpenAPI schema shows
+Filters``) and ``keyset`` (which page: ``Keyset``), in ``LIST_DEPENDENCIES``, which each list's
+route registers: its handler names ``filters: NamedDependency[Filters]`` and gets it checked, and the API's OpenAPI schema shows
 every parameter. A value that does not parse is an ``Invalid`` (400 ``invalid_request``, its
 ``param`` the field), which the API answers in its error format and the dashboard as a page.
 
@@ -246,4 +246,4 @@ def keyset(
 
 
 # Registered on the app, beside ``svc`` and ``caller`` (routes/common.py).
-DEPENDENCIES = {"filters": Provide(filters, sync_to_thread=False), "keyset": Provide(keyset, sync_to_thread=False)}
+LIST_DEPENDENCIES = {"filters": Provide(filters, sync_to_thread=False), "keyset": Provide(keyset, sync_to_thread=False)}

@@ -37,7 +37,7 @@ class Metrics:
         self._requests: dict[tuple[str, int], Any] = {}
         self._timings: dict[str, tuple[Any, Any]] = {}
         self.record_queue = Gauge("burnish_record_queue", "Records and changes waiting for the store writer", registry=r)
-        # The proxy's connection pool (gateway/http1.py): in use and idle, and the replicas it knows.
+        # The proxy's connection pool (gateway/upstream/connections/http1.py): in use and idle, and the replicas it knows.
         self.upstream_connections = Gauge("burnish_upstream_connections", "Connections to the upstream's replicas, by state", ["state"], registry=r)
         self.upstream_origins = Gauge("burnish_upstream_origins", "Upstream origins (replicas) the connection pool holds connections to", registry=r)
         self.commit_batch = Histogram("burnish_commit_batch_size", "Records written per group commit", buckets=BATCH_BUCKETS, registry=r)

@@ -1,15 +1,15 @@
 """What the OpenAPI schema at ``/docs/openapi.json`` says beyond what Litestar derives itself.
 
-Litestar documents the JSON APIs from their typed handlers; three things it gets wrong or
-cannot see are put right here:
+Litestar documents the JSON APIs from their typed handlers; what it gets wrong or cannot see
+is put right here, and the schema's own settings are here too (``config``):
 
 - ``finish_schema``: a body struct with ``forbid_unknown_fields`` says
   ``additionalProperties: false`` (the gateway answers 400 to an unknown field), and a bound
   of 0 (``ge=0``, ``gt=0``) on an optional field is kept (Litestar drops falsy bounds there).
-- ``proxy_operation``: the proxy routes read their bodies by hand (``routes/proxy.py``), so
+- ``proxy_operation``: the proxy routes read their bodies by hand (``gateway/proxy/forward.py``), so
   Litestar sees neither their body, their headers, their answers nor their id patterns. Each
   gets them here: the two fields the gateway decodes (``model``, ``stream``; the rest is the
-  upstream's to validate), the key headers (``gateway/keys.py``) that apply on its path, the
+  upstream's to validate), the filing headers (``gateway/proxy/filing.py``) that apply on its path, the
   answer (JSON, or ``text/event-stream`` when streamed), and every error status; an upstream's
   own error status and body are relayed as they came (``4XX``/``5XX``).
 - ``StrictRequest``: bodies are decoded as strictly as the schema says (Litestar's lax mode
@@ -26,12 +26,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from litestar import Request
+from litestar import Request, Router
 from litestar.exceptions import ClientException, ValidationException
+from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import (
+    Components,
     OpenAPIHeader,
     OpenAPIMediaType,
     OpenAPIResponse,
@@ -48,16 +51,28 @@ from litestar.types import Message, Scope
 from burnish_server.core.platform.ids import ID_REGEX, ID_RULE
 from burnish_server.core.protocols.surfaces import SURFACES, Surface
 from burnish_server.core.protocols.surfaces.base import openai_error_body
-from burnish_server.gateway.call import MAX_MODEL_CHARS
-from burnish_server.gateway.errors import _MEANING
-from burnish_server.gateway.keys import MAX_GROUP_SIZE
+from burnish_server.gateway.access.admission import PUBLIC, SECURITY_SCHEMES
+from burnish_server.gateway.edge.errors import MEANING
+from burnish_server.gateway.proxy.call import MAX_MODEL_CHARS
+from burnish_server.gateway.proxy.filing import MAX_GROUP_SIZE
 
 if TYPE_CHECKING:
     from litestar import Litestar
 
-__all__ = ["AllowEveryMethod", "StrictRequest", "body_operation", "finish_schema", "models_operation", "proxy_operation"]
+__all__ = ["AllowEveryMethod", "StrictRequest", "body_operation", "config", "finish_schema", "models_operation", "proxy_operation"]
 
 _BOUNDS = {"ge": "minimum", "gt": "exclusive_minimum", "le": "maximum", "lt": "exclusive_maximum"}
+
+
+def config() -> OpenAPIConfig:
+    """The schema's settings: its title, the distribution's version, the security schemes."""
+    return OpenAPIConfig(
+        title="burnish gateway",
+        version=version("burnish"),
+        # The schema and its pages are public: they describe the API, not anyone's data.
+        openapi_router=Router(path="/docs", route_handlers=[], opt={"scope": PUBLIC}, include_in_schema=False),
+        components=Components(security_schemes=SECURITY_SCHEMES),
+    )
 
 
 def finish_schema(app: Litestar) -> None:
@@ -208,7 +223,7 @@ _PROXY_ERROR = Schema(
     ),
 )
 # The body of each proxied surface as far as the gateway reads it: ``model`` and ``stream``
-# (routes/proxy.py, call.py: parse_head). Every other field goes to the upstream untouched.
+# (gateway/proxy/call.py: parse_head). Every other field goes to the upstream untouched.
 _REQUESTS = {surface.name: _request_schema(surface.schema_title, surface.schema_description) for surface in SURFACES}
 
 _ID = Schema(type=OpenAPIType.STRING, pattern=ID_REGEX)
@@ -228,7 +243,7 @@ _GROUP_SIZE_HEADER = Parameter(
 _EVAL_HEADER = Parameter(
     name="X-Eval",
     param_in="header",
-    # keys.py: stripped and compared without case.
+    # gateway/proxy/filing.py: stripped and compared without case.
     schema=Schema(type=OpenAPIType.STRING, pattern=r"^\s*([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee]|1|0)\s*$"),
     description="true or 1: the call is held out for evaluation (recorded and rewarded, never trained on); false or 0: no mark",
 )
@@ -241,13 +256,13 @@ _RESPONSE_HEADERS: dict[str, OpenAPIHeader | Reference] = {
 # Statuses the gateway itself answers on a proxied route (an upstream's own are relayed: 4XX/5XX).
 _PROXY_STATUSES = {
     400: "Invalid request: not a JSON object, an id, header or (for a policy) a field that does not fit; or the upstream's 400, relayed",
-    401: _MEANING[401],
-    403: _MEANING[403],
+    401: MEANING[401],
+    403: MEANING[403],
     404: "The upstream's 404 (an unknown model), relayed; or a previous_response_id not found",
-    413: _MEANING[413],
-    429: _MEANING[429] + "; or the upstream's 429, relayed",
+    413: MEANING[413],
+    429: MEANING[429] + "; or the upstream's 429, relayed",
     502: "The upstream could not be reached or broke off its answer",
-    503: _MEANING[503] + "; or the upstream's 503, relayed",
+    503: MEANING[503] + "; or the upstream's 503, relayed",
     504: "The upstream did not answer in time",
 }
 
@@ -283,7 +298,7 @@ def proxy_operation(surface: Surface) -> type[Operation]:
         def __post_init__(self) -> None:
             path_params = {p.name for p in self.parameters or [] if isinstance(p, Parameter) and p.param_in == "path"}
             headers = []
-            if "trajectory_id" not in path_params:  # keys.py: the path's ids come first, and then the headers are not read
+            if "trajectory_id" not in path_params:  # filing.py: the path's ids come first, and then the headers are not read
                 headers += [_TRAJECTORY_HEADER, _GROUP_HEADER, _GROUP_SIZE_HEADER]
             elif "group_id" in path_params:
                 headers.append(_GROUP_SIZE_HEADER)

@@ -1,7 +1,7 @@
 """A request id on every request: the client's ``X-Request-Id`` if it is a sane one, else a
 new one. It goes back in the response's ``X-Request-Id`` and into every log line written
 while the request is handled (``core/platform/logs.py``). The gateway's entry point applies it to
-every HTTP request, whichever way it is served (``gateway/edge.py``)."""
+every HTTP request, whichever way it is served (``gateway/edge/entry.py``)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@
                    -> checked (every id once, scores in range), retried, then given up with an error
 
 Nothing here touches the store: ``store/ruler.py`` keeps verdicts and rewards,
-``gateway/routes/ruler.py`` puts the two together. The judge is any OpenAI-compatible
+``gateway/groups/scoring.py`` puts the two together. The judge is any OpenAI-compatible
 endpoint the server is configured with; by default the gateway's own upstream.
 
 A failure is described in our own words (``RulerFailed``): the judge's answer never reaches
@@ -32,6 +32,7 @@ import msgspec
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from burnish_server.core.learning.verdicts import Score
+from burnish_server.core.platform.errors import Unavailable
 from burnish_server.core.protocols.transcript import Message
 
 DEFAULT_RUBRIC = """\
@@ -69,18 +70,22 @@ LOG_EXCERPT_CHARS = 300
 log = logging.getLogger("burnish.ruler")
 
 
-class JudgeOutputError(ValueError):
+class JudgeOutputError(Unavailable, ValueError):
     """The judge answered, but not with a valid verdict. The message is ours, never the judge's words."""
 
+    default_code = "judge_output_invalid"
 
-class RulerFailed(Exception):
+
+class RulerFailed(Unavailable):
     """No valid verdict after every attempt: a message for the caller and the store, in our words."""
+
+    default_code = "ruler_failed"
 
 
 @dataclass(frozen=True, kw_only=True)
 class Judge:
     """A judge's endpoint and how to call it; the defaults are Settings' (judge_*), given by
-    routes/ruler.py: judge."""
+    scoring.py: _judge."""
 
     base_url: str  # OpenAI style, ending in /v1
     model: str
@@ -210,8 +215,8 @@ def parse_verdict(content: str | None, ids: Sequence[str]) -> dict[str, Score]:
     return {t: Score(float(e.score), e.explanation[:EXPLANATION_MAX_CHARS].replace("\x00", "")) for t, e in verdict.items()}
 
 
-class _Retry(Exception):
-    """One attempt failed in a way worth another; the message is ours."""
+class _Retry(Unavailable):
+    """One attempt failed in a way worth another; the message is ours (never leaves this module)."""
 
 
 def _excerpt(text: str | bytes) -> str:

@@ -13,7 +13,7 @@ import msgspec
 
 from burnish_server.core.learning.policies import Policy
 from burnish_server.core.platform.errors import Invalid
-from burnish_server.gateway.upstream import Upstream, UpstreamError
+from burnish_server.gateway.upstream.client import Upstream, UpstreamError
 
 # Words, digits, spaces, punctuation, accents and an emoji: tokenizers that differ differ here.
 PROBE = "The teacher's tokens: 12345 + 678 = 13023; naïve café, 東京, emoji 🙂, tabs\tand\nnew lines."

@@ -22,10 +22,10 @@ from burnish_server.core.platform.clock import utcnow
 from burnish_server.core.platform.errors import Invalid, NotRecorded, UpstreamError
 from burnish_server.core.protocols.records import OK, UNADJUSTED, CallRecord
 from burnish_server.core.protocols.surfaces import Surface
-from burnish_server.gateway import keys
-from burnish_server.gateway.capture import Injected, Tokens, extract_tokens, inject
+from burnish_server.gateway.proxy.capture import Injected, PackedTokens, extract_tokens, inject
+from burnish_server.gateway.proxy.filing import Filing
 from burnish_server.gateway.services import Services
-from burnish_server.gateway.upstream import UpstreamResponse, failed
+from burnish_server.gateway.upstream.client import UpstreamResponse, failed
 
 log = logging.getLogger("burnish.gateway")
 T = TypeVar("T")
@@ -110,15 +110,15 @@ def ms(since: float) -> float:
 class Call:
     """One call in flight: what it needs to be recorded, whatever happens to it."""
 
-    def __init__(self, svc: Services, surface: Surface, key: keys.CallKey, head: RequestHead, body: bytes, caller: Principal = ANONYMOUS) -> None:
+    def __init__(self, svc: Services, surface: Surface, filing: Filing, head: RequestHead, body: bytes, caller: Principal = ANONYMOUS) -> None:
         self.svc = svc
         self.caller = caller
         self.surface = surface
-        self.key = key
+        self.filing = filing
         self.head = head
         self.body = body  # as the client sent it: that is what gets recorded
         self.upstream_body = body
-        self.route: Route | None = svc.policies.resolve(head.model, key.trajectory_id, caller)
+        self.route: Route | None = svc.policies.resolve(head.model, filing.trajectory_id, caller)
         self.injected: Injected | None = None
         self.response_id: str | None = None  # a Responses answer served for a policy, to continue later
         self.started_at = utcnow()
@@ -144,7 +144,7 @@ class Call:
     def fit_budget(self, request: dict[str, Any]) -> None:
         """Give ``request`` the policy's ``serving.max_tokens`` where it asks for no budget, and
         lower its budget (``max_tokens``, ``max_completion_tokens``) to the policy's served
-        window where the gateway knows it (gateway/window.py), noting both on the call."""
+        window where the gateway knows it (gateway/proxy/window.py), noting both on the call."""
         assert self.route is not None
         policy = self.policy
         if policy is not None and policy.serving.max_tokens is not None and request.get("max_tokens") is None and request.get("max_completion_tokens") is None:
@@ -167,7 +167,7 @@ class Call:
         model = self.head.model or ""
         return model if model.isascii() else quote(model, safe="")
 
-    def answer(self, parsed: Any) -> tuple[Tokens | None, Any]:
+    def answer(self, parsed: Any) -> tuple[PackedTokens | None, Any]:
         """The tokens in the full answer, then the answer as the client should see it."""
         tokens = extract_tokens(self.surface, parsed)
         if self.injected is not None:
@@ -187,15 +187,15 @@ class Call:
         *,
         response: bytes | None = None,
         parsed: Any = None,
-        tokens: Tokens | None = None,
+        tokens: PackedTokens | None = None,
         error: str | None = None,
     ) -> CallRecord:
         usage = parsed.get("usage") if isinstance(parsed, dict) and isinstance(parsed.get("usage"), dict) else None
         return CallRecord(
-            trajectory_id=self.key.trajectory_id,
-            group_id=self.key.group_id,
-            group_size=self.key.group_size,
-            eval=self.key.eval,
+            trajectory_id=self.filing.trajectory_id,
+            group_id=self.filing.group_id,
+            group_size=self.filing.group_size,
+            eval=self.filing.eval,
             endpoint=self.surface.name,
             model=self.head.model,
             stream=bool(self.head.stream),
@@ -229,12 +229,14 @@ class Call:
         try:
             await self.svc.writer.write(record, alone=self.svc.in_flight <= 1)
         except Exception as exc:
-            log.error("call for trajectory %s not recorded: %s", self.key.trajectory_id, exc)
+            log.error("call for trajectory %s not recorded: %s", self.filing.trajectory_id, exc)
             self.observe(record, status=503)
             raise NotRecorded("the gateway could not record this call; it was not completed", "record_failed") from exc
         self.observe(record)
         if self.svc.settings.log_bodies:
-            log.debug("call %s/%s: request %s response %s", self.key.trajectory_id, self.surface.name, record.request[:4000], (record.response or b"")[:4000])
+            log.debug(
+                "call %s/%s: request %s response %s", self.filing.trajectory_id, self.surface.name, record.request[:4000], (record.response or b"")[:4000]
+            )
 
     async def send(self, request_headers: Any, path: str) -> UpstreamResponse:
         """Send the upstream body: the upstream's (streaming) response, or ``UpstreamError``."""
@@ -245,7 +247,7 @@ class Call:
                 path,
                 content=self.upstream_body,
                 headers=upstream.request_headers(request_headers, ours=self.caller is not ANONYMOUS),
-                key=self.key.trajectory_id,
+                sticky=self.filing.trajectory_id,
                 model=self.route.upstream_model if self.route is not None else self.head.model,
                 kept=self.route is not None and self.route.kept,
             )

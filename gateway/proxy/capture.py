@@ -206,7 +206,10 @@ class StreamCapture:
 
 
 @dataclass(slots=True)
-class Tokens:
+class PackedTokens:
+    """A call's token ids and logprobs packed as the store keeps them (``core/protocols/packed.py``);
+    ``core/protocols/records.py: CallTokens`` is the same read back as lists."""
+
     prompt_token_ids: bytes | None = None
     completion_token_ids: bytes | None = None
     completion_logprobs: bytes | None = None
@@ -227,7 +230,7 @@ def _sampled_logprobs(logprobs: answers.TokenLogprobs | None) -> list[float] | N
     return floats if len(floats) == len(values) else None
 
 
-def extract_tokens(surface: Surface, body: Any) -> Tokens | None:
+def extract_tokens(surface: Surface, body: Any) -> PackedTokens | None:
     """Token ids and sampled-token logprobs, where the upstream returned them (vLLM's fields);
     None where it did not, or returned them in the wrong shape (the call is then not trained on)."""
     if not surface.has_choices or not isinstance(body, dict):
@@ -248,7 +251,7 @@ def extract_tokens(surface: Surface, body: Any) -> Tokens | None:
     if ids is not None and lps is not None and any(len(a) != len(b) for a, b in zip(ids, lps)):
         lps = None  # not aligned with the sampled tokens: keep the ids only
     counted = ids if ids is not None else lps
-    out = Tokens(
+    out = PackedTokens(
         prompt_token_ids=packed.pack_ids(prompt),
         completion_token_ids=packed.pack_ids([t for x in ids for t in x]) if ids is not None else None,
         completion_logprobs=packed.pack_floats([v for x in lps for v in x]) if lps is not None else None,

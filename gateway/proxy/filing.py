@@ -1,12 +1,12 @@
-"""Which trajectory (and group) a call belongs to.
+"""Where a call is filed: which trajectory (and group) it belongs to, and whether it is held out.
 
 Precedence: the URL prefix ``/g/{group}/t/{trajectory}/v1`` or ``/t/{trajectory}/v1``
 (for clients that can set only a base URL), then the headers ``X-Trajectory-Id``,
 ``X-Group-Id`` and ``X-Group-Size``, then a coding CLI's own session id (``session-id``,
 the Codex CLI's; ``X-Claude-Code-Session-Id``, Claude Code's), so that a CLI's session is one
 trajectory without any setting (a session id off the ids' rule is not a key). A call with no
-trajectory key becomes a one-call trajectory with a generated id. Ids follow ``core/platform/ids.py``;
-a key of a project's caller is stored under its project (``routes/proxy.py``), so two projects'
+trajectory id becomes a one-call trajectory with a generated id. Ids follow ``core/platform/ids.py``;
+a project's caller's ids are stored under its project (``forward.py``), so two projects'
 sessions never meet.
 
 A call is marked for evaluation (held out: recorded and rewarded, never trained on) by the
@@ -30,18 +30,16 @@ TRAJECTORY_HEADER = "x-trajectory-id"
 GROUP_HEADER = "x-group-id"
 GROUP_SIZE_HEADER = "x-group-size"
 EVAL_HEADER = "x-eval"
-KEY_HEADERS = frozenset({TRAJECTORY_HEADER, GROUP_HEADER, GROUP_SIZE_HEADER, EVAL_HEADER})
-# The coding CLIs' session ids, in order: a trajectory's key when none other is given. They
+FILING_HEADERS = frozenset({TRAJECTORY_HEADER, GROUP_HEADER, GROUP_SIZE_HEADER, EVAL_HEADER})
+# The coding CLIs' session ids, in order: a trajectory's id when none other is given. They
 # are read, and still forwarded upstream (they are the client's, not the gateway's).
 SESSION_HEADERS = ("session-id", "x-claude-code-session-id")
-# The path prefix that marks a call for evaluation, in front of the other prefixes.
-EVAL_PREFIX = "/eval"
 _EVAL_VALUES = {"true": True, "1": True, "false": False, "0": False}
 _SIZE = re.compile(r"[0-9]{1,9}")
 
 
 @dataclass(frozen=True, slots=True)
-class CallKey:
+class Filing:
     trajectory_id: str
     group_id: str | None = None
     group_size: int | None = None
@@ -49,17 +47,12 @@ class CallKey:
     eval: bool = False
 
 
-_KEY_HEADER_NAMES = frozenset(h.encode() for h in (*KEY_HEADERS, *SESSION_HEADERS))
+_FILING_HEADER_NAMES = frozenset(h.encode() for h in (*FILING_HEADERS, *SESSION_HEADERS))
 
 
-def key_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
-    """The key headers from an ASGI scope's raw headers (names are lower-case there)."""
-    return {k.decode(): v.decode("latin-1") for k, v in raw if k in _KEY_HEADER_NAMES}
-
-
-def is_eval_path(path: str) -> bool:
-    """Whether a request's path carries the evaluation prefix (``/eval/...``)."""
-    return path.startswith(EVAL_PREFIX + "/")
+def filing_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The filing headers (and the CLIs' session ids) from an ASGI scope's raw headers (names are lower-case there)."""
+    return {k.decode(): v.decode("latin-1") for k, v in raw if k in _FILING_HEADER_NAMES}
 
 
 def _session(headers: Mapping[str, str]) -> str | None:
@@ -73,7 +66,7 @@ def _session(headers: Mapping[str, str]) -> str | None:
     return None
 
 
-def resolve(path_params: Mapping[str, str], headers: Mapping[str, str], *, eval_path: bool = False) -> CallKey:
+def resolve(path_params: Mapping[str, str], headers: Mapping[str, str], *, eval_path: bool = False) -> Filing:
     trajectory = path_params.get("trajectory_id")
     group = path_params.get("group_id")
     if trajectory is None:
@@ -101,5 +94,5 @@ def resolve(path_params: Mapping[str, str], headers: Mapping[str, str], *, eval_
     if trajectory is None:
         trajectory = _session(headers)
     if trajectory is None:
-        return CallKey(new_trajectory_id(), group, size, held_out)
-    return CallKey(check_id(trajectory, "trajectory_id"), group, size, held_out)
+        return Filing(new_trajectory_id(), group, size, held_out)
+    return Filing(check_id(trajectory, "trajectory_id"), group, size, held_out)

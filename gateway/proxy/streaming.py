@@ -11,9 +11,9 @@ from litestar.types import Receive, Scope, Send
 
 from burnish_server.core.platform.errors import NotRecorded, UpstreamError
 from burnish_server.core.protocols.records import CLIENT_DISCONNECTED, UPSTREAM_CUT
-from burnish_server.gateway.call import Call
-from burnish_server.gateway.translation import Translation
-from burnish_server.gateway.upstream import UpstreamResponse
+from burnish_server.gateway.proxy.call import Call
+from burnish_server.gateway.proxy.translation import Translation
+from burnish_server.gateway.upstream.client import UpstreamResponse
 
 
 class Relay:

@@ -1,6 +1,6 @@
 """How one call's answer gets from the upstream's words to the client's: a ``Translation``.
 
-The proxy (``routes/proxy.py: forward``) serves every call the same way: send, then relay a
+The proxy (``forward.py: forward``) serves every call the same way: send, then relay a
 stream or read a plain answer, record, commit, answer. What differs by surface and by
 model is only what goes upstream and how the answer comes back, and that is a Translation:
 
@@ -33,9 +33,9 @@ from burnish_server.core.protocols.surfaces import CHAT, MESSAGES, RESPONSES
 from burnish_server.core.protocols.translate import common as translate
 from burnish_server.core.protocols.translate import messages, responses
 from burnish_server.core.protocols.translate.common import HostedTools
-from burnish_server.gateway.call import Call, json_or_none, read_answer, upstream_message
-from burnish_server.gateway.capture import StreamCapture, extract_tokens
-from burnish_server.gateway.upstream import UpstreamResponse, response_headers
+from burnish_server.gateway.proxy.call import Call, json_or_none, read_answer, upstream_message
+from burnish_server.gateway.proxy.capture import StreamCapture, extract_tokens
+from burnish_server.gateway.upstream.client import UpstreamResponse, response_headers
 from burnish_server.store.responses import stored_response
 
 _decode = msgspec.json.Decoder().decode
@@ -81,7 +81,7 @@ class Translation:
         raise NotImplementedError
 
     def _ours(self, headers: dict[str, str]) -> dict[str, str]:
-        headers["x-trajectory-id"] = local(self.call.key.trajectory_id)
+        headers["x-trajectory-id"] = local(self.call.filing.trajectory_id)
         headers["x-policy-version"] = self.call.version
         if omitted := self.call.adjustments.omitted_tools:
             headers[OMITTED_TOOLS_HEADER] = ", ".join(omitted)
@@ -223,7 +223,7 @@ def _offered(call: Call, offered: translate.Offered) -> translate.Offered:
 async def _prepare_messages(call: Call) -> tuple[dict[str, Any], translate.Translator[Any]]:
     request = _decode_messages(call.body)
     offered = _offered(call, messages.offer_tools(request, _hosted_tools(call)))
-    return messages.chat_request(request, offered), messages.Translator(request, message_id=f"msg_{uuid.uuid4().hex}", model=request.model or "")
+    return messages.chat_request(request, offered), messages.MessagesTranslator(request, message_id=f"msg_{uuid.uuid4().hex}", model=request.model or "")
 
 
 async def _prepare_responses(call: Call) -> tuple[dict[str, Any], translate.Translator[Any]]:
@@ -235,7 +235,9 @@ async def _prepare_responses(call: Call) -> tuple[dict[str, Any], translate.Tran
         body = _decode(call.body)
         body["input"] = history + responses.input_json(body.get("input"))
         call.body = _encode(body)
-    translator = responses.Translator(request, response_id=f"resp_{uuid.uuid4().hex}", created_at=int(time.time()), model=request.model or "", offered=offered)
+    translator = responses.ResponsesTranslator(
+        request, response_id=f"resp_{uuid.uuid4().hex}", created_at=int(time.time()), model=request.model or "", offered=offered
+    )
     if request.store is not False:
         call.response_id = translator.id
     return chat, translator

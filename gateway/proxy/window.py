@@ -19,8 +19,8 @@ import msgspec
 from burnish_server.core.platform.errors import Invalid, UpstreamError
 from burnish_server.core.protocols import window
 from burnish_server.core.protocols.records import UPSTREAM_ERROR
-from burnish_server.gateway.call import Call, json_or_none, upstream_message
-from burnish_server.gateway.upstream import UpstreamResponse
+from burnish_server.gateway.proxy.call import Call, json_or_none, upstream_message
+from burnish_server.gateway.upstream.client import UpstreamResponse
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -92,7 +92,7 @@ async def _count(call: Call) -> int | None:
         upstream = call.svc.upstream
         headers = upstream.request_headers([(b"content-type", b"application/json")], ours=True)
         response, _ = await upstream.send(
-            "POST", "/tokenize", content=_encode(ask), headers=headers, key=call.key.trajectory_id, model=call.route.upstream_model
+            "POST", "/tokenize", content=_encode(ask), headers=headers, sticky=call.filing.trajectory_id, model=call.route.upstream_model
         )
         body = await response.aread()
         await response.aclose()

@@ -1,7 +1,7 @@
 """The admin API: create and change policies, control their training, roll back; API keys; dashboard sessions.
 
 Every route needs ``Authorization: Bearer <BURNISH_ADMIN_TOKEN>`` (compared in constant
-time) or a key with the ``admin`` scope (``gateway/access.py``); with neither configured the
+time) or a key with the ``admin`` scope (``gateway/access/admission.py``); with neither configured the
 admin API is closed. Errors use the same OpenAI-style body as ``/v1``.
 
 The API states intent in the store; the trainer acts on it. Pause, resume and settings
@@ -38,14 +38,15 @@ from burnish_server.core.learning.steps import StepMetrics
 from burnish_server.core.platform.access import PRINTABLE, SCOPES, KeyName, Limits, ProjectName, Scope
 from burnish_server.core.platform.errors import Invalid
 from burnish_server.core.platform.ids import ID_REGEX
-from burnish_server.gateway import actions, downloads, openapi
-from burnish_server.gateway.access import ACCESS_ERRORS as ACCESS
-from burnish_server.gateway.access import BEARER
-from burnish_server.gateway.errors import responses
+from burnish_server.gateway.access.admission import ACCESS_ERRORS as ACCESS
+from burnish_server.gateway.access.admission import BEARER
+from burnish_server.gateway.edge import openapi
+from burnish_server.gateway.edge.errors import responses
+from burnish_server.gateway.policies import actions, downloads
+from burnish_server.gateway.policies.teachers import check_teacher
 from burnish_server.gateway.routes import demonstrations
 from burnish_server.gateway.routes.common import PolicyName, SessionId
 from burnish_server.gateway.services import Services
-from burnish_server.gateway.teachers import check_teacher
 from burnish_server.store import controls
 from burnish_server.store import keys as key_store
 from burnish_server.store import policies as store

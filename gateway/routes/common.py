@@ -2,7 +2,7 @@
 
 Ids in paths are checked by Litestar against their pattern, ``core.platform.ids.ID_REGEX`` or a
 project's ``PROJECT_REGEX`` (so the OpenAPI schema shows it, and a wrong one is a 400
-``invalid_id`` from ``gateway/errors.py``, whose message quotes the rule the description
+``invalid_id`` from ``gateway/edge/errors.py``, whose message quotes the rule the description
 states after its colon).
 Handlers get ``Services`` by dependency injection (``svc``), never from a global, the
 caller (``caller``: its project namespaces every id it names, ``core/platform/access.py``), and
@@ -21,7 +21,7 @@ from litestar.params import Parameter
 from burnish_server.core.platform.access import PROJECT_REGEX, PROJECT_RULE, Principal
 from burnish_server.core.platform.ids import ID_REGEX, ID_RULE
 from burnish_server.core.platform.sessions import SESSION_ID_REGEX
-from burnish_server.gateway.access import principal
+from burnish_server.gateway.access.admission import principal
 from burnish_server.gateway.services import Services
 
 TrajectoryId = Annotated[str, Parameter(pattern=ID_REGEX, description=f"a trajectory id: {ID_RULE}")]
@@ -42,5 +42,5 @@ def _caller(request: Request) -> Principal:
 
 
 # Registered on the app: every handler that names a ``svc: Services`` parameter gets it, and
-# ``caller: Principal`` the key (its project and scopes) that ``gateway/access.py`` let in.
-DEPENDENCIES = {"svc": Provide(_services, sync_to_thread=False), "caller": Provide(_caller, sync_to_thread=False)}
+# ``caller: Principal`` the key (its project and scopes) that ``gateway/access/admission.py`` let in.
+APP_DEPENDENCIES = {"svc": Provide(_services, sync_to_thread=False), "caller": Provide(_caller, sync_to_thread=False)}

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import httpx
 import msgspec
-from litestar import post
+from litestar import Router, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
@@ -29,8 +29,8 @@ from burnish_server.core.platform.access import DEFAULT_PROJECT, PRINTABLE, Prin
 from burnish_server.core.platform.errors import Invalid, NotFound
 from burnish_server.core.protocols.records import CallRecord
 from burnish_server.core.protocols.transcript import exchange
-from burnish_server.gateway.access import ACCESS_ERRORS, BEARER
-from burnish_server.gateway.errors import responses
+from burnish_server.gateway.access.admission import ACCESS_ERRORS, BEARER
+from burnish_server.gateway.edge.errors import responses
 from burnish_server.gateway.routes.common import PolicyName
 from burnish_server.gateway.services import Services
 from burnish_server.store.prompts import recent_prompts
@@ -69,7 +69,7 @@ async def post_demonstrations(data: JSONBody[DemonstrationsIn], svc: NamedDepend
     return DemonstrationsOut(policy=policy.name, ids=[local(r.trajectory_id) for r in records], trains=policy.train.weights.sft > 0)
 
 
-route_handlers = [post_demonstrations]
+router = Router(path="/", route_handlers=[post_demonstrations])
 
 
 class TeacherAnswersIn(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

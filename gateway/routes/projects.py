@@ -12,9 +12,9 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
 from burnish_server.core.platform.retention import Retention, RetentionView, effective
-from burnish_server.gateway.access import ACCESS_ERRORS as ACCESS
-from burnish_server.gateway.access import BEARER
-from burnish_server.gateway.errors import responses
+from burnish_server.gateway.access.admission import ACCESS_ERRORS as ACCESS
+from burnish_server.gateway.access.admission import BEARER
+from burnish_server.gateway.edge.errors import responses
 from burnish_server.gateway.routes.common import ProjectId
 from burnish_server.gateway.services import Services
 from burnish_server.store import retention as store

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Annotated, TypeVar
 
 import msgspec
-from litestar import get, post
+from litestar import Router, get, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
@@ -23,9 +23,9 @@ from burnish_server.core.api.listing import Filters, Keyset
 from burnish_server.core.api.views import GroupView, TrajectoryPage, TrajectoryView
 from burnish_server.core.platform.access import Principal, local
 from burnish_server.core.platform.errors import NotFound
-from burnish_server.gateway import listing
-from burnish_server.gateway.access import ACCESS_ERRORS, BEARER
-from burnish_server.gateway.errors import responses
+from burnish_server.gateway.access.admission import ACCESS_ERRORS, BEARER
+from burnish_server.gateway.edge import listing
+from burnish_server.gateway.edge.errors import responses
 from burnish_server.gateway.routes.common import CallIndex, GroupId, TrajectoryId
 from burnish_server.gateway.services import Services
 from burnish_server.store import reads
@@ -121,14 +121,14 @@ async def get_group(group_id: GroupId, svc: NamedDependency[Services], caller: N
 @get(
     "/v1/trajectories",
     opt={"scope": "read", listing.OPT: listing.API},
-    dependencies=listing.DEPENDENCIES,
+    dependencies=listing.LIST_DEPENDENCIES,
     responses=responses(400, *ACCESS_ERRORS, 404),
     security=BEARER,
 )
 async def list_trajectories(svc: NamedDependency[Services], filters: NamedDependency[Filters], keyset: NamedDependency[Keyset]) -> TrajectoryPage:
     """A page of trajectories, newest first by default; pass ``after=<last_id>`` for the next.
     ``eval=true`` lists only the held-out trajectories, ``eval=false`` only the others. The
-    dashboard's list of trajectories is this one (``gateway/listing.py``, ``store/listing.py``)."""
+    dashboard's list of trajectories is this one (``gateway/edge/listing.py``, ``store/listing.py``)."""
     out = await svc.db.read(reads.list_trajectories, filters, keyset)
     if out is None:
         raise NotFound(f"no trajectory {local(keyset.after or '')!r} to page after", "trajectory_not_found", "after")
@@ -138,7 +138,7 @@ async def list_trajectories(svc: NamedDependency[Services], filters: NamedDepend
 @get(
     "/v1/trajectories/export",
     opt={"scope": "read", listing.OPT: listing.API},
-    dependencies=listing.DEPENDENCIES,
+    dependencies=listing.LIST_DEPENDENCIES,
     media_type="application/x-ndjson",
     response_description="Newline-delimited JSON: one TrajectoryView (with its calls) per line",
     responses=responses(400, *ACCESS_ERRORS),
@@ -153,4 +153,4 @@ async def export_trajectories(svc: NamedDependency[Services], filters: NamedDepe
     )
 
 
-route_handlers = [post_reward, post_call_reward, close_group, export_trajectories, get_trajectory, get_group, list_trajectories]
+router = Router(path="/", route_handlers=[post_reward, post_call_reward, close_group, export_trajectories, get_trajectory, get_group, list_trajectories])

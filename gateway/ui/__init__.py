@@ -1,6 +1,6 @@
 """The dashboard: server-rendered pages under ``/ui`` (docs/dashboard.md).
 
-    auth.py      signing in (a session, gateway/sessions.py, whose cookie opens /ui), refusals as pages
+    auth.py      signing in (a session, gateway/access/sessions.py, whose cookie opens /ui), refusals as pages
     pages.py     the pages (GET)
     controls.py  the admin actions as forms (POST)
     sessions.py  the admin's list of sign-ins, each with a button that ends it
@@ -20,13 +20,14 @@ from litestar.exceptions import HTTPException
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.static_files import create_static_files_router
 from litestar.template import TemplateConfig
+from litestar.types import ControllerRouterHandler
 
 from burnish_server.core.platform.errors import BurnishError
-from burnish_server.gateway.access import PUBLIC
+from burnish_server.gateway.access.admission import PUBLIC
 from burnish_server.gateway.ui import auth, controls, pages, sessions
 from burnish_server.gateway.ui.status import Statuses
 
-__all__ = ["Statuses", "favicon", "router", "static", "template_config"]
+__all__ = ["HANDLERS", "Statuses", "template_config"]
 
 HERE = Path(__file__).parent
 HTMX = "htmx-2.0.11.min.js"
@@ -43,7 +44,7 @@ def template_config() -> TemplateConfig[JinjaTemplateEngine]:
 router = Router(
     path="/ui",
     route_handlers=[auth.login_form, auth.login, auth.logout, *pages.route_handlers, *controls.route_handlers, *sessions.route_handlers],
-    # Read by default; a sign-in's session cookie lets a request in here, and only here (gateway/access.py).
+    # Read by default; a sign-in's session cookie lets a request in here, and only here (gateway/access/admission.py).
     opt={"scope": "read", "session": True},
     exception_handlers={BurnishError: auth.refused, HTTPException: auth.http_error, Exception: auth.unexpected},
     include_in_schema=False,
@@ -63,3 +64,7 @@ FAVICON = (HERE / "static" / "favicon.svg").read_bytes()
 async def favicon() -> Response[bytes]:
     """Where a browser looks for the icon by itself: the dashboard's own, instead of a 404 in the log."""
     return Response(FAVICON, media_type="image/svg+xml")
+
+
+# What the app registers of the dashboard.
+HANDLERS: list[ControllerRouterHandler] = [router, static, favicon]

@@ -1,10 +1,10 @@
 """Signing in to the dashboard, and what a page answers when access is refused.
 
 The dashboard takes the same credentials as the API, under the same rules
-(``gateway/access.py``): the admin token, or a key with the ``read`` scope (its project's
+(``gateway/access/admission.py``): the admin token, or a key with the ``read`` scope (its project's
 data only); on an open gateway, anyone may read. A browser cannot add an ``Authorization``
 header to a link, so the sign-in form checks the credential once and makes a session
-(``gateway/sessions.py``): the cookie holds the session's random secret, never the
+(``gateway/access/sessions.py``): the cookie holds the session's random secret, never the
 credential, and the access middleware lets it in on ``/ui`` routes only (``opt["session"]``).
 Signing out ends the session in the store, so a copy of the cookie stops working too. The
 cookie is
@@ -35,9 +35,9 @@ from litestar.response import Redirect, Template
 
 from burnish_server.core.platform.access import ANONYMOUS, Principal
 from burnish_server.core.platform.errors import BurnishError, Unauthorized
-from burnish_server.gateway.access import PUBLIC
+from burnish_server.gateway.access.admission import PUBLIC
+from burnish_server.gateway.access.sessions import SECURE_COOKIE, cookie_name
 from burnish_server.gateway.services import Services
-from burnish_server.gateway.sessions import SECURE_COOKIE, cookie_name
 
 log = logging.getLogger("burnish.gateway")
 
@@ -67,7 +67,7 @@ async def login_form(next: FromQuery[str] = "/ui", error: FromQuery[str | None] 
 
 def set_cookie(response: Response[Any], scheme: str, secret: str, max_age: int) -> None:
     """The session cookie for a request over ``scheme``: a ``__Host-`` cookie must be ``Secure``
-    with ``Path=/`` (gateway/sessions.py); the plain one stays under /ui. (Litestar's
+    with ``Path=/`` (gateway/access/sessions.py); the plain one stays under /ui. (Litestar's
     ``delete_cookie`` cannot say ``Secure``, without which a browser ignores any ``Set-Cookie``
     of a ``__Host-`` cookie: sign-out sets an empty one with ``max_age`` 0 here instead.)"""
     name = cookie_name(scheme)

@@ -1,7 +1,7 @@
 """The policy page's controls: the admin API's actions, as HTML forms.
 
 Each is a POST that needs the ``admin`` scope (the admin token, or a key with that scope),
-does what the admin API does (``gateway/actions.py``), and redirects back to the policy page
+does what the admin API does (``gateway/policies/actions.py``), and redirects back to the policy page
 (post/redirect/get: a reload does not repeat it). A read key is refused with 403, as the API
 refuses it. A POST whose ``Origin`` names another site is refused too: with the cookie's
 ``SameSite=Strict`` (``ui/auth.py``), no other site can act in a signed-in admin's name.
@@ -21,7 +21,7 @@ from litestar.response import Redirect, Stream
 
 from burnish_server.core.platform.access import Principal
 from burnish_server.core.platform.errors import Forbidden
-from burnish_server.gateway import actions, downloads
+from burnish_server.gateway.policies import actions, downloads
 from burnish_server.gateway.routes.common import PolicyName
 from burnish_server.gateway.services import Services
 from burnish_server.gateway.ui.pages import statuses, visible_policy
@@ -80,7 +80,7 @@ async def rollback(
 
 @get("/policies/{name:str}/versions/{step:int}/adapter", opt=ADMIN, media_type="application/zip")
 async def adapter(name: PolicyName, step: Annotated[int, Parameter(ge=1, le=2**31 - 1)], svc: NamedDependency[Services]) -> Stream:
-    """The version row's download: the admin API's (gateway/downloads.py)."""
+    """The version row's download: the admin API's (gateway/policies/downloads.py)."""
     return await downloads.adapter_zip(svc, name, step)
 
 

@@ -30,9 +30,9 @@ from burnish_server.core.learning.steps import StepMetrics
 from burnish_server.core.platform.access import Principal, local, qualify
 from burnish_server.core.platform.errors import NotFound
 from burnish_server.core.platform.ids import adapter_name
-from burnish_server.gateway import listing as listings
+from burnish_server.gateway.edge import listing as listings
+from burnish_server.gateway.policies.routing import Registry
 from burnish_server.gateway.routes.common import CallIndex, GroupId, PolicyName, TrajectoryId
-from burnish_server.gateway.routing import Registry
 from burnish_server.gateway.services import Services
 from burnish_server.gateway.ui import charts
 from burnish_server.gateway.ui.auth import who
@@ -149,7 +149,7 @@ FORM = ("project", "policy", "version", "state", "eval", "reward_min", "reward_m
 
 @dataclass(frozen=True)
 class Query:
-    """A list's query as its page shows it: the form's fields as sent, the filters as parsed (``gateway/listing.py``)."""
+    """A list's query as its page shows it: the form's fields as sent, the filters as parsed (``gateway/edge/listing.py``)."""
 
     form: dict[str, str]
     filters: Filters
@@ -179,14 +179,14 @@ async def _list(request: Request, svc: Services, caller: Principal, page: listin
     return Template(template, context=context(request, caller, q=query, page=page, policies=policies, local=local, projects=known))
 
 
-@get("/groups", name="ui-groups", opt={listings.OPT: listings.DASHBOARD}, dependencies=listings.DEPENDENCIES)
+@get("/groups", name="ui-groups", opt={listings.OPT: listings.DASHBOARD}, dependencies=listings.LIST_DEPENDENCIES)
 async def groups_page(
     request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal], filters: NamedDependency[Filters], keyset: NamedDependency[Keyset]
 ) -> Template:
     return await _list(request, svc, caller, await svc.db.read(listing.group_list, filters, keyset), filters, "groups.html")
 
 
-@get("/trajectories", name="ui-trajectories", opt={listings.OPT: listings.DASHBOARD}, dependencies=listings.DEPENDENCIES)
+@get("/trajectories", name="ui-trajectories", opt={listings.OPT: listings.DASHBOARD}, dependencies=listings.LIST_DEPENDENCIES)
 async def trajectories_page(
     request: Request, svc: NamedDependency[Services], caller: NamedDependency[Principal], filters: NamedDependency[Filters], keyset: NamedDependency[Keyset]
 ) -> Template:

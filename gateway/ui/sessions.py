@@ -1,4 +1,4 @@
-"""The admin's list of dashboard sign-ins (``gateway/sessions.py``), each with a button that ends it.
+"""The admin's list of dashboard sign-ins (``gateway/access/sessions.py``), each with a button that ends it.
 
 Both need the ``admin`` scope, as ``/admin/sessions`` does; the button is a control like the
 policy page's (``ui/controls.py``): a POST, refused when posted from another site, that
@@ -17,9 +17,9 @@ from litestar.response import Redirect, Template
 
 from burnish_server.core.platform.access import Principal
 from burnish_server.core.platform.sessions import SESSION_ID_REGEX
+from burnish_server.gateway.access.sessions import cookie_name
 from burnish_server.gateway.routes.common import SessionId
 from burnish_server.gateway.services import Services
-from burnish_server.gateway.sessions import cookie_name
 from burnish_server.gateway.ui.controls import ADMIN, same_site
 from burnish_server.gateway.ui.pages import context
 

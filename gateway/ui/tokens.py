@@ -17,7 +17,7 @@ import logging
 
 import msgspec
 
-from burnish_server.gateway.upstream import Upstream
+from burnish_server.gateway.upstream.client import Upstream
 
 log = logging.getLogger("burnish.gateway")
 

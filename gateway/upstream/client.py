@@ -1,6 +1,6 @@
 """The upstream: pooled connections to the replicas, and the retry rule.
 
-The proxy's requests go through ``gateway/http1.py``, a lean HTTP/1.1 client (httptools'
+The proxy's requests go through ``gateway/upstream/connections/http1.py``, a lean HTTP/1.1 client (httptools'
 parser over an asyncio protocol): measured on this path, aiohttp cost ~360k instructions a
 request, httpx over aiohttp's transport twice that, and httpcore's pure-Python HTTP/1.1
 more again (docs/performance.md). Where the environment routes the upstream through a proxy
@@ -33,25 +33,22 @@ import logging
 import random
 import ssl
 import urllib.request
-from collections.abc import AsyncIterator, Iterable
-from typing import Protocol
+from collections.abc import Iterable
 from urllib.parse import urlsplit
-
-import httpx
 
 from burnish_server.core.platform.errors import (
     UpstreamConnectError,
     UpstreamError,
-    UpstreamPoolTimeout,
     UpstreamProtocolError,
-    UpstreamReadError,
     UpstreamTimeout,
     VersionLoading,
 )
 from burnish_server.core.platform.replicas import ReplicaSet
 from burnish_server.core.platform.settings import Settings
-from burnish_server.gateway.http1 import Pool, check_header
-from burnish_server.gateway.keys import KEY_HEADERS
+from burnish_server.gateway.proxy.filing import FILING_HEADERS
+from burnish_server.gateway.upstream.connections.base import Connections, UpstreamResponse
+from burnish_server.gateway.upstream.connections.http1 import Pool, check_header
+from burnish_server.gateway.upstream.connections.httpx_pool import HttpxPool
 
 log = logging.getLogger("burnish.gateway")
 
@@ -61,38 +58,12 @@ RETRIED = (UpstreamConnectError, UpstreamProtocolError)
 
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade"})
 # Not forwarded upstream: the gateway's own headers, and what the client sets itself.
-_DROP_REQUEST = _HOP_BY_HOP | {b"host", b"content-length", b"accept-encoding", b"expect"} | {h.encode() for h in KEY_HEADERS}
+_DROP_REQUEST = _HOP_BY_HOP | {b"host", b"content-length", b"accept-encoding", b"expect"} | {h.encode() for h in FILING_HEADERS}
 _CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
 # Not relayed to the client: the ASGI server sets framing and its own date and server.
 _DROP_RESPONSE = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "date", "server", "te", "trailer", "upgrade"}
 )
-
-
-class UpstreamResponse(Protocol):
-    """An answer as either client gives it: status, headers (names in lower case), the body
-    read whole or as it arrives; ``aclose`` lets the connection go."""
-
-    status_code: int
-    headers: dict[str, str]
-
-    async def aread(self) -> bytes: ...
-
-    def aiter_bytes(self) -> AsyncIterator[bytes]: ...
-
-    async def aclose(self) -> None: ...
-
-
-class Connections(Protocol):
-    """A pool of connections to the replicas: http1's ``Pool``, or ``HttpxPool``."""
-
-    async def request(
-        self, method: bytes, base: str, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes | None, first: float | None, between: float | None
-    ) -> UpstreamResponse: ...
-
-    def stats(self) -> dict[str, int]: ...
-
-    async def aclose(self) -> None: ...
 
 
 def tls_context(settings: Settings) -> ssl.SSLContext | None:
@@ -118,7 +89,7 @@ def proxied(urls: Iterable[str]) -> bool:
 
 class Upstream:
     """The replicas (one, or several: ``core/platform/replicas.py`` orders them for each call) and one
-    connection pool to all of them. ``gateway/replicas.py`` keeps their health and models."""
+    connection pool to all of them. ``gateway/upstream/replicas.py`` keeps their health and models."""
 
     def __init__(self, settings: Settings, replicas: ReplicaSet) -> None:
         self.replicas = replicas
@@ -168,13 +139,13 @@ class Upstream:
         *,
         content: bytes | None,
         headers: list[tuple[bytes, bytes]],
-        key: str | None = None,
+        sticky: str | None = None,
         model: str | None = None,
         kept: bool = False,
     ) -> tuple[UpstreamResponse, int]:
         """Send with retries; returns the (streaming) response and the attempts it took.
 
-        ``key`` (the trajectory id) and ``model`` choose the replica; each retry goes to the
+        ``sticky`` (the trajectory id) and ``model`` choose the replica; each retry goes to the
         next choice, after a backoff, and a replica that cannot be reached is marked down
         until its next health check. After the last attempt a retryable status is returned as
         it is (the caller relays it); a failure raises its ``UpstreamError``, saying why.
@@ -184,7 +155,7 @@ class Upstream:
         The loop is written out rather than run by tenacity (used for RULER's judge): on the
         hot path tenacity's per-call machinery cost 0.026 ms, 3% of a whole proxied call.
         """
-        order = self.replicas.order(key, model)
+        order = self.replicas.order(sticky, model)
         if not order:
             raise UpstreamConnectError("no upstream replica is known (upstream_discover resolved to none yet)")
         attempt = 0
@@ -196,7 +167,7 @@ class Upstream:
             try:
                 response = await self.request(method, replica.url, path, content, headers)
             except RETRIED as exc:
-                replica.healthy = False  # until gateway/replicas.py sees it answer again
+                replica.healthy = False  # until gateway/upstream/replicas.py sees it answer again
                 if attempt >= self.attempts:
                     raise failed(exc, "could not reach the upstream", attempt) from exc
             except UpstreamError as exc:  # a time-out, or a failure mid-answer: not retried (the upstream may have it)
@@ -237,75 +208,3 @@ def response_headers(response: UpstreamResponse) -> dict[str, str]:
 
 def is_stream(response: UpstreamResponse) -> bool:
     return response.status_code < 400 and response.headers.get("content-type", "").startswith("text/event-stream")
-
-
-# ---- through a proxy: httpx ----------------------------------------------------------------
-
-
-def _as_upstream_error(exc: httpx.HTTPError, received: bool) -> UpstreamError:
-    why = str(exc) or type(exc).__name__
-    if isinstance(exc, httpx.PoolTimeout):
-        return UpstreamPoolTimeout(f"every connection to the upstream stayed busy: {why}")
-    if isinstance(exc, httpx.ConnectTimeout | httpx.ConnectError | httpx.ProxyError):
-        return UpstreamConnectError(why)
-    if isinstance(exc, httpx.TimeoutException):
-        return UpstreamTimeout(why)
-    if isinstance(exc, httpx.RemoteProtocolError) and not received:
-        return UpstreamProtocolError(why)
-    return UpstreamReadError(why)
-
-
-class _HttpxResponse:
-    __slots__ = ("_response", "status_code", "headers")
-
-    def __init__(self, response: httpx.Response) -> None:
-        self._response = response
-        self.status_code = response.status_code
-        self.headers: dict[str, str] = {}
-        for k, v in response.headers.raw:  # as they came, as http1 gives them: latin-1, joined
-            key, value = k.decode("latin-1").lower(), v.decode("latin-1")
-            self.headers[key] = f"{self.headers[key]}, {value}" if key in self.headers else value
-
-    async def aread(self) -> bytes:
-        return b"".join([chunk async for chunk in self.aiter_bytes()])
-
-    async def aiter_bytes(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._response.aiter_raw():
-                yield chunk
-        except httpx.HTTPError as exc:
-            raise _as_upstream_error(exc, received=True) from exc
-
-    async def aclose(self) -> None:
-        await self._response.aclose()
-
-
-class HttpxPool:
-    """http1's ``Pool`` interface over httpx, which honours the environment's proxies."""
-
-    def __init__(self, settings: Settings, limit: int, tls: ssl.SSLContext | None) -> None:
-        self.client = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit, keepalive_expiry=settings.upstream_idle_expiry),
-            verify=tls if tls is not None else True,
-            trust_env=True,
-        )
-        self.connect_timeout = settings.upstream_connect_timeout or None
-
-    async def request(
-        self, method: bytes, base: str, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes | None, first: float | None, between: float | None
-    ) -> UpstreamResponse:
-        url = base.rstrip("/") + path.decode("latin-1")
-        # httpx has one read time-out: the answer's (upstream_timeout) bounds every read here.
-        timeout = httpx.Timeout(connect=self.connect_timeout, read=first, write=first, pool=first)
-        request = self.client.build_request(method.decode(), url, headers=headers, content=body, timeout=timeout)
-        try:
-            response = await self.client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise _as_upstream_error(exc, received=False) from exc
-        return _HttpxResponse(response)
-
-    def stats(self) -> dict[str, int]:
-        return {"in_use": 0, "idle": 0, "origins": 0}  # httpx does not say
-
-    async def aclose(self) -> None:
-        await self.client.aclose()

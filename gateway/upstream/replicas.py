@@ -22,7 +22,7 @@ import msgspec
 from burnish_server.core.platform.errors import BurnishError
 from burnish_server.core.platform.replicas import Replica, ReplicaSet
 from burnish_server.core.platform.settings import Settings
-from burnish_server.gateway.upstream import Upstream
+from burnish_server.gateway.upstream.client import Upstream
 from burnish_server.serving.discovery import upstreams
 
 log = logging.getLogger("burnish.gateway")

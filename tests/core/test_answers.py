@@ -23,8 +23,8 @@ from burnish_server.core.protocols import answers, wire
 from burnish_server.core.protocols.records import OK, UPSTREAM_ERROR
 from burnish_server.core.protocols.surfaces import CHAT, COMPLETIONS, MESSAGES, RESPONSES, SURFACES, Surface
 from burnish_server.core.protocols.translate import messages, responses
-from burnish_server.gateway.call import read_answer
-from burnish_server.gateway.capture import StreamCapture, extract_tokens
+from burnish_server.gateway.proxy.call import read_answer
+from burnish_server.gateway.proxy.capture import StreamCapture, extract_tokens
 
 _encode = msgspec.json.encode
 
@@ -187,14 +187,14 @@ def test_a_bug_of_the_gateways_own_is_not_taken_for_the_upstreams() -> None:
         capture.feed(stream_of([{"choices": []}], CHAT))
 
 
-def responses_translator() -> responses.Translator:
+def responses_translator() -> responses.ResponsesTranslator:
     request = msgspec.convert({"model": "agent", "input": "hi"}, wire.ResponsesCreate)
-    return responses.Translator(request, response_id="resp_1", created_at=1, model="agent")
+    return responses.ResponsesTranslator(request, response_id="resp_1", created_at=1, model="agent")
 
 
-def messages_translator() -> messages.Translator:
+def messages_translator() -> messages.MessagesTranslator:
     request = msgspec.convert({"model": "agent", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}, wire.MessagesCreate)
-    return messages.Translator(request, message_id="msg_1", model="agent")
+    return messages.MessagesTranslator(request, message_id="msg_1", model="agent")
 
 
 def test_answers_declare_only_what_is_read() -> None:

@@ -63,9 +63,9 @@ def run(translator: Any) -> list[tuple[str, dict[str, Any]]]:
 # ---- the Responses API ----------------------------------------------------------------------
 
 
-def responses_translator() -> responses.Translator:
+def responses_translator() -> responses.ResponsesTranslator:
     request = wire.ResponsesCreate(model="agent", input="hi", tools=[{"type": "function", "name": "f", "parameters": {}}])
-    return responses.Translator(request, response_id="resp_x", created_at=7, model="agent")
+    return responses.ResponsesTranslator(request, response_id="resp_x", created_at=7, model="agent")
 
 
 def test_responses_events_field_by_field() -> None:
@@ -181,9 +181,9 @@ def test_responses_request_to_chat() -> None:
 # ---- Anthropic Messages ---------------------------------------------------------------------
 
 
-def messages_translator() -> messages.Translator:
+def messages_translator() -> messages.MessagesTranslator:
     request = wire.MessagesCreate(model="agent", max_tokens=20, messages=[wire.AnthropicMessage("user", "hi")])
-    return messages.Translator(request, message_id="msg_x", model="agent")
+    return messages.MessagesTranslator(request, message_id="msg_x", model="agent")
 
 
 def test_messages_events_field_by_field() -> None:
@@ -234,7 +234,7 @@ def test_messages_stop_reasons() -> None:
     request = wire.MessagesCreate(model="agent", max_tokens=5, stop_sequences=["END"], messages=[wire.AnthropicMessage("user", "hi")])
 
     def reason(choice: dict[str, Any]) -> tuple[str | None, str | None]:
-        answer = messages.Translator(request, message_id="m", model="agent").answer({"choices": [{"index": 0, "message": {"content": "x"}, **choice}]})
+        answer = messages.MessagesTranslator(request, message_id="m", model="agent").answer({"choices": [{"index": 0, "message": {"content": "x"}, **choice}]})
         return answer.stop_reason, answer.stop_sequence
 
     assert reason({"finish_reason": "stop"}) == ("end_turn", None)

@@ -66,7 +66,7 @@ def test_two_gateways_two_trainers_one_postgres(database_url: str, vllm: VLLMSer
             }
             assert httpx.post(urls[0] + "/admin/policies", json=body, headers=admin).status_code == 201
         # The other gateway learns of a new policy from the store within its refresh interval
-        # (gateway/routing.py); until then it would pass "alpha" through to vLLM untouched.
+        # (gateway/policies/routing.py); until then it would pass "alpha" through to vLLM untouched.
         for url in urls:
             wait_for(lambda url=url: {m["id"] for m in httpx.get(url + "/v1/models").json()["data"]} >= set(POLICIES), 10, f"{url} never listed the policies")
         for n in range(2):

@@ -26,7 +26,7 @@ import pytest
 
 from burnish_server.core.platform.access import hash_secret
 from burnish_server.core.platform.settings import Settings
-from burnish_server.gateway.access import required_scope
+from burnish_server.gateway.access.admission import required_scope
 from burnish_server.gateway.app import create_app
 from tests.conftest import Gateway
 from tests.servers import free_port
@@ -161,7 +161,7 @@ def test_every_route_is_in_the_matrix(gateway: Gateway) -> None:
     ui = {}
     for route in app.litestar.routes:
         for handler in getattr(route, "route_handlers", []):
-            if handler.http_methods == {"OPTIONS"}:  # Litestar's own, public (gateway/access.py)
+            if handler.http_methods == {"OPTIONS"}:  # Litestar's own, public (gateway/access/admission.py)
                 continue
             scope = required_scope(handler)
             path = route.path
@@ -413,7 +413,7 @@ def test_an_unknown_secret_is_not_looked_up_again_within_its_time(tmp_path: Path
     UNKNOWN_KEY_TTL_S: with the keys' table gone, the store would fail any lookup."""
     from burnish_server.core.platform.access import ApiKey, Limits
     from burnish_server.core.platform.errors import Unauthorized
-    from burnish_server.gateway.access import UNKNOWN_KEY_TTL_S, Access, KeyRing
+    from burnish_server.gateway.access.admission import UNKNOWN_KEY_TTL_S, Access, KeyRing
     from burnish_server.store.database import Database
 
     async def run() -> None:

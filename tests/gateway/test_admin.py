@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from burnish_server.core.learning.policies import LoraSettings, TrainSettings
-from burnish_server.gateway.routing import REFRESH_EVERY_S
+from burnish_server.gateway.policies.routing import REFRESH_EVERY_S
 from tests.conftest import ADMIN_TOKEN, Gateway
 from tests.upstream import Upstream
 

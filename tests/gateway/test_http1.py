@@ -1,4 +1,4 @@
-"""The proxy's HTTP/1.1 client (gateway/http1.py) against scripted servers on loopback sockets.
+"""The proxy's HTTP/1.1 client (gateway/upstream/connections/http1.py) against scripted servers on loopback sockets.
 
 Failures seen through the gateway (answers that are not HTTP, time-outs, cuts) are in
 test_hostile.py and test_faults.py; here, what the client itself promises: connections kept
@@ -17,7 +17,7 @@ import pytest
 
 from burnish_server.core.platform.errors import Invalid, UpstreamConnectError, UpstreamPoolTimeout, UpstreamProtocolError, UpstreamReadError
 from burnish_server.core.platform.settings import Settings
-from burnish_server.gateway.http1 import HIGH_WATER, MAX_HEAD_BYTES, Pool
+from burnish_server.gateway.upstream.connections.http1 import HIGH_WATER, MAX_HEAD_BYTES, Pool
 
 IDLE = Settings().upstream_idle_expiry
 

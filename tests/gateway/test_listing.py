@@ -1,4 +1,4 @@
-"""The list parameters (gateway/listing.py): the OpenAPI schema states what each one accepts,
+"""The list parameters (gateway/edge/listing.py): the OpenAPI schema states what each one accepts,
 and the parser accepts exactly that, but for what no schema can say (``version`` without
 ``policy``, a date that fits the pattern but not the calendar)."""
 
@@ -21,8 +21,8 @@ from burnish_server.core.api.listing import MAX_LIMIT, Filters, Keyset
 from burnish_server.core.platform.access import Principal
 from burnish_server.core.platform.errors import Invalid
 from burnish_server.core.platform.settings import Settings
-from burnish_server.gateway import listing
 from burnish_server.gateway.app import create_app
+from burnish_server.gateway.edge import listing
 from tests.conftest import Gateway
 from tests.gateway.test_trajectories import assert_openai_error, call
 

@@ -194,7 +194,7 @@ def test_options_lists_every_method_of_a_path(gateway: Gateway) -> None:
 
 def test_every_prefix_of_a_surface_documents_one_shape(gateway: Gateway) -> None:
     """/v1/..., /t/{t}/v1/..., /g/{g}/t/{t}/v1/... and each under /eval: the same body, answers
-    and error statuses; the key headers only where the path does not carry the keys."""
+    and error statuses; the filing headers only where the path does not carry the ids."""
     from burnish_server.core.protocols.surfaces import SURFACES
     from burnish_server.gateway.routes.proxy import PREFIXES
 

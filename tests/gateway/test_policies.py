@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from burnish_server.core.learning.policies import Policy
-from burnish_server.gateway.routing import Registry
+from burnish_server.gateway.policies.routing import Registry
 from tests.conftest import Gateway, set_served_step
 from tests.upstream import Upstream, choice_text, token_ids
 

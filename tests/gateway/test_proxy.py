@@ -12,8 +12,8 @@ import pytest
 
 from burnish_server.core.protocols.packed import pack_ids
 from burnish_server.core.protocols.surfaces import CHAT
-from burnish_server.gateway.capture import StreamCapture
-from burnish_server.gateway.edge import proxy_route
+from burnish_server.gateway.edge.entry import proxy_route
+from burnish_server.gateway.proxy.capture import StreamCapture
 from tests.conftest import Gateway
 from tests.gateway.test_trajectories import assert_openai_error
 from tests.upstream import Upstream, choice_text, logprobs_for, prompt_ids, token_ids
@@ -246,7 +246,7 @@ def test_trajectory_keys_prefix_header_and_generated(gateway: Gateway) -> None:
     ],
 )
 def test_the_entry_point_knows_the_proxy_routes(path: str, route: tuple | None) -> None:
-    """What gateway/edge.py serves itself; every other path goes to Litestar's routing."""
+    """What gateway/edge/entry.py serves itself; every other path goes to Litestar's routing."""
     found = proxy_route(path)
     assert (found and (found[0].name, found[1])) == route
 
@@ -267,7 +267,7 @@ def test_a_path_litestar_routes_is_served_by_the_same_proxy(gateway: Gateway) ->
 
 
 def test_a_long_stream_is_recorded_whole() -> None:
-    """Each event's text, logprobs and token ids are added in place (gateway/capture.py), so a
+    """Each event's text, logprobs and token ids are added in place (gateway/proxy/capture.py), so a
     long answer costs the same per event as a short one; what is recorded is all of it, and
     the events relayed to the client are the upstream's own."""
     n = 3000

@@ -26,7 +26,7 @@ from sqlalchemy import select
 
 from burnish_server.core.platform.replicas import ReplicaSet, parse_upstreams
 from burnish_server.core.platform.settings import Settings
-from burnish_server.gateway.routing import REFRESH_EVERY_S
+from burnish_server.gateway.policies.routing import REFRESH_EVERY_S
 from burnish_server.serving.discovery import discover
 from burnish_server.serving.process import VLLMServer
 from burnish_server.store.database import Database

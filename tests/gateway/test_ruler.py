@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from burnish_server.core.protocols.transcript import Message, conversation
-from burnish_server.gateway.ruler import DEFAULT_RUBRIC, build_prompt
+from burnish_server.gateway.groups.ruler import DEFAULT_RUBRIC, build_prompt
 from tests.conftest import Gateway, wait_for
 from tests.judge import Judge, raw, scores
 from tests.records import chat_call
@@ -221,7 +221,7 @@ def test_conversations_merge_turns_and_render_tool_calls() -> None:
 
 
 def test_long_trajectories_are_cut_from_the_middle() -> None:
-    from burnish_server.gateway.ruler import TRAJECTORY_CHAR_BUDGET
+    from burnish_server.gateway.groups.ruler import TRAJECTORY_CHAR_BUDGET
 
     long = "start " + "x" * (3 * TRAJECTORY_CHAR_BUDGET) + " the end"
     prompt = build_prompt({"a": [Message("user", "task"), Message("assistant", long)], "b": [Message("user", "task"), Message("assistant", "short")]})

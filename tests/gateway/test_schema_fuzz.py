@@ -23,7 +23,7 @@ What the configuration says, and why:
   ``min_trajectories``, core/learning/policies.py: settings_conflicts): a relation between fields that
   the schema cannot say, so 400 is an accepted answer to valid data there too.
 - The trajectory list and its export state each parameter's pattern or enum in the schema,
-  and their one parser (gateway/listing.py, shared with the dashboard) accepts exactly that,
+  and their one parser (gateway/edge/listing.py, shared with the dashboard) accepts exactly that,
   but for what no schema can say: ``version`` without ``policy`` (a relation between two
   parameters), and a time that fits the pattern but not the calendar (February 30, the year
   0, the year 1 or 9999 in a zone that takes it out of range in UTC). So 400 stays among the

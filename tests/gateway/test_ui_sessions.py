@@ -1,4 +1,4 @@
-"""The dashboard's sessions (core/platform/sessions.py, gateway/sessions.py): a sign-in keeps a random
+"""The dashboard's sessions (core/platform/sessions.py, gateway/access/sessions.py): a sign-in keeps a random
 secret in the cookie and its hash in the store, never the credential; sign-out, an admin, a
 revoked key and a changed admin token end it on every gateway sharing the store; idle and
 absolute expiry; the cookie is no credential outside /ui. Over real sockets, on a real SQLite

@@ -1,4 +1,4 @@
-"""The upstream client as a deployment configures it (gateway/upstream.py): TLS with the
+"""The upstream client as a deployment configures it (gateway/upstream/client.py): TLS with the
 operator's CA bundle and client certificate, and an upstream reached through the
 environment's HTTP proxy (spoken to with httpx, which http1 does not replace there).
 Scripted servers on loopback sockets: a TLS server that demands a client certificate, and a
@@ -16,8 +16,8 @@ import pytest
 from burnish_server.core.platform.errors import Invalid, UpstreamConnectError, UpstreamProtocolError
 from burnish_server.core.platform.replicas import ReplicaSet
 from burnish_server.core.platform.settings import Settings
-from burnish_server.gateway.http1 import Pool
-from burnish_server.gateway.upstream import HttpxPool, Upstream, proxied
+from burnish_server.gateway.upstream.client import HttpxPool, Upstream, proxied
+from burnish_server.gateway.upstream.connections.http1 import Pool
 from tests.gateway.test_http1 import OK, Server
 
 

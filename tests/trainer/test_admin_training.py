@@ -15,7 +15,7 @@ import torch
 from langfuse import Langfuse
 
 from burnish_server.core.platform.settings import Settings
-from burnish_server.gateway.routing import REFRESH_EVERY_S
+from burnish_server.gateway.policies.routing import REFRESH_EVERY_S
 from burnish_server.serving.process import VLLMServer
 from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
 from tests.conftest import langfuse_settings

@@ -30,7 +30,7 @@ from burnish import Client
 from burnish_server.core.learning.policies import Policy, PromotionSettings, in_canary
 from burnish_server.core.learning.promotion import Sample, compare, regressed, t_quantile
 from burnish_server.core.platform.settings import Settings
-from burnish_server.gateway.routing import REFRESH_EVERY_S
+from burnish_server.gateway.policies.routing import REFRESH_EVERY_S
 from burnish_server.serving.process import VLLMServer
 from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
 from tests.conftest import ADMIN_TOKEN, Gateway, langfuse_settings

@@ -129,7 +129,7 @@ class Surface:
     # vLLM returns token ids and logprobs on it (``choices``): a policy call is served as it
     # is; otherwise it is served through chat completions by ``translator``.
     has_choices: bool
-    translator: ModuleType | None  # core/protocols/translate/<protocol>.py: chat_request() and Translator
+    translator: ModuleType | None  # core/protocols/translate/<protocol>.py: chat_request() and its Translator
     # For the OpenAPI schema: the request's title and what it is.
     schema_title: str
     schema_description: str

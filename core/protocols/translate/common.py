@@ -26,7 +26,7 @@ def sse(kind: str, data: Any) -> bytes:
 
 
 @dataclass
-class ToolCallDelta:
+class ToolCallPiece:
     """A piece of a streamed tool call: the first piece of each call carries its id and name."""
 
     index: int
@@ -41,7 +41,7 @@ class Delta:
 
     reasoning: str = ""
     content: str = ""
-    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    tool_calls: list[ToolCallPiece] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
 
@@ -57,7 +57,7 @@ def delta_of(chunk: answers.ChatChunk) -> Delta:
             out.content += delta.content or ""
             for call in delta.tool_calls or ():
                 name, arguments = (call.function.name, call.function.arguments) if call.function else (None, None)
-                out.tool_calls.append(ToolCallDelta(call.index or 0, call.id, name, arguments or ""))
+                out.tool_calls.append(ToolCallPiece(call.index or 0, call.id, name, arguments or ""))
         out.finish_reason = choice.finish_reason or out.finish_reason
         out.stop_reason = choice.stop_reason if choice.stop_reason is not None else out.stop_reason
     return out

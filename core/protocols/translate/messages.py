@@ -47,7 +47,8 @@ from burnish_server.core.protocols.translate.common import (
     HostedTools,
     Offered,
     StreamedFields,
-    ToolCallDelta,
+    ToolCallPiece,
+    Translator,
     check_tool,
     delta_of,
     hosted,
@@ -55,7 +56,6 @@ from burnish_server.core.protocols.translate.common import (
     unsupported,
     usage_of,
 )
-from burnish_server.core.protocols.translate.common import Translator as Base
 
 # ---- the answer's shapes ------------------------------------------------------------------
 
@@ -270,7 +270,7 @@ def chat_request(request: wire.MessagesCreate, offered: Offered | None = None) -
 # ---- chat -> answer and events ------------------------------------------------------------
 
 
-class Translator(Base[Message]):
+class MessagesTranslator(Translator[Message]):
     """Chat completion chunks in, Messages events out."""
 
     def __init__(self, request: wire.MessagesCreate, *, message_id: str, model: str) -> None:
@@ -352,7 +352,7 @@ class Translator(Base[Message]):
         delta = {"type": "content_block_delta", "index": len(self.blocks) - 1, "delta": {"type": delta_type, field: piece}}
         return [*out, sse("content_block_delta", delta)]
 
-    def _call(self, piece: ToolCallDelta) -> list[bytes]:
+    def _call(self, piece: ToolCallPiece) -> list[bytes]:
         out: list[bytes] = []
         if piece.index not in self.calls:
             out += self._start(ToolUseBlock(piece.id or f"toolu_{self.id}_{len(self.blocks)}", piece.name or "", {}))

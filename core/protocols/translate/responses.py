@@ -45,8 +45,9 @@ from burnish_server.core.protocols.translate.common import (
     HostedTools,
     Offered,
     StreamedFields,
-    ToolCallDelta,
+    ToolCallPiece,
     ToolName,
+    Translator,
     check_tool,
     delta_of,
     hosted,
@@ -54,7 +55,6 @@ from burnish_server.core.protocols.translate.common import (
     unsupported,
     usage_of,
 )
-from burnish_server.core.protocols.translate.common import Translator as Base
 
 # ---- the answer's shapes ------------------------------------------------------------------
 
@@ -310,7 +310,7 @@ def chat_request(request: wire.ResponsesCreate, history: list[wire.ResponsesItem
 # ---- chat -> answer and events ------------------------------------------------------------
 
 
-class Translator(Base[Response]):
+class ResponsesTranslator(Translator[Response]):
     """Chat completion chunks in, Responses events out.
 
     Item ids derive from the response id and the item's place in ``output``, so the streamed
@@ -413,7 +413,7 @@ class Translator(Base[Response]):
             self._event("response.output_item.done", output_index=index, item=item),
         ]
 
-    def _call(self, piece: ToolCallDelta) -> list[bytes]:
+    def _call(self, piece: ToolCallPiece) -> list[bytes]:
         out = []
         item = self.calls.get(piece.index)
         if item is None:

@@ -15,14 +15,14 @@ parsing:
 - keep-alive connections reused per origin, the most recently used first, at most
   ``limit`` busy at once and ``per_origin`` to one replica; idle ones closed past their age;
   ``https`` upstreams over the system's TLS context, or one with a CA bundle and a client
-  certificate (``gateway/upstream.py: tls_context``).
+  certificate (``gateway/upstream/client.py: tls_context``).
 
 Left out, as the proxy wants none of them: redirects, cookies, content decoding (the gateway
 asks for ``identity``), ``Expect: 100-continue``, HTTP/2. Proxies from the environment
 (``HTTPS_PROXY``...) are not spoken here: an upstream that must be reached through one is
-spoken to with httpx instead (``gateway/upstream.py``).
+spoken to with httpx instead (``gateway/upstream/client.py``).
 
-Every failure is one of burnish's upstream errors (``core/platform/errors.py``; ``gateway/upstream.py``
+Every failure is one of burnish's upstream errors (``core/platform/errors.py``; ``gateway/upstream/client.py``
 decides which are retried):
 
 - ``UpstreamConnectError``: no connection (refused, unreachable, a name that does not resolve,

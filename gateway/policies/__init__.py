@@ -1,0 +1,3 @@
+"""Policy control: which version a model name routes to (``routing.py``), what an admin does to a
+policy (``actions.py``), a version's adapter as a download (``downloads.py``), and a served
+teacher's tokenizer checked (``teachers.py``)."""
