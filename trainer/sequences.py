@@ -192,7 +192,7 @@ def sampled_call(call: CallRecord, held_ratio: str = "trainer") -> SampledCall |
     return SampledCall(tokens.prompt, tokens.completions, tokens.logprobs, free=free)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Batch:
     """A step's training data: (sequence, advantage) pairs, and what went into them."""
 
@@ -285,4 +285,14 @@ def training_batch(
                 items.append((seq, advantage))
     posted = sum(row.call_reward is not None for row in rows)
     kept = [r for m in trajectories.values() for t in m if (r := rewards[t]) is not None]
-    return Batch(items, kept, untokenized, splits, stale, staleness, posted, dict(reasons), unrendered)
+    return Batch(
+        items=items,
+        rewards=kept,
+        untokenized=untokenized,
+        splits=splits,
+        stale=stale,
+        staleness=staleness,
+        call_rewards=posted,
+        split_reasons=dict(reasons),
+        unrendered=unrendered,
+    )
