@@ -5,6 +5,9 @@ This process only supervises (cli/supervisor.py): it never imports vLLM or torch
 that dies is started again, and the console says so with the last lines of its log; one
 that keeps dying stops everything. Ctrl-C (or SIGTERM) stops the trainer and the gateway
 first, so no call or step is cut off, then vLLM.
+
+Everything decided before a process starts is ``plan_up`` in cli/up_plan.py, a pure function;
+this module reads the facts it needs, then starts, supervises and shuts down what it planned.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,12 +32,13 @@ import click
 import httpx
 
 from burnish_server.cli.supervisor import Child, CrashLoop, Supervisor, kill_group
+from burnish_server.cli.up_plan import Machine, Served, UpOptions, UpPlan, plan_up, training_note, wanted_policy
 from burnish_server.core.learning.defaults import Defaults, ModelShape, defaults
-from burnish_server.core.learning.policies import LoraSettings, Policy, TrainSettings, vllm_max_lora_rank
+from burnish_server.core.learning.policies import LoraSettings, Policy, TrainSettings
 from burnish_server.core.platform.errors import Conflict
 from burnish_server.core.platform.settings import Settings
 from burnish_server.serving.models import embedded_gguf
-from burnish_server.serving.process import VLLMFailed, VLLMServer, cpu_build, free_ports, last_lines, lora_modules, port_free, share_cores
+from burnish_server.serving.process import VLLMFailed, VLLMServer, cpu_build, free_ports, last_lines, port_free
 from burnish_server.serving.tool_calling import ToolCalling, choose
 from burnish_server.store.database import Database
 from burnish_server.store.policies import ensure_policy, update_policy
@@ -51,9 +55,6 @@ DEMO_WINDOW = 8192
 TINY_WINDOW = 2048
 # vLLM's port, or the first free one after it.
 DEFAULT_VLLM_PORT = 8000
-# The most of a step that sampling waits for on the CPU build (trainer/turns.py): half the
-# gateway's upstream_read_timeout, so a stream paused mid-answer is never cut.
-PAUSE_SAMPLING_S = 30.0
 
 
 def _burnish(*args: str) -> list[str]:
@@ -84,16 +85,6 @@ CPU_MICRO_BATCH_TOKENS = 2048
 GATEWAY_START_S = 180
 # vLLM loads a model and compiles in 30-90 s here; a large model from a slow disk takes longer.
 VLLM_START_S = 600
-
-
-@dataclass(frozen=True)
-class Served:
-    """What `burnish up` serves: vLLM's process, how it serves tool calls, and the policy's LoRA
-    and training defaults."""
-
-    vllm: VLLMServer
-    tools: ToolCalling
-    defaults: Defaults
 
 
 def _converted(settings: Settings, gguf: Path, name: str) -> Path:
@@ -199,19 +190,6 @@ def prepare_model(settings: Settings, model: str | None, vllm_port: int, vllm_ar
     return Served(server(model, None, tools, []), tools, model_defaults(files, vllm_args=vllm_args))
 
 
-def _ports(settings: Settings, vllm_port: int | None, replicas: int) -> list[int]:
-    """Refuse a gateway port in use, and find vLLM's, before anything starts: a second
-    ``burnish up`` must not start beside the first one's servers and talk to them."""
-    if not port_free(settings.host, settings.port):
-        raise click.ClickException(f"port {settings.port} on {settings.host} is in use (another burnish up?): pass --port")
-    if vllm_port is None:  # the first free from 8000, said at start
-        return free_ports("127.0.0.1", DEFAULT_VLLM_PORT, replicas)
-    ports = list(range(vllm_port, vllm_port + replicas))
-    if taken := [p for p in ports if not port_free("127.0.0.1", p)]:
-        raise click.ClickException(f"--vllm-port: port {taken[0]} is in use (another vLLM?): pass another, or leave it out to take a free one")
-    return ports
-
-
 def run_up(
     settings: Settings,
     *,
@@ -222,129 +200,183 @@ def run_up(
     vllm_args: Sequence[str] = (),
     switch_base: bool = False,
 ) -> int:
-    try:
-        ports = _ports(settings, vllm_port, replicas)
-    except VLLMFailed as exc:
-        raise click.ClickException(str(exc)) from None
-    served = prepare_model(settings, model, ports[0], list(vllm_args))
-    vllm = served.vllm
+    """Plan, start, supervise until Ctrl-C (0) or a child that did not start or keeps dying
+    (1), and shut down."""
+    options = UpOptions(policy=policy, model=model, vllm_port=vllm_port, replicas=replicas, vllm_args=tuple(vllm_args), switch_base=switch_base)
+    plan = read_and_plan(settings, options)
+    stop = stop_on_signals()
+    up = children(plan)
+    start_fleet(up)
+    try:  # from here, whatever started is stopped on the way out
+        if not start_gateway_and_trainer(up, plan):
+            return 1
+        announce(plan)
+        return supervise(up, stop)
+    finally:
+        shut_down(up)
+
+
+def _vllm_ports(settings: Settings, vllm_port: int | None, replicas: int) -> list[int]:
+    """Refuse a gateway port in use, and find vLLM's, before anything starts: a second
+    ``burnish up`` must not start beside the first one's servers and talk to them."""
+    if not port_free(settings.host, settings.port):
+        raise click.ClickException(f"port {settings.port} on {settings.host} is in use (another burnish up?): pass --port")
+    if vllm_port is None:  # the first free from 8000, said at start
+        try:
+            return free_ports("127.0.0.1", DEFAULT_VLLM_PORT, replicas)
+        except VLLMFailed as exc:
+            raise click.ClickException(str(exc)) from None
+    ports = list(range(vllm_port, vllm_port + replicas))
+    if taken := [p for p in ports if not port_free("127.0.0.1", p)]:
+        raise click.ClickException(f"--vllm-port: port {taken[0]} is in use (another vLLM?): pass another, or leave it out to take a free one")
+    return ports
+
+
+def read_machine(vllm_ports: Sequence[int]) -> Machine:
+    """The facts of this machine that the plan needs, ``vllm_ports`` found free beforehand."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return Machine(vllm_ports=tuple(vllm_ports), cores=tuple(cores), cpu_build=cpu_build(), hostname=socket.gethostname(), environ=dict(os.environ))
+
+
+def read_and_plan(settings: Settings, options: UpOptions) -> UpPlan:
+    """Read what the plan needs, refusing before anything starts: the ports, the model (made or
+    converted once), the policy (made on it, or refused if made for another) and the admin
+    token; then plan (cli/up_plan.py)."""
+    ports = _vllm_ports(settings, options.vllm_port, options.replicas)
+    served = prepare_model(settings, options.model, ports[0], list(options.vllm_args))
     click.echo(served.tools.note)
-    # Replicas of the one model, each on its port and logging to a file of its own.
-    fleet = [vllm] + [
-        dataclasses.replace(vllm, port=port, log_path=vllm.log_path.with_name(f"vllm-{i}.log"), process=None) for i, port in enumerate(ports[1:], start=1)
-    ]
-    # On the CPU build the trainer and vLLM share the cores: the trainer pauses sampling for
-    # each step (trainer/turns.py), unless BURNISH_TRAINER_PAUSE_SAMPLING says otherwise.
-    # (Settings has read and checked the variable where it is set; its default, 0, is not ours.)
-    pause_s = settings.trainer_pause_sampling if "BURNISH_TRAINER_PAUSE_SAMPLING" in os.environ else PAUSE_SAMPLING_S if cpu_build() else 0.0
-    for v, cores in zip(fleet, share_cores(replicas)):
-        v.cpu_cores, v.pausable = cores, pause_s > 0
-    upstream = ",".join(v.url for v in fleet)
-    wanted = Policy(name=policy, base_model=vllm.served_model_name or vllm.model, model_path=vllm.model, lora=served.defaults.lora, train=served.defaults.train)
-    created = asyncio.run(_ensure_policy(settings, wanted, switch_base))
-    # vLLM serves the policy's rank (a policy of the data directory may have a higher one than
-    # the default), and the gateway refuses a policy with a rank above it.
-    max_lora_rank = vllm_max_lora_rank(max(vllm.max_lora_rank, created.lora.rank))
-    for v in fleet:
-        v.max_lora_rank, v.lora_modules = max_lora_rank, lora_modules(*created.lora.target_modules)
-    if (created.lora, created.train) == (wanted.lora, wanted.train):
-        click.echo(served.defaults.explanation)
-    else:
-        click.echo(f"training settings: the policy's own ({created.name} was made with other settings; PATCH /admin/policies/{created.name} changes them)")
+    wanted = wanted_policy(options.policy, served)
+    stored = asyncio.run(ensure_policy_for_model(settings, wanted, options.switch_base))
+    click.echo(training_note(wanted, stored, served.defaults))
     token, token_file = admin_token(settings)
+    return plan_up(settings, options, machine=read_machine(ports), served=served, policy=stored, admin_token=token, admin_token_file=token_file)
 
-    stop = False
 
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True
+class StopRequest:
+    """Set by SIGINT or SIGTERM: supervising ends, and the shutdown begins."""
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    def __init__(self) -> None:
+        self.requested = False
 
-    logs = settings.data_path / "logs"
-    env = {
-        **os.environ,
-        "BURNISH_ADMIN_TOKEN": token,
-        "BURNISH_MAX_LORA_RANK": str(max_lora_rank),
-        "BURNISH_TRAINER_PAUSE_SAMPLING": str(pause_s),
-        **({"BURNISH_INSECURE": "true"} if settings.insecure else {}),
-    }
+    def __call__(self, _signum: int, _frame: object) -> None:
+        self.requested = True
 
-    def spawn(name: str, *args: str) -> subprocess.Popen:
-        # A session of its own, as vLLM's: its death takes what it started with it (kill_group),
-        # and a Ctrl-C reaches it from here alone, in the order below.
-        with (logs / f"{name}.log").open("ab") as log:
-            return subprocess.Popen(_burnish(*args), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
-    store = ["--data-dir", str(settings.data_path)] + (["--database-url", settings.database_url] if settings.database_url else [])
-    url = f"http://{settings.host}:{settings.port}"
+def stop_on_signals() -> StopRequest:
+    stop = StopRequest()
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    return stop
+
+
+@dataclass
+class Children:
+    """``burnish up``'s children: the plan's vLLM replicas (copies, which hold their process),
+    the gateway and the trainer."""
+
+    fleet: list[VLLMServer]
+    vllms: list[Child]
+    gateway: Child
+    trainer: Child
+
+    @property
+    def all(self) -> list[Child]:
+        return [*self.vllms, self.gateway, self.trainer]
+
+
+def _spawn(args: Sequence[str], log_path: Path, env: Mapping[str, str]) -> subprocess.Popen:
+    # A session of its own, as vLLM's: its death takes what it started with it (kill_group),
+    # and a Ctrl-C reaches it from here alone, in the order of shut_down.
+    with log_path.open("ab") as log:
+        return subprocess.Popen(_burnish(*args), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+
+
+def children(plan: UpPlan) -> Children:
+    """The children the plan names, none started yet."""
+    fleet = [dataclasses.replace(v) for v in plan.fleet]  # the plan stays as planned
     vllms = [
         Child(f"vLLM ({v.url})", v.log_path, start=functools.partial(_start_vllm, v), ready=v.ready, start_timeout_s=VLLM_START_S, cleanup=kill_group)
         for v in fleet
     ]
+    gateway_log, trainer_log = plan.logs / "gateway.log", plan.logs / "trainer.log"
     gateway = Child(
         "the gateway",
-        logs / "gateway.log",
-        start=lambda: spawn("gateway", "gateway", "--upstream", upstream, "--host", settings.host, "--port", str(settings.port), *store),
-        ready=lambda: _answers(url + "/health"),
+        gateway_log,
+        start=functools.partial(_spawn, plan.gateway_args, gateway_log, plan.env),
+        ready=functools.partial(_answers, plan.gateway_url + "/health"),
         start_timeout_s=GATEWAY_START_S,
         cleanup=kill_group,
     )
-    # A name stable across its restarts: a trainer killed mid-step holds its groups' claims, and
-    # only a trainer of the same name releases them at once (else they wait out the lease,
-    # trainer_lease: 15 minutes without a step).
-    worker_id = f"{socket.gethostname()}-up"
     trainer = Child(
         "the trainer",
-        logs / "trainer.log",
-        start=lambda: spawn("trainer", "trainer", "--upstream", upstream, "--worker-id", worker_id, *store),
+        trainer_log,
+        start=functools.partial(_spawn, plan.trainer_args, trainer_log, plan.env),
         ready=lambda: True,
         start_timeout_s=0,
         cleanup=kill_group,
     )
-    for child in vllms:
+    return Children(fleet, vllms, gateway, trainer)
+
+
+def start_fleet(up: Children) -> None:
+    for child in up.vllms:
         click.echo(f"starting {child.name} (log: {child.log_path})")
         child.process = child.start()
+
+
+def start_gateway_and_trainer(up: Children, plan: UpPlan) -> bool:
+    """Once every vLLM serves, the gateway, then once it answers, the trainer. False, having
+    said why, where vLLM or the gateway did not start."""
     try:
+        for v in up.fleet:
+            v.wait_healthy(VLLM_START_S)
+    except VLLMFailed as exc:
+        click.echo(str(exc), err=True)
+        return False
+    gateway = up.gateway
+    gateway.process = gateway.start()
+    if not _wait_http(plan.gateway_url + "/health", gateway.process, timeout=GATEWAY_START_S):
+        click.echo(f"the gateway did not start. Last lines of {gateway.log_path}:\n{last_lines(gateway.log_path)}", err=True)
+        return False
+    up.trainer.process = up.trainer.start()
+    return True
+
+
+def announce(plan: UpPlan) -> None:
+    url, policy, token_file = plan.gateway_url, plan.policy, plan.admin_token_file
+    click.echo(f"burnish is up: base_url={url}/v1  model={policy.name} (step {policy.step})  (logs in {plan.logs}; Ctrl-C stops)")
+    click.echo(f"admin API: {url}/admin/policies with Authorization: Bearer <token>" + (f" (token in {token_file})" if token_file else ""))
+    click.echo(f"dashboard: {url}/ui" + (" (sign in with the admin token)" if token_file else ""))
+
+
+def supervise(up: Children, stop: StopRequest) -> int:
+    """Restart what dies (cli/supervisor.py) until a stop is asked for (0) or a child is in a crash loop (1)."""
+    supervisor = Supervisor(up.all)
+    while not stop.requested:
         try:
-            for v in fleet:
-                v.wait_healthy(VLLM_START_S)
-        except VLLMFailed as exc:
+            supervisor.tick()
+        except CrashLoop as exc:
             click.echo(str(exc), err=True)
             return 1
-        gateway.process = gateway.start()
-        if not _wait_http(url + "/health", gateway.process, timeout=GATEWAY_START_S):
-            click.echo(f"the gateway did not start. Last lines of {gateway.log_path}:\n{last_lines(gateway.log_path)}", err=True)
-            return 1
-        trainer.process = trainer.start()
-        click.echo(f"burnish is up: base_url={url}/v1  model={created.name} (step {created.step})  (logs in {logs}; Ctrl-C stops)")
-        click.echo(f"admin API: {url}/admin/policies with Authorization: Bearer <token>" + (f" (token in {token_file})" if token_file else ""))
-        click.echo(f"dashboard: {url}/ui" + (" (sign in with the admin token)" if token_file else ""))
-        supervisor = Supervisor([*vllms, gateway, trainer])
-        while not stop:
-            try:
-                supervisor.tick()
-            except CrashLoop as exc:
-                click.echo(str(exc), err=True)
-                return 1
-            time.sleep(0.2)
-        click.echo("stopping")
-        return 0
-    finally:
-        # The trainer and the gateway first, so no call or step is cut off by vLLM going away.
-        processes = [p for p in (trainer.process, gateway.process) if p is not None]
-        for proc in processes:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        for proc in processes:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-            kill_group(proc)  # it, if it did not stop, and anything it left
-        for v in fleet:
-            v.stop()
+        time.sleep(0.2)
+    click.echo("stopping")
+    return 0
+
+
+def shut_down(up: Children) -> None:
+    """The trainer and the gateway first, so no call or step is cut off by vLLM going away."""
+    processes = [p for p in (up.trainer.process, up.gateway.process) if p is not None]
+    for proc in processes:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+    for proc in processes:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        kill_group(proc)  # it, if it did not stop, and anything it left
+    for v in up.fleet:
+        v.stop()
 
 
 def _start_vllm(vllm: VLLMServer) -> subprocess.Popen:
@@ -360,7 +392,7 @@ def _answers(url: str) -> bool:
         return False
 
 
-async def _ensure_policy(settings: Settings, policy: Policy, switch_base: bool) -> Policy:
+async def ensure_policy_for_model(settings: Settings, policy: Policy, switch_base: bool) -> Policy:
     """The policy of that name: made on this model if it does not exist. One made for another
     base is never used silently: ``burnish up`` stops and says how to go on, or, with
     ``switch_base`` and while it has never trained, moves it onto this model with this model's

@@ -16,7 +16,7 @@ import click
 import pytest
 from sqlalchemy import update
 
-from burnish_server.cli.up import _ensure_policy
+from burnish_server.cli.up import ensure_policy_for_model
 from burnish_server.core.learning.defaults import LLAMA_PROJECTIONS, ModelShape, defaults, learning_rate
 from burnish_server.core.learning.policies import LoraSettings, Policy, TrainSettings
 from burnish_server.core.platform.settings import Settings
@@ -104,14 +104,14 @@ def test_switch_base_moves_a_policy_that_never_trained_and_refuses_one_that_did(
         await db.migrate()
         await db.transaction(create_policy, old)
         await db.dispose()
-        moved = await _ensure_policy(settings, new, switch_base=True)
+        moved = await ensure_policy_for_model(settings, new, switch_base=True)
         assert (moved.base_model, moved.model_path, moved.lora, moved.train, moved.project) == ("tiny", "/models/tiny", new.lora, new.train, "support")
-        assert await _ensure_policy(settings, new, switch_base=False) == moved  # the same model again: nothing to say
+        assert await ensure_policy_for_model(settings, new, switch_base=False) == moved  # the same model again: nothing to say
         db = Database(settings.resolved_database_url)
         await db.transaction(lambda c: c.execute(update(PolicyRow).where(PolicyRow.name == "agent").values(head=1)))
         await db.dispose()
         with pytest.raises(click.ClickException, match="has trained on tiny \\(/models/tiny\\), so it cannot move"):
-            await _ensure_policy(settings, old, switch_base=True)
+            await ensure_policy_for_model(settings, old, switch_base=True)
         db = Database(settings.resolved_database_url)
         assert (await db.transaction(get_policy, "agent")).base_model == "tiny"  # unchanged
         await db.dispose()
