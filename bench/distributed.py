@@ -141,9 +141,9 @@ def memory(args: argparse.Namespace) -> dict:
         seen.add(id(p))
         params["adapter" if p.requires_grad else "base"] += nbytes(p)
     # The gradients as a step holds them before its optimizer step: one more forward and backward.
-    from burnish_server.trainer.policy_model import make_batch
+    from burnish_server.trainer.policy_model import make_micro_batch
 
-    b = make_batch(batch(model.model.config.vocab_size, args.rows, args.tokens, seed=2), model.pad_id, args.tokens, model.device, model.base.packs)
+    b = make_micro_batch(batch(model.model.config.vocab_size, args.rows, args.tokens, seed=2), model.pad_id, args.tokens, model.device, model.base.packs)
     model.token_logprobs(b).sum().backward()
     ranks.sum_gradients(model.params)
     grads = sum(nbytes(p.grad) for p in model.model.parameters() if p.grad is not None)
@@ -159,7 +159,7 @@ def kept(args: argparse.Namespace) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from burnish_server.trainer.policy_model import make_batch
+    from burnish_server.trainer.policy_model import make_micro_batch
     from burnish_server.trainer.sequences import Sequence
 
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.kept_dtype]
@@ -192,7 +192,7 @@ def kept(args: argparse.Namespace) -> dict:
                 ids = torch.randint(5, config.vocab_size, (context + sampled,)).tolist()
                 sequence = Sequence()
                 sequence.add(ids[:context], ids[context:], None)
-                b = make_batch([(sequence, 1.0)], 0, context + sampled, torch.device("cpu"), packed=True)
+                b = make_micro_batch([(sequence, 1.0)], 0, context + sampled, torch.device("cpu"), packed=True)
                 predicts = b.sampled[:, 1:].any(0).nonzero().squeeze(-1)
                 with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                     logits = model(input_ids=b.input_ids, position_ids=b.position_ids, logits_to_keep=predicts, use_cache=False).logits.float()

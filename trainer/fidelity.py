@@ -12,7 +12,7 @@ import torch
 
 from burnish_server.core.learning.fidelity import PROBE_SEQUENCES, PROBE_TOKENS, Probe
 from burnish_server.trainer.checkpoints import PROBE_FILE
-from burnish_server.trainer.policy_model import PolicyModel, make_batch
+from burnish_server.trainer.policy_model import PolicyModel, make_micro_batch
 from burnish_server.trainer.sequences import Sequence
 
 
@@ -30,8 +30,8 @@ def make_probe(model: PolicyModel, sequences: list[Sequence]) -> Probe | None:
         seq = Sequence()
         seq.add(ids[:1], ids[1:], None)  # every token after the first is "sampled": scored
         items.append((seq, 0.0))
-    batch = make_batch(items, model.pad_id, PROBE_TOKENS, model.device)
-    logprobs = model.token_logprobs(batch).cpu()
+    micro = make_micro_batch(items, model.pad_id, PROBE_TOKENS, model.device)
+    logprobs = model.token_logprobs(micro).cpu()
     return Probe(
         sequences=chosen,
         logprobs=[[float(x) for x in logprobs[row, 1 : len(ids)]] for row, ids in enumerate(chosen)],

@@ -1,6 +1,6 @@
 """The model being trained: a policy's peft LoRA adapter on its base model, its optimizer, one GRPO step.
 
-Read top to bottom: the batch (sequences padded into tensors), the forward pass
+Read top to bottom: the micro-batch (sequences padded into tensors), the forward pass
 (per-token logprobs), the step (loss, backward, clip, AdamW), checkpoints. Every knob
 and its default is in ``core/learning/policies.py`` (LoraSettings, TrainSettings).
 """
@@ -29,7 +29,7 @@ from burnish_server.trainer.sequences import Sequence
 
 
 @dataclass
-class Batch:
+class MicroBatch:
     input_ids: torch.Tensor  # [B, T]; packed: [1, total tokens]
     attention_mask: torch.Tensor | None  # [B, T]; packed: None (the position ids say where each sequence starts)
     position_ids: torch.Tensor | None  # packed: [1, total tokens], restarting at 0 for each sequence
@@ -54,7 +54,7 @@ class Batch:
     held_tokens: int  # the trained tokens sampled under a grammar, whose ratio is against the trainer's own
 
 
-def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, device: torch.device, packed: bool = False) -> Batch:
+def make_micro_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, device: torch.device, packed: bool = False) -> MicroBatch:
     """The micro-batch's tensors: one row per sequence, padded to the longest, or (``packed``)
     every sequence in one row, none padded. Sequences are cut at ``max_len``.
 
@@ -96,7 +96,7 @@ def make_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, d
         top_ids = tensor([[ids for ids, _ in row] for row in tops], [0] * k, torch.int64)
         top_logprobs = tensor([[lp for _, lp in row] for row in tops], [0.0] * k, torch.float32)
     positions = torch.arange(width)
-    host = Batch(
+    host = MicroBatch(
         input_ids=tensor([s.tokens for s in seqs], pad_id, torch.int64),
         attention_mask=None if packed else (positions[None, :] < torch.tensor(lengths)[:, None]).long(),
         position_ids=torch.cat([positions[:n] for n in lengths])[None] if packed else None,
@@ -210,33 +210,33 @@ class Figures(Generic[V]):
 
 
 def grpo_term(
-    logprobs: torch.Tensor, behaviour: torch.Tensor, batch: Batch, settings: TrainSettings, reference: torch.Tensor | None, tokens: int
+    logprobs: torch.Tensor, behaviour: torch.Tensor, micro: MicroBatch, settings: TrainSettings, reference: torch.Tensor | None, tokens: int
 ) -> tuple[torch.Tensor, Figures[torch.Tensor]]:
-    parts = grpo_loss(logprobs, behaviour, batch.advantages, batch.grpo, settings, reference, normaliser=tokens)
+    parts = grpo_loss(logprobs, behaviour, micro.advantages, micro.grpo, settings, reference, normaliser=tokens)
     clip_fraction = parts.clip_fraction * parts.tokens / tokens  # the micro-batch's share, weighted by its tokens
     return parts.loss, Figures(grpo_loss=parts.loss.detach(), kl=parts.kl, clip_fraction=clip_fraction, tis_capped=parts.tis_capped)
 
 
-def sft_term(logprobs: torch.Tensor, batch: Batch, tokens: int) -> tuple[torch.Tensor, Figures[torch.Tensor]]:
-    parts = sft_loss(logprobs, batch.imitate, tokens)
+def sft_term(logprobs: torch.Tensor, micro: MicroBatch, tokens: int) -> tuple[torch.Tensor, Figures[torch.Tensor]]:
+    parts = sft_loss(logprobs, micro.imitate, tokens)
     return parts.loss, Figures(sft_nll=parts.total)
 
 
 def distill_term(
-    logprobs: torch.Tensor, behaviour: torch.Tensor, batch: Batch, tokens: int, top_kl: torch.Tensor | None
+    logprobs: torch.Tensor, behaviour: torch.Tensor, micro: MicroBatch, tokens: int, top_kl: torch.Tensor | None
 ) -> tuple[torch.Tensor, Figures[torch.Tensor]]:
-    parts = distill_loss(logprobs, behaviour, batch.teacher_logprobs, batch.taught, tokens, top_kl)
+    parts = distill_loss(logprobs, behaviour, micro.teacher_logprobs, micro.taught, tokens, top_kl)
     return parts.loss, Figures(teacher_kl=parts.total)
 
 
-def batch_figures(
-    logprobs: torch.Tensor, behaviour: torch.Tensor, entropy: torch.Tensor, loss: torch.Tensor, batch: Batch, settings: TrainSettings
+def micro_batch_figures(
+    logprobs: torch.Tensor, behaviour: torch.Tensor, entropy: torch.Tensor, loss: torch.Tensor, micro: MicroBatch, settings: TrainSettings
 ) -> Figures[torch.Tensor]:
     """A micro-batch's figures beside its objectives': its loss, the policy's entropy on its
     sampled tokens, and how far the trainer is from vLLM on them (trainer/grpo.py: behaviour_gap)."""
-    spread = (entropy * batch.sampled).sum()
-    gap, outside = behaviour_gap(logprobs.detach(), behaviour, batch.sampled * batch.has_behaviour, settings)
-    return Figures(loss=loss.detach(), entropy=spread, logprob_diff=gap, outside_clip=outside, compared=batch.compared_tokens, held=batch.held_tokens)
+    spread = (entropy * micro.sampled).sum()
+    gap, outside = behaviour_gap(logprobs.detach(), behaviour, micro.sampled * micro.has_behaviour, settings)
+    return Figures(loss=loss.detach(), entropy=spread, logprob_diff=gap, outside_clip=outside, compared=micro.compared_tokens, held=micro.held_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,22 +289,22 @@ class PolicyModel:
         self.train = train
 
     @contextmanager
-    def _predicting(self, batch: Batch) -> Iterator[tuple[torch.Tensor, Head]]:
+    def _predicting(self, micro: MicroBatch) -> Iterator[tuple[torch.Tensor, Head]]:
         """The last hidden states that predict each sampled token ([N, hidden], in the order of
         ``picked_rows``/``picked_at``), and the LM head to apply to them, a chunk at a time."""
         self.activate()
         with self.base.hidden_states() as head:
             with self.base.compute():
                 hidden = self.model(
-                    input_ids=batch.input_ids,
-                    attention_mask=batch.attention_mask,
-                    position_ids=batch.position_ids,
+                    input_ids=micro.input_ids,
+                    attention_mask=micro.attention_mask,
+                    position_ids=micro.position_ids,
                     logits_to_keep=0,  # every position, a view: the step picks the sampled ones itself
                     use_cache=False,  # nothing to cache in training; and with a cache transformers reads no packing from position ids
                 ).logits  # [rows, positions, hidden]: the head is out
-            yield hidden[batch.picked_rows, batch.picked_at - 1], head
+            yield hidden[micro.picked_rows, micro.picked_at - 1], head
 
-    def token_logprobs(self, batch: Batch, entropy: list[torch.Tensor] | None = None, top_kl: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def token_logprobs(self, micro: MicroBatch, entropy: list[torch.Tensor] | None = None, top_kl: list[torch.Tensor] | None = None) -> torch.Tensor:
         """logprob of each sampled token given the ones before it, fp32 [rows, positions]; 0
         where no token is sampled (the loss masks all but the sampled ones).
 
@@ -314,31 +314,31 @@ class PolicyModel:
         exist, in the forward pass or the backward (a 152k vocabulary: 0.6 MB a position in
         fp32). On a GPU the forward runs under the base's autocast (``SharedBase.compute``).
 
-        ``top_kl``: where the batch holds the teacher's top k, the forward KL from it to the
+        ``top_kl``: where the micro-batch holds the teacher's top k, the forward KL from it to the
         policy at each sampled position ([rows, positions], differentiable) is appended."""
-        at = (batch.picked_rows, batch.picked_at)
-        with self._predicting(batch) as (hidden, head):
-            picked, spread = sampled_logprobs(hidden, head.weight, batch.input_ids[at], scale=head.scale, softcap=head.softcap, entropy=entropy is not None)
-            if top_kl is not None and batch.teacher_top_ids is not None and batch.teacher_top_logprobs is not None:
-                ids, teacher = batch.teacher_top_ids[at], batch.teacher_top_logprobs[at]
+        at = (micro.picked_rows, micro.picked_at)
+        with self._predicting(micro) as (hidden, head):
+            picked, spread = sampled_logprobs(hidden, head.weight, micro.input_ids[at], scale=head.scale, softcap=head.softcap, entropy=entropy is not None)
+            if top_kl is not None and micro.teacher_top_ids is not None and micro.teacher_top_logprobs is not None:
+                ids, teacher = micro.teacher_top_ids[at], micro.teacher_top_logprobs[at]
                 kl = top_forward_kl(hidden, head.weight, ids, teacher, scale=head.scale, softcap=head.softcap)
-                top_kl.append(torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=kl.device).index_put(at, kl))
-        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=picked.device)
+                top_kl.append(torch.zeros(micro.input_ids.shape, dtype=torch.float32, device=kl.device).index_put(at, kl))
+        out = torch.zeros(micro.input_ids.shape, dtype=torch.float32, device=picked.device)
         if entropy is not None and spread is not None:  # the policy's entropy where each token was sampled: a health figure, no gradient
             entropy.append(out.index_put(at, spread))
         return out.index_put(at, picked)
 
     @torch.no_grad()
-    def token_top(self, batch: Batch, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def token_top(self, micro: MicroBatch, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """As ``token_logprobs`` without a gradient, and at each sampled position the ``k``
         likeliest tokens and their logprobs ([rows, positions, k]): a teacher's, for top-k distillation."""
-        at = (batch.picked_rows, batch.picked_at)
-        with self._predicting(batch) as (hidden, head):
-            picked, _ = sampled_logprobs(hidden, head.weight, batch.input_ids[at], scale=head.scale, softcap=head.softcap)
+        at = (micro.picked_rows, micro.picked_at)
+        with self._predicting(micro) as (hidden, head):
+            picked, _ = sampled_logprobs(hidden, head.weight, micro.input_ids[at], scale=head.scale, softcap=head.softcap)
             ids, logprobs = top_logprobs(hidden, head.weight, k, scale=head.scale, softcap=head.softcap)
-        shape = (*batch.input_ids.shape, k)
+        shape = (*micro.input_ids.shape, k)
         return (
-            torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=picked.device).index_put(at, picked),
+            torch.zeros(micro.input_ids.shape, dtype=torch.float32, device=picked.device).index_put(at, picked),
             torch.zeros(shape, dtype=torch.int64, device=ids.device).index_put(at, ids),
             torch.zeros(shape, dtype=torch.float32, device=ids.device).index_put(at, logprobs),
         )
@@ -397,12 +397,12 @@ class PolicyModel:
         ranks = self.base.ranks
         for index in range(ranks.most(len(chunks)) if ranks.sharded else len(chunks)):
             chunk = chunks[index] if index < len(chunks) else filler(self.pad_id)
-            batch = make_batch(chunk, self.pad_id, max_len, self.device, packed)
+            micro = make_micro_batch(chunk, self.pad_id, max_len, self.device, packed)
             with self.model.disable_adapter():
                 if k:
-                    logprobs, top_ids, top_logprobs = (t.cpu() for t in self.token_top(batch, k))
+                    logprobs, top_ids, top_logprobs = (t.cpu() for t in self.token_top(micro, k))
                 else:
-                    logprobs = self.token_logprobs(batch).cpu()
+                    logprobs = self.token_logprobs(micro).cpu()
             if index >= len(chunks):
                 continue
             offset = 0
@@ -425,10 +425,10 @@ class PolicyModel:
                 offset += min(len(question.tokens), max_len)
 
     @torch.no_grad()
-    def reference_logprobs(self, batch: Batch) -> torch.Tensor:
+    def reference_logprobs(self, micro: MicroBatch) -> torch.Tensor:
         """The base model's logprobs of the sampled tokens (the adapter off): GRPO's KL reference."""
         with self.model.disable_adapter():
-            return self.token_logprobs(batch)
+            return self.token_logprobs(micro)
 
     def step(self, items: list[tuple[Sequence, float]]) -> StepMetrics:
         """One optimizer step over (sequence, advantage) pairs: the policy's objectives
@@ -461,29 +461,29 @@ class PolicyModel:
         sums = Figures.zeros(self.device)
         for index in range(passes):
             real = index < len(chunks)
-            batch = make_batch(chunks[index] if real else filler(self.pad_id), self.pad_id, max_len, self.device, packed)
+            micro = make_micro_batch(chunks[index] if real else filler(self.pad_id), self.pad_id, max_len, self.device, packed)
             spread: list[torch.Tensor] = []
             top_kl: list[torch.Tensor] = []  # with the teacher's top k: the forward KL to it per sampled position
-            logprobs = self.token_logprobs(batch, spread, top_kl if weights.distill > 0 else None)
+            logprobs = self.token_logprobs(micro, spread, top_kl if weights.distill > 0 else None)
             # Without recorded behaviour logprobs the step is on-policy: ratio 1.
-            behaviour = torch.where(batch.has_behaviour, batch.behaviour_logprobs, logprobs.detach())
+            behaviour = torch.where(micro.has_behaviour, micro.behaviour_logprobs, logprobs.detach())
             loss = logprobs.sum() * 0  # an objective with no tokens here adds nothing, but the pass still backpropagates (FSDP2's collectives)
             if weights.grpo > 0 and n_grpo:
-                reference = self.reference_logprobs(batch) if settings.kl_coef > 0 else None
-                term, figures = grpo_term(logprobs, behaviour, batch, settings, reference, n_grpo)
+                reference = self.reference_logprobs(micro) if settings.kl_coef > 0 else None
+                term, figures = grpo_term(logprobs, behaviour, micro, settings, reference, n_grpo)
                 loss = loss + weights.grpo * term
                 sums += figures
             if weights.sft > 0 and n_sft:
-                term, figures = sft_term(logprobs, batch, n_sft)
+                term, figures = sft_term(logprobs, micro, n_sft)
                 loss = loss + weights.sft * term
                 sums += figures
             if weights.distill > 0 and n_distill:
-                term, figures = distill_term(logprobs, behaviour, batch, n_distill, top_kl[0] if top_kl else None)
+                term, figures = distill_term(logprobs, behaviour, micro, n_distill, top_kl[0] if top_kl else None)
                 loss = loss + weights.distill * term
                 sums += figures
             (loss if real else loss * 0).backward()
             if real:  # not an empty pass's (a filler's), though its objectives' figures above are summed all the same
-                sums += batch_figures(logprobs, behaviour, spread[0], loss, batch, settings)
+                sums += micro_batch_figures(logprobs, behaviour, spread[0], loss, micro, settings)
         # Every rank's gradients and figures, summed: the step's, as one rank would have them.
         ranks.sum_gradients(self.params)
         summed = ranks.total(sums.stacked())

@@ -14,7 +14,7 @@ from burnish_server.core.learning.policies import DEFAULT_TOP_K, LoraSettings, O
 from burnish_server.core.protocols.packed import pack_floats, pack_ids
 from burnish_server.store.training import TrainingCall
 from burnish_server.trainer.objectives import distill_loss, sft_loss
-from burnish_server.trainer.policy_model import PolicyModel, make_batch
+from burnish_server.trainer.policy_model import PolicyModel, make_micro_batch
 from burnish_server.trainer.sequences import Sequence, build_sequences, sampled_call, training_batch
 from burnish_server.trainer.teacher import ContextTeacher
 from tests.records import chat_call
@@ -45,7 +45,7 @@ def test_the_distillation_gradient_is_the_reverse_kls_checked_by_finite_differen
         seq = Sequence()
         seq.add(prompt, [y], None)
         items.append((seq, 0.0))
-    batch = make_batch(items, model.pad_id, 64, model.device)
+    batch = make_micro_batch(items, model.pad_id, 64, model.device)
     at = len(prompt)
 
     def policy() -> torch.Tensor:
@@ -106,7 +106,7 @@ def test_sft_trains_the_best_members_sampled_tokens_only_never_the_tool_results(
     batch = training_batch(rows, TrainSettings(objective=Objective(grpo=1, sft=1)))
     imitating = {seq.tokens[-1]: seq.imitate for seq, _ in batch.items}
     assert [seq.imitate for seq, _ in batch.items] == [True, False, True] and imitating
-    built = make_batch(batch.items, 0, 64, torch.device("cpu"))
+    built = make_micro_batch(batch.items, 0, 64, torch.device("cpu"))
     assert built.imitate[0].tolist() == [0, 0, 1, 1, 0, 0, 1]  # tokens 9, 10 and 11; never 50, 51
     assert built.imitate[1].sum() == 0 and torch.equal(built.grpo, built.sampled)
     # below the bar nothing imitates; GRPO alone marks no sequence
@@ -145,7 +145,7 @@ def test_each_objective_is_normalised_by_its_own_tokens(tiny_model: Path) -> Non
         again = PolicyModel(str(tiny_model), LORA, settings)
         _random_adapter(again, 3)
         demo = items()[:1]
-        batch = make_batch(demo, again.pad_id, 64, again.device)
+        batch = make_micro_batch(demo, again.pad_id, 64, again.device)
         with torch.no_grad():
             nll = sft_loss(again.token_logprobs(batch), batch.sampled, normaliser=2)
         assert metrics.sft_loss == pytest.approx(float(nll.loss), rel=1e-4)
@@ -279,7 +279,7 @@ def test_top_k_distillation_pulls_up_a_token_the_policy_never_sampled(tiny_model
             probe.add(prompt, [first], None)
             model.model.eval()
             with torch.no_grad():
-                return float(model.token_logprobs(make_batch([(probe, 0.0)], model.pad_id, 4096, model.device))[0, len(prompt)])
+                return float(model.token_logprobs(make_micro_batch([(probe, 0.0)], model.pad_id, 4096, model.device))[0, len(prompt)])
 
         before = logprob_of_first()
         for _ in range(6):

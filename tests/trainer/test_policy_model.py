@@ -104,14 +104,14 @@ def delta_norm(model: PolicyModel) -> float:
 
 def test_logprobs_only_where_sampled_match_the_full_forward(tiny: Path) -> None:
     """Logits kept only at positions that predict a sampled token give the same logprobs there."""
-    from burnish_server.trainer.policy_model import make_batch
+    from burnish_server.trainer.policy_model import make_micro_batch
 
     model = PolicyModel(str(tiny), LoraSettings(rank=8, alpha=16), TrainSettings())
     first, second = Sequence(), Sequence()
     first.add([5, 6, 7, 8], [9, 10, 11], None)
     first.add([12, 13], [14, 15], None)  # a second turn: sampled tokens in the middle and at the end
     second.add([20, 21], [22, 23, 24, 25], None)
-    batch = make_batch([(first, 1.0), (second, -1.0)], model.pad_id, 64, model.device)
+    batch = make_micro_batch([(first, 1.0), (second, -1.0)], model.pad_id, 64, model.device)
     with torch.no_grad():
         entropy: list[torch.Tensor] = []
         got = model.token_logprobs(batch, entropy)
@@ -131,14 +131,14 @@ def test_chunked_logprobs_and_their_gradients_match_the_full_logits(tiny: Path) 
     gradient of a loss on them with respect to every LoRA weight to 1e-4 of its largest entry, padded and
     packed, with the KL term's reference (the adapter disabled) as well."""
     from burnish_server.trainer import logprobs
-    from burnish_server.trainer.policy_model import make_batch
+    from burnish_server.trainer.policy_model import make_micro_batch
 
     model = PolicyModel(str(tiny), LoraSettings(rank=8, alpha=16), TrainSettings())
     with torch.no_grad():  # LoRA's B starts at 0, which would leave A without a gradient
         for name, param in model.model.named_parameters():
             if "lora_B" in name:
                 param.normal_(0, 0.05)
-    rows, packed = make_batch(_varied(0), model.pad_id, 64, model.device), make_batch(_varied(0), model.pad_id, 64, model.device, packed=True)
+    rows, packed = make_micro_batch(_varied(0), model.pad_id, 64, model.device), make_micro_batch(_varied(0), model.pad_id, 64, model.device, packed=True)
     original = logprobs.CHUNK_ELEMENTS
     for batch in (rows, packed):
         sampled = batch.sampled.bool()
@@ -248,15 +248,15 @@ def test_packed_sequences_train_as_padded_ones(tiny: Path) -> None:
     """Sequences packed into one row (position ids per sequence; transformers masks each to
     itself) give the padded batch's logprobs, and a step that leaves the same adapter."""
     from burnish_server.trainer.base_model import Holding, SharedBase
-    from burnish_server.trainer.policy_model import make_batch
+    from burnish_server.trainer.policy_model import make_micro_batch
 
     packed, padded = (SharedBase(str(tiny), holding=Holding(packing=packing)) for packing in ("on", "auto"))
     assert packed.packs and not padded.packs  # the tiny model (Qwen2) masks packed sequences faithfully; SDPA: auto pads
     models = [PolicyModel(base, LoraSettings(rank=8, alpha=16), TrainSettings(learning_rate=5e-3)) for base in (packed, padded)]
     items = _varied(0)
     with torch.no_grad():
-        one_row = make_batch(items, 0, 64, models[0].device, packed=True)
-        rows = make_batch(items, 0, 64, models[1].device)
+        one_row = make_micro_batch(items, 0, 64, models[0].device, packed=True)
+        rows = make_micro_batch(items, 0, 64, models[1].device)
         assert one_row.input_ids.shape == (1, sum(len(s.tokens) for s, _ in items)) and rows.input_ids.shape[0] == len(items)
         got, expected = models[0].token_logprobs(one_row), models[1].token_logprobs(rows)
     torch.testing.assert_close(got[one_row.sampled.bool()], expected[rows.sampled.bool()], atol=1e-5, rtol=1e-5)
@@ -301,7 +301,7 @@ def test_activation_checkpointing_changes_memory_not_the_step(tiny: Path) -> Non
 def test_the_step_reads_nothing_back_from_the_device_before_its_end(tiny: Path) -> None:
     """On a GPU, reading a tensor's value (``.item()``, ``float()``, ``nonzero``) waits for all the
     work queued before it, and the device idles while the host queues more. The step's own code
-    finds the sampled positions on the host (make_batch, before the copy), keeps its figures on
+    finds the sampled positions on the host (make_micro_batch, before the copy), keeps its figures on
     the device and reads them once at its end (``tolist``, which dispatches no per-value read);
     the fused AdamW reads no step count. What is left is transformers' own check of the mask.
     Counted by the ops that read a value, by who called them (the first step also reads each
@@ -329,14 +329,14 @@ def test_the_step_reads_nothing_back_from_the_device_before_its_end(tiny: Path) 
         with Reads() as reads:
             model.step(_varied(1))
         assert {site.split(":")[0] for site in reads.sites} <= {"policy_model.py", "masking_utils.py"}, reads.sites
-        assert {site for site in reads.sites if site.startswith("policy_model.py")} == {"policy_model.py:make_batch"}, reads.sites
+        assert {site for site in reads.sites if site.startswith("policy_model.py")} == {"policy_model.py:make_micro_batch"}, reads.sites
 
 
 def test_the_gpus_paths_run_on_the_cpu(tiny: Path, tmp_path: Path) -> None:
     """What a GPU runs by default (a bf16 base, activation checkpointing, packing), on the CPU:
     it steps, moves the adapter (kept in fp32), saves and resumes."""
     from burnish_server.trainer.base_model import Holding, SharedBase
-    from burnish_server.trainer.policy_model import make_batch
+    from burnish_server.trainer.policy_model import make_micro_batch
 
     base = SharedBase(str(tiny), holding=Holding(dtype="bfloat16", checkpointing="on", packing="on"))
     assert base.model.dtype == torch.bfloat16 and base.checkpointing and base.packs
@@ -350,7 +350,7 @@ def test_the_gpus_paths_run_on_the_cpu(tiny: Path, tmp_path: Path) -> None:
     plain = PolicyModel(SharedBase(str(tiny), holding=Holding(dtype="bfloat16")), LoraSettings(rank=8, alpha=16), TrainSettings(learning_rate=5e-3))
     mixed.base.mixed = True
     with torch.no_grad():
-        batch = make_batch(_varied(0), mixed.pad_id, 64, mixed.device)
+        batch = make_micro_batch(_varied(0), mixed.pad_id, 64, mixed.device)
         torch.testing.assert_close(mixed.token_logprobs(batch), plain.token_logprobs(batch), atol=0.1, rtol=0.05)
     steps = [m.step(_varied(0)) for m in (mixed, plain)]
     assert steps[0].loss == pytest.approx(steps[1].loss, abs=2e-2)

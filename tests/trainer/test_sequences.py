@@ -122,13 +122,13 @@ def _turns(trajectory: str, reward: float, call_rewards: list[float | None]) -> 
 
 
 def _per_call(batch: object, trajectory_index: int) -> list[float]:
-    """The advantage each sampled token of one trajectory gets, as make_batch builds it."""
+    """The advantage each sampled token of one trajectory gets, as make_micro_batch builds it."""
     import torch
 
-    from burnish_server.trainer.policy_model import make_batch
+    from burnish_server.trainer.policy_model import make_micro_batch
 
     items = batch.items  # type: ignore[attr-defined]
-    built = make_batch(items, 0, 4096, torch.device("cpu"))
+    built = make_micro_batch(items, 0, 4096, torch.device("cpu"))
     row = built.advantages[trajectory_index]
     return [round(v, 6) for v, m in zip(row.tolist(), built.sampled[trajectory_index].tolist()) if m]
 
