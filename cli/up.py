@@ -38,7 +38,7 @@ from burnish_server.core.learning.policies import LoraSettings, Policy, TrainSet
 from burnish_server.core.platform.errors import Conflict
 from burnish_server.core.platform.settings import Settings
 from burnish_server.serving.models import embedded_gguf
-from burnish_server.serving.process import VLLMFailed, VLLMServer, cpu_build, free_ports, last_lines, port_free
+from burnish_server.serving.process import VLLMFailed, VLLMServer, cpu_build, free_ports, last_lines, machine_cores, port_free
 from burnish_server.serving.tool_calling import ToolCalling, choose
 from burnish_server.store.database import Database
 from burnish_server.store.policies import ensure_policy, update_policy
@@ -234,8 +234,7 @@ def _vllm_ports(settings: Settings, vllm_port: int | None, replicas: int) -> lis
 
 def read_machine(vllm_ports: Sequence[int]) -> Machine:
     """The facts of this machine that the plan needs, ``vllm_ports`` found free beforehand."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    return Machine(vllm_ports=tuple(vllm_ports), cores=tuple(cores), cpu_build=cpu_build(), hostname=socket.gethostname(), environ=dict(os.environ))
+    return Machine(vllm_ports=tuple(vllm_ports), cores=tuple(machine_cores()), cpu_build=cpu_build(), hostname=socket.gethostname(), environ=dict(os.environ))
 
 
 def read_and_plan(settings: Settings, options: UpOptions) -> UpPlan:

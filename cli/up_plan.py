@@ -19,7 +19,7 @@ from pathlib import Path
 from burnish_server.core.learning.defaults import Defaults
 from burnish_server.core.learning.policies import Policy, vllm_max_lora_rank
 from burnish_server.core.platform.settings import Settings
-from burnish_server.serving.process import VLLMServer, lora_modules
+from burnish_server.serving.process import VLLMServer, lora_modules, split_cores
 from burnish_server.serving.tool_calling import ToolCalling
 
 # The most of a step that sampling waits for on the CPU build (trainer/turns.py): half the
@@ -92,16 +92,6 @@ def training_note(wanted: Policy, stored: Policy, defaults: Defaults) -> str:
     return f"training settings: the policy's own ({stored.name} was made with other settings; PATCH /admin/policies/{stored.name} changes them)"
 
 
-def replica_cores(cores: Sequence[int], replicas: int, cpu_build: bool) -> list[str | None]:
-    """Each replica's own cores, for the CPU build (serving/process.py's ``share_cores``, from
-    the cores given): two replicas whose OpenMP threads all run on every core spin against each
-    other. None for each where there are fewer cores than replicas."""
-    if replicas <= 1 or len(cores) < replicas or not cpu_build:
-        return [None] * replicas
-    size = len(cores) // replicas
-    return [",".join(str(c) for c in cores[i * size : (i + 1) * size]) for i in range(replicas)]
-
-
 def pause_sampling_s(settings: Settings, environ: Mapping[str, str], cpu_build: bool) -> float:
     """How long the trainer may pause sampling for a step: on the CPU build the trainer and vLLM
     share the cores (trainer/turns.py), unless BURNISH_TRAINER_PAUSE_SAMPLING says otherwise."""
@@ -158,7 +148,7 @@ def plan_up(
     in front of them and the trainer beside them, for ``policy`` (as stored)."""
     pause_s = pause_sampling_s(settings, machine.environ, machine.cpu_build)
     max_lora_rank = served_max_lora_rank(served.vllm, policy)
-    cores = replica_cores(machine.cores, options.replicas, machine.cpu_build)
+    cores = split_cores(machine.cores, options.replicas, machine.cpu_build)
     replicas = fleet(served.vllm, machine.vllm_ports, cores, pausable=pause_s > 0, max_lora_rank=max_lora_rank, policy=policy)
     upstream = ",".join(v.url for v in replicas)
     store = store_args(settings)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
@@ -91,15 +92,24 @@ def cpu_build() -> bool:
 SMALL_MACHINE_CPUS = 4
 
 
-def share_cores(replicas: int) -> list[str | None]:
-    """Each replica's own cores on this machine, for the CPU build: two replicas of vLLM whose
+def machine_cores() -> list[int]:
+    """The cores this process may run on."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def split_cores(cores: Sequence[int], replicas: int, cpu_build: bool) -> list[str | None]:
+    """Each replica's own share of ``cores``, for the CPU build: two replicas of vLLM whose
     OpenMP threads all run on every core spin against each other (on two cores a 1-token
     answer took up to a second). None for each where there are fewer cores than replicas."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    if replicas <= 1 or len(cores) < replicas or not cpu_build():
+    if replicas <= 1 or len(cores) < replicas or not cpu_build:
         return [None] * replicas
     size = len(cores) // replicas
     return [",".join(str(c) for c in cores[i * size : (i + 1) * size]) for i in range(replicas)]
+
+
+def share_cores(replicas: int) -> list[str | None]:
+    """``split_cores`` of this machine's cores."""
+    return split_cores(machine_cores(), replicas, cpu_build())
 
 
 @dataclass

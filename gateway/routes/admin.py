@@ -12,10 +12,10 @@ policy's status shows them through (``pending_version``, ``train_requested_at``)
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
-from litestar import Router, delete, get, patch, post
+from litestar import Controller, Router, delete, get, patch, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody, Parameter
 from litestar.response import Stream
@@ -33,16 +33,15 @@ from burnish_server.core.api.views import (
     StepFigures,
     StepList,
 )
-from burnish_server.core.learning.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, ServingSettings, TrainSettings, settings_conflicts
+from burnish_server.core.learning.policies import LoraSettings, Policy, PromotionSettings, RulerSettings, ServingSettings, TrainSettings
 from burnish_server.core.learning.steps import StepMetrics
-from burnish_server.core.platform.access import PRINTABLE, SCOPES, KeyName, Limits, ProjectName, Scope
-from burnish_server.core.platform.errors import Invalid
+from burnish_server.core.platform.access import SCOPES, KeyName, Limits, ProjectName, Scope
 from burnish_server.core.platform.ids import ID_REGEX
 from burnish_server.gateway.access.admission import ACCESS_ERRORS as ACCESS
 from burnish_server.gateway.access.admission import BEARER
-from burnish_server.gateway.edge import openapi
 from burnish_server.gateway.edge.errors import responses
 from burnish_server.gateway.policies import actions, downloads
+from burnish_server.gateway.policies.changes import BaseModel, ModelPath, PolicyPatch, patched, refuse_conflicts
 from burnish_server.gateway.policies.teachers import check_teacher
 from burnish_server.gateway.routes import demonstrations
 from burnish_server.gateway.routes.common import PolicyName, SessionId
@@ -52,8 +51,6 @@ from burnish_server.store import keys as key_store
 from burnish_server.store import policies as store
 
 Name = Annotated[str, msgspec.Meta(pattern=ID_REGEX, description="1 to 128 characters from A-Z a-z 0-9 _ - . :")]
-BaseModel = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=PRINTABLE)]
-ModelPath = Annotated[str, msgspec.Meta(min_length=1, max_length=1024, pattern=PRINTABLE)]
 
 
 class PolicyIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -72,21 +69,6 @@ class PolicyIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     paused: bool = False
 
 
-class PolicyPatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Fields left out stay as they are; ``lora``, ``train``, ``ruler``, ``promotion`` and ``serving`` are merged key by key."""
-
-    base_model: BaseModel | msgspec.UnsetType = msgspec.UNSET
-    model_path: ModelPath | None | msgspec.UnsetType = msgspec.UNSET
-    lora: Annotated[dict[str, Any], openapi.documented_as(LoraSettings)] | msgspec.UnsetType = msgspec.UNSET
-    train: Annotated[dict[str, Any], openapi.documented_as(TrainSettings)] | msgspec.UnsetType = msgspec.UNSET
-    ruler: Annotated[dict[str, Any], openapi.documented_as(RulerSettings)] | msgspec.UnsetType = msgspec.UNSET
-    promotion: Annotated[dict[str, Any], openapi.documented_as(PromotionSettings)] | msgspec.UnsetType = msgspec.UNSET
-    serving: Annotated[dict[str, Any], openapi.documented_as(ServingSettings)] | msgspec.UnsetType = msgspec.UNSET
-    project: ProjectName | None | msgspec.UnsetType = msgspec.UNSET
-    shared_with: Annotated[list[ProjectName], msgspec.Meta(max_length=1000)] | msgspec.UnsetType = msgspec.UNSET
-    paused: bool | msgspec.UnsetType = msgspec.UNSET
-
-
 class RollbackIn(msgspec.Struct, forbid_unknown_fields=True):
     # 0 is the base model; any other is a trained step.
     step: Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
@@ -94,177 +76,6 @@ class RollbackIn(msgspec.Struct, forbid_unknown_fields=True):
 
 async def _status(svc: Services, name: str) -> PolicyView:
     return await svc.db.read(store.policy_status, name)
-
-
-@post("/policies", status_code=201, opt={"invalid": "invalid_policy"}, responses=responses(400, *ACCESS, 409, 413))
-async def create_policy(data: JSONBody[PolicyIn], svc: NamedDependency[Services]) -> PolicyView:
-    """Create a policy: a trainable model over a base model, with LoRA, training and RULER settings."""
-    policy = Policy(
-        name=data.name,
-        base_model=data.base_model,
-        model_path=data.model_path,
-        lora=data.lora,
-        train=data.train,
-        ruler=data.ruler,
-        promotion=data.promotion,
-        serving=data.serving,
-        project=data.project,
-        shared_with=tuple(dict.fromkeys(data.shared_with)),
-        paused=data.paused,
-    )
-    _refuse_conflicts(policy, svc.settings.max_lora_rank)
-    await check_teacher(svc.upstream, policy)
-    await actions.write(svc, store.create_policy, policy)
-    return await _status(svc, data.name)
-
-
-def _refuse_conflicts(policy: Policy, max_lora_rank: int) -> None:
-    """Settings that could never do what they configure are refused, naming the fields and the
-    smallest value that works (core/learning/policies.py: settings_conflicts)."""
-    if found := settings_conflicts(policy.promotion, policy.lora, max_lora_rank or None, policy.train):
-        raise Invalid("; ".join(found), "conflicting_settings", found[0].split(" ", 1)[0])
-
-
-@get("/policies", responses=responses(*ACCESS))
-async def list_policies(svc: NamedDependency[Services]) -> PolicyList:
-    names = [p.name for p in await svc.db.read(store.load_policies)]
-    return PolicyList(data=[await svc.db.read(store.policy_status, name) for name in names])
-
-
-@get("/policies/{name:str}", responses=responses(400, *ACCESS, 404))
-async def get_policy(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
-    """A policy's settings and where it stands: served and pending version, groups by state, last step."""
-    return await _status(svc, name)
-
-
-@patch("/policies/{name:str}", opt={"invalid": "invalid_policy"}, responses=responses(400, *ACCESS, 404, 409, 413))
-async def change_policy(name: PolicyName, data: JSONBody[PolicyPatch], svc: NamedDependency[Services]) -> PolicyView:
-    if (data.train is not msgspec.UNSET and "teacher" in data.train) or data.base_model is not msgspec.UNSET:
-        # A served teacher's tokenizer is checked against vLLM before the write (the check is
-        # asked over HTTP; the write's own merge runs in the store's transaction).
-        current = await svc.db.read(store.get_policy, name)
-        changed = _patched(current, data, svc.settings.max_lora_rank)
-        await check_teacher(svc.upstream, msgspec.structs.replace(current, **{k: v for k, v in changed.items() if k in ("train", "base_model")}))
-    await actions.write(svc, controls.change_policy, name, functools.partial(_patched, data=data, max_lora_rank=svc.settings.max_lora_rank))
-    return await _status(svc, name)
-
-
-def _merge(current: msgspec.Struct, changes: dict[str, Any], kind: type[Any], key: str) -> Any:
-    try:
-        return msgspec.convert({**msgspec.to_builtins(current), **changes}, kind)
-    except msgspec.ValidationError as exc:
-        raise Invalid(f"invalid {key}: {exc}", f"invalid_{key}", key) from None
-
-
-def _patched(current: Policy, data: PolicyPatch, max_lora_rank: int = 0) -> dict[str, Any]:
-    """The columns a PATCH changes, merged with the policy as it stands on its locked row
-    (``store/controls.py: change_policy``), so two PATCHes of different keys both stand; the
-    merged settings are checked as a whole (a change that makes them conflict is refused, and
-    nothing is written)."""
-    values: dict[str, Any] = {k: getattr(data, k) for k in ("base_model", "model_path", "project", "paused") if getattr(data, k) is not msgspec.UNSET}
-    if data.shared_with is not msgspec.UNSET:
-        values["shared_with"] = list(dict.fromkeys(data.shared_with))
-    for key, kind in (
-        ("lora", LoraSettings),
-        ("train", TrainSettings),
-        ("ruler", RulerSettings),
-        ("promotion", PromotionSettings),
-        ("serving", ServingSettings),
-    ):
-        if (changes := getattr(data, key)) is not msgspec.UNSET:
-            values[key] = _merge(getattr(current, key), changes, kind, key)
-    if {"promotion", "lora", "train"} & values.keys():
-        _refuse_conflicts(msgspec.structs.replace(current, **{k: v for k, v in values.items() if k in ("promotion", "lora", "train")}), max_lora_rank)
-    return values
-
-
-@post("/policies/{name:str}/pause", status_code=200, responses=responses(400, *ACCESS, 404))
-async def pause(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
-    """Stop training (the served version stays); a step already running finishes."""
-    await actions.pause(svc, name)
-    return await _status(svc, name)
-
-
-@post("/policies/{name:str}/resume", status_code=200, responses=responses(400, *ACCESS, 404))
-async def resume(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
-    await actions.resume(svc, name)
-    return await _status(svc, name)
-
-
-@post("/policies/{name:str}/train", status_code=202, responses=responses(400, *ACCESS, 404, 409))
-async def train_now(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
-    """Train on the groups ready now, even fewer than groups_per_step (409 if none; paused policies too)."""
-    await actions.train_now(svc, name)
-    return await _status(svc, name)
-
-
-@get("/policies/{name:str}/checkpoints", responses=responses(400, *ACCESS, 404))
-async def checkpoints(name: PolicyName, svc: NamedDependency[Services]) -> StepList:
-    steps = await svc.db.read(store.list_steps, name)
-    return StepList(data=[msgspec.structs.replace(s, metrics=msgspec.UNSET) for s in steps])
-
-
-@get(
-    "/policies/{name:str}/checkpoints/{step:int}/adapter",
-    responses=responses(400, *ACCESS, 404),
-    media_type="application/zip",
-)
-async def download_adapter(name: PolicyName, step: Annotated[int, Parameter(ge=1, le=2**31 - 1)], svc: NamedDependency[Services]) -> Stream:
-    """The step's LoRA adapter as a zip: peft's adapter_config.json (pointed at the policy's base)
-    and adapter_model.safetensors. Merged weights and GGUF files: `burnish export`."""
-    return await downloads.adapter_zip(svc, name, step)
-
-
-@post("/policies/{name:str}/rollback", status_code=202, opt={"invalid": "invalid_rollback"}, responses=responses(400, *ACCESS, 404, 413))
-async def rollback(name: PolicyName, data: JSONBody[RollbackIn], svc: NamedDependency[Services]) -> PolicyView:
-    """Serve (and train on from) an earlier step; 0 is the base model. The trainer loads and switches."""
-    await actions.rollback(svc, name, data.step)
-    return await _status(svc, name)
-
-
-@post("/policies/{name:str}/promote", status_code=200, responses=responses(400, *ACCESS, 404, 409))
-async def promote(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
-    """Serve the candidate on trial to every trajectory now, whatever its evidence (409 if none)."""
-    await actions.promote(svc, name)
-    return await _status(svc, name)
-
-
-@post("/policies/{name:str}/reject", status_code=200, responses=responses(400, *ACCESS, 404, 409))
-async def reject(name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
-    """End the candidate's trial: the served version keeps serving (409 if there is no candidate)."""
-    await actions.reject(svc, name)
-    return await _status(svc, name)
-
-
-@get("/policies/{name:str}/metrics", responses=responses(400, *ACCESS, 404))
-async def metrics(name: PolicyName, svc: NamedDependency[Services]) -> MetricsList:
-    """One entry per step, oldest first, with the held-out score of that version (null where none)."""
-    steps, scores = await svc.db.read(controls.history, name)
-    data = []
-    for s in steps:
-        score = scores.get(s.step)
-        figures = msgspec.structs.asdict(s.metrics) if isinstance(s.metrics, StepMetrics) else {}
-        data.append(
-            StepFigures(
-                step=s.step,
-                created_at=s.created_at,
-                published_at=s.published_at,
-                eval_score=score.score if score else None,
-                eval_trajectories=score.trajectories if score else None,
-                decision=s.decision,
-                decided_at=s.decided_at,
-                decisions=s.decisions,
-                **figures,
-            )
-        )
-    return MetricsList(data=data)
-
-
-@get("/policies/{name:str}/evals", responses=responses(400, *ACCESS, 404))
-async def eval_scores(name: PolicyName, svc: NamedDependency[Services]) -> EvalList:
-    """Every version, oldest first (the base, step 0, included), with its held-out score: the mean
-    reward of the rewarded eval trajectories it answered (null where none)."""
-    return await svc.db.read(controls.eval_list, name)
 
 
 class KeyIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -282,73 +93,186 @@ class KeyIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 KeyId = Annotated[str, Parameter(pattern=r"^key_[0-9a-f]{16}$(?!\n)", description="an API key's id: key_ and 16 hex digits")]
 
 
-@post("/keys", status_code=201, opt={"invalid": "invalid_key"}, responses=responses(400, *ACCESS, 413))
-async def create_key(data: JSONBody[KeyIn], svc: NamedDependency[Services]) -> NewKeyView:
-    """Make an API key. Its secret is in this answer and nowhere else, ever: the store keeps its hash."""
-    limits = Limits(rpm_limit=data.rpm_limit, max_parallel_requests=data.max_parallel_requests)
-    make = functools.partial(key_store.create_key, name=data.name, project=data.project, scopes=list(data.scopes), limits=limits, expires_in_s=data.expires_in)
-    made = await svc.db.transaction(make)
-    svc.access.ring.replace(await svc.db.read(key_store.load_keys))  # this gateway closes at once; others within a second
-    return made
+class PoliciesController(Controller):
+    """A policy and its versions: settings, training control, checkpoints, history."""
+
+    path = "/policies"
+
+    @post("/", status_code=201, opt={"invalid": "invalid_policy"}, responses=responses(400, *ACCESS, 409, 413))
+    async def create_policy(self, data: JSONBody[PolicyIn], svc: NamedDependency[Services]) -> PolicyView:
+        """Create a policy: a trainable model over a base model, with LoRA, training and RULER settings."""
+        policy = Policy(
+            name=data.name,
+            base_model=data.base_model,
+            model_path=data.model_path,
+            lora=data.lora,
+            train=data.train,
+            ruler=data.ruler,
+            promotion=data.promotion,
+            serving=data.serving,
+            project=data.project,
+            shared_with=tuple(dict.fromkeys(data.shared_with)),
+            paused=data.paused,
+        )
+        refuse_conflicts(policy, svc.settings.max_lora_rank)
+        await check_teacher(svc.upstream, policy)
+        await actions.write(svc, store.create_policy, policy)
+        return await _status(svc, data.name)
+
+    @get("/", responses=responses(*ACCESS))
+    async def list_policies(self, svc: NamedDependency[Services]) -> PolicyList:
+        names = [p.name for p in await svc.db.read(store.load_policies)]
+        return PolicyList(data=[await svc.db.read(store.policy_status, name) for name in names])
+
+    @get("/{name:str}", responses=responses(400, *ACCESS, 404))
+    async def get_policy(self, name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
+        """A policy's settings and where it stands: served and pending version, groups by state, last step."""
+        return await _status(svc, name)
+
+    @patch("/{name:str}", opt={"invalid": "invalid_policy"}, responses=responses(400, *ACCESS, 404, 409, 413))
+    async def change_policy(self, name: PolicyName, data: JSONBody[PolicyPatch], svc: NamedDependency[Services]) -> PolicyView:
+        if (data.train is not msgspec.UNSET and "teacher" in data.train) or data.base_model is not msgspec.UNSET:
+            # A served teacher's tokenizer is checked against vLLM before the write (the check is
+            # asked over HTTP; the write's own merge runs in the store's transaction).
+            current = await svc.db.read(store.get_policy, name)
+            changed = patched(current, data, svc.settings.max_lora_rank)
+            await check_teacher(svc.upstream, msgspec.structs.replace(current, **{k: v for k, v in changed.items() if k in ("train", "base_model")}))
+        await actions.write(svc, controls.change_policy, name, functools.partial(patched, data=data, max_lora_rank=svc.settings.max_lora_rank))
+        return await _status(svc, name)
+
+    @post("/{name:str}/pause", status_code=200, responses=responses(400, *ACCESS, 404))
+    async def pause(self, name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
+        """Stop training (the served version stays); a step already running finishes."""
+        await actions.pause(svc, name)
+        return await _status(svc, name)
+
+    @post("/{name:str}/resume", status_code=200, responses=responses(400, *ACCESS, 404))
+    async def resume(self, name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
+        await actions.resume(svc, name)
+        return await _status(svc, name)
+
+    @post("/{name:str}/train", status_code=202, responses=responses(400, *ACCESS, 404, 409))
+    async def train_now(self, name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
+        """Train on the groups ready now, even fewer than groups_per_step (409 if none; paused policies too)."""
+        await actions.train_now(svc, name)
+        return await _status(svc, name)
+
+    @get("/{name:str}/checkpoints", responses=responses(400, *ACCESS, 404))
+    async def checkpoints(self, name: PolicyName, svc: NamedDependency[Services]) -> StepList:
+        steps = await svc.db.read(store.list_steps, name)
+        return StepList(data=[msgspec.structs.replace(s, metrics=msgspec.UNSET) for s in steps])
+
+    @get(
+        "/{name:str}/checkpoints/{step:int}/adapter",
+        responses=responses(400, *ACCESS, 404),
+        media_type="application/zip",
+    )
+    async def download_adapter(self, name: PolicyName, step: Annotated[int, Parameter(ge=1, le=2**31 - 1)], svc: NamedDependency[Services]) -> Stream:
+        """The step's LoRA adapter as a zip: peft's adapter_config.json (pointed at the policy's base)
+        and adapter_model.safetensors. Merged weights and GGUF files: `burnish export`."""
+        return await downloads.adapter_zip(svc, name, step)
+
+    @post("/{name:str}/rollback", status_code=202, opt={"invalid": "invalid_rollback"}, responses=responses(400, *ACCESS, 404, 413))
+    async def rollback(self, name: PolicyName, data: JSONBody[RollbackIn], svc: NamedDependency[Services]) -> PolicyView:
+        """Serve (and train on from) an earlier step; 0 is the base model. The trainer loads and switches."""
+        await actions.rollback(svc, name, data.step)
+        return await _status(svc, name)
+
+    @post("/{name:str}/promote", status_code=200, responses=responses(400, *ACCESS, 404, 409))
+    async def promote(self, name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
+        """Serve the candidate on trial to every trajectory now, whatever its evidence (409 if none)."""
+        await actions.promote(svc, name)
+        return await _status(svc, name)
+
+    @post("/{name:str}/reject", status_code=200, responses=responses(400, *ACCESS, 404, 409))
+    async def reject(self, name: PolicyName, svc: NamedDependency[Services]) -> PolicyView:
+        """End the candidate's trial: the served version keeps serving (409 if there is no candidate)."""
+        await actions.reject(svc, name)
+        return await _status(svc, name)
+
+    @get("/{name:str}/metrics", responses=responses(400, *ACCESS, 404))
+    async def metrics(self, name: PolicyName, svc: NamedDependency[Services]) -> MetricsList:
+        """One entry per step, oldest first, with the held-out score of that version (null where none)."""
+        steps, scores = await svc.db.read(controls.history, name)
+        data = []
+        for s in steps:
+            score = scores.get(s.step)
+            figures = msgspec.structs.asdict(s.metrics) if isinstance(s.metrics, StepMetrics) else {}
+            data.append(
+                StepFigures(
+                    step=s.step,
+                    created_at=s.created_at,
+                    published_at=s.published_at,
+                    eval_score=score.score if score else None,
+                    eval_trajectories=score.trajectories if score else None,
+                    decision=s.decision,
+                    decided_at=s.decided_at,
+                    decisions=s.decisions,
+                    **figures,
+                )
+            )
+        return MetricsList(data=data)
+
+    @get("/{name:str}/evals", responses=responses(400, *ACCESS, 404))
+    async def eval_scores(self, name: PolicyName, svc: NamedDependency[Services]) -> EvalList:
+        """Every version, oldest first (the base, step 0, included), with its held-out score: the mean
+        reward of the rewarded eval trajectories it answered (null where none)."""
+        return await svc.db.read(controls.eval_list, name)
 
 
-@get("/keys", responses=responses(*ACCESS))
-async def list_keys(svc: NamedDependency[Services]) -> KeyList:
-    """Every key, revoked and expired ones included, oldest first (never a secret nor its hash)."""
-    return KeyList(data=[key_store.key_view(k) for k in await svc.db.read(key_store.load_keys)])
+class KeysController(Controller):
+    """API keys: made (the secret shown once), listed, read, revoked."""
+
+    path = "/keys"
+
+    @post("/", status_code=201, opt={"invalid": "invalid_key"}, responses=responses(400, *ACCESS, 413))
+    async def create_key(self, data: JSONBody[KeyIn], svc: NamedDependency[Services]) -> NewKeyView:
+        """Make an API key. Its secret is in this answer and nowhere else, ever: the store keeps its hash."""
+        limits = Limits(rpm_limit=data.rpm_limit, max_parallel_requests=data.max_parallel_requests)
+        make = functools.partial(
+            key_store.create_key, name=data.name, project=data.project, scopes=list(data.scopes), limits=limits, expires_in_s=data.expires_in
+        )
+        made = await svc.db.transaction(make)
+        svc.access.ring.replace(await svc.db.read(key_store.load_keys))  # this gateway closes at once; others within a second
+        return made
+
+    @get("/", responses=responses(*ACCESS))
+    async def list_keys(self, svc: NamedDependency[Services]) -> KeyList:
+        """Every key, revoked and expired ones included, oldest first (never a secret nor its hash)."""
+        return KeyList(data=[key_store.key_view(k) for k in await svc.db.read(key_store.load_keys)])
+
+    @get("/{key_id:str}", responses=responses(400, *ACCESS, 404))
+    async def get_key(self, key_id: KeyId, svc: NamedDependency[Services]) -> KeyView:
+        return key_store.key_view(await svc.db.read(key_store.get_key, key_id))
+
+    @delete("/{key_id:str}", status_code=200, responses=responses(400, *ACCESS, 404))
+    async def revoke_key(self, key_id: KeyId, svc: NamedDependency[Services]) -> KeyView:
+        """Revoke a key: refused by this gateway at once, by every other within a second. The row stays."""
+        key = await svc.db.transaction(key_store.revoke_key, key_id)
+        svc.access.ring.replace(await svc.db.read(key_store.load_keys))
+        return key_store.key_view(key)
 
 
-@get("/keys/{key_id:str}", responses=responses(400, *ACCESS, 404))
-async def get_key(key_id: KeyId, svc: NamedDependency[Services]) -> KeyView:
-    return key_store.key_view(await svc.db.read(key_store.get_key, key_id))
+class SessionsController(Controller):
+    """The dashboard's sign-ins: listed, ended."""
 
+    path = "/sessions"
 
-@delete("/keys/{key_id:str}", status_code=200, responses=responses(400, *ACCESS, 404))
-async def revoke_key(key_id: KeyId, svc: NamedDependency[Services]) -> KeyView:
-    """Revoke a key: refused by this gateway at once, by every other within a second. The row stays."""
-    key = await svc.db.transaction(key_store.revoke_key, key_id)
-    svc.access.ring.replace(await svc.db.read(key_store.load_keys))
-    return key_store.key_view(key)
+    @get("/", responses=responses(*ACCESS))
+    async def list_sessions(self, svc: NamedDependency[Services]) -> SessionList:
+        """Every dashboard sign-in not past its lifetime, oldest first, with its status (never its secret nor the secret's hash)."""
+        return SessionList(data=await svc.access.sessions.listing())
 
-
-@get("/sessions", responses=responses(*ACCESS))
-async def list_sessions(svc: NamedDependency[Services]) -> SessionList:
-    """Every dashboard sign-in not past its lifetime, oldest first, with its status (never its secret nor the secret's hash)."""
-    return SessionList(data=await svc.access.sessions.listing())
-
-
-@delete("/sessions/{session_id:str}", status_code=200, responses=responses(400, *ACCESS, 404))
-async def end_session(session_id: SessionId, svc: NamedDependency[Services]) -> SessionView:
-    """End a dashboard session: every gateway refuses its cookie from its next request. The answer says `status: ended`."""
-    return await svc.access.sessions.end_by_id(session_id)
+    @delete("/{session_id:str}", status_code=200, responses=responses(400, *ACCESS, 404))
+    async def end_session(self, session_id: SessionId, svc: NamedDependency[Services]) -> SessionView:
+        """End a dashboard session: every gateway refuses its cookie from its next request. The answer says `status: ended`."""
+        return await svc.access.sessions.end_by_id(session_id)
 
 
 router = Router(
     path="/admin",
     opt={"scope": "admin"},
     security=BEARER,
-    route_handlers=[
-        create_policy,
-        list_policies,
-        get_policy,
-        change_policy,
-        pause,
-        resume,
-        train_now,
-        checkpoints,
-        download_adapter,
-        rollback,
-        promote,
-        reject,
-        metrics,
-        eval_scores,
-        *demonstrations.admin_handlers,
-        create_key,
-        list_keys,
-        get_key,
-        revoke_key,
-        list_sessions,
-        end_session,
-    ],
+    route_handlers=[PoliciesController, *demonstrations.admin_handlers, KeysController, SessionsController],
     tags=["admin"],
 )

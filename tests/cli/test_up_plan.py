@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from burnish_server.cli.up import TINY_MODEL_DEFAULTS
-from burnish_server.cli.up_plan import Machine, Served, UpOptions, UpPlan, plan_up, replica_cores, training_note, wanted_policy
+from burnish_server.cli.up_plan import Machine, Served, UpOptions, UpPlan, plan_up, training_note, wanted_policy
 from burnish_server.core.learning.defaults import ModelShape, defaults
 from burnish_server.core.learning.policies import LoraSettings, Policy
 from burnish_server.core.platform.settings import Settings
-from burnish_server.serving.process import SERVED_LORA_MODULES, VLLMServer
+from burnish_server.serving.process import SERVED_LORA_MODULES, VLLMServer, split_cores
 from burnish_server.serving.tool_calling import ToolCalling
 
 DATA = Path("/data")
@@ -204,4 +204,4 @@ def test_the_training_note_says_whose_settings_train() -> None:
     ],
 )
 def test_each_replica_gets_its_share_of_the_cores(cores: range | tuple[int, ...], replicas: int, cpu_build: bool, expected: list[str | None]) -> None:
-    assert replica_cores(tuple(cores), replicas, cpu_build) == expected
+    assert split_cores(tuple(cores), replicas, cpu_build) == expected
