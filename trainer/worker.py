@@ -9,8 +9,9 @@
     training      claim ready groups, take a step, record it, publish it (trainer/stepper.py)
     catch-up      load into each vLLM replica what it lacks        (trainer/catch_up.py)
 
-and tells whoever watches training (Langfuse, the trackers: telemetry/watchers.py) each step
-and decision, and the trackers each version's held-out score.
+and tells whoever watches training (trainer/tracking.py) each step and decision, and the
+trackers each version's held-out score. Training and catching up each run until stopped, every
+so many seconds (``repeat``).
 
 A trainer killed at any point loses nothing and trains nothing twice: its next start
 recovers, and publishing serves a recorded step that was never switched to.
@@ -22,19 +23,15 @@ import asyncio
 import logging
 import os
 import socket
-import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from burnish_server.core.learning.policies import Policy
-from burnish_server.core.learning.promotion import DecisionRecord
 from burnish_server.core.platform.settings import Settings
 from burnish_server.serving.fleet import Fleet
 from burnish_server.store.database import Database
-from burnish_server.store.evals import Score, any_unscored, scores_by_step, settle_unscored
+from burnish_server.store.evals import any_unscored, settle_unscored
 from burnish_server.store.policies import get_policy, load_policies
-from burnish_server.telemetry.langfuse_export import LangfuseExport
-from burnish_server.telemetry.trackers import Trackers
-from burnish_server.telemetry.watchers import Decision, Watchers
 from burnish_server.trainer.catch_up import CatchUp
 from burnish_server.trainer.checkpoints import Checkpoints
 from burnish_server.trainer.distributed import Ranks
@@ -42,6 +39,7 @@ from burnish_server.trainer.models import Models
 from burnish_server.trainer.promoter import Promoter
 from burnish_server.trainer.publisher import Publisher, Refusals
 from burnish_server.trainer.stepper import Stepper
+from burnish_server.trainer.tracking import Tracking
 from burnish_server.trainer.turns import Turns
 
 log = logging.getLogger("burnish.trainer")
@@ -56,6 +54,9 @@ class WorkerSettings:
 
 
 class TrainerWorker:
+    """The trainer's loop over its jobs: recover, then pass after pass, publish, review and step
+    each policy, catching the replicas up beside the passes, until stopped."""
+
     def __init__(self, settings: Settings, worker: WorkerSettings = WorkerSettings(), ranks: Ranks | None = None) -> None:
         self.settings, self.worker = settings, worker
         self.db = Database(settings.resolved_database_url, sqlite_synchronous=settings.sqlite_synchronous)
@@ -67,36 +68,36 @@ class TrainerWorker:
         self.replicas = CatchUp(settings, self.db, self.checkpoints, self.fleet, refusals)
         self.publisher = Publisher(settings, self.db, self.checkpoints, self.fleet, refusals, on_published=self.replicas.soon)
         self.stepper = Stepper(settings, self.db, self.checkpoints, self.held, worker.worker_id)
-        self.promoter = Promoter(self.db, settings.trainer_review_every, self.record_decision)
-        # W&B, MLflow, TensorBoard, those configured. This worker runs on rank 0 alone (the other
-        # ranks follow it: cli/main.py), so each step is logged once.
-        self.trackers = Trackers.from_settings(settings)
-        # Each step and decision to Langfuse (as events, when keys are set) and the trackers.
-        self.watchers = Watchers([LangfuseExport.from_settings(settings), self.trackers])
-        self.tracked: dict[tuple[str, int], Score] = {}  # (policy, step) -> held-out score as last logged
-        self.tracked_at = float("-inf")
+        self.tracking = Tracking(settings, self.db)
+        self.promoter = Promoter(self.db, settings.trainer_review_every, self.tracking.decision)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
         await self.recover()
         ranks = self.held.ranks
         log.info("trainer %s started: %s", self.worker.worker_id, f"rank 0 of {ranks.world} ({ranks.parallel})" if ranks.world > 1 else "one rank")
+
+        async def train() -> bool:
+            trained = await self.run_once()
+            if not trained:
+                self.held.keep_alive()
+            return trained
+
+        async def catch_up_if_due() -> bool:
+            if self.replicas.due:
+                try:
+                    await self.catch_up()
+                except Exception:  # the store or a replica away: the next look tries again
+                    log.exception("catching the replicas up failed")
+            return False  # looks again after its period, whatever it did
+
         # Replicas are caught up beside the loop too: a vLLM that restarted mid-step gets the
         # served adapters back within seconds, not after the step (minutes on a CPU).
-        beside = asyncio.create_task(self.catch_up_beside(stop), name="catch-up")
+        beside = asyncio.create_task(repeat(catch_up_if_due, self.settings.trainer_catch_up_every, stop), name="catch-up")
         try:
-            await self.loop(stop)
+            await repeat(train, self.settings.trainer_poll_every, stop)
         finally:
             beside.cancel()
-
-    async def loop(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            if not await self.run_once():
-                self.held.keep_alive()
-                try:
-                    await asyncio.wait_for(stop.wait(), self.settings.trainer_poll_every)
-                except TimeoutError:
-                    pass
 
     async def run_once(self) -> bool:
         """One pass over the policies: serve what should be served, decide candidates' trials,
@@ -115,8 +116,7 @@ class TrainerWorker:
                 trained |= await self.train_once(policy)
         if self.replicas.due:
             await self.catch_up()
-        if self.trackers is not None and time.monotonic() - self.tracked_at >= self.settings.trackers_eval_every:
-            await self.track_held_out(self.trackers, policies)
+        await self.tracking.held_out(policies)
         self.held.unload_idle()
         return trained
 
@@ -125,7 +125,7 @@ class TrainerWorker:
         step = await self.stepper.step(policy)
         if step is None:
             return False
-        self.watchers.step(step)
+        self.tracking.step(step)
         await self.publisher.pending(await self.db.read(get_policy, policy.name))
         return True
 
@@ -136,33 +136,19 @@ class TrainerWorker:
     async def catch_up(self) -> None:
         await self.replicas.run()
 
-    async def catch_up_beside(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            if self.replicas.due:
-                try:
-                    await self.catch_up()
-                except Exception:  # the store or a replica away: the next look tries again
-                    log.exception("catching the replicas up failed")
-            try:
-                await asyncio.wait_for(stop.wait(), self.settings.trainer_catch_up_every)
-            except TimeoutError:
-                pass
-
     async def close(self) -> None:
         self.held.stop()
-        await asyncio.to_thread(self.watchers.close)
+        await asyncio.to_thread(self.tracking.close)
         self.fleet.close()
         await self.db.dispose()
 
-    def record_decision(self, policy: str, step: int, record: DecisionRecord) -> None:
-        self.watchers.decision(Decision(policy, step, record))
 
-    async def track_held_out(self, trackers: Trackers, policies: list[Policy]) -> None:
-        """Each version's held-out score to the trackers, when it is new or changed (more eval
-        trajectories rewarded) since it was last logged."""
-        self.tracked_at = time.monotonic()
-        for policy in policies:
-            for step, score in (await self.db.read(scores_by_step, policy.name)).items():
-                if self.tracked.get((policy.name, step)) != score:
-                    self.tracked[(policy.name, step)] = score
-                    trackers.held_out(policy.name, step, score.score, score.trajectories)
+async def repeat(job: Callable[[], Awaitable[bool]], every: float, stop: asyncio.Event) -> None:
+    """``job`` until ``stop`` is set: again at once after a pass that did something (True), else
+    after ``every`` seconds, or as soon as ``stop`` is set."""
+    while not stop.is_set():
+        if not await job():
+            try:
+                await asyncio.wait_for(stop.wait(), every)
+            except TimeoutError:
+                pass
