@@ -64,8 +64,9 @@ class Tracker(Protocol):
     def close(self) -> None: ...
 
 
-def _require(module: str, extra: str, setting: str) -> ModuleType:
-    """The tracker's package, or an error that says which extra brings it."""
+def import_extra(module: str, extra: str, setting: str) -> ModuleType:
+    """The tracker's package (``module``), or an ImportError that names the setting asking for it and
+    the extra that brings it."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
@@ -103,7 +104,7 @@ class WandbTracker:
     name = "W&B"
 
     def __init__(self, project: str) -> None:
-        self.wandb = _require("wandb", "wandb", "BURNISH_WANDB_PROJECT")
+        self.wandb = import_extra("wandb", "wandb", "BURNISH_WANDB_PROJECT")
         self.project = project
         self.runs: dict[str, Any] = {}
 
@@ -143,7 +144,7 @@ class MLflowTracker:
     name = "MLflow"
 
     def __init__(self, tracking_uri: str, experiment: str) -> None:
-        tracking = _require("mlflow.tracking", "mlflow", "BURNISH_MLFLOW_TRACKING_URI")
+        tracking = import_extra("mlflow.tracking", "mlflow", "BURNISH_MLFLOW_TRACKING_URI")
         self.metric = importlib.import_module("mlflow.entities").Metric
         # No request yet: a server that is away now fails the first item, not the trainer's start.
         self.client = tracking.MlflowClient(tracking_uri=tracking_uri)
@@ -184,7 +185,7 @@ class TensorBoardTracker:
     name = "TensorBoard"
 
     def __init__(self, directory: str) -> None:
-        self.tensorboardx = _require("tensorboardX", "tensorboard", "BURNISH_TENSORBOARD_DIR")
+        self.tensorboardx = import_extra("tensorboardX", "tensorboard", "BURNISH_TENSORBOARD_DIR")
         self.directory = Path(directory).expanduser()
         self.writers: dict[str, Any] = {}
 

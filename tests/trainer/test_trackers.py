@@ -27,7 +27,7 @@ from burnish_server.core.learning.steps import StepMetrics
 from burnish_server.core.platform.settings import Settings
 from burnish_server.store.database import Database
 from burnish_server.store.policies import list_steps
-from burnish_server.telemetry.trackers import MLflowTracker, TensorBoardTracker, Trackers, WandbTracker, _require, numeric
+from burnish_server.telemetry.trackers import MLflowTracker, TensorBoardTracker, Trackers, WandbTracker, import_extra, numeric
 from burnish_server.telemetry.watchers import Decision, Step
 from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
 from tests.conftest import Gateway
@@ -228,7 +228,7 @@ def test_a_failing_tracker_is_a_warning_and_the_others_still_log(tmp_path: Path,
 def test_no_tracker_is_on_unless_configured_and_a_missing_package_names_its_extra(tmp_path: Path) -> None:
     assert Trackers.from_settings(Settings.load({})) is None
     with pytest.raises(ImportError, match=r"BURNISH_WANDB_PROJECT is set, but burnish_absent is not installed: from the checkout, pip install '\.\[wandb\]'"):
-        _require("burnish_absent", "wandb", "BURNISH_WANDB_PROJECT")
+        import_extra("burnish_absent", "wandb", "BURNISH_WANDB_PROJECT")
     settings = Settings.load({"BURNISH_TENSORBOARD_DIR": str(tmp_path / "tb"), "BURNISH_MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}"})
     trackers = Trackers.from_settings(settings)
     assert trackers is not None and [t.name for t in trackers.trackers] == ["MLflow", "TensorBoard"]
