@@ -42,33 +42,32 @@ def lint_imports() -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(LINT_IMPORTS), "--no-cache"], capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
+def lint_with_probe(probe: Path, imported: str) -> str:
+    """import-linter's report with ``probe`` importing ``imported`` (it must break a contract),
+    its lines unwrapped."""
+    probe.write_text(f"import {imported}  # a deliberate wrong-way import\n")
+    try:
+        broken = lint_imports()
+    finally:
+        probe.unlink()
+    assert broken.returncode != 0, broken.stdout[-3000:]
+    return " ".join(broken.stdout.split())  # import-linter wraps its lines
+
+
 def test_the_layer_contract_holds_and_catches_a_wrong_way_import() -> None:
     assert LINT_IMPORTS.exists(), "import-linter is not installed: make test installs it (the lint extra)"
     kept = lint_imports()
     assert kept.returncode == 0, kept.stdout[-3000:]
     # A module of the domain that imports the gateway: the contract must break on it.
-    probe = ROOT / "core" / "_wrong_way_probe.py"
-    probe.write_text("import burnish_server.gateway.app  # a deliberate wrong-way import\n")
-    try:
-        broken = lint_imports()
-    finally:
-        probe.unlink()
-    assert broken.returncode != 0
-    assert "burnish_server.core._wrong_way_probe -> burnish_server.gateway.app" in broken.stdout, broken.stdout[-3000:]
+    said = lint_with_probe(ROOT / "core" / "_wrong_way_probe.py", "burnish_server.gateway.app")
+    assert "burnish_server.core._wrong_way_probe -> burnish_server.gateway.app" in said, said[-3000:]
 
 
 def test_the_domains_rooms_import_one_way() -> None:
     """platform < protocols < learning < api (docs/architecture.md): a room importing upward breaks the lint."""
-    probe = ROOT / "core" / "platform" / "_wrong_way_probe.py"
-    probe.write_text("import burnish_server.core.learning.policies  # a deliberate upward import\n")
-    try:
-        broken = lint_imports()
-    finally:
-        probe.unlink()
-    assert broken.returncode != 0
-    assert "The domain's rooms: each imports only the rooms below it BROKEN" in broken.stdout, broken.stdout[-3000:]
-    said = " ".join(broken.stdout.split())  # import-linter wraps its lines
-    assert "burnish_server.core.platform._wrong_way_probe -> burnish_server.core.learning.policies" in said, broken.stdout[-3000:]
+    said = lint_with_probe(ROOT / "core" / "platform" / "_wrong_way_probe.py", "burnish_server.core.learning.policies")
+    assert "The domain's rooms: each imports only the rooms below it BROKEN" in said, said[-3000:]
+    assert "burnish_server.core.platform._wrong_way_probe -> burnish_server.core.learning.policies" in said, said[-3000:]
 
 
 def test_no_module_imports_litestars_private_api() -> None:
