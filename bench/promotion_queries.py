@@ -243,7 +243,7 @@ async def bench(kind: str, args: argparse.Namespace) -> None:
     queries = {
         "samples, canary": (lambda conn, *a: promotion.samples(conn, *a, since=canary.candidate_since), "agent", [SERVED, CANDIDATE]),
         "samples, eval": (lambda conn, *a: promotion.samples(conn, *a, held_out=True), "agent", [SERVED, CANDIDATE]),
-        "_latest": (promotion._latest, "agent", SERVED, WINDOW),
+        "latest_sample": (promotion.latest_sample, "agent", SERVED, WINDOW),
     }
     print(f"{'schema':<16}{'canary p50/p95':>20}{'eval p50/p95':>20}{'regression p50/p95':>20}  (ms)")
     for name in SCHEMAS:

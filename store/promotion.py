@@ -34,7 +34,7 @@ from burnish_server.store import evals
 from burnish_server.store.models import Call, StepRow, Trajectory
 
 # The rollback watch reads a version's newest calls this many windows at a time, then this many
-# times more while the window is not full (``_latest``): a trajectory makes a few calls.
+# times more while the window is not full (``latest_sample``): a trajectory makes a few calls.
 READ_AHEAD = 4
 
 
@@ -105,11 +105,11 @@ def regression_samples(conn: Connection, policy: Policy) -> tuple[int, Sample, S
     ).one_or_none()
     if row is None or row.step != policy.step or row.decision != Outcome.PROMOTED:
         return None
-    before, now = (_latest(conn, policy.name, step, rule.rollback_window) for step in (row.parent, policy.step))
+    before, now = (latest_sample(conn, policy.name, step, rule.rollback_window) for step in (row.parent, policy.step))
     return row.parent, before, now
 
 
-def _latest(conn: Connection, policy: str, step: int, window: int) -> Sample:
+def latest_sample(conn: Connection, policy: str, step: int, window: int) -> Sample:
     """The newest ``window`` rewarded trajectories that version ``step`` alone answered, newest
     by their calls. The version's calls are walked newest first (``ix_calls_version``), each
     call's trajectory checked (rewarded, and no other version's call among its own), until the

@@ -354,9 +354,10 @@ class AllowEveryMethod:
             return
         if self.allowed is None:
             routes = scope["app"].routes
-            self.allowed = {r.path: ", ".join(sorted(r.methods)).encode() for r in routes if isinstance(r, HTTPRoute) and "OPTIONS" in r.methods}
-        handler = scope.get("route_handler")
-        methods = self.allowed.get(next(iter(handler.paths), "")) if handler is not None else None
+            self.allowed = {r.path_format: ", ".join(sorted(r.methods)).encode() for r in routes if isinstance(r, HTTPRoute) and "OPTIONS" in r.methods}
+        # The route's whole path as Litestar matched it (a handler's own paths are relative to its
+        # controller's).
+        methods = self.allowed.get(scope.get("path_template", ""))
         if methods is not None:
             message["headers"] = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"allow"] + [(b"allow", methods)]
 

@@ -32,7 +32,7 @@ _NO_PARAMS: dict[str, str] = {}
 
 
 def proxy_route(path: str) -> tuple[Surface, dict[str, str]] | None:
-    """The surface a path names, with the keys in its prefix; None for any other path.
+    """The surface a path names, with the ids in its prefix; None for any other path.
 
     The grammar is ``PREFIXES``' (each id one non-empty path segment), read by hand: the entry
     point asks it of every request, and this costs less than Litestar's router or a regex."""

@@ -199,9 +199,9 @@ async def test_the_rollback_watch_reads_a_versions_newest_rewarded_trajectories(
     for i in range(12):  # newest last; every third unrewarded
         await trajectory(writer, f"t{i}", [5], i * 3, None if i % 3 == 0 else float(i))
     await trajectory(writer, "mixed", [4, 5], 100, 50.0)  # the newest calls, but also another version's
-    assert await db.read(promotion._latest, "agent", 5, 3) == Sample.of([11.0, 10.0, 8.0])
+    assert await db.read(promotion.latest_sample, "agent", 5, 3) == Sample.of([11.0, 10.0, 8.0])
     # A window larger than what the first read ahead holds reads further back, then stops at the oldest.
-    assert (await db.read(promotion._latest, "agent", 5, 20)).n == 8
+    assert (await db.read(promotion.latest_sample, "agent", 5, 20)).n == 8
 
 
 # What `ANALYZE` (as Database.optimize runs it) found in bench/store_reads.py's store of a
@@ -250,7 +250,7 @@ async def test_the_promotion_reads_start_from_the_versions_calls(store) -> None:
             plans.extend(row[3] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters))
 
     await db.read(lambda conn: explain(conn, promotion.samples, "agent", [1, 2], since=START + timedelta(minutes=10)))
-    await db.read(lambda conn: explain(conn, promotion._latest, "agent", 1, 3))
+    await db.read(lambda conn: explain(conn, promotion.latest_sample, "agent", 1, 3))
     assert any("ix_calls_version" in line for line in plans), plans
     await db.read(lambda conn: explain(conn, promotion.samples, "agent", [1, 2], held_out=True))
     await db.read(lambda conn: explain(conn, evals.scores_by_step, "agent"))
