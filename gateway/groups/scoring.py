@@ -1,7 +1,6 @@
 """RULER on a group: the judge chosen, the verdict cached and stored as rewards; and the background
-task that judges the closed groups of policies that ask for it (``ruler.auto``).
-
-POST /v1/groups/{id}/ruler, and the background task that runs RULER for policies that ask.
+task that judges the closed groups of policies that ask for it (``ruler.auto``). The route,
+``POST /v1/groups/{id}/ruler``, is ``gateway/routes/ruler.py``.
 
 Which judge: the model is the request's ``judge_model``, else the group's policy's
 ``ruler.judge_model``, else ``BURNISH_JUDGE_MODEL``, else the policy's base model. The

@@ -4,7 +4,7 @@ With several replicas (or discovery), ``watch`` runs beside the app: every
 ``upstream_health_every`` seconds it asks each replica for ``/v1/models``, in parallel. A
 replica that answers is healthy and serves what it lists (the base model and each LoRA
 adapter loaded in it); one that does not is down, and gets no calls while another is up.
-The proxy marks a replica down at once when a call cannot reach it (``upstream.py``); this
+The proxy marks a replica down at once when a call cannot reach it (``client.py``); this
 brings it back. With ``upstream_discover`` the list itself is re-resolved every
 ``upstream_discover_every`` seconds.
 
