@@ -1,6 +1,6 @@
 """``POST /v1/demonstrations``: conversations a policy imitates (core/learning/demonstrations.py); and
 ``POST /admin/policies/{name}/teacher-answers``: a teacher's answers to the policy's recorded
-prompts, recorded as demonstrations.
+prompts, recorded as demonstrations (``gateway/policies/demonstrations.py``).
 
 Each demonstration is recorded as one call, in a trajectory and group of its own, closed at
 once; the ids come back so that each can be read (``GET /v1/trajectories/{id}``) or exported
@@ -10,35 +10,27 @@ step taking ``groups_per_step`` of them as it takes groups.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
-import httpx
 import msgspec
 from litestar import Router, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
-from burnish_server.core.learning.demonstrations import MAX_DEMONSTRATIONS, Demonstration, DemonstrationsIn, record
-from burnish_server.core.learning.messages import with_context
-from burnish_server.core.learning.policies import served_name
-from burnish_server.core.platform.access import DEFAULT_PROJECT, PRINTABLE, Principal, local, qualify
+from burnish_server.core.learning.demonstrations import MAX_DEMONSTRATIONS, DemonstrationsIn, record
+from burnish_server.core.platform.access import PRINTABLE, Principal, local
 from burnish_server.core.platform.errors import Invalid, NotFound
-from burnish_server.core.protocols.records import CallRecord
-from burnish_server.core.protocols.transcript import exchange
 from burnish_server.gateway.access.admission import ACCESS_ERRORS, BEARER
 from burnish_server.gateway.edge.errors import responses
+from burnish_server.gateway.policies.demonstrations import teacher_demonstrations
 from burnish_server.gateway.routes.common import PolicyName
 from burnish_server.gateway.services import Services
-from burnish_server.store.prompts import recent_prompts
 from burnish_server.store.writes import RecordDemonstrations
 
 log = logging.getLogger("burnish.gateway")
-
-TEACHER_AT_ONCE = 8  # prompts in flight to the teacher
 
 
 class DemonstrationsOut(msgspec.Struct):
@@ -96,52 +88,9 @@ async def teacher_answers(name: PolicyName, data: JSONBody[TeacherAnswersIn], sv
     policy = svc.policies.policies.get(name)
     if policy is None:
         raise NotFound(f"no policy {name!r}", "policy_not_found", "name")
-    teacher = policy.train.teacher
-    context: list[dict[str, Any]] = []
-    if data.model is not None:
-        model = data.model
-    elif teacher is not None and (teacher.context or teacher.model is not None):
-        model, context = teacher.model or served_name(policy, 0), [msgspec.to_builtins(turn) for turn in teacher.context]
-    else:
-        raise Invalid(f"policy {name!r} has no train.teacher (a context or a model): name the model to ask", "invalid_teacher_answers", "model")
-    prompts = await svc.db.read(recent_prompts, policy.name, data.limit)
-    replica = next((r.url for r in svc.upstream.replicas.order(None, model) if r.healthy), None)
-    if replica is None:
-        raise Invalid("no upstream replica answers: the teacher cannot be asked", "upstream_unavailable", "model")
-    headers = {"authorization": f"Bearer {svc.settings.upstream_api_key}"} if svc.settings.upstream_api_key else {}
-    gate = asyncio.Semaphore(TEACHER_AT_ONCE)
-
-    async def answer(call: CallRecord) -> Demonstration | None:
-        turn = exchange(call)
-        messages = [m.chat() for m in turn.prompt]
-        body: dict[str, Any] = {"model": model, "messages": with_context(messages, context), "temperature": 0, "max_tokens": data.max_tokens}
-        if turn.tools:
-            body["tools"] = turn.tools
-        async with gate:
-            try:
-                r = await svc.judge_http.post(replica.rstrip("/") + "/v1/chat/completions", json=body, headers=headers, timeout=svc.settings.upstream_timeout)
-                said = r.json()["choices"][0]["message"] if r.status_code == 200 else None
-            except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
-                log.warning("teacher %s gave no answer to a prompt of %s: %s", model, name, exc)
-                return None
-        if said is None:
-            log.warning("teacher %s refused a prompt of %s: %s %s", model, name, r.status_code, r.text[:200])
-            return None
-        try:
-            shown = msgspec.convert({"messages": [*messages, {k: said.get(k) for k in ("role", "content", "tool_calls")}], "tools": turn.tools}, Demonstration)
-        except msgspec.ValidationError as exc:
-            log.warning("teacher %s answered a prompt of %s in a form no demonstration takes: %s", model, name, exc)
-            return None
-        return shown if shown.problem() is None else None
-
-    answers = [a for a in await asyncio.gather(*(answer(call) for call in prompts)) if a is not None]
-    project = policy.project or DEFAULT_PROJECT
-    now = datetime.now(UTC)
-    records = [record(d, policy.name, qualify(project, f"demo-{uuid.uuid4().hex}"), now) for d in answers]
-    if records:
-        await svc.writer.write(RecordDemonstrations(records))
-    ids = [local(r.trajectory_id) for r in records]
-    return TeacherAnswersOut(policy=policy.name, ids=ids, trains=policy.train.weights.sft > 0, asked=len(prompts), failed=len(prompts) - len(records))
+    answers = await teacher_demonstrations(svc, policy, data.model, data.limit, data.max_tokens)
+    ids = [local(r.trajectory_id) for r in answers.records]
+    return TeacherAnswersOut(policy=policy.name, ids=ids, trains=policy.train.weights.sft > 0, asked=answers.asked, failed=answers.asked - len(answers.records))
 
 
 admin_handlers = [teacher_answers]
