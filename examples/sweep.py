@@ -31,10 +31,11 @@ import random
 import re
 import time
 
-from arithmetic import HELD_OUT, SPLIT_SEED, SUMS, Task, loop_arguments, train  # noqa: I001  (examples/ is run as a folder of scripts)
+from arithmetic import HELD_OUT, SPLIT_SEED, SUMS, Task, loop_arguments  # noqa: I001  (examples/ is run as a folder of scripts)
 from digits import burnish_running, gateway_arguments
 
 from burnish import AsyncClient
+from burnish.tasks import Curve, train
 
 NUMBER = re.compile(r"\d+")
 WORD = re.compile(r"[a-z]+")
@@ -114,13 +115,13 @@ def main() -> None:
     if args.temperature is not None:
         task = Task(**{**task.__dict__, "temperature": args.temperature})
 
-    async def run() -> dict[str, list]:
+    async def run() -> Curve:
         async with AsyncClient(args.gateway, admin_token=args.admin_token) as client:
             if args.set or args.lora:
                 await client.update_policy(args.policy, **({"train": dict(args.set)} if args.set else {}), **({"lora": dict(args.lora)} if args.lora else {}))
             status = await client.status(args.policy)
             print("train settings:", json.dumps(status["train"]), "lora:", json.dumps(status["lora"]), flush=True)
-            curve = await train(client, args.rounds, args.groups, args.size, args.eval_every, args.policy, args.plot, task=task)
+            curve = await train(client, task, args.policy, task.schedule(args.rounds, args.groups, args.size, args.eval_every), plot=args.plot)
             status = await client.status(args.policy)
             print("health:", json.dumps(status.get("health")), flush=True)
             return curve
@@ -128,10 +129,10 @@ def main() -> None:
     started = time.monotonic()
     with burnish_running(args, model="smollm2"):
         curve = asyncio.run(run())
-    rewards = curve["round_reward"]
+    rewards = curve.round_reward
     print(
-        f"{task.name}: held-out right {' -> '.join(f'{s:.3f} (@{step})' for _, step, s in curve['eval'])}; "
-        f"exact {curve['exact'][0]:.3f} -> {curve['exact'][-1]:.3f}; train reward first 4 rounds "
+        f"{task.name}: held-out right {' -> '.join(f'{e.score:.3f} (@{e.step})' for e in curve.evals)}; "
+        f"exact {curve.evals[0].components['exact']:.3f} -> {curve.evals[-1].components['exact']:.3f}; train reward first 4 rounds "
         f"{sum(rewards[:4]) / 4:.3f}, last 4 {sum(rewards[-4:]) / 4:.3f}; {time.monotonic() - started:.0f}s"
     )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
@@ -37,6 +37,19 @@ def keep_waiting(exc: Exception) -> bool:
 
 def new_id(kind: str) -> str:
     return f"{kind}-{uuid.uuid4().hex[:20]}"
+
+
+@dataclass(frozen=True)
+class Score:
+    """What an agent run on one task earned: the reward posted, and named components beside it."""
+
+    reward: float
+    components: dict[str, float] = field(default_factory=dict)
+
+
+def as_score(result: float | Score) -> Score:
+    """An agent's result for ``run_held_out``: a bare number is a reward with no components."""
+    return result if isinstance(result, Score) else Score(float(result))
 
 
 @dataclass(frozen=True)
@@ -193,16 +206,19 @@ def trial_step(status: Any, step: int | None) -> int:
     return int(candidate["step"])
 
 
-def trial_report(status: Any, policy: str, step: int, rewards: list[float]) -> dict[str, Any]:
-    """What a held-out run reports: the run's own rewards, and the candidate's test as the
-    gateway now sees it (the served version's held-out trajectories against the candidate's)."""
+def trial_report(status: Any, policy: str, step: int, scores: list[Score]) -> dict[str, Any]:
+    """What a held-out run reports: the run's own rewards (and the mean of each component the
+    agent gave every task), and the candidate's test as the gateway now sees it (the served
+    version's held-out trajectories against the candidate's)."""
     candidate = status.get("candidate") or {}
-    mean = sum(rewards) / len(rewards) if rewards else None
+    mean = sum(s.reward for s in scores) / len(scores) if scores else None
+    names = set.intersection(*(set(s.components) for s in scores)) if scores else set()
     return {
         "policy": policy,
         "step": step,
-        "trajectories": len(rewards),
+        "trajectories": len(scores),
         "mean": mean,
+        "components": {name: sum(s.components[name] for s in scores) / len(scores) for name in sorted(names)},
         "test": candidate.get("test") if candidate.get("step") == step else None,
     }
 

@@ -28,9 +28,11 @@ from burnish._api import (
     Call,
     OpenAIClients,
     Routes,
+    Score,
     StepTimeout,
     TrajectoryKeys,
     answer,
+    as_score,
     comparison,
     keep_waiting,
     new_id,
@@ -90,21 +92,22 @@ class Client(Routes):
         version by default); delta is current's score less base's, None unless both have one."""
         return comparison(self.eval_scores(policy), policy, base, step)
 
-    def run_held_out(self, policy: str, tasks: Iterable[T], agent: Callable[[Trajectory, str, T], float], step: int | None = None) -> dict[str, Any]:
+    def run_held_out(self, policy: str, tasks: Iterable[T], agent: Callable[[Trajectory, str, T], float | Score], step: int | None = None) -> dict[str, Any]:
         """Run each task as a held-out trajectory pinned to ``step`` (default: the policy's
         candidate on trial), and report. ``agent(trajectory, model, task)`` runs one task with
-        ``trajectory.openai()`` and ``model`` (``"<policy>@<step>"``) and returns its reward,
-        which is posted. Under the ``eval`` promotion rule this is the candidate's evidence;
-        the report carries the test as it then stands ({"policy", "step", "trajectories",
-        "mean", "test"}). Needs the admin token (it reads the policy's status)."""
+        ``trajectory.openai()`` and ``model`` (``"<policy>@<step>"``) and returns its reward (a
+        number, or a ``Score`` with components), which is posted. Under the ``eval`` promotion
+        rule this is the candidate's evidence; the report carries the test as it then stands
+        ({"policy", "step", "trajectories", "mean", "components", "test"}). Needs the admin
+        token (it reads the policy's status)."""
         step = trial_step(self.status(policy), step)
-        rewards = []
+        scores = []
         for task in tasks:
             trajectory = self.trajectory(eval=True)
-            reward = float(agent(trajectory, f"{policy}@{step}", task))
-            trajectory.reward(reward)
-            rewards.append(reward)
-        return trial_report(self.status(policy), policy, step, rewards)
+            score = as_score(agent(trajectory, f"{policy}@{step}", task))
+            trajectory.reward(score.reward, **score.components)
+            scores.append(score)
+        return trial_report(self.status(policy), policy, step, scores)
 
     def wait_for_step(self, policy: str, step: int, timeout: float = 600.0, poll: float = 0.5) -> int:
         """Wait until the gateway routes ``policy`` to ``step`` or later (as its /v1/models says,
@@ -196,17 +199,27 @@ class AsyncClient(Routes):
         return comparison(await self.eval_scores(policy), policy, base, step)
 
     async def run_held_out(
-        self, policy: str, tasks: Iterable[T], agent: Callable[[AsyncTrajectory, str, T], Awaitable[float]], step: int | None = None
+        self,
+        policy: str,
+        tasks: Iterable[T],
+        agent: Callable[[AsyncTrajectory, str, T], Awaitable[float | Score]],
+        step: int | None = None,
+        concurrency: int = 1,
     ) -> dict[str, Any]:
-        """``Client.run_held_out``, the tasks run one after another; ``agent`` is a coroutine function."""
+        """``Client.run_held_out``; ``agent`` is a coroutine function, and up to ``concurrency``
+        tasks run at once (the report is the same whatever the order they finish in)."""
         step = trial_step(await self.status(policy), step)
-        rewards = []
-        for task in tasks:
-            trajectory = self.trajectory(eval=True)
-            reward = float(await agent(trajectory, f"{policy}@{step}", task))
-            await trajectory.reward(reward)
-            rewards.append(reward)
-        return trial_report(await self.status(policy), policy, step, rewards)
+        gate = asyncio.Semaphore(max(concurrency, 1))
+
+        async def run(task: T) -> Score:
+            async with gate:
+                trajectory = self.trajectory(eval=True)
+                score = as_score(await agent(trajectory, f"{policy}@{step}", task))
+                await trajectory.reward(score.reward, **score.components)
+                return score
+
+        scores = list(await asyncio.gather(*(run(task) for task in tasks)))
+        return trial_report(await self.status(policy), policy, step, scores)
 
     async def wait_for_step(self, policy: str, step: int, timeout: float = 600.0, poll: float = 0.5) -> int:
         deadline = time.monotonic() + timeout

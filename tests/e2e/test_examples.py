@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from burnish import AsyncClient
+from burnish.tasks import Curve, Eval, write_plot
 from burnish_server.serving.process import VLLMServer
 from tests.conftest import ADMIN_TOKEN
 
@@ -60,7 +61,7 @@ def test_the_demo_writes_its_plot(tmp_path: Path) -> None:
 
 
 def test_the_demo_plots_both_curves(tmp_path: Path) -> None:
-    arithmetic.write_plot({"round_reward": [0.1, 0.3, 0.6], "eval": [(0, 0, 0.0), (3, 3, 0.5)]}, tmp_path / "arithmetic.png")
+    write_plot(Curve("sums", "agent", [0.1, 0.3, 0.6], [Eval(0, 0.0, 0, 0.0), Eval(3, 1.5, 3, 0.5)]), tmp_path / "arithmetic.png")
     assert (tmp_path / "arithmetic.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -1,0 +1,3 @@
+from burnish.tasks.cli import main
+
+main()
