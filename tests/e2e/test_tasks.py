@@ -94,40 +94,44 @@ def test_a_textarena_game_is_one_trajectory_of_moves_each_call_extending_the_las
             assert after["request"]["messages"][-1]["role"] == "user"
 
 
-ADAPTER = '''
-from burnish import Score
-
-class Echo:
-    """A suite of one's own: ask for a word, score by its length."""
-
-    def __init__(self, task, config, held_out=3):
-        self.name, self.word = task, config.get("word", "yes")
-        self._split = ([self.word] * 10, [self.word] * held_out)
-
-    def split(self):
-        return self._split
-
-    async def play(self, chat, word):
-        reply = await chat([{"role": "user", "content": f"Say {word}."}])
-        return Score(float(word in reply), {"length": float(len(reply))})
-'''
+def documented_adapter() -> str:
+    """docs/environments.md's own suite, as a user copies it into my_suite.py."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "environments.md").read_text()
+    return doc.split("```python\n# my_suite.py\n", 1)[1].split("```", 1)[0]
 
 
 def test_a_users_own_adapter_runs_from_the_command(make_gateway, vllm: VLLMServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gw = make_gateway(upstream=vllm.url, upstream_timeout=120)
-    gw.create_policy("agent", "tiny")
-    (tmp_path / "my_suite.py").write_text(ADAPTER)
+    gw.create_policy("agent", "tiny", train={"groups_per_step": 8})  # no trainer here: no step is ever due
+    (tmp_path / "my_suite.py").write_text(documented_adapter())
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "scores.json"
-    burnish_tasks(
-        ["eval", "my_suite:Echo", "echo", "--set", "word=maybe", "--gateway", gw.url, "--admin-token", ADMIN_TOKEN, "--max-tokens", "6", "--out", str(out)]
-    )
+    command = [
+        "my_suite:Minutes",
+        "minutes",
+        "--set",
+        "max_hours=200",
+        "--held-out",
+        "3",
+        "--gateway",
+        gw.url,
+        "--admin-token",
+        ADMIN_TOKEN,
+        "--max-tokens",
+        "6",
+    ]
+    burnish_tasks(["eval", *command, "--out", str(out)])
     figures = json.loads(out.read_text())
-    assert figures["task"] == "echo" and figures["config"] == {"word": "maybe"} and figures["held_out"] == 3
-    assert set(figures["scores"]) == {"0"} and "length" in figures["scores"]["0"]["components"]
+    assert figures["task"] == "minutes" and figures["config"] == {"max_hours": 200} and figures["held_out"] == 3
+    assert set(figures["scores"]) == {"0"} and set(figures["scores"]["0"]["components"]) == {"answered"}
     held = [gw.trajectory(m["id"]) for m in listed(gw, "/v1/trajectories", eval="true")]
-    assert len(held) == 3 and all(t["calls"][0]["request"]["messages"][0]["content"] == "Say maybe." for t in held)
+    assert len(held) == 3 and all(t["calls"][0]["request"]["messages"][0]["content"].startswith("How many minutes are in ") for t in held)
     assert figures["scores"]["0"]["score"] == sum(t["reward"] for t in held) / 3
+    # And trained: a round of 4 groups, each problem answered 8 times.
+    burnish_tasks(["train", *command, "--rounds", "1", "--groups", "4", "--out", str(out)])
+    curve = json.loads(out.read_text())
+    assert len(curve["round_reward"]) == 1 and [e["round"] for e in curve["evals"]] == [0, 1]
+    assert len(listed(gw, "/v1/trajectories", eval="false")) == 4 * 8
 
 
 def test_held_out_questions_never_come_up_in_training_and_the_split_is_the_same_every_time() -> None:

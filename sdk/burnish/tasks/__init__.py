@@ -11,7 +11,7 @@ and ``textarena.py`` are the suites that come with the SDK (each an extra: ``pip
 'burnish-sdk[reasoning-gym]'``); ``cli.py`` is the ``burnish-tasks`` command.
 """
 
-from burnish.tasks.environment import Chat, Environment, Sampling, Score
-from burnish.tasks.runner import Curve, Eval, Schedule, evaluate, play_round, train, write_plot
+from burnish.tasks.environment import Chat, Environment, Sampling, Score, Teachable
+from burnish.tasks.runner import Curve, Eval, Schedule, evaluate, play_round, teach, train, write_plot
 
-__all__ = ["Chat", "Curve", "Environment", "Eval", "Sampling", "Schedule", "Score", "evaluate", "play_round", "train", "write_plot"]
+__all__ = ["Chat", "Curve", "Environment", "Eval", "Sampling", "Schedule", "Score", "Teachable", "evaluate", "play_round", "teach", "train", "write_plot"]

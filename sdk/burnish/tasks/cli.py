@@ -23,7 +23,7 @@ from typing import Any
 
 from burnish.client import AsyncClient
 from burnish.tasks.environment import Environment
-from burnish.tasks.runner import EVAL_CONCURRENCY, GROUP_SIZE, MAX_TOKENS, TEMPERATURE, Schedule, evaluate, train
+from burnish.tasks.runner import EVAL_CONCURRENCY, GROUP_SIZE, MAX_TOKENS, TEMPERATURE, WORKED_EXAMPLES, Schedule, evaluate, teach, train
 
 # The suites that come with the SDK, by the name the command takes.
 SUITES = {"reasoning-gym": "burnish.tasks.reasoning_gym:ReasoningGym", "textarena": "burnish.tasks.textarena:TextArena"}
@@ -81,6 +81,10 @@ def arguments() -> argparse.ArgumentParser:
         p.add_argument("--groups", type=int, help="groups a round (default: the policy's groups a step)")
         p.add_argument("--temperature", type=float, default=TEMPERATURE)
         p.add_argument("--plot", type=Path, help="draw the curve here (PNG)")
+        p.add_argument(
+            "--teach", type=int, nargs="?", const=WORKED_EXAMPLES, metavar="N",
+            help=f"show the policy's teacher N worked examples (default {WORKED_EXAMPLES}) and add distillation from it to the objective",
+        )  # fmt: skip
     return parser
 
 
@@ -102,6 +106,10 @@ async def run(args: argparse.Namespace) -> Any:
                 eval_every=args.eval_every, eval_minutes=None if args.eval_every else args.eval_minutes,
                 groups=args.groups, size=args.size, temperature=args.temperature, max_tokens=args.max_tokens,
             )  # fmt: skip
+            if args.teach:
+                if not hasattr(env, "worked_examples"):
+                    raise SystemExit(f"{args.suite} cannot show worked examples: --teach needs an environment with worked_examples()")
+                await teach(client, args.policy, env, args.teach)  # type: ignore[arg-type]
             curve = await train(client, env, args.policy, schedule, plot=args.plot)
             first, last = curve.evals[0], curve.evals[-1]
             print(f"{env.name}: held-out {first.score:.3f} (@{first.step}) -> {last.score:.3f} (@{last.step}) in {last.minutes:.1f} min of training")

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from burnish._api import Score
 
-__all__ = ["Chat", "Environment", "Sampling", "Score"]
+__all__ = ["Chat", "Environment", "Sampling", "Score", "Teachable"]
 
 
 @dataclass(frozen=True)
@@ -69,4 +69,12 @@ class Environment(Protocol):
 
     async def play(self, chat: Chat, problem: Any) -> Score:
         """One episode through ``chat``, scored by the suite's own verifier."""
+        ...
+
+
+class Teachable(Environment, Protocol):
+    """An environment that can show a teacher how its answers look (``burnish.tasks.teach``)."""
+
+    def worked_examples(self, count: int) -> list[dict[str, str]]:
+        """``count`` train problems with their answers, as user and assistant turns."""
         ...

@@ -89,6 +89,16 @@ class ReasoningGym:
         except Exception:  # a grader that trips over a stray reply: that reply is wrong, not the run
             return 0.0
 
+    def worked_examples(self, count: int) -> list[dict[str, str]]:
+        """``count`` train questions with the generator's own answers, as earlier user and
+        assistant turns: what a teacher is shown (``burnish.tasks.teach``). They come from the
+        end of the train seed's range, which a run never reaches, and never from the held-out seed."""
+        turns: list[dict[str, str]] = []
+        for i in range(count):
+            entry = self._train[len(self._train) - 1 - i * 7919]
+            turns += [self.messages(entry)[-1], {"role": "assistant", "content": str(entry["answer"])}]
+        return turns
+
     async def play(self, chat: Chat, problem: Any) -> Score:
         score = self.score(await chat(self.messages(problem)), problem)
         if self.binary and not chat.held_out:

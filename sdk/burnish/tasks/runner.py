@@ -26,7 +26,7 @@ from typing import Any
 
 from burnish._api import Score, StepTimeout
 from burnish.client import AsyncClient, AsyncTrajectory
-from burnish.tasks.environment import Chat, Environment, Sampling
+from burnish.tasks.environment import Chat, Environment, Sampling, Teachable
 
 # Answers sampled per problem: a group GRPO compares.
 GROUP_SIZE = 8
@@ -38,6 +38,9 @@ MAX_TOKENS = 64
 EVAL_CONCURRENCY = 64
 # How long to wait for the trainer's next version before reading where it stands.
 STEP_WAIT = 600.0
+# The teach lever: worked examples shown to the teacher, and the objective it sets.
+WORKED_EXAMPLES = 3
+TEACH_OBJECTIVE = {"grpo": 1.0, "distill": 1.0}
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,16 @@ async def evaluate(
 
     report = await client.run_held_out(policy, held_out, agent, step=step, concurrency=schedule.eval_concurrency)
     return float(report["mean"] or 0.0), report["components"]
+
+
+async def teach(client: AsyncClient, policy: str, env: Teachable, examples: int = WORKED_EXAMPLES) -> dict[str, Any]:
+    """Pull the teach lever, for a task whose answer form the base never writes: the policy's
+    teacher becomes its own base shown ``examples`` worked examples from the suite's train
+    problems (never held-out ones), and the objective GRPO plus distillation from that teacher
+    (docs/trainer.md, "Objectives beyond GRPO"). Through the admin API, as a user would; the
+    policy's status after."""
+    teacher = {"context": env.worked_examples(examples)}
+    return dict(await client.update_policy(policy, train={"objective": TEACH_OBJECTIVE, "teacher": teacher}))
 
 
 def trains_every_group(status: dict[str, Any]) -> bool:
