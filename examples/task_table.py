@@ -43,9 +43,7 @@ class Row:
 
 
 # Fixed from the base survey before any run: each task's settings put the base's held-out score in 0.05-0.6.
-TABLE = (
-    Row("products", "arithmetic", {"min_digits": 1, "max_digits": 1}),
-)
+TABLE = (Row("products", "arithmetic", {"min_digits": 1, "max_digits": 1}),)
 
 
 def run_row(args: argparse.Namespace, row: Row) -> dict[str, Any]:
@@ -90,7 +88,9 @@ def table(runs: Path) -> str:
         run = r["label"] or ("teach" if r["teach"] else "defaults")
         warning = (r["health"] or {}).get("warning") or "ok"
         settings = ", ".join(f"{k}={v}" for k, v in r["config"].items())
-        lines.append(f"| {r['task']} | {r['shape']} | {settings} | {run} | {evals[0]['score']:.3f} | {at[0]} | {at[1]} | {r['steps']} | {r['groups_trained']} | {warning} |")
+        lines.append(
+            f"| {r['task']} | {r['shape']} | {settings} | {run} | {evals[0]['score']:.3f} | {at[0]} | {at[1]} | {r['steps']} | {r['groups_trained']} | {warning} |"
+        )
     return "\n".join(lines)
 
 
@@ -116,8 +116,8 @@ def main() -> None:
             raise SystemExit(f"unknown task: one of {', '.join(r.task for r in TABLE)}")
         for row in rows:
             figures = run_row(args, row)
-            evals = figures["curve"]["evals"]
-            print(f"{row.task}: {' -> '.join(f'{e['score']:.3f} (@{e['step']}, {e['minutes']:.0f} min)' for e in evals)}", flush=True)
+            points = [f"{e['score']:.3f} (@{e['step']}, {e['minutes']:.0f} min)" for e in figures["curve"]["evals"]]
+            print(f"{row.task}: {' -> '.join(points)}", flush=True)
     print(table(args.runs))
 
 
