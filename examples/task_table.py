@@ -78,12 +78,12 @@ def run_row(args: argparse.Namespace, row: Row) -> dict[str, Any]:
                 await client.update_policy(args.policy, train=dict(args.set))
             if args.teach:
                 await teach(client, args.policy, env, args.teach)
-            schedule = Schedule(minutes=args.minutes, eval_minutes=args.eval_minutes)
+            schedule = Schedule(minutes=args.minutes, eval_minutes=args.eval_minutes, ahead=args.ahead)
             curve = await train(client, env, args.policy, schedule, plot=args.runs / f"{name}.png")
             status = await client.status(args.policy)
             metrics = (await client.metrics(args.policy))["data"]
             return {
-                "task": row.task, "shape": row.shape, "config": row.config, "label": args.label, "teach": args.teach, "set": dict(args.set),
+                "task": row.task, "shape": row.shape, "config": row.config, "label": args.label, "teach": args.teach, "set": dict(args.set), "ahead": args.ahead,
                 "curve": json.loads(curve.to_json()), "steps": status["step"], "groups_trained": status["groups_trained"],
                 "health": status["health"], "train": status["train"], "metrics": metrics,
             }  # fmt: skip
@@ -121,6 +121,7 @@ def main() -> None:
     parser.add_argument("--eval-minutes", type=float, default=10.0)
     parser.add_argument("--set", type=setting, action="append", default=[], metavar="NAME=VALUE", help="a train setting of the policy")
     parser.add_argument("--teach", type=int, nargs="?", const=3, metavar="N", help="the teacher shown N worked examples (3), GRPO + distillation")
+    parser.add_argument("--ahead", type=int, default=0, help="steps the runner plays ahead of the trainer (stale calls)")
     parser.add_argument("--label", help="names this run's files beside the defaults' (with --set)")
     parser.add_argument("--table", action="store_true", help="print the table of the runs so far and stop")
     parser.add_argument("--policy", default="agent")

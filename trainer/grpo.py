@@ -27,8 +27,14 @@ vLLM did cannot dominate the step:
 
 Whatever the mode, the step reports how far the trainer is from vLLM on the sampled tokens
 (``logprob_diff``: mean |logp_t - logp_behaviour_t|; ``outside_clip``: the share whose ratio
-to vLLM is outside the clip range). Both grow with staleness (the policy moved since it
-sampled) and with any mismatch between the two engines' numerics.
+to vLLM is outside the clip range; ``mismatch_kl``: KL(behaviour || trainer), estimated on the
+tokens vLLM sampled with k3, which is never negative and unbiased:
+
+    r_t           = exp(logp_t - logp_behaviour_t)
+    mismatch_kl   = mean over sampled tokens of  r_t - 1 - log r_t
+
+All three grow with staleness (the policy moved since it sampled) and with any mismatch
+between the two engines' numerics.
 """
 
 from __future__ import annotations
@@ -58,21 +64,32 @@ class LossParts:
     clip_fraction: torch.Tensor  # share of sampled tokens whose ratio was clipped
     tokens: torch.Tensor  # the sampled tokens (``mask``'s sum)
     # Sums over sampled tokens (divide by ``tokens``): |logp - behaviour|, ratio to the
-    # behaviour outside the clip range, TIS weight at its cap.
+    # behaviour outside the clip range, TIS weight at its cap, KL(behaviour || trainer)'s k3.
     logprob_diff: torch.Tensor
     outside_clip: torch.Tensor
     tis_capped: torch.Tensor
+    mismatch_kl: torch.Tensor
 
 
-def behaviour_gap(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor, settings: TrainSettings) -> tuple[torch.Tensor, torch.Tensor]:
-    """How far the trainer is from vLLM on the ``mask``ed tokens, as sums (tensors): |logp -
-    behaviour|, and the tokens whose ratio to the behaviour is outside the clip range. No gradient."""
+@dataclass
+class Gap:
+    """How far the trainer is from vLLM on some tokens, as sums over them (tensors): |logp -
+    behaviour|, the tokens whose ratio to the behaviour is outside the clip range, and the k3
+    estimate of KL(behaviour || trainer)."""
+
+    logprob_diff: torch.Tensor
+    outside_clip: torch.Tensor
+    mismatch_kl: torch.Tensor
+
+
+def behaviour_gap(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor, settings: TrainSettings) -> Gap:
+    """The trainer against vLLM on the ``mask``ed tokens (module docstring). No gradient."""
     with torch.no_grad():
         mask = mask.to(logprobs.dtype)
         gap = logprobs.detach() - behaviour_logprobs
         ratio = torch.exp(gap)
         outside = ((ratio < 1 - settings.clip_eps_low) | (ratio > 1 + settings.clip_eps_high)).to(mask.dtype)
-        return (gap.abs() * mask).sum(), (outside * mask).sum()
+        return Gap((gap.abs() * mask).sum(), (outside * mask).sum(), ((ratio - 1 - gap) * mask).sum())
 
 
 def grpo_loss(
@@ -96,11 +113,9 @@ def grpo_loss(
     if advantages.dim() == 1:
         advantages = advantages[:, None]
     low, high = 1 - settings.clip_eps_low, 1 + settings.clip_eps_high
+    gap = behaviour_gap(logprobs, behaviour_logprobs, mask, settings)
     with torch.no_grad():
-        gap = logprobs.detach() - behaviour_logprobs
-        to_behaviour = torch.exp(gap)
-        logprob_diff = (gap.abs() * mask).sum()
-        outside_clip = (((to_behaviour < low) | (to_behaviour > high)).to(mask.dtype) * mask).sum()
+        to_behaviour = torch.exp(logprobs.detach() - behaviour_logprobs)
         tis_capped = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     if settings.tis_cap is None:
         ratio = torch.exp(logprobs - behaviour_logprobs)
@@ -123,4 +138,14 @@ def grpo_loss(
         # Under TIS the ratio is 1 and nothing is clipped: the weight does the correcting.
         was_clipped = ((ratio < low) | (ratio > high)).to(mask.dtype)
         clip_fraction = (was_clipped * mask).sum() / tokens.clamp(min=1)
-    return LossParts(policy_loss + settings.kl_coef * kl, policy_loss.detach(), kl.detach(), clip_fraction, tokens, logprob_diff, outside_clip, tis_capped)
+    return LossParts(
+        policy_loss + settings.kl_coef * kl,
+        policy_loss.detach(),
+        kl.detach(),
+        clip_fraction,
+        tokens,
+        gap.logprob_diff,
+        gap.outside_clip,
+        tis_capped,
+        gap.mismatch_kl,
+    )

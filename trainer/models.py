@@ -225,10 +225,10 @@ class Models:
         self.checkpoints.write(policy.name, step, fill)
         m = metrics
         log.info(
-            "%s step %d: reward %.3f±%.3f loss %.4f kl %.4f entropy %.3f from-base %.1e tokens %d |logp-vllm| %.1e outside-clip %.3f "
+            "%s step %d: reward %.3f±%.3f loss %.4f kl %.4f entropy %.3f from-base %.1e tokens %d |logp-vllm| %.1e mismatch-kl %.1e outside-clip %.3f tis-capped %.3f "
             "staleness %.1f/%d splits %d untokenized %d stale %d; load %.2fs batch %.2fs step %.2fs save %.2fs%s",
             policy.name, step, m.reward_mean, m.reward_std, m.loss, m.kl, m.entropy, m.distance_from_base, m.tokens,
-            m.logprob_diff_mean, m.outside_clip_fraction, m.staleness_mean, m.staleness_max,
+            m.logprob_diff_mean, m.mismatch_kl, m.outside_clip_fraction, m.tis_capped_fraction, m.staleness_mean, m.staleness_max,
             m.sequence_splits, m.untokenized_calls, m.stale_calls, m.seconds_load, m.seconds_batch, m.seconds_step, m.seconds_save,
             objectives(m),
         )  # fmt: skip

@@ -179,10 +179,11 @@ class Figures(Generic[V]):
     teacher_kl: V | float = 0.0  # summed over the taught tokens
     # Summed over the trained tokens with a comparable recorded logprob (rows without them
     # compare with themselves, a gap of 0: left out): |logp - behaviour|, ratios outside the
-    # clip range, TIS weights at their cap.
+    # clip range, TIS weights at their cap, KL(behaviour || trainer)'s k3 (trainer/grpo.py).
     logprob_diff: V | float = 0.0
     outside_clip: V | float = 0.0
     tis_capped: V | float = 0.0
+    mismatch_kl: V | float = 0.0
     entropy: V | float = 0.0  # summed over the sampled tokens
     compared: V | float = 0.0  # the trained tokens with a comparable recorded logprob
     held: V | float = 0.0  # the trained tokens sampled under a grammar
@@ -235,8 +236,11 @@ def micro_batch_figures(
     """A micro-batch's figures beside its objectives': its loss, the policy's entropy on its
     sampled tokens, and how far the trainer is from vLLM on them (trainer/grpo.py: behaviour_gap)."""
     spread = (entropy * micro.sampled).sum()
-    gap, outside = behaviour_gap(logprobs.detach(), behaviour, micro.sampled * micro.has_behaviour, settings)
-    return Figures(loss=loss.detach(), entropy=spread, logprob_diff=gap, outside_clip=outside, compared=micro.compared_tokens, held=micro.held_tokens)
+    gap = behaviour_gap(logprobs.detach(), behaviour, micro.sampled * micro.has_behaviour, settings)
+    return Figures(
+        loss=loss.detach(), entropy=spread, logprob_diff=gap.logprob_diff, outside_clip=gap.outside_clip, mismatch_kl=gap.mismatch_kl,
+        compared=micro.compared_tokens, held=micro.held_tokens,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -517,6 +521,7 @@ class PolicyModel:
             logprob_diff_mean=got.logprob_diff / n,
             outside_clip_fraction=got.outside_clip / n,
             tis_capped_fraction=got.tis_capped / n,
+            mismatch_kl=got.mismatch_kl / n,
             # Learning health (docs/trainer.md): the policy's entropy on its sampled tokens, and
             # how far the adapter has moved the weights from the base's.
             entropy=got.entropy / max(total, 1),

@@ -60,6 +60,7 @@ class StepMetrics(msgspec.Struct, kw_only=True):
     logprob_diff_mean: float = 0.0
     outside_clip_fraction: float = 0.0
     tis_capped_fraction: float = 0.0
+    mismatch_kl: float = 0.0  # KL(vLLM's sampling distribution || the trainer's), k3 on the sampled tokens
     staleness_mean: float = 0.0
     staleness_max: int = 0
     # Learning health (core/learning/health.py): entropy on the sampled tokens; how far the adapter

@@ -103,10 +103,11 @@ def _charts(status: PolicyView, steps: list[StepView], scores: dict[int, evals.S
             markers,
         ),
         charts.Chart(
-            "Step health: distance to vLLM's logprobs, clipped share, staleness",
+            "Off-policy: the mismatch to vLLM's sampling (KL), the share of tokens corrected (clipped, or capped under TIS), staleness",
             [
-                charts.Series("logprob_diff_mean", metric(lambda m: m.logprob_diff_mean), "s-diff"),
+                charts.Series("mismatch_kl", metric(lambda m: m.mismatch_kl), "s-diff"),
                 charts.Series("clip_fraction", metric(lambda m: m.clip_fraction), "s-clip"),
+                charts.Series("tis_capped_fraction", metric(lambda m: m.tis_capped_fraction), "s-cap"),
                 charts.Series("staleness_mean", metric(lambda m: m.staleness_mean), "s-stale"),
             ],
             markers,

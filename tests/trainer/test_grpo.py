@@ -88,6 +88,11 @@ def test_the_step_reports_how_far_the_trainer_is_from_what_vllm_recorded() -> No
     # sums over the three sampled tokens: |log 2| + |log 0.5| + |log 1.1|; 2.0 and 0.5 lie outside [0.8, 1.28]
     assert parts.logprob_diff.item() == pytest.approx(2 * math.log(2) + math.log(1.1), rel=1e-5)
     assert parts.outside_clip.item() == 2 and parts.tis_capped.item() == 0
+    # KL(vLLM || trainer) by k3, r - 1 - log r, summed over the same tokens: never negative, 0 only where r = 1
+    k3 = sum(r - 1 - math.log(r) for r in (2.0, 0.5, 1.1))
+    assert parts.mismatch_kl.item() == pytest.approx(k3, rel=1e-5)
+    fresh = grpo_loss(behaviour.clone(), behaviour, torch.tensor([1.0]), mask, settings)
+    assert fresh.mismatch_kl.item() == 0 and fresh.logprob_diff.item() == 0
 
 
 def test_truncated_importance_sampling_weighs_each_token_by_its_capped_ratio() -> None:
@@ -113,3 +118,29 @@ def test_turn_credits_are_discounted_sums_of_the_call_rewards_at_and_after_each_
     assert turn_credits([1.0, None, 2.0], 0.5) == [1.5, 1.0, 2.0]
     assert turn_credits([None, -1.0], 0.0) == [0.0, -1.0]
     assert turn_credits([], 1.0) == []
+
+
+def test_a_stale_calls_tokens_are_weighed_by_their_capped_ratio_and_a_fresh_calls_by_one() -> None:
+    """Under TIS (cap 2, as verl, slime and SkyRL default to), a call sampled by a version three
+    steps old: the tokens the policy has since come to like much more are capped at 2, those it
+    likes less keep their ratio; a call the policy just sampled weighs every token 1."""
+    settings = TrainSettings(tis_cap=2.0)
+    sampled_by = torch.zeros(6)  # the version that sampled: even odds on six tokens
+    now = sampled_by.clone()
+    now[3] += 2.0  # steps later, token 3 is far likelier
+    tokens = torch.tensor([[3, 3, 1, 0]])
+    behaviour = torch.log_softmax(sampled_by, -1)[tokens]  # what vLLM recorded when it sampled
+    logp = torch.log_softmax(now, -1)[tokens].requires_grad_()
+    parts = grpo_loss(logp, behaviour, torch.tensor([1.0]), torch.ones(1, 4), settings)
+    ratios = torch.exp(logp.detach() - behaviour)[0].tolist()
+    assert ratios[0] == pytest.approx(6 * math.e**2 / (math.e**2 + 5), rel=1e-5) and ratios[0] > 2 and ratios[2] < 1
+    assert parts.tis_capped.item() == 2 and parts.mismatch_kl.item() > 0.5
+    parts.loss.backward()
+    assert logp.grad is not None
+    assert logp.grad.tolist()[0] == pytest.approx([-2.0 / 4, -2.0 / 4, -ratios[2] / 4, -ratios[3] / 4], rel=1e-5)
+
+    fresh = logp.detach().clone().requires_grad_()
+    on_policy = grpo_loss(fresh, fresh.detach(), torch.tensor([1.0]), torch.ones(1, 4), settings)
+    on_policy.loss.backward()
+    assert on_policy.tis_capped.item() == 0 and on_policy.mismatch_kl.item() == 0
+    assert fresh.grad is not None and fresh.grad.tolist()[0] == pytest.approx([-1 / 4] * 4)

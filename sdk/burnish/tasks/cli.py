@@ -80,6 +80,7 @@ def arguments() -> argparse.ArgumentParser:
         p.add_argument("--size", type=int, default=GROUP_SIZE, help="answers per problem (a group)")
         p.add_argument("--groups", type=int, help="groups a round (default: the policy's groups a step)")
         p.add_argument("--temperature", type=float, default=TEMPERATURE)
+        p.add_argument("--ahead", type=int, default=0, metavar="N", help="steps to play ahead of the trainer (calls up to N versions stale)")
         p.add_argument("--plot", type=Path, help="draw the curve here (PNG)")
         p.add_argument(
             "--teach", type=int, nargs="?", const=WORKED_EXAMPLES, metavar="N",
@@ -104,7 +105,7 @@ async def run(args: argparse.Namespace) -> Any:
             schedule = Schedule(
                 rounds=args.rounds, minutes=None if rounds_given else args.minutes,
                 eval_every=args.eval_every, eval_minutes=None if args.eval_every else args.eval_minutes,
-                groups=args.groups, size=args.size, temperature=args.temperature, max_tokens=args.max_tokens,
+                groups=args.groups, ahead=args.ahead, size=args.size, temperature=args.temperature, max_tokens=args.max_tokens,
             )  # fmt: skip
             if args.teach:
                 if not hasattr(env, "worked_examples"):

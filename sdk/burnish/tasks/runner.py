@@ -56,6 +56,10 @@ class Schedule:
     eval_every: int | None = None
     eval_minutes: float | None = None
     groups: int | None = None  # groups a round; None: the policy's groups_per_step (one step a round)
+    # Steps the runner may play ahead of the trainer: 0 waits for each round's step (every call
+    # sampled by the newest version); N keeps sampling while the trainer catches up, as agents in
+    # production do, so calls reach the trainer up to N versions stale.
+    ahead: int = 0
     size: int = GROUP_SIZE
     temperature: float = TEMPERATURE
     max_tokens: int = MAX_TOKENS
@@ -191,7 +195,7 @@ async def train(
             trainable += await after_round(round_no)
         round_no += 1
         try:
-            step = await client.wait_for_step(policy, first_step + trainable // per_step, timeout=STEP_WAIT)
+            step = await client.wait_for_step(policy, first_step + trainable // per_step - schedule.ahead, timeout=STEP_WAIT)
         except StepTimeout as exc:  # a group the trainer could not use: go on from where it stands
             log(f"  {exc}; going on")
             first_step, trainable = (await client.status(policy))["step"], 0
