@@ -75,7 +75,9 @@ def test_metrics_show_the_trainers_steps(make_gateway, upstream: Upstream, datab
         db = Database(gw.settings.resolved_database_url)
         try:
             ids = await db.transaction(claim_groups, "agent", "w", 1)
-            metrics = StepMetrics(seconds=2.5, reward_mean=0.5, split_tool_call_rerendered=3.0)
+            metrics = StepMetrics(
+                seconds=2.5, reward_mean=0.5, split_tool_call_rerendered=3.0, mismatch_kl=0.0123, clip_fraction=0.25, tis_capped_fraction=0.125
+            )
             await db.transaction(record_step, "agent", 1, 0, ids, "w", metrics, "/c/1")
             await db.transaction(claim_groups, "agent", "w", 1)  # the second group: being trained
         finally:
@@ -92,6 +94,12 @@ def test_metrics_show_the_trainers_steps(make_gateway, upstream: Upstream, datab
     assert m[("burnish_sequence_splits", (agent, ("reason", "tool_call_rerendered")))] == 3
     assert m[("burnish_sequence_splits", (agent, ("reason", "prompt_cut")))] == 0
     assert gw.policy("agent")["splits"] == {reason: 3 if reason == "tool_call_rerendered" else 0 for reason in REASONS}  # the status says the same
+    # The off-policy figures: in the metrics history, and in the dashboard's versions table.
+    with gw.admin() as c:
+        (first,) = c.get("/admin/policies/agent/metrics").json()["data"]
+        page = c.get("/ui/policies/agent").text
+    assert (first["mismatch_kl"], first["tis_capped_fraction"]) == (0.0123, 0.125)
+    assert "Mismatch KL" in page and "1.23e-02" in page and "0.250 / 0.125" in page and "tis_capped_fraction" in page
 
 
 def test_no_policy_ever_made_no_trainer_series(make_gateway, upstream: Upstream) -> None:
