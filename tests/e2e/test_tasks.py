@@ -176,3 +176,15 @@ def test_the_commands_settings_read_json_where_they_are_json() -> None:
         setting("nothing")
     with pytest.raises(ValueError, match="rounds or minutes"):
         Schedule()
+
+
+def test_a_games_worked_examples_are_whole_won_games_from_train_seeds() -> None:
+    env = TextArena("GuessTheNumber-v0", held_out=2)
+    turns = env.worked_examples(2)
+    starts = [i for i, t in enumerate(turns) if t["role"] == "user" and "Guess The Number" in t["content"]]
+    assert len(starts) == 2 and [t["role"] for t in turns] == ["user", "assistant"] * (len(turns) // 2)
+    assert all(t["content"].startswith("[") and t["content"].endswith("]") for t in turns if t["role"] == "assistant")
+    # Halving 1-20 finds any number within 5 guesses: each game ends in the move that won it.
+    assert all(2 <= len(game) // 2 <= 5 for game in (turns[: starts[1]], turns[starts[1] :]))
+    with pytest.raises(ValueError, match="no demonstrator"):
+        TextArena("Mastermind-v0").worked_examples(1)

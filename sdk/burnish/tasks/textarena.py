@@ -17,7 +17,8 @@ LightsOut, FrozenLake, Minesweeper).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from burnish._api import Score
@@ -29,6 +30,23 @@ HELD_OUT = 64
 TRAIN_GAMES = 1_000_000
 # A bound on the moves of one game, whatever the game's own limit, so an episode always ends.
 MAX_MOVES = 30
+
+
+def guess_by_halves(messages: list[dict[str, str]]) -> str:
+    """GuessTheNumber played well: halve the range the hints leave. A demonstrator, for
+    ``worked_examples``: it reads the conversation so far and answers the next move."""
+    low, high = (int(n) for n in re.findall(r"between (\d+) and (\d+)", messages[0]["content"])[0])
+    for move, hint in zip(messages[1::2], messages[2::2]):
+        guess = int(re.findall(r"\[(\d+)\]", move["content"])[0])
+        if "higher" in hint["content"]:
+            low = guess + 1
+        elif "lower" in hint["content"]:
+            high = guess - 1
+    return f"[{(low + high) // 2}]"
+
+
+# Games the adapter can play itself, to show a teacher how a game goes (the teach lever).
+DEMONSTRATORS: dict[str, Callable[[list[dict[str, str]]], str]] = {"GuessTheNumber-v0": guess_by_halves}
 
 
 class TextArena:
@@ -58,6 +76,23 @@ class TextArena:
         game = self._ta.make(f"{self.name}-raw", **self.config)
         game.reset(num_players=1, seed=seed)
         return game
+
+    def worked_examples(self, count: int) -> list[dict[str, str]]:
+        """``count`` whole games from the end of the train seeds' range (never held out), played
+        by the game's demonstrator (``DEMONSTRATORS``), as user and assistant turns."""
+        demonstrate = DEMONSTRATORS.get(self.name)
+        if demonstrate is None:
+            raise ValueError(f"no demonstrator for {self.name}: worked examples are known for {', '.join(DEMONSTRATORS)}")
+        turns: list[dict[str, str]] = []
+        for i in range(count):
+            game, played, done = self.make(TRAIN_GAMES - 1 - i), [], False
+            while not done and len(played) < 2 * self.max_moves:
+                _, seen = game.get_observation()
+                played.append({"role": "user", "content": "\n".join(text for source, text, _ in seen if source == self._ta.GAME_ID)})
+                played.append({"role": "assistant", "content": demonstrate(played)})
+                done, _ = game.step(played[-1]["content"])
+            turns += played
+        return turns
 
     async def play(self, chat: Chat, problem: Any) -> Score:
         game = self.make(int(problem))
