@@ -4,7 +4,7 @@ Every shell block (```bash) of README.md and docs/*.md is read, line continuatio
 comments dropped, and each command in it checked against what it names:
 
 - ``burnish ...``: the command, its subcommands and every option exist and parse (click's own
-  parser, as the shell would hand them over);
+  parser, as the shell would hand them over); ``burnish-tasks ...`` the same (its argparse);
 - ``make TARGET``: the Makefile has the target; ``VAR=value`` arguments are variables it reads;
 - ``pip install '.[extra]'`` / ``'./sdk[extra]'``: the package's pyproject has the extra;
 - ``curl ... URL``: the gateway serves the URL's path with that method (its route table);
@@ -25,6 +25,7 @@ from pathlib import Path
 import click
 import pytest
 
+from burnish.tasks.cli import arguments as burnish_tasks
 from burnish_server.cli.main import main as burnish
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,6 +80,15 @@ def test_burnish_commands_parse(case: tuple[str, list[str]]) -> None:
             command, args = sub, [*getattr(ctx, "protected_args", []), *ctx.args]
     except click.BadParameter as exc:  # a file of the reader's own that is not here
         assert "does not exist" in str(exc), (doc, words, exc)
+
+
+@pytest.mark.parametrize("case", [c for c in ALL if c[1][0] == "burnish-tasks"], ids=_ids)
+def test_burnish_tasks_commands_parse(case: tuple[str, list[str]]) -> None:
+    doc, words = case
+    try:
+        burnish_tasks().parse_args(words[1:])
+    except SystemExit as exc:  # argparse's way of refusing
+        raise AssertionError(f"{doc}: {' '.join(words)}") from exc
 
 
 def _make_targets() -> set[str]:
