@@ -124,6 +124,7 @@ def main() -> None:
     parser.add_argument("--ahead", type=int, default=0, help="steps the runner plays ahead of the trainer (stale calls)")
     parser.add_argument("--label", help="names this run's files beside the defaults' (with --set)")
     parser.add_argument("--table", action="store_true", help="print the table of the runs so far and stop")
+    parser.add_argument("--again", action="store_true", help="run a row again even where its figures are written")
     parser.add_argument("--policy", default="agent")
     parser.add_argument("--port", type=int, default=8080)
     args = parser.parse_args()
@@ -135,6 +136,9 @@ def main() -> None:
         if args.task and len(rows) != len(args.task):
             raise SystemExit(f"unknown task: one of {', '.join(r.task for r in TABLE)}")
         for row in rows:
+            if (args.runs / f"{row.task}{f'-{args.label}' if args.label else ''}.json").exists() and not args.again:
+                print(f"{row.task}: measured already (--again to measure it again)", flush=True)
+                continue
             figures = run_row(args, row)
             points = [f"{e['score']:.3f} (@{e['step']}, {e['minutes']:.0f} min)" for e in figures["curve"]["evals"]]
             print(f"{row.task}: {' -> '.join(points)}", flush=True)
