@@ -4,6 +4,7 @@
     python examples/task_table.py                           # every row, one after another (hours; keep the machine quiet)
     python examples/task_table.py --task products --teach   # the teach lever: the teacher shown worked examples
     python examples/task_table.py --task products --set tis_cap=2 --label tis2   # a policy setting changed for the run
+    python examples/task_table.py --task GuessTheNumber-v0 --teach   # beside the table: a TextArena game, taught
     python examples/task_table.py --table                   # the table, from the runs written so far
 
 Each row is one reasoning-gym task at a difficulty (its generator's own settings, below) where
@@ -31,8 +32,8 @@ from digits import burnish_running  # noqa: I001  (examples/ is run as a folder 
 
 from burnish import AsyncClient
 from burnish.tasks import Schedule, teach, train
-from burnish.tasks.cli import setting
-from burnish.tasks.reasoning_gym import ReasoningGym
+from burnish.tasks.cli import load, setting
+from burnish.tasks.runner import MAX_TOKENS
 
 
 @dataclass(frozen=True)
@@ -40,9 +41,11 @@ class Row:
     task: str
     shape: str
     config: dict[str, Any]
+    suite: str = "reasoning-gym"
+    max_tokens: int = MAX_TOKENS
 
 
-# Fixed from a survey of the base (60 task settings, docs/notes/learning-runs.md) before any run:
+# Fixed from a survey of the base (70 task settings, docs/notes/learning-runs.md) before any run:
 # each task's settings put the base's held-out score in 0.05-0.6. The base's scores in that survey:
 # products 0.109, spell_backward 0.089, word_sorting 0.055, syllogism 0.079, letter_jumble 0.188,
 # knights_knaves 0.148, calendar_arithmetic 0.422, ransom_note 0.516, course_schedule 0.562,
@@ -63,6 +66,8 @@ TABLE = (
     Row("course_schedule", "multi-step (a graph)", {}),
     Row("mahjong_puzzle", "multi-step (a state over rounds)", {}),
 )
+# Beside the table: a multi-turn game (TextArena), whose moves are short.
+GAMES = (Row("GuessTheNumber-v0", "multi-turn game", {}, suite="textarena", max_tokens=16),)
 
 
 def run_row(args: argparse.Namespace, row: Row) -> dict[str, Any]:
@@ -70,15 +75,15 @@ def run_row(args: argparse.Namespace, row: Row) -> dict[str, Any]:
     args.data_dir = args.runs / "data" / name
     shutil.rmtree(args.data_dir, ignore_errors=True)
     args.gateway, args.admin_token = None, None
-    env = ReasoningGym(row.task, row.config)
+    env = load(row.suite, row.task, row.config, {})
 
     async def run() -> dict[str, Any]:
         async with AsyncClient(args.gateway, admin_token=args.admin_token) as client:
             if args.set:
                 await client.update_policy(args.policy, train=dict(args.set))
             if args.teach:
-                await teach(client, args.policy, env, args.teach)
-            schedule = Schedule(minutes=args.minutes, eval_minutes=args.eval_minutes, ahead=args.ahead)
+                await teach(client, args.policy, env, args.teach)  # type: ignore[arg-type]
+            schedule = Schedule(minutes=args.minutes, eval_minutes=args.eval_minutes, ahead=args.ahead, max_tokens=row.max_tokens)
             curve = await train(client, env, args.policy, schedule, plot=args.runs / f"{name}.png")
             status = await client.status(args.policy)
             metrics = (await client.metrics(args.policy))["data"]
@@ -132,9 +137,9 @@ def main() -> None:
     if args.teach and not args.label:
         args.label = "teach"
     if not args.table:
-        rows = [r for r in TABLE if args.task is None or r.task in args.task]
+        rows = list(TABLE) if args.task is None else [r for r in (*TABLE, *GAMES) if r.task in args.task]
         if args.task and len(rows) != len(args.task):
-            raise SystemExit(f"unknown task: one of {', '.join(r.task for r in TABLE)}")
+            raise SystemExit(f"unknown task: one of {', '.join(r.task for r in (*TABLE, *GAMES))}")
         for row in rows:
             if (args.runs / f"{row.task}{f'-{args.label}' if args.label else ''}.json").exists() and not args.again:
                 print(f"{row.task}: measured already (--again to measure it again)", flush=True)
