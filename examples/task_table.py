@@ -33,7 +33,7 @@ from digits import burnish_running  # noqa: I001  (examples/ is run as a folder 
 from burnish import AsyncClient
 from burnish.tasks import Schedule, teach, train
 from burnish.tasks.cli import load, setting
-from burnish.tasks.runner import MAX_TOKENS
+from burnish.tasks.runner import GROUP_SIZE, MAX_TOKENS, TEMPERATURE
 
 
 @dataclass(frozen=True)
@@ -83,12 +83,16 @@ def run_row(args: argparse.Namespace, row: Row) -> dict[str, Any]:
                 await client.update_policy(args.policy, train=dict(args.set))
             if args.teach:
                 await teach(client, args.policy, env, args.teach)  # type: ignore[arg-type]
-            schedule = Schedule(minutes=args.minutes, eval_minutes=args.eval_minutes, ahead=args.ahead, max_tokens=row.max_tokens)
+            schedule = Schedule(
+                minutes=args.minutes, eval_minutes=args.eval_minutes, ahead=args.ahead, size=args.size,
+                temperature=args.temperature, max_tokens=args.max_tokens or row.max_tokens,
+            )  # fmt: skip
             curve = await train(client, env, args.policy, schedule, plot=args.runs / f"{name}.png")
             status = await client.status(args.policy)
             metrics = (await client.metrics(args.policy))["data"]
             return {
                 "task": row.task, "shape": row.shape, "config": row.config, "label": args.label, "teach": args.teach, "set": dict(args.set), "ahead": args.ahead,
+                "size": args.size, "temperature": args.temperature, "max_tokens": schedule.max_tokens,
                 "curve": json.loads(curve.to_json()), "steps": status["step"], "groups_trained": status["groups_trained"],
                 "health": status["health"], "train": status["train"], "metrics": metrics,
             }  # fmt: skip
@@ -127,6 +131,9 @@ def main() -> None:
     parser.add_argument("--set", type=setting, action="append", default=[], metavar="NAME=VALUE", help="a train setting of the policy")
     parser.add_argument("--teach", type=int, nargs="?", const=3, metavar="N", help="the teacher shown N worked examples (3), GRPO + distillation")
     parser.add_argument("--ahead", type=int, default=0, help="steps the runner plays ahead of the trainer (stale calls)")
+    parser.add_argument("--size", type=int, default=GROUP_SIZE, help="answers a question (the runner's group size)")
+    parser.add_argument("--temperature", type=float, default=TEMPERATURE, help="of the train answers")
+    parser.add_argument("--max-tokens", type=int, help="an answer's budget (default: the row's)")
     parser.add_argument("--label", help="names this run's files beside the defaults' (with --set)")
     parser.add_argument("--table", action="store_true", help="print the table of the runs so far and stop")
     parser.add_argument("--again", action="store_true", help="run a row again even where its figures are written")
