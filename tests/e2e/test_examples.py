@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from burnish import AsyncClient
-from burnish.tasks import Curve, Eval, write_plot
+from burnish.tasks import Curve, Eval, train, write_plot
 from burnish_server.serving.process import VLLMServer
 from tests.conftest import ADMIN_TOKEN
 
@@ -42,6 +42,29 @@ def test_calculator_agent_plays_two_turns_with_a_tool(make_gateway, vllm: VLLMSe
     assert used_tool, [t["calls"][0]["response"] for t in trajectories]
     assert used_tool[0]["calls"][0]["response"]["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "calculator"
     assert used_tool[0]["calls"][0]["request"]["tool_choice"] == calculator.CALL_CALCULATOR
+
+
+def test_the_demo_plays_its_sums_on_the_task_runner(make_gateway, vllm: VLLMServer) -> None:
+    gw = make_gateway(upstream=vllm.url, upstream_timeout=120)
+    gw.create_policy("agent", "tiny", train={"groups_per_step": 8})  # no trainer here: no step is due
+    schedule = arithmetic.SUMS.schedule(rounds=1, groups=2, size=2, eval_every=1)
+
+    async def run() -> Curve:
+        async with AsyncClient(gw.url, admin_token=ADMIN_TOKEN) as client:
+            return await train(client, arithmetic.SUMS, "agent", schedule, log=lambda _: None)
+
+    curve = asyncio.run(run())
+    assert [(e.round, e.step) for e in curve.evals] == [(0, 0), (1, 0)] and set(curve.evals[0].components) == {"exact", "shaped"}
+    with gw.client() as c:
+        played = c.get("/v1/trajectories", params={"eval": "false", "limit": 10}).json()["data"]
+    assert len(played) == 4
+    for m in played:
+        (call,) = gw.trajectory(m["id"])["calls"]
+        request = call["request"]
+        assert (request["max_tokens"], request["temperature"]) == (16, 0.7) and request["messages"][0]["content"].startswith("What is ")
+        text = call["response"]["choices"][0]["message"]["content"]
+        a, b = (int(n) for n in arithmetic.NUMBER.findall(request["messages"][0]["content"])[:2])
+        assert gw.trajectory(m["id"])["reward"] == arithmetic.shaped(text, a, b)  # train: the shaped reward
 
 
 def test_calculator_never_evaluates_anything_but_arithmetic() -> None:

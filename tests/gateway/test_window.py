@@ -61,7 +61,7 @@ def test_a_prompt_past_the_window_gets_each_protocols_own_error(gw: Gateway) -> 
 
     for trajectory in ("long-chat", "long-resp", "long-msg"):  # each refused call recorded as such
         (call,) = gw.trajectory(trajectory)["calls"]
-        assert call["status"] == "upstream_error" and call["http_status"] == 400 and "too long" in call["error"] or "context length" in call["error"]
+        assert call["status"] == "upstream_error" and call["http_status"] == 400 and ("too long" in call["error"] or "context length" in call["error"])
 
 
 def test_max_tokens_past_the_window_is_lowered_and_said(gw: Gateway) -> None:
