@@ -25,6 +25,7 @@ Writes bench/results/agent_memory.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -85,8 +86,7 @@ def with_teacher_prompts(items: list, seed: int) -> None:
     rng = random.Random(seed + 1)
     context = [rng.randrange(49152) for _ in range(CONTEXT_TOKENS)]
     for seq, _ in items:
-        for span in seq.spans:
-            span.teacher_prompt = context + seq.tokens[: span.start]
+        seq.spans = [dataclasses.replace(span, teacher_prompt=context + seq.tokens[: span.start]) for span in seq.spans]
 
 
 def worker(args: argparse.Namespace) -> None:
