@@ -36,6 +36,7 @@ from digits import burnish_running, gateway_arguments
 
 from burnish import AsyncClient
 from burnish.tasks import Curve, train
+from burnish.tasks.cli import setting
 
 NUMBER = re.compile(r"\d+")
 WORD = re.compile(r"[a-z]+")
@@ -94,12 +95,6 @@ PARITY = Task(
 )  # fmt: skip
 
 TASKS = {task.name: task for task in (SUMS, LARGER, PARITY)}
-
-
-def setting(text: str) -> tuple[str, object]:
-    """``name=value`` for the policy's train settings; the value read as JSON."""
-    name, _, value = text.partition("=")
-    return name, json.loads(value)
 
 
 def main() -> None:

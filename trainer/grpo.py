@@ -80,6 +80,7 @@ class Gap:
     logprob_diff: torch.Tensor
     outside_clip: torch.Tensor
     mismatch_kl: torch.Tensor
+    ratio: torch.Tensor  # per token: exp(logp - behaviour), no gradient (TIS weighs by it)
 
 
 def behaviour_gap(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor, settings: TrainSettings) -> Gap:
@@ -89,7 +90,7 @@ def behaviour_gap(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask
         gap = logprobs.detach() - behaviour_logprobs
         ratio = torch.exp(gap)
         outside = ((ratio < 1 - settings.clip_eps_low) | (ratio > 1 + settings.clip_eps_high)).to(mask.dtype)
-        return Gap((gap.abs() * mask).sum(), (outside * mask).sum(), ((ratio - 1 - gap) * mask).sum())
+        return Gap((gap.abs() * mask).sum(), (outside * mask).sum(), ((ratio - 1 - gap) * mask).sum(), ratio)
 
 
 def grpo_loss(
@@ -114,9 +115,8 @@ def grpo_loss(
         advantages = advantages[:, None]
     low, high = 1 - settings.clip_eps_low, 1 + settings.clip_eps_high
     gap = behaviour_gap(logprobs, behaviour_logprobs, mask, settings)
-    with torch.no_grad():
-        to_behaviour = torch.exp(logprobs.detach() - behaviour_logprobs)
-        tis_capped = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    to_behaviour = gap.ratio
+    tis_capped = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     if settings.tis_cap is None:
         ratio = torch.exp(logprobs - behaviour_logprobs)
         clipped = ratio.clamp(low, high)
