@@ -185,7 +185,9 @@ class SharedBase:
         self.model.eval()
         micro = make_micro_batch([Row(items, len(prompt))], 0, 64, self.device)
         try:
-            shared = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask, position_ids=micro.position_ids, use_cache=False).logits[0].float()
+            shared = (
+                self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask, position_ids=micro.position_ids, use_cache=False).logits[0].float()
+            )
         except (RuntimeError, ValueError, TypeError):  # an attention that refuses the mask
             return False
         alone = [self.model(input_ids=torch.tensor([prompt + rest], device=self.device), use_cache=False).logits[0].float() for rest in rests]

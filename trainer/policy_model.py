@@ -56,9 +56,7 @@ class MicroBatch:
     held_tokens: int  # the trained tokens sampled under a grammar, whose ratio is against the trainer's own
 
 
-def make_micro_batch(
-    items: list[tuple[Sequence, float]] | list[Row], pad_id: int, max_len: int, device: torch.device, packed: bool = False
-) -> MicroBatch:
+def make_micro_batch(items: list[tuple[Sequence, float]] | list[Row], pad_id: int, max_len: int, device: torch.device, packed: bool = False) -> MicroBatch:
     """The micro-batch's tensors: one row per sequence, padded to the longest, or (``packed``)
     every sequence in one row, none padded. Sequences are cut at ``max_len``. Given ``Row``s
     (trainer/shared_prompts.py), a row may hold several sequences that begin with the same
@@ -171,9 +169,7 @@ def taught_tokens(items: list[tuple[Sequence, float]], max_len: int) -> tuple[in
     return grpo, imitate, taught
 
 
-def micro_batches(
-    items: list[tuple[Sequence, float]], max_tokens: int, max_len: int, packed: bool = False, share: float | None = None
-) -> Iterator[list[Row]]:
+def micro_batches(items: list[tuple[Sequence, float]], max_tokens: int, max_len: int, packed: bool = False, share: float | None = None) -> Iterator[list[Row]]:
     """Longest row first, packed greedily so that a micro-batch holds at most ``max_tokens``: its
     rows x its longest row, padded; the sum of its sequences' lengths, packed. ``share`` (the
     model's ``break_even``): sequences that begin with the same prompt share a row where it pays
@@ -197,10 +193,10 @@ def micro_batches(
 
 # Under FSDP2 a rank with fewer micro-batches than the others runs empty ones (trainer/distributed.py):
 # one pad token of context and one "sampled", with a zero advantage and its loss multiplied by 0.
-def filler(pad_id: int) -> list[tuple[Sequence, float]]:
+def filler(pad_id: int) -> list[Row]:
     sequence = Sequence()
     sequence.add([pad_id], [pad_id], None)
-    return [(sequence, 0.0)]
+    return [Row([(sequence, 0.0)])]
 
 
 V = TypeVar("V")  # a figure: torch.Tensor while the step runs, float once read
