@@ -144,7 +144,11 @@ def main() -> int:
         work = Path(tmp)
         model, vocab = model_folder(args.model, work, args.seed)
         t0 = sync()
-        policy = PolicyModel(SharedBase(str(model), holding=Holding(prompt_sharing=args.prompt_sharing)), LoraSettings(rank=16, alpha=32), TrainSettings(learning_rate=5e-4, groups_per_step=args.groups))
+        policy = PolicyModel(
+            SharedBase(str(model), holding=Holding(prompt_sharing=args.prompt_sharing)),
+            LoraSettings(rank=16, alpha=32),
+            TrainSettings(learning_rate=5e-4, groups_per_step=args.groups),
+        )
         load_s = sync() - t0
         rows = recorded_rows(args, vocab)
         t0 = sync()
