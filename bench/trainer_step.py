@@ -10,7 +10,9 @@ The batch is an agent's, made as the gateway records it: ``--groups`` groups of
 ``--group-size`` trajectories, each of two calls (a tool prompt of ``--prompt-len`` tokens and a
 sampled answer of ``--answer-len``, then a tool result of ``--answer-len`` / 2 tokens and a second
 answer), with token ids and logprobs packed as in the ``calls`` table (``core/protocols/records.py``) and
-random rewards. Phases, each timed (the device synchronised at its end):
+random rewards. With ``--same-prompt`` a group's trajectories share their first prompt, as a
+group answering one task does (trainer/shared_prompts.py trains it once a group;
+``--prompt-sharing off`` does not). Phases, each timed (the device synchronised at its end):
 
 * ``batch``: ``trainer/sequences.py: training_batch``: the calls merged into one sequence per
   trajectory, group-relative advantages (what the worker does after reading the store);
@@ -53,10 +55,12 @@ def recorded_rows(args: argparse.Namespace, vocab: int) -> list:
     now = datetime.now(UTC)
     rows = []
     for g in range(args.groups):
+        task = [rng.randrange(vocab) for _ in range(args.prompt_len)] if args.same_prompt else []
         for m in range(args.group_size):
             trajectory, reward, history = f"t-{g}-{m}", rng.random(), []
             for context in (args.prompt_len, args.answer_len // 2):
-                prompt = history + [rng.randrange(vocab) for _ in range(context)]
+                fresh = [rng.randrange(vocab) for _ in range(context)]
+                prompt = history + (task if args.same_prompt and not history else fresh)
                 answer = [rng.randrange(vocab) for _ in range(args.answer_len)]
                 call = CallRecord(
                     trajectory_id=trajectory,
@@ -109,6 +113,8 @@ def main() -> int:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=600)
     ap.add_argument("--answer-len", type=int, default=150)
+    ap.add_argument("--same-prompt", action="store_true", help="a group's trajectories share their first prompt")
+    ap.add_argument("--prompt-sharing", choices=("auto", "off"), default="auto", help="the trainer's BURNISH_TRAINER_PROMPT_SHARING")
     ap.add_argument("--steps", type=int, default=3, help="timed steps, after one warm-up")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pause-vllm", metavar="URL", help="pause this vLLM's scheduler for each step (POST /pause?mode=keep), then resume it")
@@ -123,7 +129,7 @@ def main() -> int:
     import torch
 
     from burnish_server.core.learning.policies import LoraSettings, TrainSettings
-    from burnish_server.trainer.base_model import SharedBase
+    from burnish_server.trainer.base_model import Holding, SharedBase
     from burnish_server.trainer.policy_model import PolicyModel
     from burnish_server.trainer.sequences import training_batch
 
@@ -138,7 +144,11 @@ def main() -> int:
         work = Path(tmp)
         model, vocab = model_folder(args.model, work, args.seed)
         t0 = sync()
-        policy = PolicyModel(SharedBase(str(model)), LoraSettings(rank=16, alpha=32), TrainSettings(learning_rate=5e-4, groups_per_step=args.groups))
+        policy = PolicyModel(
+            SharedBase(str(model), holding=Holding(prompt_sharing=args.prompt_sharing)),
+            LoraSettings(rank=16, alpha=32),
+            TrainSettings(learning_rate=5e-4, groups_per_step=args.groups),
+        )
         load_s = sync() - t0
         rows = recorded_rows(args, vocab)
         t0 = sync()
@@ -172,6 +182,8 @@ def main() -> int:
         "sampled": metrics.tokens,
         "checkpointing": policy.base.checkpointing,
         "packed": policy.base.packs,
+        "same_prompt": args.same_prompt,
+        "prompt_sharing": policy.base.shares_prompts,
         "load_s": load_s,
         "batch_s": batch_s,
         "step_s": step_s,

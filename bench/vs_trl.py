@@ -83,6 +83,7 @@ OPTIONS = (  # flag, default, help
     ("--seed", 0, "batch and LoRA init"),
     ("--checkpointing", "off", "activation checkpointing on both sides: off or on"),
     ("--ours-checkpointing", "", "burnish's, where not --checkpointing: off, on or selective; several, comma-separated, run as sides of their own"),
+    ("--prompt-sharing", "auto", "burnish's BURNISH_TRAINER_PROMPT_SHARING: auto trains a group's prompt once (TRL has no such thing), off one sequence a row"),
     ("--quiet-wait", 300.0, "seconds to wait, before each process, for other processes to go quiet"),
 )
 # Random-weight models of real models' shapes (their config.json's numbers), for a GPU: nothing
@@ -232,7 +233,7 @@ def prepare(args: argparse.Namespace, work: Path) -> dict:
         "lora_init": str(work / "lora_init.safetensors"),
         "lora": msgspec.to_builtins(lora),
         "train": msgspec.to_builtins(train),
-        **{k: getattr(args, k) for k in ("threads", "warmup", "steps", "loss_type", "seed", "group_size", "checkpointing", "profile")},
+        **{k: getattr(args, k) for k in ("threads", "warmup", "steps", "loss_type", "seed", "group_size", "checkpointing", "profile", "prompt_sharing")},
         "prompt_ids": prompts.tolist(),
         "completion_ids": completions.tolist(),
         "old_logprobs": old.tolist(),
@@ -251,7 +252,7 @@ def ours_stepper(spec: dict):
     from burnish_server.trainer.policy_model import PolicyModel
     from burnish_server.trainer.sequences import Sequence
 
-    base = SharedBase(spec["model"], holding=Holding(checkpointing=spec["checkpointing"]))
+    base = SharedBase(spec["model"], holding=Holding(checkpointing=spec["checkpointing"], prompt_sharing=spec.get("prompt_sharing", "auto")))
     policy = PolicyModel(base, msgspec.convert(spec["lora"], LoraSettings), msgspec.convert(spec["train"], TrainSettings))
     set_peft_model_state_dict(policy.model, load_file(spec["lora_init"], device=str(policy.device)), adapter_name=policy.adapter)
     items = []
@@ -263,7 +264,7 @@ def ours_stepper(spec: dict):
         metrics = policy.step(items)
         return metrics.loss, int(metrics.tokens)
 
-    return step, {"device": str(policy.device), "checkpointing": spec["checkpointing"] if base.checkpointing else "off"}
+    return step, {"device": str(policy.device), "checkpointing": spec["checkpointing"] if base.checkpointing else "off", "prompt_sharing": base.shares_prompts}
 
 
 def trl_stepper(spec: dict, work: Path):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -95,6 +96,7 @@ def run_row(args: argparse.Namespace, row: Row) -> dict[str, Any]:
                 "size": args.size, "temperature": args.temperature, "max_tokens": schedule.max_tokens,
                 "curve": json.loads(curve.to_json()), "steps": status["step"], "groups_trained": status["groups_trained"],
                 "health": status["health"], "train": status["train"], "metrics": metrics,
+                "prompt_sharing": os.environ.get("BURNISH_TRAINER_PROMPT_SHARING", "auto"),
             }  # fmt: skip
 
     started = time.monotonic()

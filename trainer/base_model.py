@@ -21,6 +21,7 @@ import torch
 
 from burnish_server.trainer.distributed import Ranks
 from burnish_server.trainer.recompute import selective
+from burnish_server.trainer.shared_prompts import break_even
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,11 @@ class Holding:
     # apart with a dense mask over the whole row, so attention computes every pair of the row's
     # tokens: its cost grows with the row's length squared, not each sequence's. "auto" pads there.
     packing: Literal["auto", "on", "off"] = "auto"
+    # A group's answers trained as one row, their shared prompt once (trainer/shared_prompts.py):
+    # a forward pass as long as the prompt plus the answers, not the prompt once per answer.
+    # "auto" shares where the rows are padded (not packed), the attention takes a 4-D mask
+    # (SDPA, eager) and the model is checked to give each token its own sequence's logits.
+    prompt_sharing: Literal["auto", "off"] = "auto"
 
 
 @dataclass
@@ -132,6 +138,9 @@ class SharedBase:
             self.model.to(self.device)  # type: ignore[arg-type]  # transformers' stubs type .to oddly
         varlen = "flash" in str(self.model.config._attn_implementation)
         self.packs = (holding.packing == "on" or (holding.packing == "auto" and varlen)) and self.packing_is_faithful()
+        self.shares_prompts = holding.prompt_sharing == "auto" and not self.packs and not varlen and self.sharing_is_faithful()
+        config = self.model.config
+        self.break_even = break_even(config.hidden_size, getattr(config, "intermediate_size", None) or 4 * config.hidden_size)
         self.check_head()
         self.peft: Any = None  # the PeftModel, once an adapter is attached
         self.adapters: dict[str, str] = {}  # owner (a policy) -> its adapter's name in peft
@@ -156,6 +165,36 @@ class SharedBase:
         packed = self.model(input_ids=torch.tensor([first + second], device=self.device), position_ids=positions, use_cache=False).logits[0].float()
         tolerance = 1e-4 if self.model.dtype == torch.float32 else 3e-2  # bf16 rounds to ~3 digits
         return bool((packed - alone).abs().max() <= tolerance * max(float(alone.abs().max()), 1.0))
+
+    @torch.no_grad()
+    def sharing_is_faithful(self) -> bool:
+        """Whether two sequences with a shared prompt, laid out as the prompt once and then each
+        one's rest (trainer/shared_prompts.py: a 4-D mask, position ids continuing the prompt),
+        get the logits each gets alone. A model whose attention ignores a 4-D mask is trained
+        one sequence a row instead."""
+        from burnish_server.trainer.policy_model import make_micro_batch
+        from burnish_server.trainer.sequences import Sequence
+        from burnish_server.trainer.shared_prompts import Row
+
+        prompt, rests = [1, 2, 3, 4, 5], ([6, 7, 8], [9, 10])
+        items = []
+        for rest in rests:
+            seq = Sequence()
+            seq.add(prompt, rest, None)
+            items.append((seq, 0.0))
+        self.model.eval()
+        micro = make_micro_batch([Row(items, len(prompt))], 0, 64, self.device)
+        try:
+            shared = (
+                self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask, position_ids=micro.position_ids, use_cache=False).logits[0].float()
+            )
+        except (RuntimeError, ValueError, TypeError):  # an attention that refuses the mask
+            return False
+        alone = [self.model(input_ids=torch.tensor([prompt + rest], device=self.device), use_cache=False).logits[0].float() for rest in rests]
+        # The shared row: the prompt, the first rest, the second rest (each rest's own positions).
+        expected = torch.cat([alone[0], alone[1][len(prompt) :]])
+        tolerance = 1e-4 if self.model.dtype == torch.float32 else 3e-2  # bf16 rounds to ~3 digits
+        return bool((shared - expected).abs().max() <= tolerance * max(float(expected.abs().max()), 1.0))
 
     def compute(self) -> AbstractContextManager[Any]:
         """The context of a training forward pass: bf16 autocast on a GPU (``mixed``), else none.

@@ -85,7 +85,7 @@ class Models:
         self.settings, self.checkpoints = settings, checkpoints
         self.turns = turns or Turns()  # rank 0's: sampling paused for its steps where it shares vLLM's cores
         self.ranks = ranks or Ranks()
-        self.holding = Holding(settings.trainer_dtype, settings.trainer_checkpointing, settings.trainer_packing)
+        self.holding = Holding(settings.trainer_dtype, settings.trainer_checkpointing, settings.trainer_packing, settings.trainer_prompt_sharing)
         self.models: dict[str, PolicyModel] = {}
         self.bases: dict[str, SharedBase] = {}  # by model path: one in memory for all its policies
         self.used_at: dict[str, float] = {}  # policy -> when its model last trained (or was loaded)

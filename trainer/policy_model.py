@@ -26,6 +26,7 @@ from burnish_server.trainer.grpo import behaviour_gap, grpo_loss
 from burnish_server.trainer.logprobs import sampled_logprobs, top_forward_kl, top_logprobs
 from burnish_server.trainer.objectives import distill_loss, sft_loss
 from burnish_server.trainer.sequences import Sequence
+from burnish_server.trainer.shared_prompts import Row, shared_rows
 
 
 @dataclass
@@ -50,43 +51,68 @@ class MicroBatch:
     # that predicts it is the one before).
     picked_rows: torch.Tensor  # [N]
     picked_at: torch.Tensor  # [N]
+    picked_from: torch.Tensor  # [N]: the position in its row of the hidden state that predicts each (the one before, but where rows share a prompt)
     compared_tokens: int  # the trained tokens with a comparable recorded logprob
     held_tokens: int  # the trained tokens sampled under a grammar, whose ratio is against the trainer's own
 
 
-def make_micro_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: int, device: torch.device, packed: bool = False) -> MicroBatch:
+def make_micro_batch(items: list[tuple[Sequence, float]] | list[Row], pad_id: int, max_len: int, device: torch.device, packed: bool = False) -> MicroBatch:
     """The micro-batch's tensors: one row per sequence, padded to the longest, or (``packed``)
-    every sequence in one row, none padded. Sequences are cut at ``max_len``.
+    every sequence in one row, none padded. Sequences are cut at ``max_len``. Given ``Row``s
+    (trainer/shared_prompts.py), a row may hold several sequences that begin with the same
+    prompt: the prompt once, then each one's rest, kept apart by a 4-D attention mask.
 
     Built on the host, one flat list per tensor (the cheapest way from Python lists to a
     tensor), then copied to ``device``."""
-    seqs = [s for s, _ in items]
-    lengths = [min(len(s.tokens), max_len) for s in seqs]
+    rows = [item if isinstance(item, Row) else Row([item]) for item in items]
+    shared = any(row.prefix for row in rows)
+    if shared and packed:
+        raise ValueError("sequences that share a prompt are masked in a row of their own, not packed")
+    seqs = [seq for row in rows for seq, _ in row.items]
+    advantages = [advantage for row in rows for _, advantage in row.items]
+    lengths = [row.length(max_len) for row in rows]
     width = sum(lengths) if packed else max(lengths)
-    shape = (1, width) if packed else (len(seqs), width)
+    shape = (1, width) if packed else (len(rows), width)
+    # Each row's sequences: (index in seqs, first token, end); for each token, where the hidden
+    # state that predicts it is in its row (the token before it; for a rest's first token, the
+    # shared prompt's last); and which part of its row it is (the shared prompt -1, else the
+    # sequence's place in the row), for the mask.
+    layout: list[list[tuple[int, int, int]]] = []
+    before: list[list[int]] = []
+    segments: list[list[int]] = []
+    start = 0
+    for row in rows:
+        layout.append([])
+        at = start if packed else 0
+        for i, (first, end) in enumerate(row.spans(max_len)):
+            layout[-1].append((len(before), first, end))
+            before.append([0] * first + [at + t - first - 1 for t in range(first, end)])
+            if first:
+                before[-1][first] = row.prefix - 1
+            segments.append([-1] * row.prefix + [i] * (end - row.prefix))
+            at += end - first
+        start += row.length(max_len)
 
     def tensor(values: list[list], fill: Any, dtype: torch.dtype) -> torch.Tensor:  # fill: a list of k for [B, T, k]
         flat: list = []
-        for row, n in zip(values, lengths):
-            flat += row[:n]
+        for spans, length in zip(layout, lengths):
+            for j, first, end in spans:
+                flat += values[j][first:end]
             if not packed:
-                flat += [fill] * (width - n)
+                flat += [fill] * (width - length)
         return torch.tensor(flat, dtype=dtype).view(*shape, *([len(fill)] if isinstance(fill, list) else []))
 
-    def per_row(values: list, dtype: torch.dtype) -> torch.Tensor:  # one value a sequence, on each of its tokens
-        row = torch.tensor(values, dtype=dtype)
-        return row.repeat_interleave(torch.tensor(lengths)).view(shape) if packed else row[:, None].expand(shape)
-
+    ends = [end for spans in layout for _, _, end in spans]
     # A sequence's first token has nothing before it to be predicted from (packed, the one
     # before it is the previous sequence's last): never trained.
-    trained = [[0, *s.trained()[1 : lengths[i]]] for i, s in enumerate(seqs)]
+    trained = [[0, *s.trained()[1:end]] for s, end in zip(seqs, ends)]
     sampled = tensor(trained, 0, torch.int64)
     taught = (
         tensor([[m * t for m, t in zip(row, s.taught or [0] * len(row))] for s, row in zip(seqs, trained)], 0, torch.int64)
         if any(s.taught for s in seqs)
         else None
     )
-    rows, at = sampled.nonzero(as_tuple=True)
+    picked_rows, picked_at = sampled.nonzero(as_tuple=True)
     top_ids = top_logprobs = None
     if taught is not None and any(s.teacher_top for s in seqs):
         k = max(len(ids) for s in seqs for ids, _ in (s.teacher_top or []))
@@ -95,23 +121,32 @@ def make_micro_batch(items: list[tuple[Sequence, float]], pad_id: int, max_len: 
         tops = [[pair if len(pair[0]) == k else nothing for pair in (s.teacher_top or [nothing] * len(s.tokens))] for s in seqs]
         top_ids = tensor([[ids for ids, _ in row] for row in tops], [0] * k, torch.int64)
         top_logprobs = tensor([[lp for _, lp in row] for row in tops], [0.0] * k, torch.float32)
-    positions = torch.arange(width)
+    attention_mask = None
+    if shared:
+        # Row token i sees token j (j <= i) where j is the shared prompt's or i's own sequence's;
+        # padding sees the prompt and the padding before it (a row of nothing would make NaNs).
+        segment = tensor(segments, -2, torch.int64)
+        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        attention_mask = (causal & ((segment[:, None, :] == -1) | (segment[:, None, :] == segment[:, :, None])))[:, None]
+    elif not packed:
+        attention_mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
     host = MicroBatch(
         input_ids=tensor([s.tokens for s in seqs], pad_id, torch.int64),
-        attention_mask=None if packed else (positions[None, :] < torch.tensor(lengths)[:, None]).long(),
-        position_ids=torch.cat([positions[:n] for n in lengths])[None] if packed else None,
+        attention_mask=attention_mask,
+        position_ids=tensor([list(range(end)) for end in ends], 0, torch.int64) if packed or shared else None,
         sampled=sampled,
         behaviour_logprobs=tensor([s.behaviour_logprobs for s in seqs], 0.0, torch.float32),
         has_behaviour=tensor([s.compared for s in seqs], 0, torch.bool),
-        advantages=tensor([[a + c for c in s.credit[:n]] for (s, a), n in zip(items, lengths)], 0.0, torch.float32),
-        grpo=sampled * per_row([s.grpo for s in seqs], torch.int64),
-        imitate=sampled * per_row([s.imitate for s in seqs], torch.int64),
+        advantages=tensor([[a + c for c in s.credit[:end]] for s, a, end in zip(seqs, advantages, ends)], 0.0, torch.float32),
+        grpo=tensor([[s.grpo] * end for s, end in zip(seqs, ends)], 0, torch.int64) * sampled,
+        imitate=tensor([[s.imitate] * end for s, end in zip(seqs, ends)], 0, torch.int64) * sampled,
         taught=taught if taught is not None else torch.zeros(shape, dtype=torch.int64),
         teacher_logprobs=tensor([s.teacher_logprobs or [0.0] * len(s.tokens) for s in seqs], 0.0, torch.float32) if taught is not None else torch.zeros(shape),
         teacher_top_ids=top_ids,
         teacher_top_logprobs=top_logprobs,
-        picked_rows=rows,
-        picked_at=at,
+        picked_rows=picked_rows,
+        picked_at=picked_at,
+        picked_from=tensor(before, 0, torch.int64)[picked_rows, picked_at],
         compared_tokens=sum(sum(m * c for m, c in zip(row, s.compared)) for s, row in zip(seqs, trained)),
         held_tokens=sum(sum(m * h for m, h in zip(row, s.held)) for s, row in zip(seqs, trained)),
     )
@@ -134,20 +169,23 @@ def taught_tokens(items: list[tuple[Sequence, float]], max_len: int) -> tuple[in
     return grpo, imitate, taught
 
 
-def micro_batches(items: list[tuple[Sequence, float]], max_tokens: int, max_len: int, packed: bool = False) -> Iterator[list[tuple[Sequence, float]]]:
-    """Longest first, packed greedily so that a micro-batch holds at most ``max_tokens``: its
-    rows x its longest row, padded; the sum of its sequences' lengths, packed."""
-    ordered = sorted(items, key=lambda item: len(item[0].tokens), reverse=True)
-    chunk: list[tuple[Sequence, float]] = []
+def micro_batches(items: list[tuple[Sequence, float]], max_tokens: int, max_len: int, packed: bool = False, share: float | None = None) -> Iterator[list[Row]]:
+    """Longest row first, packed greedily so that a micro-batch holds at most ``max_tokens``: its
+    rows x its longest row, padded; the sum of its sequences' lengths, packed. ``share`` (the
+    model's ``break_even``): sequences that begin with the same prompt share a row where it pays
+    (trainer/shared_prompts.py); None: each sequence is a row."""
+    rows = shared_rows(items, max_len, max_tokens, share) if share else [Row([item]) for item in items]
+    ordered = sorted(rows, key=lambda row: row.length(max_len), reverse=True)
+    chunk: list[Row] = []
     total = 0  # the chunk's tokens, unpadded
-    for item in ordered:
-        length = min(len(item[0].tokens), max_len)
+    for row in ordered:
+        length = row.length(max_len)
         if chunk:
-            longest = min(len(chunk[0][0].tokens), max_len)  # the first is the longest
+            longest = chunk[0].length(max_len)  # the first is the longest
             if (total + length if packed else (len(chunk) + 1) * longest) > max_tokens:
                 yield chunk
                 chunk, total = [], 0
-        chunk.append(item)
+        chunk.append(row)
         total += length
     if chunk:
         yield chunk
@@ -155,10 +193,10 @@ def micro_batches(items: list[tuple[Sequence, float]], max_tokens: int, max_len:
 
 # Under FSDP2 a rank with fewer micro-batches than the others runs empty ones (trainer/distributed.py):
 # one pad token of context and one "sampled", with a zero advantage and its loss multiplied by 0.
-def filler(pad_id: int) -> list[tuple[Sequence, float]]:
+def filler(pad_id: int) -> list[Row]:
     sequence = Sequence()
     sequence.add([pad_id], [pad_id], None)
-    return [(sequence, 0.0)]
+    return [Row([(sequence, 0.0)])]
 
 
 V = TypeVar("V")  # a figure: torch.Tensor while the step runs, float once read
@@ -306,7 +344,7 @@ class PolicyModel:
                     logits_to_keep=0,  # every position, a view: the step picks the sampled ones itself
                     use_cache=False,  # nothing to cache in training; and with a cache transformers reads no packing from position ids
                 ).logits  # [rows, positions, hidden]: the head is out
-            yield hidden[micro.picked_rows, micro.picked_at - 1], head
+            yield hidden[micro.picked_rows, micro.picked_from], head
 
     def token_logprobs(self, micro: MicroBatch, entropy: list[torch.Tensor] | None = None, top_kl: list[torch.Tensor] | None = None) -> torch.Tensor:
         """logprob of each sampled token given the ones before it, fp32 [rows, positions]; 0
@@ -410,7 +448,7 @@ class PolicyModel:
             if index >= len(chunks):
                 continue
             offset = 0
-            for row, (question, _) in enumerate(chunk):
+            for row, (question, _) in enumerate(item for r in chunk for item in r.items):
                 seq, start, length = where[id(question)]
                 line = logprobs[0, offset:] if packed else logprobs[row]
                 prompt = len(question.tokens) - length
@@ -460,7 +498,7 @@ class PolicyModel:
         # Each objective is normalised by its own tokens, over the whole step (every rank's share).
         n_grpo, n_sft, _ = taught_tokens(items, max_len)
         n_distill = int(ranks.sum([float(taught_tokens(mine, max_len)[2])])[0])
-        chunks = list(micro_batches(mine, settings.micro_batch_tokens, max_len, packed))
+        chunks = list(micro_batches(mine, settings.micro_batch_tokens, max_len, packed, self.base.break_even if self.base.shares_prompts else None))
         passes = ranks.most(len(chunks)) if ranks.sharded else len(chunks)
         sums = Figures.zeros(self.device)
         for index in range(passes):

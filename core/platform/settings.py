@@ -150,10 +150,12 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     trainer_max_restarts: Annotated[int, Meta(ge=0)] = 3
     # How a base is held (trainer/base_model.py: Holding): its dtype (auto: bf16 on a GPU,
     # fp32 on the CPU), activation checkpointing (auto: on on a GPU), and sequences packed
-    # without padding (auto: where the attention kernel is variable-length, FlashAttention).
+    # without padding (auto: where the attention kernel is variable-length, FlashAttention), and
+    # a group's answers trained in one row, their shared prompt once (auto: where not packed).
     trainer_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     trainer_checkpointing: Literal["auto", "on", "selective", "off"] = "auto"
     trainer_packing: Literal["auto", "on", "off"] = "auto"
+    trainer_prompt_sharing: Literal["auto", "off"] = "auto"
 
     # Recording. Off turns the gateway into a plain proxy (the benchmark's baseline).
     record: bool = True

@@ -75,12 +75,13 @@ def test_a_textarena_game_is_one_trajectory_of_moves_each_call_extending_the_las
     gw.create_policy("agent", "tiny")
     env = TextArena("GuessTheNumber-v0", held_out=2, max_moves=4)
 
-    async def run() -> tuple[float, dict[str, float]]:
+    async def run() -> tuple[float, dict[str, float], list[tuple[str, float]]]:
         async with AsyncClient(gw.url, admin_token=ADMIN_TOKEN) as client:
             return await evaluate(client, env, env.split()[1], "agent", 0, Schedule(rounds=0, max_tokens=8))
 
-    score, components = asyncio.run(run())
+    score, components, replies = asyncio.run(run())
     assert 0.0 <= score <= 1.0 and 1 <= components["moves"] <= 4
+    assert len(replies) == 2 and sum(r for _, r in replies) / 2 == pytest.approx(score)  # each game's last move, with its score
     episodes = [gw.trajectory(m["id"]) for m in listed(gw, "/v1/trajectories", eval="true")]
     assert len(episodes) == 2
     for t in episodes:

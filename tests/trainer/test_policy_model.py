@@ -377,3 +377,71 @@ def test_a_model_whose_logits_are_not_its_head_on_its_hidden_states_is_refused(t
     (model / "config.json").write_text(json.dumps(config | {"logits_scaling": 4.0}))
     with pytest.raises(ValueError, match="computes its logits otherwise"):
         SharedBase(str(model))
+
+
+def _groups(seed: int) -> list[tuple[Sequence, float]]:
+    """Two groups of answers to a prompt each, answers of different lengths, some of two turns
+    (a second prompt and answer after the first): what prompt sharing lays out in one row a group."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for g in range(2):
+        prompt = torch.randint(5, 200, (7 + 3 * g,), generator=generator).tolist()
+        for i, advantage in enumerate((1.0, -1.0, 0.5)):
+            seq = Sequence()
+            seq.add(prompt, torch.randint(5, 200, (2 + i,), generator=generator).tolist(), None)
+            if i == 1:
+                seq.add(torch.randint(5, 200, (2,), generator=generator).tolist(), torch.randint(5, 200, (3,), generator=generator).tolist(), None)
+            out.append((seq, advantage * (g + 1)))
+    return out
+
+
+def test_a_groups_answers_share_their_prompt_and_train_as_apart(tiny: Path) -> None:
+    """trainer/shared_prompts.py: a group's answers in one row, the prompt once. Each sampled
+    token gets the logprob it gets in its own row, the rows are as many as the groups, and a
+    step leaves the adapter the step one sequence a row leaves."""
+    from burnish_server.trainer.base_model import Holding, SharedBase
+    from burnish_server.trainer.policy_model import make_micro_batch, micro_batches
+
+    shared, apart = (SharedBase(str(tiny), holding=Holding(prompt_sharing=mode)) for mode in ("auto", "off"))
+    assert shared.shares_prompts and not apart.shares_prompts
+    models = [PolicyModel(base, LoraSettings(rank=8, alpha=16), TrainSettings(learning_rate=5e-3)) for base in (shared, apart)]
+    with torch.no_grad():  # LoRA's B starts at 0: let the adapter change the logprobs
+        for model in models:
+            for name, param in model.model.named_parameters():
+                if "lora_B" in name:
+                    param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(len(name))) * 0.05)
+    items = _groups(0)
+    (rows,) = micro_batches(items, 4096, 64, share=shared.break_even)
+    assert [len(row.items) for row in rows] == [3, 3] and [row.prefix for row in rows] == [10, 7]  # longest row first
+    together = make_micro_batch(rows, 0, 64, models[0].device)
+    one_a_row = make_micro_batch([item for row in rows for item in row.items], 0, 64, models[1].device)
+    assert together.input_ids.numel() < one_a_row.input_ids.numel() and together.sampled.sum() == one_a_row.sampled.sum()
+    with torch.no_grad():
+        got, expected = models[0].token_logprobs(together), models[1].token_logprobs(one_a_row)
+    torch.testing.assert_close(got[together.sampled.bool()], expected[one_a_row.sampled.bool()], atol=1e-5, rtol=1e-5)
+    metrics = [model.step(items) for model in models]
+    for name in ("loss", "grpo_loss", "entropy", "tokens", "grad_norm"):
+        assert getattr(metrics[0], name) == pytest.approx(getattr(metrics[1], name), rel=1e-4, abs=1e-6), name
+    for key, value in _adapter(models[0]).items():
+        torch.testing.assert_close(value, _adapter(models[1])[key], atol=2e-5, rtol=1e-4)
+
+
+def test_shared_rows_keep_to_the_micro_batch_and_leave_a_lone_prompt_alone() -> None:
+    from burnish_server.trainer.shared_prompts import shared_rows
+
+    items = _groups(0)
+    lone = Sequence()
+    lone.add([9, 9, 9], [4, 4], None)
+    rows = shared_rows([*items, (lone, 0.0)], 64, 20, 1e9)
+    # The first group's prompt is 7 tokens, its rests 2, 3 + 2 + 3 and 4: 7 + 2 + 8 fits 20, the third starts a row of its own.
+    assert [(len(r.items), r.prefix) for r in rows] == [(2, 7), (1, 0), (2, 10), (1, 0), (1, 0)]
+    assert all(r.length(64) <= 20 for r in rows if len(r.items) > 1)
+    assert sorted(id(item[0]) for r in rows for item in r.items) == sorted(id(s) for s, _ in [*items, (lone, 0.0)])
+    # Long answers to a short prompt: one row of 2 + 10 + 10 tokens costs 22 + 22^2 / 10 = 70, two of 12 cost 53.
+    answers = []
+    for i in range(2):
+        seq = Sequence()
+        seq.add([1, 2], list(range(10 + i, 20 + i)), None)
+        answers.append((seq, 0.0))
+    assert [len(r.items) for r in shared_rows(answers, 64, 64, 10)] == [1, 1]
+    assert [len(r.items) for r in shared_rows(answers, 64, 64, 1e9)] == [2]

@@ -120,9 +120,9 @@ async def run(args: argparse.Namespace) -> Any:
         schedule = Schedule(rounds=0, max_tokens=args.max_tokens, eval_concurrency=EVAL_CONCURRENCY)
         scores = {}
         for step in steps:
-            score, components = await evaluate(client, env, held_out, args.policy, step, schedule)
+            score, components, replies = await evaluate(client, env, held_out, args.policy, step, schedule)
             print(f"{env.name} {args.policy}@{step}: held-out {score:.3f} on {len(held_out)}" + "".join(f", {k} {v:.3f}" for k, v in components.items()))
-            scores[step] = {"score": score, "components": components}
+            scores[step] = {"score": score, "components": components, "replies": replies}
         return {"task": env.name, "policy": args.policy, "held_out": len(held_out), "scores": scores}
 
 

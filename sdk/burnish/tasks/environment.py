@@ -46,8 +46,9 @@ class Chat:
     # A held-out episode (greedy, pinned, never trained on): a suite that shapes its train reward
     # (a share for brevity, say) scores these by its verifier alone.
     held_out: bool = False
-    # The policy version that answered each call (the gateway's X-Policy-Version).
+    # The policy version that answered each call (the gateway's X-Policy-Version), and its reply.
     versions: list[str] = field(default_factory=list)
+    replies: list[str] = field(default_factory=list)
 
     async def __call__(self, messages: list[dict[str, Any]], **options: Any) -> str:
         s = self.sampling
@@ -55,7 +56,8 @@ class Chat:
             model=self.model, messages=messages, temperature=s.temperature, max_tokens=s.max_tokens, seed=s.seed, **options
         )
         self.versions.append(raw.headers.get("x-policy-version", ""))
-        return raw.parse().choices[0].message.content or ""
+        self.replies.append(raw.parse().choices[0].message.content or "")
+        return self.replies[-1]
 
 
 class Environment(Protocol):

@@ -36,6 +36,9 @@ TEMPERATURE = 0.7
 MAX_TOKENS = 64
 # Held-out episodes played at once (vLLM batches them).
 EVAL_CONCURRENCY = 64
+# Held-out replies an evaluation keeps (the first problems'): what a score is made of.
+EVAL_REPLIES = 8
+SHOWN_REPLIES, REPLY_CHARS = 3, 40  # of them, printed with each score
 # How long to wait for the trainer's next version before reading where it stands.
 STEP_WAIT = 600.0
 # The teach lever: worked examples shown to the teacher, and the objective it sets.
@@ -73,13 +76,15 @@ class Schedule:
 @dataclass(frozen=True)
 class Eval:
     """One held-out evaluation: after ``round`` rounds and ``minutes`` of training, the version
-    ``step`` scored ``score`` (the mean reward), with each component's mean."""
+    ``step`` scored ``score`` (the mean reward), with each component's mean, and the first
+    problems' replies with their scores (a rise may be the answer's form, not the answers)."""
 
     round: int
     minutes: float
     step: int
     score: float
     components: dict[str, float] = field(default_factory=dict)
+    replies: list[tuple[str, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -116,16 +121,21 @@ async def play_round(
 
 async def evaluate(
     client: AsyncClient, env: Environment, held_out: Sequence[Any], policy: str, step: int, schedule: Schedule
-) -> tuple[float, dict[str, float]]:
-    """The held-out problems played greedily by ``policy@step`` (pinned): the mean score, and
-    each component's mean."""
+) -> tuple[float, dict[str, float], list[tuple[str, float]]]:
+    """The held-out problems played greedily by ``policy@step`` (pinned): the mean score, each
+    component's mean, and the first ``EVAL_REPLIES`` problems' last replies with their scores."""
+    kept: dict[int, tuple[str, float]] = {}
+    first = {id(problem): i for i, problem in enumerate(held_out[:EVAL_REPLIES])}
 
     async def agent(trajectory: AsyncTrajectory, model: str, problem: Any) -> Score:
         chat = Chat(trajectory.async_openai(max_retries=0), model, Sampling(0.0, schedule.max_tokens), held_out=True)
-        return await env.play(chat, problem)
+        score = await env.play(chat, problem)
+        if id(problem) in first:
+            kept[first[id(problem)]] = (chat.replies[-1] if chat.replies else "", score.reward)
+        return score
 
     report = await client.run_held_out(policy, held_out, agent, step=step, concurrency=schedule.eval_concurrency)
-    return float(report["mean"] or 0.0), report["components"]
+    return float(report["mean"] or 0.0), report["components"], [kept[i] for i in sorted(kept)]
 
 
 async def teach(client: AsyncClient, policy: str, env: Teachable, examples: int = WORKED_EXAMPLES) -> dict[str, Any]:
@@ -178,12 +188,17 @@ async def train(
     async def held_out_score(round_no: int, step: int) -> str:
         nonlocal evaluating
         t = time.monotonic()
-        score, components = await evaluate(client, env, held_out, policy, step, schedule)
+        score, components, replies = await evaluate(client, env, held_out, policy, step, schedule)
         evaluating += time.monotonic() - t
-        curve.evals.append(Eval(round_no, round(minutes(), 2), step, score, components))
+        curve.evals.append(Eval(round_no, round(minutes(), 2), step, score, components, replies))
         return f"held-out: score {score:.3f}" + "".join(f", {k} {v:.3f}" for k, v in components.items())
 
+    def replies() -> str:  # the last evaluation's first replies: what its score is made of
+        shown = [f"{json.dumps(text[:REPLY_CHARS])} {score:.2f}" for text, score in curve.evals[-1].replies[:SHOWN_REPLIES]]
+        return f"  replies of {policy}@{curve.evals[-1].step}: " + " | ".join(shown)
+
     log(f"{policy}@{first_step} (before training) on {len(held_out)} held-out {env.name}: {await held_out_score(0, first_step)}")
+    log(replies())
     trainable, step, round_no, next_mark = 0, first_step, 0, schedule.eval_minutes
     while not done(round_no):
         results = await play_round(client, env, train_set, round_no, groups=groups, policy=policy, schedule=schedule)
@@ -205,6 +220,7 @@ async def train(
             while next_mark is not None and minutes() >= next_mark:
                 next_mark += schedule.eval_minutes or 0
             line += f"  {await held_out_score(round_no, step)}"
+            line += "\n" + replies()
         log(line)
         if plot is not None:
             write_plot(curve, plot)
