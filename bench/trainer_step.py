@@ -5,6 +5,7 @@ Run from the repository root (on a GPU: ``bench/gpu.sh`` runs it; on the CPU, a 
 
     python3 bench/trainer_step.py --model qwen2.5-1.5b [--groups 4 --group-size 8]
     .venv/bin/python bench/trainer_step.py --model qwen2-tiny --steps 1
+    .venv/bin/python bench/trainer_step.py --model smollm2 --prompt-len 200 --answer-len 20 --same-prompt --steps 2 [--prompt-sharing off]
 
 The batch is an agent's, made as the gateway records it: ``--groups`` groups of
 ``--group-size`` trajectories, each of two calls (a tool prompt of ``--prompt-len`` tokens and a
@@ -92,6 +93,14 @@ def model_folder(name: str, work: Path, seed: int) -> tuple[Path, int]:
     import torch
     import vs_trl
 
+    if name == "smollm2":  # the embedded demo model, converted once from its GGUF file (as bench/vs_trl.py does)
+        from burnish_server.serving.models import embedded_gguf
+        from burnish_server.trainer.gguf_model import convert_gguf
+
+        folder = ROOT / "bench" / "results" / ".smollm2"
+        if not (folder / "config.json").exists():
+            convert_gguf(embedded_gguf(), folder)
+        name = str(folder)
     if name not in vs_trl.SHAPES:
         from transformers import AutoConfig
 
@@ -108,7 +117,7 @@ def model_folder(name: str, work: Path, seed: int) -> tuple[Path, int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="qwen2.5-1.5b", help="a shape from bench/vs_trl.py (random weights) or a local HF model")
+    ap.add_argument("--model", default="qwen2.5-1.5b", help="a shape from bench/vs_trl.py (random weights), smollm2 (the demo's model) or a local HF model")
     ap.add_argument("--groups", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=600)
