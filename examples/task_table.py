@@ -6,6 +6,7 @@
     python examples/task_table.py --task products --set tis_cap=2 --label tis2   # a policy setting changed for the run
     python examples/task_table.py --task GuessTheNumber-v0 --teach   # beside the table: a TextArena game, taught
     python examples/task_table.py --table                   # the table, from the runs written so far
+    BURNISH_TRAINER_PROMPT_SHARING=off python examples/task_table.py --task ransom_note   # the trainer as the first rows had it
 
 Each row is one reasoning-gym task at a difficulty (its generator's own settings, below) where
 SmolLM2-135M's base scores between 0.05 and 0.6 on 64 held-out questions, greedy: fixed by
