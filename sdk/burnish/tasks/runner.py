@@ -125,16 +125,16 @@ async def evaluate(
     """The held-out problems played greedily by ``policy@step`` (pinned): the mean score, each
     component's mean, and the first ``EVAL_REPLIES`` problems' last replies with their scores."""
     kept: dict[int, tuple[str, float]] = {}
-    first = {id(problem): i for i, problem in enumerate(held_out[:EVAL_REPLIES])}
 
-    async def agent(trajectory: AsyncTrajectory, model: str, problem: Any) -> Score:
+    async def agent(trajectory: AsyncTrajectory, model: str, numbered: tuple[int, Any]) -> Score:
+        index, problem = numbered
         chat = Chat(trajectory.async_openai(max_retries=0), model, Sampling(0.0, schedule.max_tokens), held_out=True)
         score = await env.play(chat, problem)
-        if id(problem) in first:
-            kept[first[id(problem)]] = (chat.replies[-1] if chat.replies else "", score.reward)
+        if index < EVAL_REPLIES:
+            kept[index] = (chat.replies[-1] if chat.replies else "", score.reward)
         return score
 
-    report = await client.run_held_out(policy, held_out, agent, step=step, concurrency=schedule.eval_concurrency)
+    report = await client.run_held_out(policy, list(enumerate(held_out)), agent, step=step, concurrency=schedule.eval_concurrency)
     return float(report["mean"] or 0.0), report["components"], [kept[i] for i in sorted(kept)]
 
 
