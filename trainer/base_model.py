@@ -163,8 +163,12 @@ class SharedBase:
         positions = torch.tensor([list(range(len(first))) + list(range(len(second)))], device=self.device)
         # As the step calls it (policy_model.py), without a cache: with one transformers reads no packing.
         packed = self.model(input_ids=torch.tensor([first + second], device=self.device), position_ids=positions, use_cache=False).logits[0].float()
+        return self._agrees(packed, alone)
+
+    def _agrees(self, got: torch.Tensor, expected: torch.Tensor) -> bool:
+        """Logits from another layout the same as ``expected``, to the base's precision."""
         tolerance = 1e-4 if self.model.dtype == torch.float32 else 3e-2  # bf16 rounds to ~3 digits
-        return bool((packed - alone).abs().max() <= tolerance * max(float(alone.abs().max()), 1.0))
+        return bool((got - expected).abs().max() <= tolerance * max(float(expected.abs().max()), 1.0))
 
     @torch.no_grad()
     def sharing_is_faithful(self) -> bool:
@@ -192,9 +196,7 @@ class SharedBase:
             return False
         alone = [self.model(input_ids=torch.tensor([prompt + rest], device=self.device), use_cache=False).logits[0].float() for rest in rests]
         # The shared row: the prompt, the first rest, the second rest (each rest's own positions).
-        expected = torch.cat([alone[0], alone[1][len(prompt) :]])
-        tolerance = 1e-4 if self.model.dtype == torch.float32 else 3e-2  # bf16 rounds to ~3 digits
-        return bool((shared - expected).abs().max() <= tolerance * max(float(expected.abs().max()), 1.0))
+        return self._agrees(shared, torch.cat([alone[0], alone[1][len(prompt) :]]))
 
     def compute(self) -> AbstractContextManager[Any]:
         """The context of a training forward pass: bf16 autocast on a GPU (``mixed``), else none.
