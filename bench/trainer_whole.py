@@ -175,6 +175,7 @@ def main() -> int:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=600)
     ap.add_argument("--answer-len", type=int, default=150)
+    ap.add_argument("--same-prompt", action="store_true", help="a group's trajectories share their first prompt")
     ap.add_argument("--passes", type=int, default=2, help="run_once passes, each on its own groups; the first builds the model")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "trainer_whole.json")
