@@ -156,6 +156,26 @@ def test_seeded_requests_with_long_prompts_at_once_leave_vllm_serving(vllm: VLLM
     assert len(asyncio.run(main())) == 25
 
 
+def test_a_group_under_one_cache_block_of_128_shares_its_prompt(vllm: VLLMServer) -> None:
+    """vLLM's CPU build caches prompts in blocks of 128 tokens unless told otherwise, so a group
+    asking one question shorter than that prefilled it once a member; burnish starts it with
+    blocks of 32 (serving/process.py). A question of under 128 tokens, asked once and then by
+    seven more: each of the seven finds all but its last block cached."""
+    question = [{"role": "user", "content": "Is the note in the magazine? " + " ".join(["note words magazine letters"] * 4)}]
+
+    def hits() -> float:
+        metrics = httpx.get(vllm.url + "/metrics", timeout=10).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("vllm:prefix_cache_hits_total"))
+
+    client = openai.OpenAI(base_url=vllm.url + "/v1", api_key="none", max_retries=0)
+    before = hits()
+    first = client.chat.completions.create(model="tiny", messages=question, max_tokens=1, temperature=1.0, seed=0)
+    assert 64 <= first.usage.prompt_tokens < 128
+    for seed in range(1, 8):
+        client.chat.completions.create(model="tiny", messages=question, max_tokens=1, temperature=1.0, seed=seed)
+    assert hits() - before >= 7 * (first.usage.prompt_tokens // 32 - 1) * 32
+
+
 def test_lora_adapter_is_served_by_policy_step(gw: Gateway, vllm: VLLMServer, tiny_model: Path, tmp_path: Path) -> None:
     # A policy name of its own: the session's vLLM is shared with other files on this
     # worker, and a trainer there may already have loaded its own "agent@1".
