@@ -160,7 +160,7 @@ class VLLMServer:
             cmd += ["--no-enable-chunked-prefill"]
         # The CPU build caches prompts in blocks of 128 tokens, so a group's eight calls on a
         # 110-token question share none of it and each prefills it through LoRA's CPU kernels
-        # (the round's cost: 42-49 s against 13-16 s with blocks of 32, docs/inference.md).
+        # (a round of 4 x 8 answers: 41-50 s against 12 s with blocks of 32, docs/performance.md).
         if cpu_build() and not any(arg.startswith("--block-size") for arg in self.extra_args):
             cmd += ["--block-size", str(CPU_BLOCK_TOKENS)]
         return cmd + self.extra_args
