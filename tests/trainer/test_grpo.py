@@ -144,3 +144,25 @@ def test_a_stale_calls_tokens_are_weighed_by_their_capped_ratio_and_a_fresh_call
     on_policy.loss.backward()
     assert on_policy.tis_capped.item() == 0 and on_policy.mismatch_kl.item() == 0
     assert fresh.grad is not None and fresh.grad.tolist()[0] == pytest.approx([-1 / 4] * 4)
+
+
+def test_by_default_a_stale_calls_tokens_past_the_clip_range_carry_no_gradient() -> None:
+    """The default correction (the clipped ratio against vLLM's recorded logprobs): the same call
+    sampled three steps ago as above. With a positive advantage, the tokens the policy has since
+    come to like past 1 + clip_eps_high contribute nothing; the rest their ratio, those it likes
+    less too (the clip binds only on the side the advantage pushes towards)."""
+    settings = TrainSettings()
+    assert settings.tis_cap is None
+    sampled_by = torch.zeros(6)
+    now = sampled_by.clone()
+    now[3] += 2.0
+    tokens = torch.tensor([[3, 3, 1, 0]])
+    behaviour = torch.log_softmax(sampled_by, -1)[tokens]
+    logp = torch.log_softmax(now, -1)[tokens].requires_grad_()
+    parts = grpo_loss(logp, behaviour, torch.tensor([1.0]), torch.ones(1, 4), settings)
+    ratios = torch.exp(logp.detach() - behaviour)[0].tolist()
+    assert ratios[0] > 1 + settings.clip_eps_high and ratios[2] < 1 - settings.clip_eps_low  # outside on both sides
+    assert parts.clip_fraction.item() == 1 and parts.tis_capped.item() == 0  # all four lie outside the range
+    parts.loss.backward()
+    assert logp.grad is not None
+    assert logp.grad.tolist()[0] == pytest.approx([0.0, 0.0, -ratios[2] / 4, -ratios[3] / 4], rel=1e-5)
