@@ -24,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,26 +35,22 @@ RANK, ALPHA = 16, 32
 
 
 def model_and_adapter(work: Path) -> tuple[Path, Path]:
-    """SmolLM2 converted once (as bench/trainer_step.py does) and a rank-16 adapter on it."""
+    """SmolLM2 as bench/trainer_step.py converts it, and a rank-16 adapter on it."""
     import torch
     from peft import LoraConfig, get_peft_model
+    from trainer_step import model_folder
     from transformers import AutoModelForCausalLM
 
     from burnish_server.core.learning.defaults import LLAMA_PROJECTIONS
-    from burnish_server.serving.models import embedded_gguf
-    from burnish_server.trainer.gguf_model import convert_gguf
 
-    model = ROOT / "bench" / "results" / ".smollm2"
-    if not (model / "config.json").exists():
-        convert_gguf(embedded_gguf(), model)
+    model, _ = model_folder("smollm2", work, seed=0)
     adapter = work / "adapter"
-    if not (adapter / "adapter_config.json").exists():
-        torch.manual_seed(0)
-        peft = get_peft_model(AutoModelForCausalLM.from_pretrained(model), LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=list(LLAMA_PROJECTIONS)))
-        for name, weight in peft.named_parameters():
-            if "lora_B" in name:  # peft starts B at zero; a trained adapter's is not
-                torch.nn.init.normal_(weight, std=1e-3)
-        peft.save_pretrained(adapter)
+    torch.manual_seed(0)
+    peft = get_peft_model(AutoModelForCausalLM.from_pretrained(model), LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=list(LLAMA_PROJECTIONS)))
+    for name, weight in peft.named_parameters():
+        if "lora_B" in name:  # peft starts B at zero; a trained adapter's is not
+            torch.nn.init.normal_(weight, std=1e-3)
+    peft.save_pretrained(adapter)
     return model, adapter
 
 
@@ -88,8 +85,9 @@ def cache_figures(url: str) -> dict[str, float]:
 def setting(args: argparse.Namespace, block: int, base: bool, model: Path, adapter: Path, work: Path) -> dict:
     from burnish_server.serving.process import VLLMServer
 
-    server = VLLMServer(model=str(model), log_path=work / f"vllm-{block}.log", port=args.port, max_model_len=2048, dtype="float32")
-    server.extra_args = ["--block-size", str(block)]
+    server = VLLMServer(
+        model=str(model), log_path=work / f"vllm-{block}.log", port=args.port, max_model_len=2048, dtype="float32", extra_args=["--block-size", str(block)]
+    )
     with server.log_path.open("w") as log:
         process = subprocess.Popen(server.command(), env=server.environment(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -125,8 +123,6 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--port", type=int, default=8311)
     args = ap.parse_args()
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="burnish-round-") as tmp:
         work = Path(tmp)
         model, adapter = model_and_adapter(work)

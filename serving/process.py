@@ -142,6 +142,10 @@ class VLLMServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def names(self, *flags: str) -> bool:
+        """Whether the user's own vLLM arguments set one of these flags (``--flag value`` or ``--flag=value``): theirs win."""
+        return any(arg.split("=", 1)[0] in flags for arg in self.extra_args)
+
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model]
         cmd += ["--host", self.host, "--port", str(self.port), "--dtype", self.dtype]
@@ -149,19 +153,19 @@ class VLLMServer:
             cmd += ["--served-model-name", self.served_model_name]
         # Runtime LoRA: the trainer loads each new adapter without a restart.
         cmd += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.max_loras)]
-        if self.lora_modules and not any(arg.startswith("--lora-target-modules") for arg in self.extra_args):
+        if self.lora_modules and not self.names("--lora-target-modules"):
             cmd += ["--lora-target-modules", *self.lora_modules]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
         # vLLM 0.32's CPU build kills its engine when a request with a `seed` has its prompt cut
         # across steps (chunked prefill): it rewinds the request's generator with an offset that
         # only a CUDA generator has ("CPU Generator does not use offset"). Whole prompts only.
-        if cpu_build() and not any(arg.startswith("--enable-chunked-prefill") or arg.startswith("--no-enable-chunked-prefill") for arg in self.extra_args):
+        if cpu_build() and not self.names("--enable-chunked-prefill", "--no-enable-chunked-prefill"):
             cmd += ["--no-enable-chunked-prefill"]
         # The CPU build caches prompts in blocks of 128 tokens, so a group's eight calls on a
         # 110-token question share none of it and each prefills it through LoRA's CPU kernels
         # (a round of 4 x 8 answers: 41-50 s against 12 s with blocks of 32, docs/performance.md).
-        if cpu_build() and not any(arg.startswith("--block-size") for arg in self.extra_args):
+        if cpu_build() and not self.names("--block-size"):
             cmd += ["--block-size", str(CPU_BLOCK_TOKENS)]
         return cmd + self.extra_args
 

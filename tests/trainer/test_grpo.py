@@ -120,17 +120,22 @@ def test_turn_credits_are_discounted_sums_of_the_call_rewards_at_and_after_each_
     assert turn_credits([], 1.0) == []
 
 
+def stale_call() -> tuple[torch.Tensor, torch.Tensor]:
+    """A call's four sampled tokens: the logprobs vLLM recorded when a version with even odds on
+    six tokens sampled them, and the trainer's now, steps later, when token 3 is far likelier."""
+    sampled_by = torch.zeros(6)
+    now = sampled_by.clone()
+    now[3] += 2.0
+    tokens = torch.tensor([[3, 3, 1, 0]])
+    return torch.log_softmax(sampled_by, -1)[tokens], torch.log_softmax(now, -1)[tokens].requires_grad_()
+
+
 def test_a_stale_calls_tokens_are_weighed_by_their_capped_ratio_and_a_fresh_calls_by_one() -> None:
     """Under TIS (cap 2, as verl, slime and SkyRL default to), a call sampled by a version three
     steps old: the tokens the policy has since come to like much more are capped at 2, those it
     likes less keep their ratio; a call the policy just sampled weighs every token 1."""
     settings = TrainSettings(tis_cap=2.0)
-    sampled_by = torch.zeros(6)  # the version that sampled: even odds on six tokens
-    now = sampled_by.clone()
-    now[3] += 2.0  # steps later, token 3 is far likelier
-    tokens = torch.tensor([[3, 3, 1, 0]])
-    behaviour = torch.log_softmax(sampled_by, -1)[tokens]  # what vLLM recorded when it sampled
-    logp = torch.log_softmax(now, -1)[tokens].requires_grad_()
+    behaviour, logp = stale_call()
     parts = grpo_loss(logp, behaviour, torch.tensor([1.0]), torch.ones(1, 4), settings)
     ratios = torch.exp(logp.detach() - behaviour)[0].tolist()
     assert ratios[0] == pytest.approx(6 * math.e**2 / (math.e**2 + 5), rel=1e-5) and ratios[0] > 2 and ratios[2] < 1
@@ -153,12 +158,7 @@ def test_by_default_a_stale_calls_tokens_past_the_clip_range_carry_no_gradient()
     less too (the clip binds only on the side the advantage pushes towards)."""
     settings = TrainSettings()
     assert settings.tis_cap is None
-    sampled_by = torch.zeros(6)
-    now = sampled_by.clone()
-    now[3] += 2.0
-    tokens = torch.tensor([[3, 3, 1, 0]])
-    behaviour = torch.log_softmax(sampled_by, -1)[tokens]
-    logp = torch.log_softmax(now, -1)[tokens].requires_grad_()
+    behaviour, logp = stale_call()
     parts = grpo_loss(logp, behaviour, torch.tensor([1.0]), torch.ones(1, 4), settings)
     ratios = torch.exp(logp.detach() - behaviour)[0].tolist()
     assert ratios[0] > 1 + settings.clip_eps_high and ratios[2] < 1 - settings.clip_eps_low  # outside on both sides
