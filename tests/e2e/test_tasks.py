@@ -135,6 +135,35 @@ def test_a_users_own_adapter_runs_from_the_command(make_gateway, vllm: VLLMServe
     assert len(listed(gw, "/v1/trajectories", eval="false")) == 4 * 8
 
 
+def test_the_teacher_is_scored_before_the_lever_is_pulled_and_no_versions_held_out_score_moves(make_gateway, vllm: VLLMServer, tmp_path: Path) -> None:
+    gw = make_gateway(upstream=vllm.url, upstream_timeout=120)
+    gw.create_policy("agent", "tiny", train={"groups_per_step": 8})  # no trainer here: no step is ever due
+    out = tmp_path / "scores.json"
+    sets = [a for k, v in CHAIN_SUM.items() for a in ("--set", f"{k}={v}")]
+    command = ["eval", "reasoning-gym", "chain_sum", *sets, "--held-out", "3", "--system", "Be brief.", "--max-tokens", "6"]
+    burnish_tasks([*command, "--gateway", gw.url, "--admin-token", ADMIN_TOKEN, "--teacher", "2", "--out", str(out)])
+    figures = json.loads(out.read_text())
+    env = ReasoningGym("chain_sum", CHAIN_SUM, held_out=3, system="Be brief.")
+    held_out = {e["question"]: e for e in env.split()[1]}
+    # The teacher's calls: the base, greedy, shown the worked examples after the system message,
+    # as the trainer shows them; neither held out nor rewarded.
+    taught = [gw.trajectory(m["id"]) for m in listed(gw, "/v1/trajectories", eval="false")]
+    assert len(taught) == 3 and figures["teacher"]["examples"] == 2
+    scores = []
+    for t in taught:
+        (call,) = t["calls"]
+        messages = call["request"]["messages"]
+        assert call["request"]["model"] == "agent@0" and call["request"]["temperature"] == 0.0 and t.get("reward") is None
+        assert messages[0] == {"role": "system", "content": "Be brief."} and messages[1:5] == env.worked_examples(2)
+        entry = held_out[messages[5]["content"].removesuffix("\nGive only the final answer.")]
+        scores.append(env.score(call["response"]["choices"][0]["message"]["content"], entry))
+    assert figures["teacher"]["score"] == sum(scores) / 3
+    # The version's own held-out score is its three evaluations alone.
+    held = [gw.trajectory(m["id"]) for m in listed(gw, "/v1/trajectories", eval="true")]
+    assert len(held) == 3 and all(len(t["calls"][0]["request"]["messages"]) == 2 for t in held)
+    assert figures["scores"]["0"]["score"] == sum(t["reward"] for t in held) / 3
+
+
 def test_held_out_questions_never_come_up_in_training_and_the_split_is_the_same_every_time() -> None:
     env = ReasoningGym("gcd", {"max_value": 12}, held_out=16)  # a small space: the two seeds share questions
     train_set, held_out = env.split()

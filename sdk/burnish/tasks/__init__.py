@@ -12,6 +12,21 @@ and ``textarena.py`` are the suites that come with the SDK (each an extra: ``pip
 """
 
 from burnish.tasks.environment import Chat, Environment, Sampling, Score, Teachable
-from burnish.tasks.runner import Curve, Eval, Schedule, evaluate, play_round, teach, train, write_plot
+from burnish.tasks.runner import Curve, Eval, Schedule, evaluate, play_round, teach, teacher_score, train, write_plot
 
-__all__ = ["Chat", "Curve", "Environment", "Eval", "Sampling", "Schedule", "Score", "Teachable", "evaluate", "play_round", "teach", "train", "write_plot"]
+__all__ = [
+    "Chat",
+    "Curve",
+    "Environment",
+    "Eval",
+    "Sampling",
+    "Schedule",
+    "Score",
+    "Teachable",
+    "evaluate",
+    "play_round",
+    "teach",
+    "teacher_score",
+    "train",
+    "write_plot",
+]

@@ -23,7 +23,7 @@ from typing import Any
 
 from burnish.client import AsyncClient
 from burnish.tasks.environment import Environment
-from burnish.tasks.runner import EVAL_CONCURRENCY, GROUP_SIZE, MAX_TOKENS, TEMPERATURE, WORKED_EXAMPLES, Schedule, evaluate, teach, train
+from burnish.tasks.runner import EVAL_CONCURRENCY, GROUP_SIZE, MAX_TOKENS, TEMPERATURE, WORKED_EXAMPLES, Schedule, evaluate, teach, teacher_score, train
 
 # The suites that come with the SDK, by the name the command takes.
 SUITES = {"reasoning-gym": "burnish.tasks.reasoning_gym:ReasoningGym", "textarena": "burnish.tasks.textarena:TextArena"}
@@ -71,6 +71,10 @@ def arguments() -> argparse.ArgumentParser:
         p.add_argument("--out", type=Path, help="write the run's figures here (JSON)")
         if command == "eval":
             p.add_argument("--step", type=int, action="append", help="a version to score (repeatable); default: the one served")
+            p.add_argument(
+                "--teacher", type=int, nargs="?", const=WORKED_EXAMPLES, metavar="N",
+                help=f"also score the teach lever's teacher: the base shown N worked examples (default {WORKED_EXAMPLES})",
+            )  # fmt: skip
             continue
         p.add_argument("--binary", action="store_true", default=None, help="train on right or wrong, not part marks (reasoning-gym)")
         p.add_argument("--minutes", type=float, default=20.0, help="minutes of playing and training (evaluation not counted)")
@@ -123,7 +127,14 @@ async def run(args: argparse.Namespace) -> Any:
             score, components, replies = await evaluate(client, env, held_out, args.policy, step, schedule)
             print(f"{env.name} {args.policy}@{step}: held-out {score:.3f} on {len(held_out)}" + "".join(f", {k} {v:.3f}" for k, v in components.items()))
             scores[step] = {"score": score, "components": components, "replies": replies}
-        return {"task": env.name, "policy": args.policy, "held_out": len(held_out), "scores": scores}
+        figures = {"task": env.name, "policy": args.policy, "held_out": len(held_out), "scores": scores}
+        if args.teacher:
+            if not hasattr(env, "worked_examples"):
+                raise SystemExit(f"{args.suite} cannot show worked examples: --teacher needs an environment with worked_examples()")
+            score, replies = await teacher_score(client, env, args.policy, args.teacher, schedule)  # type: ignore[arg-type]
+            print(f"{env.name} the teacher ({args.policy}@0 shown {args.teacher} worked examples): held-out {score:.3f} on {len(held_out)}")
+            figures["teacher"] = {"score": score, "examples": args.teacher, "replies": replies}
+        return figures
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -46,11 +46,17 @@ class Chat:
     # A held-out episode (greedy, pinned, never trained on): a suite that shapes its train reward
     # (a share for brevity, say) scores these by its verifier alone.
     held_out: bool = False
+    # Turns shown before each conversation, after its system message if it has one: the teach
+    # lever's worked examples, placed where the trainer shows them to the teacher.
+    context: list[dict[str, Any]] = field(default_factory=list)
     # The policy version that answered each call (the gateway's X-Policy-Version), and its reply.
     versions: list[str] = field(default_factory=list)
     replies: list[str] = field(default_factory=list)
 
     async def __call__(self, messages: list[dict[str, Any]], **options: Any) -> str:
+        if self.context:
+            head = messages[:1] if messages and messages[0].get("role") == "system" else []
+            messages = [*head, *self.context, *messages[len(head) :]]
         s = self.sampling
         raw = await self.client.chat.completions.with_raw_response.create(
             model=self.model, messages=messages, temperature=s.temperature, max_tokens=s.max_tokens, seed=s.seed, **options

@@ -148,6 +148,28 @@ async def teach(client: AsyncClient, policy: str, env: Teachable, examples: int 
     return dict(await client.update_policy(policy, train={"objective": TEACH_OBJECTIVE, "teacher": teacher}))
 
 
+async def teacher_score(
+    client: AsyncClient, env: Teachable, policy: str = "agent", examples: int = WORKED_EXAMPLES, schedule: Schedule = Schedule(rounds=0)
+) -> tuple[float, list[tuple[str, float]]]:
+    """What the teach lever's teacher knows, before pulling it: the held-out problems played
+    greedily by the policy's base (``<policy>@0``) shown the ``examples`` worked examples that
+    ``teach`` shows it. The mean score and the first ``EVAL_REPLIES`` replies. The calls are
+    recorded but neither marked held-out nor rewarded, so no version's held-out score changes.
+    The lever can teach the form, and past it only what this teacher gets right: pull it where
+    this beats the base's own held-out score."""
+    context, (_, held_out) = env.worked_examples(examples), env.split()
+    gate = asyncio.Semaphore(schedule.eval_concurrency)
+
+    async def answer(problem: Any) -> tuple[str, float]:
+        async with gate:
+            chat = Chat(client.trajectory().async_openai(max_retries=0), f"{policy}@0", Sampling(0.0, schedule.max_tokens), held_out=True, context=context)
+            score = await env.play(chat, problem)
+            return (chat.replies[-1] if chat.replies else "", score.reward)
+
+    played = await asyncio.gather(*(answer(p) for p in held_out))
+    return sum(r for _, r in played) / max(len(played), 1), played[:EVAL_REPLIES]
+
+
 def trains_every_group(status: dict[str, Any]) -> bool:
     """On GRPO alone only groups whose rewards differ train (a tie teaches nothing); with SFT
     or distillation in the objective, every group does."""
