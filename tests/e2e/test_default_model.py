@@ -49,6 +49,7 @@ ANTHROPIC_TOOL = {"name": "lookup", "description": DESCRIPTION, "input_schema": 
 CALL_MAX = 64  # a forced call closes in 30-45 tokens
 ANSWER_MAX = 24
 GREEDY = {"temperature": 0}
+BARE_TEACHER = 6  # of 8 held-out products answered as a bare number by the teacher (measured: 8; the base: 1)
 
 
 @pytest.fixture(scope="module")
@@ -293,6 +294,26 @@ def test_every_call_of_every_client_trains(up: Up) -> None:
     batch = training_batch([r._replace(reward=rank[r.trajectory_id]) for r in training], TrainSettings())
     assert batch.untokenized == 0 and sum(seq.calls for seq, _ in batch.items) == len(training)
     assert all(seq.sampled > 0 and seq.has_behaviour_logprobs for seq, _ in batch.items)
+
+
+def test_a_reasoning_gym_task_is_scored_taught_and_trained_by_the_documented_commands(up: Up, tmp_path: Path) -> None:
+    """docs/environments.md's commands on the default: the base and the teach lever's teacher
+    scored on held-out products, then a round played, trained and held out by version."""
+    from burnish.tasks.cli import main as burnish_tasks
+
+    products = ["reasoning-gym", "products", "--set", "min_digits=1", "--set", "max_digits=1", "--held-out", "8"]
+    where = ["--gateway", up.url, "--data-dir", str(up.data)]
+    out = tmp_path / "figures.json"
+    burnish_tasks(["eval", *products, "--step", "0", "--teacher", *where, "--out", str(out)])
+    scores = json.loads(out.read_text())
+    base, teacher = scores["scores"]["0"]["replies"], scores["teacher"]["replies"]
+    # The base writes its working ("5 * 9 = 45", "The answer is 8."); shown three bare products,
+    # the teacher writes the bare number the verifier wants.
+    bare = [sum(reply.strip().isdigit() for reply, _ in replies) for replies in (base, teacher)]
+    assert len(base) == len(teacher) == 8 and bare[1] >= BARE_TEACHER > bare[0], (base, teacher)
+    burnish_tasks(["train", *products, "--rounds", "1", *where, "--out", str(out)])
+    curve = json.loads(out.read_text())
+    assert [e["round"] for e in curve["evals"]] == [0, 1] and len(curve["round_reward"]) == 1
 
 
 def test_the_dashboard_shows_a_trajectory_of_smollm2_down_to_its_tokens(up: Up) -> None:
