@@ -301,7 +301,11 @@ def test_a_reasoning_gym_task_is_scored_taught_and_trained_by_the_documented_com
     scored on held-out products, then a round played, trained and held out by version."""
     from burnish.tasks.cli import main as burnish_tasks
 
-    products = ["reasoning-gym", "products", "--set", "min_digits=1", "--set", "max_digits=1", "--held-out", "8"]
+    # Its own policy on the same base, so the module's other tests keep agent at step 0.
+    model = str(up.data / "models" / "smollm2")
+    r = httpx.post(f"{up.url}/admin/policies", headers=up.admin, json={"name": "tasks", "base_model": "smollm2", "model_path": model})
+    assert r.status_code == 201, r.text
+    products = ["reasoning-gym", "products", "--set", "min_digits=1", "--set", "max_digits=1", "--held-out", "8", "--policy", "tasks"]
     where = ["--gateway", up.url, "--data-dir", str(up.data)]
     out = tmp_path / "figures.json"
     burnish_tasks(["eval", *products, "--step", "0", "--teacher", *where, "--out", str(out)])
