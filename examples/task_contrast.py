@@ -26,7 +26,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import openai
 from digits import burnish_running  # noqa: I001  (examples/ is run as a folder of scripts)
 from task_table import TABLE
 
@@ -43,14 +42,14 @@ def contrasts(scores: list[float]) -> bool:
     return max(scores) - min(scores) > 1e-9
 
 
-async def played(client: Any, env: Any, problems: list[Any], sampling: Sampling, answers: int = 1) -> list[list[float]]:
-    """Each problem's ``answers`` scores from the base, seeded 0, 1, ..."""
+async def played(client: AsyncClient, env: Any, problems: list[Any], sampling: Sampling, answers: int = 1) -> list[list[float]]:
+    """Each problem's ``answers`` scores from the base, seeded 0, 1, ..., each a one-call trajectory."""
     gate = asyncio.Semaphore(CONCURRENCY)
 
     async def answer(problem: Any, i: int) -> float:
         async with gate:
             seeded = Sampling(sampling.temperature, sampling.max_tokens, seed=i)
-            chat = Chat(client, "agent@0", seeded)
+            chat = Chat(client.trajectory().async_openai(max_retries=0), "agent@0", seeded)
             return float((await env.play(chat, problem)).reward)
 
     async def group(problem: Any) -> list[float]:
@@ -60,8 +59,7 @@ async def played(client: Any, env: Any, problems: list[Any], sampling: Sampling,
 
 
 async def survey(gateway: str, tasks: list[str], temperatures: list[float], questions: int) -> list[str]:
-    client = openai.AsyncOpenAI(base_url=f"{gateway}/v1", api_key="none", max_retries=0)
-    sdk = AsyncClient(gateway)
+    client = AsyncClient(gateway)
     contrast = ["| task | temperature | groups of 8 that differ | groups of 16 | mean score |", "|---|---|---|---|---|"]
     teacher = ["| task | base, greedy | the teacher (the base shown 3 worked examples), greedy |", "|---|---|---|"]
     for row in (r for r in TABLE if r.task in tasks):
@@ -77,11 +75,10 @@ async def survey(gateway: str, tasks: list[str], temperatures: list[float], ques
             contrast.append(f"| {row.task} | {t} | {of8:.2f} | {of16:.2f} | {mean:.3f} |")
             print(contrast[-1], flush=True)
         base = await played(client, env, list(held_out), Sampling(0.0, budget))
-        shown, _ = await teacher_score(sdk, env, "agent", WORKED_EXAMPLES, Schedule(rounds=0, max_tokens=budget))  # type: ignore[arg-type]
+        shown, _ = await teacher_score(client, env, "agent", WORKED_EXAMPLES, Schedule(rounds=0, max_tokens=budget))  # type: ignore[arg-type]
         teacher.append(f"| {row.task} | {sum(s[0] for s in base) / len(base):.3f} | {shown:.3f} |")
         print(teacher[-1], flush=True)
-    await client.close()
-    await sdk.aclose()
+    await client.aclose()
     return [*contrast, "", *teacher]
 
 

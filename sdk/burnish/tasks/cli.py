@@ -19,10 +19,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from burnish.client import AsyncClient
-from burnish.tasks.environment import Environment
+from burnish.tasks.environment import Environment, Teachable
 from burnish.tasks.runner import EVAL_CONCURRENCY, GROUP_SIZE, MAX_TOKENS, TEMPERATURE, WORKED_EXAMPLES, Schedule, evaluate, teach, teacher_score, train
 
 # The suites that come with the SDK, by the name the command takes.
@@ -93,6 +93,13 @@ def arguments() -> argparse.ArgumentParser:
     return parser
 
 
+def teachable(env: Environment, suite: str, option: str) -> Teachable:
+    """``env``, where it can show a teacher worked examples (the teach lever)."""
+    if not hasattr(env, "worked_examples"):
+        raise SystemExit(f"{suite} cannot show worked examples: {option} needs an environment with worked_examples()")
+    return cast(Teachable, env)
+
+
 def admin_token(args: argparse.Namespace) -> str | None:
     if args.admin_token:
         return str(args.admin_token)
@@ -112,9 +119,7 @@ async def run(args: argparse.Namespace) -> Any:
                 groups=args.groups, ahead=args.ahead, size=args.size, temperature=args.temperature, max_tokens=args.max_tokens,
             )  # fmt: skip
             if args.teach:
-                if not hasattr(env, "worked_examples"):
-                    raise SystemExit(f"{args.suite} cannot show worked examples: --teach needs an environment with worked_examples()")
-                await teach(client, args.policy, env, args.teach)  # type: ignore[arg-type]
+                await teach(client, args.policy, teachable(env, args.suite, "--teach"), args.teach)
             curve = await train(client, env, args.policy, schedule, plot=args.plot)
             first, last = curve.evals[0], curve.evals[-1]
             print(f"{env.name}: held-out {first.score:.3f} (@{first.step}) -> {last.score:.3f} (@{last.step}) in {last.minutes:.1f} min of training")
@@ -129,9 +134,7 @@ async def run(args: argparse.Namespace) -> Any:
             scores[step] = {"score": score, "components": components, "replies": replies}
         figures = {"task": env.name, "policy": args.policy, "held_out": len(held_out), "scores": scores}
         if args.teacher:
-            if not hasattr(env, "worked_examples"):
-                raise SystemExit(f"{args.suite} cannot show worked examples: --teacher needs an environment with worked_examples()")
-            score, replies = await teacher_score(client, env, args.policy, args.teacher, schedule)  # type: ignore[arg-type]
+            score, replies = await teacher_score(client, teachable(env, args.suite, "--teacher"), args.policy, args.teacher, schedule)
             print(f"{env.name} the teacher ({args.policy}@0 shown {args.teacher} worked examples): held-out {score:.3f} on {len(held_out)}")
             figures["teacher"] = {"score": score, "examples": args.teacher, "replies": replies}
         return figures
