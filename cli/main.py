@@ -348,12 +348,15 @@ def up(model: str | None, policy: str, vllm_port: int | None, replicas: int, vll
 @click.option("--json", "as_json", is_flag=True, help="print the admin API's JSON")
 def status(policy: str | None, url: str | None, token: str | None, as_json: bool, **options: object) -> None:
     """Where each policy (or POLICY) stands: served and candidate versions, groups open, closed,
-    ready and trained, the last step, held-out scores, and the health warning."""
+    ready and trained, the last step, held-out scores, and the health warning; first, the store's
+    trouble if it has any (full, short of room, away)."""
     import msgspec
 
-    from burnish_server.cli.status import StatusFailed, fetch, render
+    from burnish_server.cli.status import StatusFailed, fetch, render, store_warning
 
     url, token = _gateway(_settings(**options), url, token)
+    if not as_json and (warning := store_warning(url)) is not None:
+        click.echo(f"store: {warning}")
     try:
         policies = fetch(url, token, policy)
     except StatusFailed as exc:

@@ -1,6 +1,7 @@
 """``burnish status``: where each policy stands, read from a gateway's admin API (what a user
 would otherwise curl ``/admin/policies`` for): the served and candidate versions, groups by
-state, the last step, the held-out scores, and the health warning."""
+state, the last step, the held-out scores, and the health warning; first, what is wrong with
+the store, if anything (its ``/health``)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,22 @@ def fetch(url: str, token: str, policy: str | None = None) -> list[PolicyView]:
     if policy:
         return [msgspec.json.decode(response.content, type=PolicyView)]
     return msgspec.json.decode(response.content, type=PolicyList).data
+
+
+class Health(msgspec.Struct):
+    """``/health``: ``store`` says what is wrong with the store, if anything."""
+
+    status: str
+    store: str | None = None
+
+
+def store_warning(url: str) -> str | None:
+    """What the gateway's ``/health`` says of its store (full, short of room, away), if anything."""
+    try:
+        response = httpx.get(url.rstrip("/") + "/health", timeout=30)
+        return msgspec.json.decode(response.content, type=Health).store if response.status_code == 200 else None
+    except (httpx.TransportError, msgspec.DecodeError):
+        return None  # fetch() says the gateway did not answer
 
 
 def _ago(stamp: str | None, now: datetime) -> str:

@@ -6,6 +6,7 @@ JSON API handlers receive it by dependency injection (``svc: Services``, see
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import httpx
 from litestar.connection import ASGIConnection
@@ -16,7 +17,7 @@ from burnish_server.gateway.access.admission import Access
 from burnish_server.gateway.edge.metrics import Metrics
 from burnish_server.gateway.policies.routing import Registry
 from burnish_server.gateway.upstream.client import Upstream
-from burnish_server.store.database import Database
+from burnish_server.store.database import Database, full
 from burnish_server.store.writer import Writer
 from burnish_server.telemetry.langfuse_export import LangfuseExport
 
@@ -40,6 +41,17 @@ class Services:
     in_flight: int = 0
     # Each policy's served window in tokens, learned from the upstream's refusals (gateway/proxy/window.py).
     windows: dict[str, int] = field(default_factory=dict)
+
+    def store_warning(self) -> str | None:
+        """What is wrong with the store now, in a line, or None: its writes failing (since when,
+        and why: "store full" for a full disk), or less free space than its WAL may need.
+        ``/health``, ``burnish status`` and the dashboard's every page show it."""
+        if self.writer.failing is not None:
+            error, since = self.writer.failing
+            failing = f"failing since {datetime.fromtimestamp(since, UTC).isoformat(timespec='seconds')}: {error}"
+            return f"store full: {failing}" if full(error) else failing
+        room = self.db.room()
+        return room.said() if room is not None and room.short else None
 
 
 def services(connection: ASGIConnection) -> Services:

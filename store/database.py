@@ -4,6 +4,11 @@ Two engines over one database: a *writer* with a single connection, used only by
 the group-commit writer (so this process never contends with itself for SQLite's
 write lock), and a *reader* pool for the read API.
 
+A store that is away or out of room (the server stopped or restarting, the disk full) raises
+``StoreUnavailable`` from ``read`` and ``transaction``, whatever the driver said: every caller
+answers it with 503 and ``Retry-After``, as nothing was changed (``unavailable`` below says which
+failures those are).
+
 Writes are plain (sync) SQLAlchemy functions of a ``Connection``, run by
 ``Database.transaction``. On PostgreSQL they run on asyncpg through ``run_sync``.
 On SQLite the writer is the stdlib driver on one dedicated thread, and a whole
@@ -17,8 +22,10 @@ instead of failing on a read-then-write upgrade.
 from __future__ import annotations
 
 import asyncio
+import errno
 import importlib.util
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -26,12 +33,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, String, create_engine, event, text
 from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from burnish_server.core.platform.errors import StoreUnavailable
 
 log = logging.getLogger("burnish.store")
 
@@ -53,6 +64,13 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 # writes, and the stall grows with the flush, so many small checkpoints beat a few large ones.
 CHECKPOINT_EVERY_S = 0.1
 WAL_PAGES = 16384  # 64 MiB of 4 KiB pages
+# With little room on the data directory's file system the WAL's limit shrinks: it may hold at
+# most WAL_SHARE of the room left (free space and its own file), so a checkpoint always has the
+# rest to copy its pages into the database file and the WAL starts over. A WAL that could reach
+# 64 MiB on a 64 MB file system grew until the disk was full, and after space was freed it filled
+# it again without ever completing a checkpoint (docs/operations.md, "Disk space").
+WAL_SHARE = 4
+MIN_WAL_PAGES = 64  # 256 KiB: below this a checkpoint would run after nearly every commit
 # Any constant shared by every burnish process: concurrent migrators take turns on it.
 MIGRATION_LOCK_KEY = 0x6275726E697368  # "burnish"
 
@@ -91,6 +109,21 @@ def _upgrade(connection: Connection, revision: str) -> None:
     command.upgrade(cfg, revision)
 
 
+PAGE_BYTES = 4096  # SQLite's default page size, which the store keeps
+
+
+class Room(msgspec.Struct, frozen=True):
+    """The room a SQLite store has on its file system (``Database.room``)."""
+
+    free_bytes: int
+    wal_bytes: int  # the WAL file now
+    wal_limit_bytes: int  # what checkpoints keep it within: 64 MiB, less where room is short
+    short: bool  # less free space than the WAL may need at its full limit
+
+    def said(self) -> str:
+        return f"less free space than the store's WAL may need: {self.free_bytes / 1e6:.0f} MB free on the data directory's file system, where the WAL may take {WAL_PAGES * PAGE_BYTES >> 20} MiB"
+
+
 class Database:
     def __init__(self, url: str, *, sqlite_synchronous: str = "NORMAL", reader_pool_size: int = 8) -> None:
         self.url = make_url(url)
@@ -113,6 +146,8 @@ class Database:
             self._checkpoint_conn: sqlite3.Connection | None = None
             self._checkpoint_running = False
             self._last_checkpoint = 0.0
+            # The WAL's limit now, in pages (WAL_PAGES, or less on a file system short of room).
+            self.wal_pages = WAL_PAGES
             # The WAL reached WAL_PAGES: commits go to the writer thread until one of them
             # completes the checkpoint (set by the checkpoint thread, cleared by the writer's).
             self.wal_due = False
@@ -139,6 +174,7 @@ class Database:
             self._write_thread = None
             self.here = None
             self.wal_due = False
+            self.wal_pages = WAL_PAGES
 
     async def optimize(self) -> None:
         """SQLite: refresh the planner's statistics where they are missing or stale (``PRAGMA
@@ -150,12 +186,18 @@ class Database:
             await self.transaction(_optimize)
 
     async def transaction(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(connection, *args)`` in one write transaction; commit if it returns."""
-        if isinstance(self.writer, AsyncEngine):
-            async with self.writer.begin() as conn:
-                return await conn.run_sync(fn, *args)
-        loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self._write_thread, self._sync_transaction, fn, args)
+        """Run ``fn(connection, *args)`` in one write transaction; commit if it returns.
+        ``StoreUnavailable`` if the store is away or full (nothing committed)."""
+        try:
+            if isinstance(self.writer, AsyncEngine):
+                async with self.writer.begin() as conn:
+                    return await conn.run_sync(fn, *args)
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(self._write_thread, self._sync_transaction, fn, args)
+        except Exception as exc:
+            if unavailable(exc):
+                raise unavailable_error(exc) from exc
+            raise
         self._maybe_checkpoint(loop)
         return result
 
@@ -190,9 +232,15 @@ class Database:
             loop.run_in_executor(self._checkpoint_thread, self._checkpoint).add_done_callback(self._checkpoint_done)
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(connection, *args)`` on a reader connection (no write lock taken)."""
-        async with self.reader.connect() as conn:
-            return await conn.run_sync(fn, *args)
+        """Run ``fn(connection, *args)`` on a reader connection (no write lock taken);
+        ``StoreUnavailable`` if the store is away."""
+        try:
+            async with self.reader.connect() as conn:
+                return await conn.run_sync(fn, *args)
+        except Exception as exc:
+            if unavailable(exc):
+                raise unavailable_error(exc) from exc
+            raise
 
     def _checkpoint(self) -> None:
         if self._checkpoint_conn is None:
@@ -200,8 +248,43 @@ class Database:
             conn.execute(f"PRAGMA synchronous={self._synchronous}")  # OFF: its checkpoints skip their syncs too
             self._checkpoint_conn = conn
         _busy, pages, _copied = self._checkpoint_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        if pages >= WAL_PAGES:
+        self._fit_wal()
+        if pages >= self.wal_pages:
             self.wal_due = True
+
+    def room(self) -> Room | None:
+        """The data directory's free space and what the WAL may take of it (SQLite; None on
+        PostgreSQL, whose server manages its own). A ``statvfs`` and a ``stat``: cheap enough for
+        every checkpoint."""
+        if not self.is_sqlite or not self.url.database or self.url.database == ":memory:":
+            return None
+        path = Path(self.url.database).expanduser()
+        try:
+            fs = os.statvfs(path.parent)
+            wal = path.with_name(path.name + "-wal").stat().st_size if path.with_name(path.name + "-wal").exists() else 0
+        except OSError:
+            return None
+        free = fs.f_bavail * fs.f_frsize
+        limit = max(MIN_WAL_PAGES, min(WAL_PAGES, (free + wal) // WAL_SHARE // PAGE_BYTES))
+        return Room(free_bytes=free, wal_bytes=wal, wal_limit_bytes=limit * PAGE_BYTES, short=limit < WAL_PAGES)
+
+    def _fit_wal(self) -> None:
+        """The WAL's limit fitted to the room left; said once each time it becomes short or is
+        back to its full size."""
+        room = self.room()
+        if room is None:
+            return
+        pages = room.wal_limit_bytes // PAGE_BYTES
+        if (pages < WAL_PAGES) != (self.wal_pages < WAL_PAGES):
+            if room.short:
+                log.warning("%s; checkpoints now keep the WAL within %d MiB", room.said(), room.wal_limit_bytes >> 20)
+            else:
+                log.warning(
+                    "the store's file system has room again: %d MB free; the WAL's limit is back to %d MiB",
+                    room.free_bytes // 10**6,
+                    room.wal_limit_bytes >> 20,
+                )
+        self.wal_pages = pages
 
     def _checkpoint_done(self, future: asyncio.Future[None]) -> None:
         self._checkpoint_running = False
@@ -218,9 +301,12 @@ class Database:
     def _complete_checkpoint(self, conn: Connection) -> None:
         # On the writer thread, after its commit, while loop commits wait for it: no other
         # writer, so a PASSIVE checkpoint copies every page left and the next commit restarts the WAL.
+        # Short of room: TRUNCATE, which also gives the WAL file's space back to the file system
+        # (it waits for readers to finish, which only a store short of room pays for).
         driver = conn.connection.driver_connection
         assert driver is not None
-        busy, pages, copied = driver.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        mode = "TRUNCATE" if self.wal_pages < WAL_PAGES else "PASSIVE"
+        busy, pages, copied = driver.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
         if not busy and copied == pages:
             self.wal_due = False
 
@@ -265,6 +351,56 @@ class Database:
                 self.here.dispose()
             self.writer.dispose()
         await self.reader.dispose()
+
+
+# SQLite's result codes that say the file cannot be written or read now, not that the statement is
+# wrong: busy or locked past the busy time-out, an I/O error, full, cannot open, read-only.
+SQLITE_AWAY = frozenset(
+    {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY}
+)
+# PostgreSQL's SQLSTATE classes that say the same: 08 connection exception, 53 insufficient
+# resources (53100: disk full), 57 operator intervention (shutting down, starting up); and 40,
+# a transaction rolled back for a deadlock or a serialization failure, gone if sent again.
+POSTGRES_AWAY = ("08", "40", "53", "57")
+
+
+# A connection to the database refused, reset or unreachable.
+CONNECTION_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT, errno.EPIPE})
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store is away or out of room (retry later), not that what was
+    asked of it is wrong (a bug: those stay what they are)."""
+    if isinstance(exc, StoreUnavailable | ConnectionError | TimeoutError | PoolTimeout | InterfaceError):  # no connection: refused, reset, timed out
+        return True
+    if isinstance(exc, OSError):  # a connection's failure by its number (asyncio's "Connect call failed" is a bare OSError)
+        return exc.errno in CONNECTION_ERRNOS
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    for error in (exc, getattr(exc, "orig", None), exc.__cause__):
+        code = getattr(error, "sqlite_errorcode", None)
+        if isinstance(code, int):
+            return code & 0xFF in SQLITE_AWAY
+        state = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        if isinstance(state, str) and state[:2] in POSTGRES_AWAY:
+            return True
+    # asyncpg's own connection errors, raised before SQLAlchemy wraps anything (its module, not imported here)
+    return isinstance(exc, OperationalError) or (type(exc).__module__.startswith("asyncpg") and "Connection" in type(exc).__name__)
+
+
+def full(what: BaseException | str) -> bool:
+    """Whether an error (or its words) says the store's disk is full."""
+    text = str(what).lower()
+    return "disk is full" in text or "no space left" in text or "disk full" in text
+
+
+def unavailable_error(exc: BaseException) -> StoreUnavailable:
+    """What the caller is told of ``exc``, a failure ``unavailable`` says is the store's."""
+    if isinstance(exc, StoreUnavailable):
+        return exc
+    if full(exc):
+        return StoreUnavailable("the store's disk is full: nothing was changed; retry once space is freed", "store_full")
+    return StoreUnavailable("the store is unavailable (the database did not answer): nothing was changed; retry shortly")
 
 
 def _on_driver(driver: sqlite3.Connection, sql: str) -> None:

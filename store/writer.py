@@ -23,9 +23,9 @@ from typing import Any, Protocol
 from sqlalchemy.exc import OperationalError
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from burnish_server.core.platform.errors import BurnishError
+from burnish_server.core.platform.errors import BurnishError, StoreUnavailable
 from burnish_server.core.protocols.records import CallRecord
-from burnish_server.store.database import Database
+from burnish_server.store.database import Database, full
 from burnish_server.store.writes import insert_calls
 
 log = logging.getLogger("burnish.store")
@@ -133,14 +133,16 @@ class Writer:
         try:
             results = await self._transaction([item for item, _ in batch])
         except Exception as exc:
-            if len(batch) > 1:
+            if len(batch) > 1 and not isinstance(exc, StoreUnavailable):  # a store away fails every record alike
                 log.warning("commit of %d records failed (%s); writing them one by one", len(batch), exc)
                 for entry in batch:
                     await self._commit([entry])
                 return
-            log.error("could not write a record: %s", exc)
-            self.failing = (str(exc).splitlines()[0][:300], self.failing[1] if self.failing else time.time())
-            _resolve(batch[0][1], exc)
+            why = str(exc.__cause__ or exc).splitlines()[0][:300]
+            log.error("%scould not write %s: %s", "store full: " if full(why) else "", "a record" if len(batch) == 1 else f"{len(batch)} records", why)
+            self.failing = (why, self.failing[1] if self.failing else time.time())
+            for _, future in batch:
+                _resolve(future, exc)
             return
         self._committed([item for item, _ in batch], began)
         for (_, future), result in zip(batch, results):
@@ -169,11 +171,11 @@ class Writer:
                 pass  # the lock is held (the trainer, a migration): the writer thread waits for it
         try:  # the common case, without tenacity's bookkeeping (~0.1 ms a commit)
             return await self.db.transaction(_apply, items)
-        except OperationalError:
+        except StoreUnavailable:
             pass
         # Connection drops, deadlocks and lock time-outs are worth another few tries.
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(OperationalError),
+            retry=retry_if_exception_type(StoreUnavailable),
             stop=stop_after_attempt(self.attempts - 1),
             wait=wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05),
             reraise=True,

@@ -22,9 +22,10 @@ that were once a builtin's (``ValueError``, ``RuntimeError``) keep it as a secon
     │   ├── CorruptArchive         an archive line that is no archived trajectory (core/platform/archive.py)
     │   ├── UnreadableCall         a recorded call that cannot be read as a conversation (core/protocols/conversation.py)
     │   └── ExportError            an adapter or base that cannot be exported (trainer/export.py)
-    ├── NotRecorded 503        the store could not take a call, so it was not completed
+    ├── StoreUnavailable 503   the store is away or full: nothing was changed; Retry-After
+    │   └── NotRecorded 503        a call it could not take, so the call was not completed
     ├── StatusFailed, SftFailed  a CLI command's gateway call (cli/status.py, cli/sft.py)
-    └── Unavailable 502        a service the operation needs did not answer (a judge, the store)
+    └── Unavailable 502        a service the operation needs did not answer (a judge)
         ├── RulerFailed        no verdict from RULER's judge (gateway/groups/ruler.py)
         ├── JudgeOutputError   an answer of the judge that is no verdict (asked again)
         ├── VLLMFailed         vLLM did not start or stay up (serving/process.py)
@@ -33,11 +34,12 @@ that were once a builtin's (``ValueError``, ``RuntimeError``) keep it as a secon
         ├── AdapterError       vLLM did not load or answer with an adapter (serving/adapters.py)
         │   └── Unfaithful     it answered, but not as the trainer made it
         └── UpstreamError 502  the upstream (vLLM): no usable answer
-            ├── UpstreamConnectError    could not connect: nothing of the request was sent
-            ├── UpstreamProtocolError   what came back is not HTTP, or the connection closed
-            │                           before the answer began
+            ├── UpstreamDown 503        nothing answered (vLLM down or restarting); Retry-After
+            │   ├── UpstreamConnectError    could not connect: nothing of the request was sent
+            │   ├── UpstreamClosed          the connection closed before any byte of the answer
+            │   └── VersionLoading          no replica holds the policy's version yet (one restarted)
+            ├── UpstreamProtocolError   what came back is not HTTP (a malformed answer)
             ├── UpstreamReadError       the answer broke off midway
-            ├── VersionLoading 503      no replica holds the policy's version yet (one restarted)
             └── UpstreamTimeout 504     connected, then silent past its time
                 └── UpstreamPoolTimeout 504   every connection to the replica stayed busy
 """
@@ -101,20 +103,29 @@ class TooManyRequests(BurnishError):
         super().__init__(message, code, headers={"retry-after": str(retry_after_s)})
 
 
-class NotRecorded(BurnishError):
-    """The call could not be recorded; it was not completed (nothing was lost: the client was
-    told before it had an answer). Retryable: the store may be back in a moment (a database
-    restarting, a disk freed), so the answer says when to try again."""
+class StoreUnavailable(BurnishError):
+    """The store did not take or give what the operation needs: the database away (restarting,
+    stopped, unreachable) or its disk full. Nothing was changed, so the operation can simply be
+    sent again: the answer says when (``Retry-After``), as a database restarting or a disk freed
+    is back in seconds. Raised by the store (``store/database.py``) for every write and read."""
 
     status = 503
+    default_code = "store_unavailable"
     RETRY_AFTER_S = 2
 
-    def __init__(self, message: str, code: str) -> None:
+    def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message, code, headers={"retry-after": str(self.RETRY_AFTER_S)})
 
 
+class NotRecorded(StoreUnavailable):
+    """The call could not be recorded; it was not completed (nothing was lost: the client was
+    told before it had an answer). Retryable, as every ``StoreUnavailable``."""
+
+    default_code = "record_failed"
+
+
 class Unavailable(BurnishError):
-    """A service the operation needs did not answer (a judge, the store)."""
+    """A service the operation needs did not answer (a judge, vLLM)."""
 
     status = 502
 
@@ -129,30 +140,41 @@ class UpstreamError(Unavailable):
         self.attempts = attempts
 
 
-class UpstreamConnectError(UpstreamError):
+class UpstreamDown(UpstreamError):
+    """Nothing answered: vLLM is down or restarting (a supervisor brings it back within a
+    minute), so the call is refused retryably, with ``Retry-After``, as every client's retry
+    logic understands. The request did nothing upstream."""
+
+    status = 503
+    RETRY_AFTER_S = 2
+
+    def __init__(self, message: str, code: str | None = None, attempts: int = 1) -> None:
+        super().__init__(message, code, attempts)
+        self.headers = {"retry-after": str(self.RETRY_AFTER_S)}
+
+
+class UpstreamConnectError(UpstreamDown):
     """Could not connect (refused, unreachable, connecting timed out): nothing was sent."""
 
 
+class UpstreamClosed(UpstreamDown):
+    """The connection closed (or was reset) before any byte of the answer came."""
+
+
 class UpstreamProtocolError(UpstreamError):
-    """The answer is not HTTP (garbage for a status line, broken framing), or the connection
-    closed before the answer began."""
+    """The answer is not HTTP (garbage for a status line, broken framing): something answered,
+    wrongly, and asking again at once would be no better."""
 
 
 class UpstreamReadError(UpstreamError):
     """The answer broke off midway (the connection died)."""
 
 
-class VersionLoading(UpstreamError):
+class VersionLoading(UpstreamDown):
     """The replicas answered that they do not hold the policy's served version: one restarted
     and the trainer is loading it again (within seconds). Retryable: ``Retry-After``."""
 
-    status = 503
     default_code = "version_loading"
-    RETRY_AFTER_S = 2
-
-    def __init__(self, message: str, code: str | None = None, attempts: int = 1) -> None:
-        super().__init__(message, code, attempts)
-        self.headers = {"retry-after": str(self.RETRY_AFTER_S)}
 
 
 class UpstreamTimeout(UpstreamError):

@@ -75,8 +75,9 @@ SECURITY_SCHEMES: dict[str, Any] = {
 }
 # Either one: a route needs one of them.
 BEARER: list[dict[str, list[str]]] = [{"apiKey": []}, {"anthropicKey": []}]
-# The statuses access itself can answer on a route that needs a key.
-ACCESS_ERRORS = (401, 403, 429)
+# The statuses access itself can answer on a route that needs a key: 503 while the store it
+# reads keys from (and the route its data from) is away (core/platform/errors.py: StoreUnavailable).
+ACCESS_ERRORS = (401, 403, 429, 503)
 
 
 class KeyRing:

@@ -147,7 +147,7 @@ MEANING = {
     413: "Body larger than BURNISH_MAX_BODY_BYTES",
     429: "The API key's rate or concurrency limit was reached; retry after Retry-After seconds",
     502: "A service behind the gateway failed (the upstream, a judge)",
-    503: "The gateway could not record the call",
+    503: "Away for the moment, nothing changed (code says which: the store, vLLM); retry after Retry-After seconds",
 }
 
 

@@ -17,20 +17,23 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from litestar.types import ASGIApp, Receive, Scope
+import anyio
+from litestar.types import ASGIApp, Receive, Scope, Send
 
 from burnish_server.core.platform.access import DEFAULT_PROJECT, Principal, qualify_optional
 from burnish_server.core.platform.errors import BurnishError, Invalid, TooLarge, UpstreamError
-from burnish_server.core.protocols.records import UPSTREAM_ERROR
+from burnish_server.core.protocols.records import CLIENT_DISCONNECTED, UPSTREAM_ERROR
 from burnish_server.core.protocols.surfaces import Surface
 from burnish_server.gateway.edge.errors import BODY_TOO_LARGE
 from burnish_server.gateway.proxy import filing, window
 from burnish_server.gateway.proxy.call import Call, parse_head
+from burnish_server.gateway.proxy.departure import ClientGone, Departure
 from burnish_server.gateway.proxy.paths import is_eval_path
 from burnish_server.gateway.proxy.streaming import Relay, Relayed, RelayResponse
 from burnish_server.gateway.proxy.translation import translation
 from burnish_server.gateway.services import Services
 from burnish_server.gateway.upstream.client import is_stream
+from burnish_server.gateway.upstream.connections.base import UpstreamResponse
 
 
 @dataclasses.dataclass(slots=True)
@@ -78,16 +81,20 @@ async def forward(inbound: Inbound, surface: Surface) -> ASGIApp:
     except BurnishError as exc:  # refused, but still told which trajectory it would have joined
         exc.headers["x-trajectory-id"] = shown
         raise
+    response: UpstreamResponse | None = None
     try:
-        path = way.upstream_path(scope.get("query_string"))
-        response = await call.send(scope["headers"], path)
-        if response.status_code == 400 and call.route is not None:  # the served window? (gateway/proxy/window.py)
-            response = await window.refit(call, response, lambda: call.send(scope["headers"], path))
-        streams = is_stream(response)
-        headers = way.headers(response, streams)
-        if streams:
-            return RelayResponse(Relay(call, response, way), response.status_code, headers)
-        raw = await call.read(response)
+        with Departure(inbound.receive):  # a client that leaves stops the call upstream
+            path = way.upstream_path(scope.get("query_string"))
+            response = await call.send(scope["headers"], path)
+            if response.status_code == 400 and call.route is not None:  # the served window? (gateway/proxy/window.py)
+                response = await window.refit(call, response, lambda: call.send(scope["headers"], path))
+            streams = is_stream(response)
+            headers = way.headers(response, streams)
+            if streams:
+                return RelayResponse(Relay(call, response, way), response.status_code, headers)
+            raw = await call.read(response)
+    except ClientGone as gone:
+        return await left(call, response, str(gone))
     except (UpstreamError, Invalid) as failure:  # answered in the surface's format, naming the call
         if isinstance(failure, UpstreamError):  # no usable answer: recorded (a refused header: nothing was sent)
             failure.message = svc.redact.text(failure.message)
@@ -97,3 +104,20 @@ async def forward(inbound: Inbound, surface: Surface) -> ASGIApp:
     out, status, record = await way.answer(response.status_code, raw, headers)
     await call.commit(record)
     return Relayed(out, status, headers)
+
+
+async def left(call: Call, response: UpstreamResponse | None, why: str) -> ASGIApp:
+    """The client left before its answer: the upstream's answer let go (its connection closed, so
+    vLLM stops), the call recorded as disconnected without waiting on the commit, and nothing sent."""
+    if response is not None:
+        with anyio.CancelScope(shield=True):
+            await response.aclose()
+    record = call.record(CLIENT_DISCONNECTED, None, error=why)
+    if call.svc.settings.record:
+        call.svc.writer.submit(record)
+    call.observe(record, status=499)  # nginx's "client closed request"
+    return _nothing
+
+
+async def _nothing(scope: Scope, receive: Receive, send: Send) -> None:
+    """No answer: no one is there to read it."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from litestar import Response, Router, get
 from litestar.di import NamedDependency
 
@@ -17,12 +15,10 @@ from burnish_server.store.stats import store_state
 @get("/health", include_in_schema=False, opt={"scope": PUBLIC})
 async def health(svc: NamedDependency[Services]) -> dict[str, str]:
     """200 while the gateway runs: it recovers from a store that went away by itself, so a probe
-    must not take it out. While its writes fail, ``store`` says since when and why (each call
-    meanwhile gets 503 with Retry-After)."""
-    if svc.writer.failing is None:
-        return {"status": "ok"}
-    error, since = svc.writer.failing
-    return {"status": "ok", "store": f"failing since {datetime.fromtimestamp(since, UTC).isoformat(timespec='seconds')}: {error}"}
+    must not take it out. While its writes fail (each call meanwhile gets 503 with Retry-After),
+    or its file system has less room than its WAL may need, ``store`` says so."""
+    warning = svc.store_warning()
+    return {"status": "ok"} if warning is None else {"status": "ok", "store": warning}
 
 
 @get("/metrics", media_type=CONTENT_TYPE, opt={"scope": "metrics"}, responses=responses(401, 403, 429), security=BEARER)

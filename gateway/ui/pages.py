@@ -45,8 +45,18 @@ LIVE_EVERY_S = 5  # how often a live part of a page is fetched again
 
 
 def context(request: Request, caller: Principal, **values: Any) -> dict[str, Any]:
-    """What every page's frame shows: who is signed in, whether they may use the controls."""
-    return {"caller": who(caller), "admin": caller.can("admin"), "home": caller.project, "path": request.url.path, "live_every": LIVE_EVERY_S, **values}
+    """What every page's frame shows: who is signed in, whether they may use the controls, and
+    what is wrong with the store (full, short of room, away), if anything."""
+    svc: Services = request.app.state.services
+    return {
+        "caller": who(caller),
+        "admin": caller.can("admin"),
+        "home": caller.project,
+        "path": request.url.path,
+        "live_every": LIVE_EVERY_S,
+        "store_warning": svc.store_warning(),
+        **values,
+    }
 
 
 def visible_policy(svc: Services, caller: Principal, name: str) -> Policy:

@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from burnish_server.core.platform.errors import (
+    UpstreamClosed,
     UpstreamConnectError,
     UpstreamError,
     UpstreamProtocolError,
@@ -54,7 +55,7 @@ log = logging.getLogger("burnish.gateway")
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 # The upstream did nothing with the request: sent again (see above).
-RETRIED = (UpstreamConnectError, UpstreamProtocolError)
+RETRIED = (UpstreamConnectError, UpstreamClosed, UpstreamProtocolError)
 
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade"})
 # Not forwarded upstream: the gateway's own headers, and what the client sets itself.

@@ -370,7 +370,8 @@ def plain(body: bytes, content_type: bytes = b"application/json") -> bytes:
     return b"HTTP/1.1 200 OK\r\nContent-Type: " + content_type + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body
 
 
-# Answers that are no HTTP at all: refused before anything reached the client, so retried.
+# Answers that are no HTTP at all: refused before anything reached the client, so retried; a
+# malformed answer is the upstream's fault, 502.
 NOT_HTTP = {
     "garbage for a status line": [b"HELLO THERE\r\n\r\n"],
     "binary for a status line": [b"\x16\x03\x01\x00\xff\x00garbage\r\n\r\n"],
@@ -380,7 +381,6 @@ NOT_HTTP = {
     "bad chunked framing with the head": [
         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(b'{"id":') + b"ZZZ\r\nnope\r\n"
     ],
-    "closed without a word": [],
 }
 
 
@@ -395,6 +395,31 @@ def test_an_answer_that_is_not_http_is_a_502_retried_and_recorded(make_gateway, 
     (call,) = gw.trajectory("broken")["calls"]
     assert call["status"] == "upstream_error" and call["http_status"] == 502 and call["attempts"] == gw.settings.upstream_attempts
     assert "127.0.0.1" not in r.json()["error"]["message"]  # aiohttp's words carry the upstream's URL: not passed on
+
+
+@pytest.mark.parametrize("surface", ["openai", "anthropic"])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("down", ["closed without a word", "refused"])
+def test_an_upstream_down_or_restarting_is_a_503_with_retry_after(make_gateway, raw_upstream, down: str, stream: bool, surface: str) -> None:
+    """vLLM down (nothing listens: refused) or going away (the connection closed before any
+    byte): retried, then 503 with Retry-After in the surface's format, which every client's
+    retry logic waits on; recorded as the upstream's error."""
+    if down == "refused":
+        with socket.socket() as s:  # a port no one listens on
+            s.bind(("127.0.0.1", 0))
+            url, raw = f"http://127.0.0.1:{s.getsockname()[1]}", None
+    else:
+        raw = raw_upstream([])
+        url = raw.url
+    gw = make_gateway(upstream=url)
+    path, body = ("/v1/messages", {"max_tokens": 5}) if surface == "anthropic" else ("/v1/chat/completions", {})
+    r = httpx.post(gw.url + f"/t/down/{path.lstrip('/')}", json={"model": "tiny", "messages": MESSAGES, "stream": stream, **body})
+    assert_error(r, 503, "upstream_unavailable", surface)
+    assert r.headers["retry-after"] == "2"
+    if raw is not None:
+        assert raw.requests == gw.settings.upstream_attempts  # nothing had reached the client: retried
+    (call,) = gw.trajectory("down")["calls"]
+    assert call["status"] == "upstream_error" and call["http_status"] == 503 and call["attempts"] == gw.settings.upstream_attempts
 
 
 def test_an_answer_that_is_not_http_is_anthropics_502_on_messages(make_gateway, raw_upstream) -> None:

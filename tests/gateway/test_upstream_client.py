@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from burnish_server.core.platform.errors import Invalid, UpstreamConnectError, UpstreamProtocolError
+from burnish_server.core.platform.errors import Invalid, UpstreamClosed, UpstreamProtocolError
 from burnish_server.core.platform.replicas import ReplicaSet
 from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway.upstream.client import HttpxPool, Upstream, proxied
@@ -56,14 +56,17 @@ async def test_tls_with_the_operators_ca_bundle_and_client_certificate(tmp_path:
     assert isinstance(upstream.pool, Pool)
     assert await _send(upstream) == b"{}"
     await upstream.aclose()
-    # The server unknown to us: the handshake fails. We unknown to it: with TLS 1.3 the server
-    # refuses the certificate after the client's side of the handshake, so the connection
-    # closes before any answer. Either way: the upstream could not be reached, 502.
-    for missing in ({"upstream_ca_bundle": ""}, {"upstream_client_cert": "", "upstream_client_key": ""}):
+    # The server unknown to us: the handshake fails, which no retry mends: 502. We unknown to
+    # it: with TLS 1.3 the server refuses the certificate after the client's side of the
+    # handshake, so the connection closes before any answer, as a replica going away does: 503.
+    for missing, error, status in (
+        ({"upstream_ca_bundle": ""}, UpstreamProtocolError, 502),
+        ({"upstream_client_cert": "", "upstream_client_key": ""}, UpstreamClosed, 503),
+    ):
         other = Upstream(Settings.load({}, **{**_fields(configured), **missing}), ReplicaSet([url]))
-        with pytest.raises((UpstreamConnectError, UpstreamProtocolError)) as failed:
+        with pytest.raises(error) as failed:
             await _send(other)
-        assert failed.value.status == 502
+        assert failed.value.status == status, failed.value
         await other.aclose()
 
 

@@ -26,9 +26,9 @@ Every failure is one of burnish's upstream errors (``core/platform/errors.py``; 
 decides which are retried):
 
 - ``UpstreamConnectError``: no connection (refused, unreachable, a name that does not resolve,
-  a TLS failure, connecting timed out): nothing was sent;
-- ``UpstreamProtocolError``: an answer that is not HTTP, or a connection closed before the
-  answer began;
+  connecting timed out): nothing was sent;
+- ``UpstreamClosed``: a connection closed (or reset) before any byte of the answer;
+- ``UpstreamProtocolError``: an answer that is not HTTP, or a TLS handshake that failed;
 - ``UpstreamReadError``: a connection closed before the end of its answer;
 - ``UpstreamTimeout``: silence past the time-out given for that wait; ``UpstreamPoolTimeout``:
   every connection to the replica stayed busy that long;
@@ -49,6 +49,7 @@ import httptools
 
 from burnish_server.core.platform.errors import (
     Invalid,
+    UpstreamClosed,
     UpstreamConnectError,
     UpstreamError,
     UpstreamPoolTimeout,
@@ -136,7 +137,7 @@ class Connection(asyncio.Protocol):
                 if self.head_done:
                     self.error = UpstreamReadError("the upstream closed the connection before the end of its answer")
                 else:
-                    self.error = UpstreamProtocolError("the upstream closed the connection before answering")
+                    self.error = UpstreamClosed("the upstream closed the connection before answering")
         self._wake()
 
     # -- httptools' side -------------------------------------------------------------------
@@ -428,7 +429,7 @@ class Pool:
             try:
                 conn.send(data)
                 await conn.head(first)
-            except UpstreamProtocolError:
+            except UpstreamClosed:
                 if fresh or conn.received:
                     self.release(target.origin, conn)
                     raise
@@ -480,7 +481,9 @@ class Pool:
                 _, conn = await loop.create_connection(Connection, host, port, ssl=tls)
         except TimeoutError as exc:  # ours, or the kernel's (ETIMEDOUT)
             raise UpstreamConnectError(f"could not connect within {self.connect_timeout:g} s" if self.connect_timeout else "connecting timed out") from exc
-        except OSError as exc:  # refused, unreachable, a name that does not resolve, a TLS failure
+        except ssl.SSLError as exc:  # something answered, but not as the TLS settings expect: no retry will help
+            raise UpstreamProtocolError(f"the TLS handshake with the upstream failed: {exc.reason or exc}") from exc
+        except OSError as exc:  # refused, unreachable, a name that does not resolve
             raise UpstreamConnectError(exc.strerror or str(exc) or type(exc).__name__) from exc
         return conn, True
 

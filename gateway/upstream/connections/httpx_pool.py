@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import httpx
 
 from burnish_server.core.platform.errors import (
+    UpstreamClosed,
     UpstreamConnectError,
     UpstreamError,
     UpstreamPoolTimeout,
@@ -32,6 +33,8 @@ def _as_upstream_error(exc: httpx.HTTPError, received: bool) -> UpstreamError:
         return UpstreamConnectError(why)
     if isinstance(exc, httpx.TimeoutException):
         return UpstreamTimeout(why)
+    if not received and (isinstance(exc, httpx.ReadError) or "disconnected without" in why):  # h11's words for a close before the answer
+        return UpstreamClosed(why)
     if isinstance(exc, httpx.RemoteProtocolError) and not received:
         return UpstreamProtocolError(why)
     return UpstreamReadError(why)
