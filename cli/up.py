@@ -33,7 +33,7 @@ import httpx
 
 from burnish_server.cli.supervisor import Child, CrashLoop, Supervisor, kill_group
 from burnish_server.cli.up_plan import Machine, Served, UpOptions, UpPlan, plan_up, training_note, wanted_policy
-from burnish_server.core.learning.defaults import Defaults, ModelShape, defaults
+from burnish_server.core.learning.defaults import CPU_MAX_TOKENS, Defaults, ModelShape, defaults
 from burnish_server.core.learning.policies import LoraSettings, Policy, TrainSettings
 from burnish_server.core.platform.errors import Conflict
 from burnish_server.core.platform.settings import Settings
@@ -141,7 +141,7 @@ def model_defaults(files: Path | None, window: int | None = None, vllm_args: Seq
         return Defaults(
             lora=LoraSettings(), train=train, explanation=f"training defaults: LoRA r=16 on attention, learning rate {train.learning_rate:g} ({why})"
         )
-    return defaults(shape, micro_batch_tokens=micro_batch, window=window)
+    return defaults(shape, micro_batch_tokens=micro_batch, window=window, max_tokens=CPU_MAX_TOKENS if cpu_build() else None)
 
 
 def prepare_model(settings: Settings, model: str | None, vllm_port: int, vllm_args: list[str]) -> Served:

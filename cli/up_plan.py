@@ -82,12 +82,15 @@ class UpPlan:
 def wanted_policy(name: str, served: Served) -> Policy:
     """The policy ``burnish up`` makes if none of that name exists: on the model served, with its defaults."""
     vllm = served.vllm
-    return Policy(name=name, base_model=vllm.served_model_name or vllm.model, model_path=vllm.model, lora=served.defaults.lora, train=served.defaults.train)
+    defaults = served.defaults
+    return Policy(
+        name=name, base_model=vllm.served_model_name or vllm.model, model_path=vllm.model, lora=defaults.lora, train=defaults.train, serving=defaults.serving
+    )
 
 
 def training_note(wanted: Policy, stored: Policy, defaults: Defaults) -> str:
     """The line saying which training settings the policy trains with, and why."""
-    if (stored.lora, stored.train) == (wanted.lora, wanted.train):
+    if (stored.lora, stored.train, stored.serving) == (wanted.lora, wanted.train, wanted.serving):
         return defaults.explanation
     return f"training settings: the policy's own ({stored.name} was made with other settings; PATCH /admin/policies/{stored.name} changes them)"
 

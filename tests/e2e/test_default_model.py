@@ -96,6 +96,20 @@ def test_burnish_up_says_which_template_and_parser_it_serves_tools_with(up: Up) 
     assert rest == CHATML_TOOLS.read_text() and json.dumps(SMOLLM2_SYSTEM) in first
 
 
+def test_burnish_up_gives_its_policy_a_budget_for_calls_that_ask_none_and_says_so(up: Up) -> None:
+    """On the CPU build a Codex call (which never asks a budget) would sample for minutes: the
+    policy burnish up makes serves it at most CPU_MAX_TOKENS, printed at start (docs/coding-agents.md)."""
+    from burnish_server.core.learning.defaults import CPU_MAX_TOKENS
+
+    assert f"a call that asks for no budget gets at most {CPU_MAX_TOKENS} tokens (serving.max_tokens)" in up.log
+    policy = httpx.get(f"{up.url}/admin/policies/agent", headers=up.admin, timeout=30).json()
+    assert policy["serving"]["max_tokens"] == CPU_MAX_TOKENS
+    # A Responses call without max_output_tokens, as Codex sends it: cut at the budget.
+    r = httpx.post(f"{up.url}/t/budget/v1/responses", json={"model": "agent", "input": "Write a long story about the sea."}, timeout=600)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["output_tokens"] <= CPU_MAX_TOKENS
+
+
 def test_a_gguf_file_named_by_path_gets_what_the_embedded_default_gets(up: Up, tmp_path: Path) -> None:
     """The same SmolLM2, named by its GGUF path or left to the default: the same training
     defaults, and the same tool template with SmolLM2's own default system prompt. Both read
