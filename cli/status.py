@@ -90,6 +90,10 @@ def render(policy: PolicyView, now: datetime | None = None) -> str:
         lines.append("  held-out score: " + ", ".join(f"{e.version} {e.score:.3f} (n={e.trajectories})" for e in scored))
     if policy.load_error:
         lines.append(f"  load error: {policy.load_error}")
+    for replica in policy.replicas:  # one that does not serve the version gets none of the policy's calls
+        if not replica.serving:
+            why = "unreachable" if not replica.reachable else f"does not serve {policy.served_version}" + (f": {replica.error}" if replica.error else "")
+            lines.append(f"  replica {replica.url} {why}{_ago(replica.since, now)}")
     for conflict in policy.settings_warnings:
         lines.append(f"  settings: {conflict}")
     warning = policy.health.warning if policy.health is not None else None

@@ -104,11 +104,10 @@ class CatchUp:
                 if refused is not None:
                     error = error or refused
                     continue
-                try:
+                try:  # every version loaded is checked, the served one and those kept for pinned calls alike
                     vllm.load(name, self.checkpoints.adapter(policy.name, step))
-                    if step in (policy.step, policy.candidate):
-                        probe = self.checkpoints.probe(policy.name, step) if self.settings.trainer_fidelity else None
-                        checked(vllm, name, name, probe, self.settings.trainer_fidelity_tolerance)
+                    probe = self.checkpoints.probe(policy.name, step) if self.settings.trainer_fidelity else None
+                    checked(vllm, name, name, probe, self.settings.trainer_fidelity_tolerance)
                 except UNREACHABLE:
                     raise
                 except Exception as exc:

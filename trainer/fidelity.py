@@ -31,7 +31,14 @@ def make_probe(model: PolicyModel, sequences: list[Sequence]) -> Probe | None:
         seq.add(ids[:1], ids[1:], None)  # every token after the first is "sampled": scored
         items.append((seq, 0.0))
     micro = make_micro_batch(items, model.pad_id, PROBE_TOKENS, model.device)
-    logprobs = model.token_logprobs(micro).cpu()
+    # In eval mode, as vLLM serves the adapter: LoRA's dropout (and the base's) off, or a policy
+    # with dropout > 0 would probe noise and refuse good versions.
+    training = model.model.training
+    model.model.eval()
+    try:
+        logprobs = model.token_logprobs(micro).cpu()
+    finally:
+        model.model.train(training)
     return Probe(
         sequences=chosen,
         logprobs=[[float(x) for x in logprobs[row, 1 : len(ids)]] for row, ids in enumerate(chosen)],

@@ -1,6 +1,7 @@
 """A version is served only as the trainer made it: vLLM's log-probabilities of each
 checkpoint's probe against the trainer's (core/learning/fidelity.py), before it serves, after a
-rollback, and on a replica caught up."""
+rollback, and on a replica caught up (the served version and one kept for pinned calls). The
+probe itself is made as vLLM serves the adapter: LoRA's dropout off."""
 
 from __future__ import annotations
 
@@ -9,12 +10,17 @@ from pathlib import Path
 
 import httpx
 import msgspec
+import torch
 
 from burnish_server.core.learning.fidelity import NOISE_FLOORS, Probe
+from burnish_server.core.learning.policies import LoraSettings, TrainSettings
 from burnish_server.core.platform.settings import Settings
 from burnish_server.serving.adapters import VLLMAdapters, steps_of
 from burnish_server.serving.process import VLLMServer
 from burnish_server.store.policies import get_policy
+from burnish_server.trainer.fidelity import make_probe
+from burnish_server.trainer.policy_model import PolicyModel, make_micro_batch
+from burnish_server.trainer.sequences import Sequence
 from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
 from tests.conftest import served_step
 from tests.trainer.test_trainer_recovery import TINY, make_groups, unload
@@ -71,6 +77,39 @@ async def test_a_wrong_adapter_under_a_steps_name_is_never_served(make_gateway, 
         assert gw.admin().post("/admin/policies/agent/rollback", json={"step": 1}).status_code == 202
         assert await worker.publisher.pending(await worker.db.read(get_policy, "agent"))
         assert served_step(gw) == 1
+
+        # A replica caught up (trainer/catch_up.py), as after a restart: the served version and
+        # one kept for pinned calls, each checked as it loads. Step 3's weights are wrong again:
+        # refused, said, and not left loaded for a pinned call to reach.
+        unload(vllm, (1, 3))
+        shutil.copy(ckpts / "1" / "adapter" / "adapter_model.safetensors", ckpts / "3" / "adapter" / "adapter_model.safetensors")
+        replica = VLLMAdapters(vllm.url)
+        try:
+            held = worker.replicas.bring(replica, replica.model_ids(), [await worker.db.read(get_policy, "agent")], {"agent": [1, 3]})
+        finally:
+            replica.close()
+        steps, error = held["agent"]
+        assert 1 in steps and 3 not in steps and "agent@1" in served(vllm) and "agent@3" not in served(vllm), (steps, served(vllm))
+        assert error is not None and "does not serve agent@3 as trained" in error, error
     finally:
         await worker.close()
         unload(vllm, (1, 2, 3))
+
+
+def test_the_probe_is_made_with_dropout_off_as_vllm_serves_the_adapter(tiny_model: Path) -> None:
+    """A policy with LoRA dropout 0.1: after a step the model is in train mode, where two
+    forwards differ; the probe is the same every time (eval mode), and leaves the mode as it was."""
+    model = PolicyModel(str(tiny_model), LoraSettings(rank=8, alpha=16, dropout=0.1), TrainSettings(learning_rate=1e-2))
+    sequences = []
+    for prompt, answer in (([3, 4, 5, 6], [7, 8, 9]), ([5, 6, 7], [8, 9, 10, 11])):
+        seq = Sequence()
+        seq.add(prompt, answer, None)
+        sequences.append(seq)
+    model.step([(sequences[0], 1.0), (sequences[1], -1.0)])  # LoRA's B away from 0: dropout now shows
+    assert model.model.training
+    micro = make_micro_batch([(s, 0.0) for s in sequences], model.pad_id, 64, model.device)
+    noisy = [model.token_logprobs(micro).detach() for _ in range(2)]
+    assert not torch.equal(*noisy)  # in train mode dropout moves every forward
+    first, again = make_probe(model, sequences), make_probe(model, sequences)
+    assert first is not None and again is not None and first.logprobs == again.logprobs
+    assert model.model.training  # left as the step needs it
