@@ -58,9 +58,13 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
         yield running
 
 
-def run(command: list[str | Path], env: dict[str, str], cwd: Path, timeout: float = 600) -> str:
+def run(command: list[str | Path], env: dict[str, str], cwd: Path, timeout: float = 600, exit_code: int = 0) -> str:
+    """The command's output, stdout then stderr; it must exit with ``exit_code`` (a CLI that
+    crashed, or refused its settings, fails the test here with what it said)."""
     out = subprocess.run([str(c) for c in command], env={**os.environ, **env}, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    return out.stdout + out.stderr
+    said = out.stdout + out.stderr
+    assert out.returncode == exit_code, f"{command[0]} exited {out.returncode}, not {exit_code}:\n{said[-4000:]}"
+    return said
 
 
 def codex_home(up: Up, home: Path, group: str) -> Path:
@@ -74,14 +78,14 @@ def codex_home(up: Up, home: Path, group: str) -> Path:
     return home
 
 
-def codex(up: Up, tmp: Path, group: str, *args: str) -> str:
+def codex(up: Up, tmp: Path, group: str, *args: str, exit_code: int = 0) -> str:
     work = tmp / "work"
     work.mkdir(parents=True, exist_ok=True)
     env = {"CODEX_HOME": str(codex_home(up, tmp / "codex", group))}
-    return run([cli("codex"), "exec", "--skip-git-repo-check", *args], env, work)
+    return run([cli("codex"), "exec", "--skip-git-repo-check", *args], env, work, exit_code=exit_code)
 
 
-def claude(up: Up, tmp: Path, group: str, prompt: str, *args: str) -> str:
+def claude(up: Up, tmp: Path, group: str, prompt: str, *args: str, exit_code: int = 0) -> str:
     work, home = tmp / "work", tmp / "claude"
     work.mkdir(parents=True, exist_ok=True)
     home.mkdir(parents=True, exist_ok=True)
@@ -92,7 +96,7 @@ def claude(up: Up, tmp: Path, group: str, prompt: str, *args: str) -> str:
         "ANTHROPIC_CUSTOM_HEADERS": f"X-Group-Id: {group}\nX-Group-Size: 2",
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(BUDGET),
     }
-    return run([cli("claude"), "-p", prompt, "--model", "agent", "--permission-mode", "acceptEdits", *args], env, work)
+    return run([cli("claude"), "-p", prompt, "--model", "agent", "--permission-mode", "acceptEdits", *args], env, work, exit_code=exit_code)
 
 
 def group(up: Up, name: str) -> dict[str, Any]:
@@ -165,9 +169,9 @@ def test_mini_swe_agent_runs_a_task_on_the_policy(up: Up, tmp_path: Path) -> Non
 def test_a_prompt_past_the_window_gets_the_error_each_cli_acts_on(up: Up, tmp_path: Path) -> None:
     """Codex's whole default toolset (8,800 tokens) and Claude Code's (past 8,192) do not fit:
     each hears it in its own protocol's words, and says so instead of failing on an error."""
-    out = codex(up, tmp_path / "codex-long", "long-codex", TASK)
+    out = codex(up, tmp_path / "codex-long", "long-codex", TASK, exit_code=1)
     assert "ran out of room in the model's context window" in out, out
-    out = claude(up, tmp_path / "claude-long", "long-claude", TASK)
+    out = claude(up, tmp_path / "claude-long", "long-claude", TASK, exit_code=1)
     assert "Prompt is too long" in out, out
 
 
