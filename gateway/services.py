@@ -16,6 +16,7 @@ from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway.access.admission import Access
 from burnish_server.gateway.edge.metrics import Metrics
 from burnish_server.gateway.policies.routing import Registry
+from burnish_server.gateway.proxy.departure import Waiting
 from burnish_server.gateway.upstream.client import Upstream
 from burnish_server.store.database import Database, full
 from burnish_server.store.writer import Writer
@@ -41,6 +42,8 @@ class Services:
     in_flight: int = 0
     # Each policy's served window in tokens, learned from the upstream's refusals (gateway/proxy/window.py).
     windows: dict[str, int] = field(default_factory=dict)
+    # The proxied calls waiting on the upstream, whose clients are watched (gateway/proxy/departure.py).
+    waiting: Waiting = field(default_factory=Waiting)
 
     def store_warning(self) -> str | None:
         """What is wrong with the store now, in a line, or None: its writes failing (since when,

@@ -159,6 +159,7 @@ def background_tasks(svc: Services, statuses: Statuses) -> dict[str, Coroutine[A
         "burnish-keys": follow_keys(svc.db, svc.access),
         "burnish-auto-ruler": auto_ruler(svc),
         "burnish-idle-groups": close_idle(svc),
+        "burnish-departures": svc.waiting.watch(),  # a client gone stops its call upstream (gateway/proxy/departure.py)
     }
     if replicas.watched(svc.settings):
         tasks["burnish-replicas"] = replicas.watch(svc.settings, svc.upstream)

@@ -83,7 +83,7 @@ async def forward(inbound: Inbound, surface: Surface) -> ASGIApp:
         raise
     response: UpstreamResponse | None = None
     try:
-        with Departure(inbound.receive):  # a client that leaves stops the call upstream
+        with Departure(inbound.receive, svc.waiting):  # a client that leaves stops the call upstream
             path = way.upstream_path(scope.get("query_string"))
             response = await call.send(scope["headers"], path)
             if response.status_code == 400 and call.route is not None:  # the served window? (gateway/proxy/window.py)
