@@ -387,6 +387,8 @@ def full_disk(work: Path, mb: int, after_s: float) -> Row:
                     time.sleep(5)
                 row.writes = dict(writes.outcomes)
                 row.said.append(f"/health while full: {health(gw.url)}")
+                row.said.append(f"burnish status while full: {status_line(gw.url)}")
+                row.said.append(f"dashboard while full: {banner(gw.url)}")
                 ballast.unlink()
                 freed = time.monotonic()
                 row.recovered_s = load.back_after(freed, 60)
@@ -793,6 +795,19 @@ def health(url: str) -> str:
         return f"{r.status_code} {r.text[:200]}"
     except httpx.HTTPError as exc:
         return f"no answer ({type(exc).__name__})"
+
+
+def status_line(url: str) -> str:
+    """The first line ``burnish status`` prints."""
+    out = subprocess.run([PYTHON, "-m", "burnish_server.cli", "status", "--url", url, "--token", ADMIN], capture_output=True, text=True, timeout=60)
+    return (out.stdout or out.stderr).splitlines()[0] if (out.stdout or out.stderr) else f"nothing (exit {out.returncode})"
+
+
+def banner(url: str) -> str:
+    """The store's banner on the dashboard's first page, if it shows one."""
+    page = httpx.get(url + "/ui", timeout=30).text
+    found = re.search(r'<p class="banner warn" role="alert">([^<]*)</p>', page)
+    return found.group(1) if found else "no banner"
 
 
 def said(gw: Proc) -> list[str]:

@@ -32,11 +32,12 @@ from burnish_server.serving.process import VLLMServer
 from burnish_server.store.database import Database
 from burnish_server.store.models import Call as CallRow
 from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
-from tests.conftest import Gateway, fresh_database_url, tiny_vllm, wait_for
+from tests.conftest import ADMIN_TOKEN, Gateway, fresh_database_url, tiny_vllm, wait_for
 from tests.upstream import Upstream
 
 TINY = {"lora": {"rank": 8, "alpha": 16}, "train": {"learning_rate": 5e-3, "groups_per_step": 2}}
 ASK = {"messages": [{"role": "user", "content": "digits"}], "max_tokens": 2}
+BURNISH = [sys.executable, "-m", "burnish_server.cli"]
 
 # ---- the rule -------------------------------------------------------------------------------
 
@@ -210,6 +211,11 @@ async def test_a_version_reaches_every_replica_before_the_switch_and_a_replica_b
         status = {r["url"]: r for r in gw.policy("fleet")["replicas"]}
         assert status[vllm.url]["serving"] and status[second.url]["serving"] and status[vllm.url]["steps"] == [1]
         assert not status[refuses]["serving"] and "fleet@1" in status[refuses]["error"] and status[refuses]["reachable"]
+        # ... and shown where a person looks: `burnish status` and the dashboard's policy page.
+        said = subprocess.run([*BURNISH, "status", "fleet", "--url", gw.url, "--token", ADMIN_TOKEN], capture_output=True, text=True, timeout=60)
+        assert f"replica {refuses} does not serve fleet@1: " in said.stdout, said.stdout + said.stderr
+        with gw.client() as c:
+            assert f"{refuses} does not serve fleet@1" in c.get("/ui/policies/fleet").text
 
         # A gateway with all three: the refusing one gets none of the policy's calls.
         gw3 = make_gateway(gw.settings.database_url, upstream=settings.upstream, upstream_timeout=120)
