@@ -20,14 +20,15 @@ def fault(kind: str) -> dict[str, str]:
     return {"x-fault": kind}
 
 
-def test_refused_connection_is_502_and_recorded(make_gateway, upstream: Upstream) -> None:
+def test_refused_connection_is_503_with_retry_after_and_recorded(make_gateway, upstream: Upstream) -> None:
+    """vLLM down (nothing listens): the answer every client's retry logic waits on."""
     gw = make_gateway(upstream=f"http://127.0.0.1:{free_port()}")
     r = httpx.post(gw.url + "/t/refused/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES})
-    assert r.status_code == 502
+    assert r.status_code == 503 and r.headers["retry-after"] == "2"
     assert r.json()["error"]["code"] == "upstream_unavailable" and r.json()["error"]["type"] == "api_error"
     assert r.headers["x-trajectory-id"] == "refused"
     (call,) = gw.trajectory("refused")["calls"]
-    assert call["status"] == "upstream_error" and call["http_status"] == 502
+    assert call["status"] == "upstream_error" and call["http_status"] == 503
     assert call["attempts"] == gw.settings.upstream_attempts and "could not reach" in call["error"]
 
 

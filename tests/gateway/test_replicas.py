@@ -229,7 +229,7 @@ async def test_a_version_reaches_every_replica_before_the_switch_and_a_replica_b
         # One replica killed (SIGKILL) under a load of streamed and plain calls.
         outcomes = await load_and_kill(gw, second, total=48)
         for trajectory, status_code, text in outcomes:
-            assert status_code in (200, 502, 504), (trajectory, status_code, text)
+            assert status_code in (200, 502, 503, 504), (trajectory, status_code, text)
         assert Counter(code for _, code, _ in outcomes)[200] >= 36, Counter(code for _, code, _ in outcomes)
         # Each call recorded exactly once, whether it was retried, cut or failed.
         db = Database(gw.settings.resolved_database_url)
