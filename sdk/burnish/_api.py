@@ -61,6 +61,23 @@ class Call:
     params: dict[str, Any] | None = None
 
 
+# A 503 with Retry-After says the gateway changed nothing and will take the request shortly (its
+# store restarting, a disk being freed, vLLM coming back): sent again, up to this many times,
+# waiting as it says, at most RETRY_WAIT_MAX_S each time.
+RETRIES = 5
+RETRY_WAIT_MAX_S = 10.0
+
+
+def retry_after(status: int, headers: httpx.Headers, attempt: int) -> float | None:
+    """Seconds to wait before sending again, or None: not a retryable answer, or tries used up."""
+    if status != 503 or attempt >= RETRIES or "retry-after" not in headers:
+        return None
+    try:
+        return min(max(float(headers["retry-after"]), 0.0), RETRY_WAIT_MAX_S)
+    except ValueError:  # an HTTP date: wait the longest
+        return RETRY_WAIT_MAX_S
+
+
 def answer(status: int, body: bytes, parsed: Any) -> Any:
     """The JSON of a 2xx answer; anything else raised as a BurnishError with the gateway's message."""
     if status < 400:

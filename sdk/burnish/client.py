@@ -11,7 +11,9 @@
     client.compare("agent")                      # held-out score: base (step 0) against the served step
     client.run_held_out("agent", tasks, agent)   # held-out tasks against the candidate on trial (pinned)
 
-The async forms are the same with ``async with`` and ``await``.
+The async forms are the same with ``async with`` and ``await``. A 503 with ``Retry-After`` (the
+gateway's store or vLLM away for a moment: nothing changed) is sent again as it says, up to
+five times; any other error is raised as ``BurnishError``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from burnish._api import (
     comparison,
     keep_waiting,
     new_id,
+    retry_after,
     served_step,
     trial_report,
     trial_step,
@@ -74,8 +77,13 @@ class Client(Routes):
         self._openai = OpenAIClients(self._settings.base_url, self._settings.api_key, asynchronous=False)
 
     def _send(self, call: Call) -> Any:
-        r = self._http.request(call.method, call.path, json=call.json, params=call.params, headers=self._settings.headers(call))
-        return answer(r.status_code, r.content, r.json)
+        attempt = 0
+        while True:
+            r = self._http.request(call.method, call.path, json=call.json, params=call.params, headers=self._settings.headers(call))
+            if (wait := retry_after(r.status_code, r.headers, attempt)) is None:
+                return answer(r.status_code, r.content, r.json)
+            attempt += 1
+            time.sleep(wait)
 
     def group(self, size: int | None = None, id: str | None = None, eval: bool = False) -> Group:
         """A new group (an id is made unless given); ``size``: the members expected, after which it closes itself.
@@ -186,8 +194,13 @@ class AsyncClient(Routes):
         self._openai = OpenAIClients(self._settings.base_url, self._settings.api_key, asynchronous=True)
 
     async def _send(self, call: Call) -> Any:
-        r = await self._http.request(call.method, call.path, json=call.json, params=call.params, headers=self._settings.headers(call))
-        return answer(r.status_code, r.content, r.json)
+        attempt = 0
+        while True:
+            r = await self._http.request(call.method, call.path, json=call.json, params=call.params, headers=self._settings.headers(call))
+            if (wait := retry_after(r.status_code, r.headers, attempt)) is None:
+                return answer(r.status_code, r.content, r.json)
+            attempt += 1
+            await asyncio.sleep(wait)
 
     def group(self, size: int | None = None, id: str | None = None, eval: bool = False) -> AsyncGroup:
         return AsyncGroup(self, id or new_id("g"), size, eval)

@@ -234,3 +234,47 @@ async def test_trajectories_entered_in_concurrent_tasks_never_mix(gw: Gateway) -
     await asyncio.gather(run(first), run(second))
     assert [(await client.get_trajectory(t.id))["call_count"] for t in (first, second)] == [3, 3]
     await client.aclose()
+
+
+class Away:
+    """A gateway whose store is away for the first ``away`` requests: 503 with ``Retry-After``
+    (the gateway's own answer then), or without it where ``retry_after`` is None."""
+
+    def __init__(self, away: int, retry_after: str | None = "0") -> None:
+        self.away, self.retry_after, self.requests = away, retry_after, 0
+
+    async def __call__(self, scope: dict, receive, send) -> None:  # noqa: ANN001
+        if scope["type"] != "http":
+            return
+        self.requests += 1
+        if self.requests <= self.away:
+            status, body = 503, b'{"error": {"message": "the store is unavailable", "type": "api_error", "param": null, "code": "store_unavailable"}}'
+            headers = [(b"content-type", b"application/json")] + ([(b"retry-after", self.retry_after.encode())] if self.retry_after else [])
+        else:
+            status, body, headers = 200, b'{"id": "t1", "object": "trajectory"}', [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_503_with_retry_after_is_sent_again_as_it_says(asynchronous: bool) -> None:
+    """The store restarting for a moment: the SDK waits and sends again (up to five times);
+    past that, or a 503 that names no time, the error is the caller's."""
+    from tests.servers import ServerThread
+
+    def get(app: Away) -> object:
+        server = ServerThread(app).start()
+        try:
+            if asynchronous:
+                return asyncio.run(AsyncClient(server.url).get_trajectory("t1"))
+            return Client(server.url).get_trajectory("t1")
+        finally:
+            server.stop()
+
+    back = Away(away=3)
+    assert get(back) == {"id": "t1", "object": "trajectory"} and back.requests == 4
+    for away in (Away(away=100), Away(away=100, retry_after=None)):
+        with pytest.raises(BurnishError) as failed:
+            get(away)
+        assert (failed.value.status, failed.value.code) == (503, "store_unavailable")
+        assert away.requests == (6 if away.retry_after else 1)
