@@ -214,15 +214,16 @@ def stored_calls(database_url: str) -> dict[str, int]:
 
 
 class Writes:
-    """Every write path but calls, each tried once a second from its own thread while a fault
-    lasts: what each answered, as "<path> <status> <code>[ retry-after]". Against a trajectory
-    and a group recorded before the fault, and the policy ``agent``."""
+    """Every write path but calls, each tried once a second from its own thread, before, during
+    and after a fault: what each answered, as "<path> <status> <code>[ retry-after]". Against a
+    trajectory (rewards) and a group (close, RULER) recorded before, and the policy ``agent``."""
 
     PATHS = ("reward", "call reward", "group close", "ruler", "demonstrations", "admin patch", "admin pause")
 
     def __init__(self, url: str, trajectory: str, group: str) -> None:
         self.url, self.trajectory, self.group = url, trajectory, group
         self.outcomes: Counter[str] = Counter()
+        self.rewards = 0  # rewards acknowledged (200): each must be in the store, and no other
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -254,6 +255,7 @@ class Writes:
                     except httpx.HTTPError as exc:
                         self.outcomes[f"{path} no answer ({type(exc).__name__})"] += 1
                         continue
+                    self.rewards += path in ("reward", "call reward") and r.status_code == 200
                     code = ""
                     with contextlib.suppress(ValueError, KeyError, TypeError):
                         code = str(r.json()["error"]["code"]) if r.status_code >= 400 else ""
@@ -322,22 +324,22 @@ def database(work: Path, quick: bool) -> Row:
         gw = gateway(work / "data", upstream.url, url)
         try:
             trajectory, group = recorded_group(gw.url)
-            with Steady(gw.url, "db", rate=20) as load:
+            with Steady(gw.url, "db", rate=20) as load, Writes(gw.url, trajectory, group) as writes:
                 time.sleep(3)
                 ctl("restart")
                 restarted = time.monotonic()
                 row.figures["restart_back_s"] = load.back_after(restarted, 60) or -1
                 time.sleep(3)
                 ctl("stop")
-                with Writes(gw.url, trajectory, group) as writes:
-                    time.sleep(outage / 2)
-                    row.said.append(f"/health while stopped: {health(gw.url)}")
-                    time.sleep(outage / 2)
-                row.writes = dict(writes.outcomes)
+                time.sleep(outage / 2)
+                row.said.append(f"/health while stopped: {health(gw.url)}")
+                time.sleep(outage / 2)
                 ctl("start")
                 started = time.monotonic()
                 row.recovered_s = load.back_after(started, 60)
                 time.sleep(3)
+            row.writes = dict(writes.outcomes)
+            row.figures |= {"rewards_acknowledged": writes.rewards, "rewards_stored": stored_rewards(url, trajectory)}
             row.said += said(gw)
         finally:
             gw.stop()
@@ -372,7 +374,8 @@ def full_disk(work: Path, mb: int, after_s: float) -> Row:
             trajectory, group = recorded_group(gw.url)
             ballast = data / "ballast"
             watch = FileWatch(data / "burnish.db-wal")
-            with watch, Steady(gw.url, "disk", rate=50, body={**BODY, "messages": [{"role": "user", "content": "x" * 2000}]}) as load:
+            body = {**BODY, "messages": [{"role": "user", "content": "x" * 2000}]}
+            with watch, Steady(gw.url, "disk", rate=50, body=body) as load, Writes(gw.url, trajectory, group) as writes:
                 time.sleep(3)
                 fill(ballast)  # to the last byte, under the load
                 full_at = None
@@ -383,9 +386,7 @@ def full_disk(work: Path, mb: int, after_s: float) -> Row:
                         full_at = time.monotonic()
                 if full_at is None:
                     raise RuntimeError("the disk filled, but no call was refused")
-                with Writes(gw.url, trajectory, group) as writes:
-                    time.sleep(5)
-                row.writes = dict(writes.outcomes)
+                time.sleep(5)
                 row.said.append(f"/health while full: {health(gw.url)}")
                 row.said.append(f"burnish status while full: {status_line(gw.url)}")
                 row.said.append(f"dashboard while full: {banner(gw.url)}")
@@ -397,6 +398,8 @@ def full_disk(work: Path, mb: int, after_s: float) -> Row:
             back = freed + (row.recovered_s if row.recovered_s is not None else 0.0) + 1
             row.figures["refused_after_back"] = sum(1 for o in load.outcomes if o.sent >= back and not o.acknowledged)
             row.figures["wal_mb_max"] = watch.largest_mb
+            row.writes = dict(writes.outcomes)
+            row.figures |= {"rewards_acknowledged": writes.rewards, "rewards_stored": stored_rewards(url, trajectory)}
             row.said += said(gw)
         finally:
             gw.stop()
@@ -440,13 +443,24 @@ def fill(path: Path) -> None:
 
 
 def recorded_group(url: str) -> tuple[str, str]:
-    """A policy ``agent`` made, and one call recorded in an open group of it (two expected):
-    what the other write paths name during a fault."""
+    """A policy ``agent`` made; a call recorded in a trajectory of its own (for rewards) and one
+    in an open group (two expected, for its close and RULER): what the other write paths name."""
     r = httpx.post(f"{url}/admin/policies", json={"name": "agent", "base_model": "tiny"}, headers={"authorization": f"Bearer {ADMIN}"}, timeout=60)
     assert r.status_code == 201, r.text
-    r = httpx.post(f"{url}/g/wg/t/wt/v1/chat/completions", json={**BODY, "model": "agent"}, headers={"x-group-size": "2"}, timeout=60)
-    assert r.status_code == 200, r.text
-    return "wt", "wg"
+    for where, headers in (("/t/wr", {}), ("/g/wg/t/wt", {"x-group-size": "2"})):
+        r = httpx.post(f"{url}{where}/v1/chat/completions", json={**BODY, "model": "agent"}, headers=headers, timeout=60)
+        assert r.status_code == 200, r.text
+    return "wr", "wg"
+
+
+def stored_rewards(database_url: str, trajectory: str) -> int:
+    """Rewards (the trajectory's and its calls') the store holds for ``trajectory``."""
+    sql = f"SELECT count(*) FROM rewards WHERE trajectory_id LIKE '%{trajectory}'"
+    if database_url.startswith("sqlite"):
+        with sqlite3.connect(database_url.split("///", 1)[1]) as conn:
+            return int(conn.execute(sql).fetchone()[0])
+    out = subprocess.run(["psql", database_url.replace("+asyncpg", ""), "-At", "-c", sql], capture_output=True, text=True, check=True)
+    return int(out.stdout.strip())
 
 
 def soak(work: Path, quick: bool, seconds: float = SOAK_S) -> Row:
