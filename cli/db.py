@@ -274,8 +274,7 @@ async def prune_store(
 ) -> Any:
     """Prune one project of trajectories older than ``days``, in batches, each archived by
     ``writer`` before its deletion commits (None: a dry run). Returns the counts."""
-    from sqlalchemy.exc import OperationalError
-
+    from burnish_server.core.platform.errors import StoreUnavailable
     from burnish_server.core.platform.retention import cutoff
     from burnish_server.store import retention
 
@@ -303,9 +302,9 @@ async def prune_store(
             try:
                 done, _ = await database.transaction(retention.delete_batch, found.units, writer.write)
                 break
-            except OperationalError:
-                # A lock time-out, or a deadlock with another writer: this batch's transaction
-                # rolled back, nothing of it deleted. Read it again and retry.
+            except StoreUnavailable:
+                # A lock time-out, or a deadlock with another writer (store/database.py): this
+                # batch's transaction rolled back, nothing of it deleted. Read it again and retry.
                 if attempt == ATTEMPTS - 1:
                     raise
                 await asyncio.sleep(0.05 * 2**attempt)
@@ -319,12 +318,12 @@ async def prune_store(
 async def _retrying(database: Any, fn: Any, *args: Any) -> Any:
     """A restore's transaction, tried again after a lock time-out or a deadlock: it rolled back
     whole, and restoring is idempotent."""
-    from sqlalchemy.exc import OperationalError
+    from burnish_server.core.platform.errors import StoreUnavailable
 
     for attempt in range(ATTEMPTS):
         try:
             return await database.transaction(fn, *args)
-        except OperationalError:
+        except StoreUnavailable:
             if attempt == ATTEMPTS - 1:
                 raise
             await asyncio.sleep(0.05 * 2**attempt)

@@ -68,7 +68,7 @@ WAL_PAGES = 16384  # 64 MiB of 4 KiB pages
 # most WAL_SHARE of the room left (free space and its own file), so a checkpoint always has the
 # rest to copy its pages into the database file and the WAL starts over. A WAL that could reach
 # 64 MiB on a 64 MB file system grew until the disk was full, and after space was freed it filled
-# it again without ever completing a checkpoint (docs/operations.md, "Disk space").
+# it again without ever completing a checkpoint (docs/operations.md, "The data directory").
 WAL_SHARE = 4
 MIN_WAL_PAGES = 64  # 256 KiB: below this a checkpoint would run after nearly every commit
 # Any constant shared by every burnish process: concurrent migrators take turns on it.
@@ -121,7 +121,11 @@ class Room(msgspec.Struct, frozen=True):
     short: bool  # less free space than the WAL may need at its full limit
 
     def said(self) -> str:
-        return f"less free space than the store's WAL may need: {self.free_bytes / 1e6:.0f} MB free on the data directory's file system, where the WAL may take {WAL_PAGES * PAGE_BYTES >> 20} MiB"
+        full_size = WAL_PAGES * PAGE_BYTES
+        return (
+            f"less free space than the store's WAL may need: {self.free_bytes / 1e6:.0f} MB free on the data directory's file system, "
+            f"under the {WAL_SHARE * full_size >> 20} MiB its {full_size >> 20} MiB limit asks; the WAL is kept within {self.wal_limit_bytes / 2**20:.1f} MiB"
+        )
 
 
 class Database:
@@ -277,7 +281,7 @@ class Database:
         pages = room.wal_limit_bytes // PAGE_BYTES
         if (pages < WAL_PAGES) != (self.wal_pages < WAL_PAGES):
             if room.short:
-                log.warning("%s; checkpoints now keep the WAL within %d MiB", room.said(), room.wal_limit_bytes >> 20)
+                log.warning("%s", room.said())
             else:
                 log.warning(
                     "the store's file system has room again: %d MB free; the WAL's limit is back to %d MiB",
