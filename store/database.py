@@ -26,6 +26,7 @@ import errno
 import importlib.util
 import logging
 import os
+import socket
 import sqlite3
 import time
 from collections.abc import Callable
@@ -305,12 +306,11 @@ class Database:
     def _complete_checkpoint(self, conn: Connection) -> None:
         # On the writer thread, after its commit, while loop commits wait for it: no other
         # writer, so a PASSIVE checkpoint copies every page left and the next commit restarts the WAL.
-        # Short of room: TRUNCATE, which also gives the WAL file's space back to the file system
-        # (it waits for readers to finish, which only a store short of room pays for).
+        # Short of room too: the WAL file keeps its size, but the limit counts it as room (``room``),
+        # so it is reused from its start and never grows past the limit.
         driver = conn.connection.driver_connection
         assert driver is not None
-        mode = "TRUNCATE" if self.wal_pages < WAL_PAGES else "PASSIVE"
-        busy, pages, copied = driver.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+        busy, pages, copied = driver.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         if not busy and copied == pages:
             self.wal_due = False
 
@@ -375,12 +375,16 @@ CONNECTION_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONN
 def unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` says the store is away or out of room (retry later), not that what was
     asked of it is wrong (a bug: those stay what they are)."""
-    if isinstance(exc, StoreUnavailable | ConnectionError | TimeoutError | PoolTimeout | InterfaceError):  # no connection: refused, reset, timed out
+    if isinstance(
+        exc, StoreUnavailable | ConnectionError | TimeoutError | PoolTimeout | socket.gaierror
+    ):  # no connection: refused, reset, timed out, no such host
         return True
-    if isinstance(exc, OSError):  # a connection's failure by its number (asyncio's "Connect call failed" is a bare OSError)
-        return exc.errno in CONNECTION_ERRNOS
+    if isinstance(exc, OSError):  # by its number (asyncio's "Connect call failed" is a bare OSError), or several addresses' failures at once
+        return exc.errno in CONNECTION_ERRNOS or str(exc).startswith("Multiple exceptions")
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
+    if isinstance(exc, InterfaceError):  # the connection's state (closed under it), not a value it could not bind
+        return "connection" in str(exc).lower()
     for error in (exc, getattr(exc, "orig", None), exc.__cause__):
         code = getattr(error, "sqlite_errorcode", None)
         if isinstance(code, int):

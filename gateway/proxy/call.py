@@ -127,6 +127,7 @@ class Call:
         self.first_byte_ms: float | None = None
         self.http_status: int | None = None  # the upstream's answer's
         self.adjustments = UNADJUSTED  # what the gateway changed to serve it
+        self.recorded = False  # its record handed to the store (commit)
 
     @property
     def policy(self) -> Policy | None:
@@ -226,6 +227,7 @@ class Call:
         if not self.svc.settings.record:
             self.observe(record)
             return
+        self.recorded = True  # on its way: a client that leaves now must not get a second record (forward.left)
         try:
             await self.svc.writer.write(record, alone=self.svc.in_flight <= 1)
         except Exception as exc:

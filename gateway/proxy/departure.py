@@ -83,9 +83,10 @@ class Departure:
         self.waiting.calls.discard(self)
         if self.watcher is not None:
             self.watcher.cancel()
-        if self.gone and kind is not None and issubclass(kind, asyncio.CancelledError):
-            self.task.uncancel()
-            raise ClientGone("the client disconnected before the answer") from None
+        if self.gone:  # our cancellation taken back, whatever it became; another one (a shutdown) stands
+            others = self.task.uncancel()
+            if others == 0 and kind is not None and issubclass(kind, asyncio.CancelledError):
+                raise ClientGone("the client disconnected before the answer") from None
 
     async def _watch(self) -> None:
         while (await self.receive())["type"] != "http.disconnect":

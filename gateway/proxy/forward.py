@@ -29,7 +29,7 @@ from burnish_server.gateway.proxy import filing, window
 from burnish_server.gateway.proxy.call import Call, parse_head
 from burnish_server.gateway.proxy.departure import ClientGone, Departure
 from burnish_server.gateway.proxy.paths import is_eval_path
-from burnish_server.gateway.proxy.streaming import Relay, Relayed, RelayResponse
+from burnish_server.gateway.proxy.streaming import Relay, Relayed, RelayResponse, unheard
 from burnish_server.gateway.proxy.translation import translation
 from burnish_server.gateway.services import Services
 from burnish_server.gateway.upstream.client import is_stream
@@ -113,8 +113,8 @@ async def left(call: Call, response: UpstreamResponse | None, why: str) -> ASGIA
         with anyio.CancelScope(shield=True):
             await response.aclose()
     record = call.record(CLIENT_DISCONNECTED, None, error=why)
-    if call.svc.settings.record:
-        call.svc.writer.submit(record)
+    if call.svc.settings.record and not call.recorded:  # a refusal's record may be on its way already (window.refit)
+        call.svc.writer.submit(record).add_done_callback(unheard)
     call.observe(record, status=499)  # nginx's "client closed request"
     return _nothing
 

@@ -59,10 +59,16 @@ class Relay:
         if not self.recorded and self.call.svc.settings.record:
             # The client went away: record what arrived, without waiting on the commit.
             record = self.translation.record(CLIENT_DISCONNECTED, "the client disconnected before the end")
-            self.call.svc.writer.submit(record)
+            self.call.svc.writer.submit(record).add_done_callback(unheard)
             self.call.observe(record, status=499)  # nginx's "client closed request"
         with anyio.CancelScope(shield=True):
             await self.response.aclose()
+
+
+def unheard(future: asyncio.Future[object]) -> None:
+    """A record no one waits for: its failure (the store away) is the writer's to log, not asyncio's."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _raw_headers(headers: Mapping[str, str], length: int | None) -> list[tuple[bytes, bytes]]:

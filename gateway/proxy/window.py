@@ -94,8 +94,10 @@ async def _count(call: Call) -> int | None:
         response, _ = await upstream.send(
             "POST", "/tokenize", content=_encode(ask), headers=headers, sticky=call.filing.trajectory_id, model=call.route.upstream_model
         )
-        body = await response.aread()
-        await response.aclose()
+        try:
+            body = await response.aread()
+        finally:  # a read broken off, or the call cancelled (its client gone): the connection given back all the same
+            await response.aclose()
     except UpstreamError:
         return None
     counted = json_or_none(body)

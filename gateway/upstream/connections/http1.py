@@ -481,7 +481,7 @@ class Pool:
                 _, conn = await loop.create_connection(Connection, host, port, ssl=tls)
         except TimeoutError as exc:  # ours, or the kernel's (ETIMEDOUT)
             raise UpstreamConnectError(f"could not connect within {self.connect_timeout:g} s" if self.connect_timeout else "connecting timed out") from exc
-        except ssl.SSLError as exc:  # something answered, but not as the TLS settings expect: no retry will help
+        except ssl.SSLError as exc:  # something answered, but not as the TLS settings expect: 502, not "down"
             raise UpstreamProtocolError(f"the TLS handshake with the upstream failed: {exc.reason or exc}") from exc
         except OSError as exc:  # refused, unreachable, a name that does not resolve
             raise UpstreamConnectError(exc.strerror or str(exc) or type(exc).__name__) from exc
