@@ -13,6 +13,7 @@ that were once a builtin's (``ValueError``, ``RuntimeError``) keep it as a secon
 
     BurnishError
     ├── Invalid 400            the input itself is wrong (an id, a body, a setting)
+    │   └── ClientGone             the client left while its call waited on the upstream (gateway/proxy/departure.py)
     ├── Unauthorized 401       no key, or one that is unknown, revoked or expired
     ├── Forbidden 403          the key lacks the route's scope
     ├── NotFound 404           the thing named does not exist

@@ -28,12 +28,17 @@ from types import TracebackType
 
 from litestar.types import Receive
 
+from burnish_server.core.platform.errors import Invalid
+
 # How often the calls waiting on the upstream are looked at (see above).
 WATCH_EVERY_S = 0.2
 
 
-class ClientGone(Exception):
-    """The client disconnected while the gateway waited on the upstream."""
+class ClientGone(Invalid):
+    """The client disconnected while the gateway waited on the upstream (answered to no one: the
+    call is recorded ``client_disconnected``, as a body the client left half-sent is refused)."""
+
+    default_code = "client_disconnected"
 
 
 class Waiting:
