@@ -22,6 +22,7 @@ instead of failing on a read-then-write upgrade.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import importlib.util
 import logging
@@ -195,8 +196,7 @@ class Database:
         ``StoreUnavailable`` if the store is away or full (nothing committed)."""
         try:
             if isinstance(self.writer, AsyncEngine):
-                async with self.writer.begin() as conn:
-                    return await conn.run_sync(fn, *args)
+                return await _committed(self.writer, fn, args)
             loop = asyncio.get_running_loop()
             result = await loop.run_in_executor(self._write_thread, self._sync_transaction, fn, args)
         except Exception as exc:
@@ -409,6 +409,33 @@ def unavailable_error(exc: BaseException) -> StoreUnavailable:
     if full(exc):
         return StoreUnavailable("the store's disk is full: nothing was changed; retry once space is freed", "store_full")
     return StoreUnavailable("the store is unavailable (the database did not answer): nothing was changed; retry shortly")
+
+
+class CommitUnknown(StoreUnavailable):
+    """The connection was lost while the database committed: the transaction may have committed
+    or not, and nothing here can tell. Answered like any ``StoreUnavailable``, but never sent
+    again by the writer, which could store its records twice (``store/writer.py``). SQLite never
+    raises it: its commit is all or nothing, on this machine."""
+
+
+async def _committed(engine: AsyncEngine, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    """PostgreSQL: ``fn`` in a transaction, committed; a commit whose answer was lost with the
+    connection is ``CommitUnknown``."""
+    async with engine.connect() as conn:
+        transaction = await conn.begin()
+        try:
+            result = await conn.run_sync(fn, *args)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the connection may be gone already: rolled back with it
+                await transaction.rollback()
+            raise
+        try:
+            await transaction.commit()
+        except Exception as exc:
+            if unavailable(exc):
+                raise CommitUnknown("the store went away while it committed: the change may or may not have been made; retry shortly") from exc
+            raise
+        return result
 
 
 def _on_driver(driver: sqlite3.Connection, sql: str) -> None:

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from sqlalchemy.exc import OperationalError
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from burnish_server.core.platform.errors import BurnishError, StoreUnavailable
 from burnish_server.core.protocols.records import CallRecord
-from burnish_server.store.database import Database, full
+from burnish_server.store.database import CommitUnknown, Database, full
 from burnish_server.store.writes import insert_calls
 
 log = logging.getLogger("burnish.store")
@@ -171,11 +171,13 @@ class Writer:
                 pass  # the lock is held (the trainer, a migration): the writer thread waits for it
         try:  # the common case, without tenacity's bookkeeping (~0.1 ms a commit)
             return await self.db.transaction(_apply, items)
+        except CommitUnknown:
+            raise  # it may have committed: sent again, its records could be stored twice
         except StoreUnavailable:
             pass
         # Connection drops, deadlocks and lock time-outs are worth another few tries.
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(StoreUnavailable),
+            retry=retry_if_exception(lambda exc: isinstance(exc, StoreUnavailable) and not isinstance(exc, CommitUnknown)),
             stop=stop_after_attempt(self.attempts - 1),
             wait=wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.05),
             reraise=True,

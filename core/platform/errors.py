@@ -24,7 +24,8 @@ that were once a builtin's (``ValueError``, ``RuntimeError``) keep it as a secon
     │   ├── UnreadableCall         a recorded call that cannot be read as a conversation (core/protocols/conversation.py)
     │   └── ExportError            an adapter or base that cannot be exported (trainer/export.py)
     ├── StoreUnavailable 503   the store is away or full: nothing was changed; Retry-After
-    │   └── NotRecorded 503        a call it could not take, so the call was not completed
+    │   ├── NotRecorded 503        a call it could not take, so the call was not completed
+    │   └── CommitUnknown 503      the connection lost as it committed: changed or not (store/database.py)
     ├── StatusFailed, SftFailed  a CLI command's gateway call (cli/status.py, cli/sft.py)
     └── Unavailable 502        a service the operation needs did not answer (a judge)
         ├── RulerFailed        no verdict from RULER's judge (gateway/groups/ruler.py)
