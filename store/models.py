@@ -278,6 +278,8 @@ class PolicyRow(Base):
     candidate_tested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # POST /admin/policies/{name}/train: train on what is ready, even short of groups_per_step.
     train_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Its lone attempts that expired unrewarded (store/writes.py: close_idle_groups), counted as they expire.
+    lone_expired: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # The last failure to load a version into vLLM; cleared when one loads.
     load_error: Mapped[str | None] = mapped_column(Text)
     load_error_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -313,6 +315,21 @@ class StepRow(Base):
     decision: Mapped[str | None] = mapped_column(String(16))
     decided_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     decisions: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+
+
+class LoneBaseline(Base):
+    """A policy's running statistics of its lone attempts' rewards, per kind of request
+    (``core.learning.lone.Baseline`` is its typed view): moved by each step that trained them."""
+
+    __tablename__ = "lone_baselines"
+
+    policy: Mapped[str] = mapped_column(String(128), primary_key=True)
+    # core/learning/lone.py: kind_of, a digest of the system prompt and the tools offered.
+    kind: Mapped[str] = mapped_column(String(32), primary_key=True)
+    count: Mapped[int] = mapped_column(Integer)
+    mean: Mapped[float] = mapped_column(Float)
+    variance: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class RulerVerdict(Base):

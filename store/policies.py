@@ -18,7 +18,7 @@ import msgspec
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.api.views import CandidateView, PolicyView, ReplicaView, StepView
+from burnish_server.core.api.views import CandidateView, LoneView, PolicyView, ReplicaView, StepView
 from burnish_server.core.learning.health import RecentGroups, health
 from burnish_server.core.learning.policies import (
     LoraSettings,
@@ -214,7 +214,8 @@ def recent_groups(conn: Connection, policy: str, last: int = RECENT_GROUPS) -> R
     ).all()
     rewarded = [r for r in rows if r.size == r.rewarded]
     tied = [r.low for r in rewarded if r.low == r.high and not r[4] and r.size > 1]
-    objective = training_rules(conn, policy).objective
+    rules = training_rules(conn, policy)
+    objective = rules.objective
     if not objective.needs_rewards:  # a policy that distills trains on every closed group
         return RecentGroups(groups=len(rows), tied=0)
     if not objective.needs_spread:  # with SFT, a tie trains too
@@ -224,7 +225,7 @@ def recent_groups(conn: Connection, policy: str, last: int = RECENT_GROUPS) -> R
         tied=len(tied),
         tied_reward=sum(tied) / len(tied) if tied else None,
         unrewarded=len(rows) - len(rewarded),
-        lone=sum(1 for r in rewarded if r.size == 1 and not r[4]) if objective.needs_spread else 0,
+        lone=sum(1 for r in rewarded if r.size == 1 and not r[4]) if objective.needs_spread and not rules.lone else 0,
     )
 
 
@@ -252,6 +253,7 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
     history = [StepMetrics.read(m) for m in conn.execute(select(StepRow.metrics).where(StepRow.policy == name).order_by(StepRow.step)).scalars()]
     # Held-out groups apart: they never wait for training, whatever their state.
     counted = groups.counts(conn, name)
+    lone = groups.lone_counts(conn, name)
     return PolicyView(
         name=policy.name,
         base_model=policy.base_model,
@@ -276,6 +278,7 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
         groups_trained=sum(m.groups for m in history),
         groups_closed=counted.closed,
         groups_eval=counted.eval,
+        lone=LoneView(waiting=lone.waiting, ready=lone.ready, trained=sum(m.lone for m in history), expired=row.lone_expired or 0),
         last_step=last[0] if last else None,
         eval=eval_scores(conn, name, policy.step, every_version=False),
         splits=split_totals(history),

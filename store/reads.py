@@ -22,7 +22,7 @@ from burnish_server.core.api.listing import Filters, Keyset
 from burnish_server.core.api.views import CallTokensView, CallView, GroupView, RewardView, TrajectoryPage, TrajectoryView
 from burnish_server.core.learning.continuity import Continuity
 from burnish_server.core.learning.drift import split_reason
-from burnish_server.core.learning.groups import GroupState, cannot_train, group_state
+from burnish_server.core.learning.groups import EXPIRED, GroupState, cannot_train, group_state
 from burnish_server.core.learning.policies import Objective
 from burnish_server.core.platform.access import local, local_optional
 from burnish_server.core.protocols.records import DEMONSTRATION, OK, Adjustments, CallTokens, unpack_tokens
@@ -30,7 +30,7 @@ from burnish_server.store import listing
 from burnish_server.store.calls import to_record
 from burnish_server.store.listing import narrowed
 from burnish_server.store.models import Call, Group, Reward, Trajectory, iso
-from burnish_server.store.training import credited, training_rules
+from burnish_server.store.training import Training, credited, training_rules
 
 EXPORT_PAGE = 256  # trajectories per query while exporting
 _encode = msgspec.json.Encoder().encode
@@ -159,7 +159,7 @@ def get_group(conn: Connection, group_id: str) -> GroupView | None:
     if state == GroupState.CLOSED:
         rewards = [m.reward for m in members if m.reward is not None]
         is_credited = bool(conn.execute(select(credited(literal(group_id)))).scalar())
-        objective = training_rules(conn, row.policy).objective if row.policy is not None else Objective()
+        rules = training_rules(conn, row.policy) if row.policy is not None else Training(None, Objective())
         why = cannot_train(
             size=len(members),
             rewarded=len(rewards),
@@ -167,8 +167,10 @@ def get_group(conn: Connection, group_id: str) -> GroupView | None:
             high=max(rewards, default=None),
             credited=is_credited,
             held_out=held_out,
-            objective=objective,
+            objective=rules.objective,
             demonstration=row.close_reason == DEMONSTRATION,
+            lone=rules.lone,
+            expired=row.close_reason == EXPIRED,
         )
     return GroupView(
         id=local(row.id),

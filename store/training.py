@@ -27,7 +27,7 @@ from sqlalchemy import ColumnElement, Select, and_, case, exists, func, or_, sel
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import InstrumentedAttribute, aliased
 
-from burnish_server.core.learning.groups import Lack, tolerated
+from burnish_server.core.learning.groups import EXPIRED, Lack, tolerated
 from burnish_server.core.learning.policies import Objective, TrainSettings
 from burnish_server.core.platform.clock import utcnow
 from burnish_server.core.platform.settings import Settings
@@ -92,6 +92,8 @@ class Training(NamedTuple):
 
     projects: list[str] | None  # the projects whose groups may: its own and those it is shared with; None: every project's
     objective: Objective  # whether a group needs rewards, and rewards that differ
+    lone: bool = True  # whether a lone attempt trains (TrainSettings.lone_baseline)
+    lone_per_group: int = TrainSettings().lone_per_group  # lone attempts that weigh as one group in a step
 
 
 def training_rules(conn: Connection, policy: str) -> Training:
@@ -99,21 +101,23 @@ def training_rules(conn: Connection, policy: str) -> Training:
     row = conn.execute(select(PolicyRow.project, PolicyRow.shared_with, PolicyRow.train).where(PolicyRow.name == policy)).one_or_none()
     if row is None:
         return Training(None, Objective())
-    weights = msgspec.convert(row.train or {}, TrainSettings).weights
-    return Training(None if row.project is None else [row.project, *(row.shared_with or ())], weights)
+    train = msgspec.convert(row.train or {}, TrainSettings)
+    projects = None if row.project is None else [row.project, *(row.shared_with or ())]
+    return Training(projects, train.weights, train.lone_baseline is not None, train.lone_per_group)
 
 
 def lacks(group_id: ColumnElement[str] | InstrumentedAttribute[str]) -> Any:
     """What the group ``group_id`` names lacks to train (core/learning/groups.py: Lack), worked out from
     its members (``ix_trajectories_group_members``) and their calls' rewards: a scalar subquery
     correlated with the group. The worst lack wins: a held-out member, then a missing reward,
-    then a tie with no call's own reward."""
+    then a tie with no call's own reward; a lone member, rewarded, lacks only peers."""
     return (
         select(
             case(
                 (func.max(case((Trajectory.eval, 1), else_=0)) == 1, Lack.HELD_OUT.value),
                 (func.count(Trajectory.reward) < func.count(), Lack.REWARDS.value),
                 (or_(func.max(Trajectory.reward) > func.min(Trajectory.reward), credited(group_id)), Lack.NOTHING.value),
+                (func.count() == 1, Lack.PEERS.value),
                 else_=Lack.SPREAD.value,
             )
         )
@@ -130,8 +134,10 @@ def settle(conn: Connection, ids: list[str]) -> None:
     every member that joined before, and none can join until it commits."""
     if ids:
         # A group marked held out on its row is held out, whatever its members say (a marked
-        # call may name a group its trajectory never joined: the first group seen stays).
-        conn.execute(update(Group).where(Group.id.in_(ids)).values(lacks=case((Group.eval, int(Lack.HELD_OUT)), else_=lacks(Group.id))))
+        # call may name a group its trajectory never joined: the first group seen stays). A lone
+        # attempt that expired lacks its reward for good: one posted since is kept, not trained.
+        lack = case((Group.eval, int(Lack.HELD_OUT)), (Group.close_reason == EXPIRED, int(Lack.REWARDS)), else_=lacks(Group.id))
+        conn.execute(update(Group).where(Group.id.in_(ids)).values(lacks=lack))
 
 
 def settle_waiting(conn: Connection, policy: str) -> None:
@@ -164,7 +170,7 @@ def ready_groups(
     after they closed), each worked out from its members (``lacks``) until the trainer's next
     claim settles it (``settle_waiting``)."""
     lack: Any = Group.lacks if settled else lacks(Group.id)
-    tolerance = int(tolerated(rules.objective))
+    tolerance = int(tolerated(rules.objective, rules.lone))
     # On GRPO alone (the default), one value of the index: its entries come oldest closed first.
     fits = lack == tolerance if tolerance == Lack.NOTHING else lack <= tolerance
     # Posted demonstrations (core/learning/demonstrations.py) train SFT alone, and need no reward.
@@ -173,7 +179,7 @@ def ready_groups(
     if rules.objective.sft > 0:
         kind = or_(kind, and_(Group.close_reason == DEMONSTRATION, lack < int(Lack.HELD_OUT)))
     return (
-        select(Group.id)
+        select(Group.id, Group.expected_size)
         .where(
             *waiting(policy),
             Group.lacks.is_not(None) if settled else Group.lacks.is_(None),
@@ -195,7 +201,9 @@ def count_ready(conn: Connection, policy: str, lease_s: float = DEFAULT_LEASE_S)
 
 
 def claim_groups(conn: Connection, policy: str, worker: str, count: int, lease_s: float = DEFAULT_LEASE_S, minimum: int | None = None) -> list[str]:
-    """Claim up to ``count`` ready groups for ``worker``; none if fewer than ``minimum`` (default: count) are ready.
+    """Claim up to ``count`` ready groups' worth for ``worker``; none if fewer than ``minimum``
+    (default: count; 0: whatever is ready) are ready. A lone attempt (a group of size 1) weighs 1 / ``lone_per_group``
+    of a group (TrainSettings), so a step of lone traffic trains ``count x lone_per_group`` of them.
 
     One trainer at a time trains a policy (each step builds on the last): while another
     worker holds a live claim on the policy's groups, this one gets none. The policy's row
@@ -206,9 +214,16 @@ def claim_groups(conn: Connection, policy: str, worker: str, count: int, lease_s
     if other_trainer_busy(conn, policy, worker, lease_s):
         return []
     settle_waiting(conn, policy)  # those a writer holds stay unsettled, and wait for the next poll
-    query = ready_groups(policy, now=now, lease_s=lease_s, rules=training_rules(conn, policy)).limit(count).with_for_update(skip_locked=True, of=Group)
-    ids = list(conn.execute(query).scalars())
-    if not ids or len(ids) < (count if minimum is None else minimum):
+    rules = training_rules(conn, policy)
+    query = ready_groups(policy, now=now, lease_s=lease_s, rules=rules).limit(count * rules.lone_per_group).with_for_update(skip_locked=True, of=Group)
+    # Worth counted in lone attempts: a group is lone_per_group of them.
+    ids, worth, per_group = [], 0, rules.lone_per_group
+    for group_id, size in conn.execute(query):
+        if worth >= count * per_group:
+            break
+        ids.append(group_id)
+        worth += 1 if size == 1 else per_group
+    if not ids or worth < (count if minimum is None else minimum) * per_group:
         return []
     conn.execute(update(Group).where(Group.id.in_(ids)).values(claimed_by=worker, claimed_at=now))
     return ids

@@ -14,13 +14,14 @@ meanwhile (a rollback, another decision) writes nothing, and what came first sta
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
+from burnish_server.core.learning.lone import Baseline
 from burnish_server.core.learning.policies import Policy
 from burnish_server.core.learning.promotion import (
     Comparison,
@@ -40,6 +41,7 @@ from burnish_server.core.learning.promotion import (
 from burnish_server.core.learning.steps import StepMetrics
 from burnish_server.core.platform.clock import utcnow
 from burnish_server.core.platform.errors import Conflict, NotFound
+from burnish_server.store.baselines import keep_baselines
 from burnish_server.store.models import PolicyRow, StepRow
 from burnish_server.store.promotion import evidence
 from burnish_server.store.training import complete_groups
@@ -85,10 +87,22 @@ def _published(conn: Connection, name: str, step: int, seconds: float | None) ->
 # ---- the trainer's side -------------------------------------------------------------
 
 
-def record_step(conn: Connection, name: str, step: int, parent: int, groups: list[str], worker: str, metrics: StepMetrics, checkpoint: str) -> bool:
-    """The commit point of a step: its groups are trained, its row exists, and it becomes the
-    head (``recorded``). Returns whether it became the head."""
+def record_step(
+    conn: Connection,
+    name: str,
+    step: int,
+    parent: int,
+    groups: list[str],
+    worker: str,
+    metrics: StepMetrics,
+    checkpoint: str,
+    baselines: Mapping[str, Baseline] | None = None,
+) -> bool:
+    """The commit point of a step: its groups are trained, its row exists, its lone attempts'
+    baselines are moved (store/baselines.py), and it becomes the head (``recorded``). Returns
+    whether it became the head."""
     complete_groups(conn, groups, worker, step)
+    keep_baselines(conn, name, baselines or {})
     metrics = msgspec.structs.replace(metrics, groups=len(groups))  # what the status counts as trained
     conn.execute(
         insert(StepRow).values(

@@ -17,18 +17,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, exists, false, func, insert, null, or_, select, update
+from sqlalchemy import and_, bindparam, case, exists, false, func, insert, null, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.learning.groups import Lack
+from burnish_server.core.learning.groups import EXPIRED, Lack
 from burnish_server.core.platform.access import local, project_of
 from burnish_server.core.platform.clock import utcnow
 from burnish_server.core.platform.errors import Conflict, NotFound
 from burnish_server.core.protocols.records import DEMONSTRATION, CallRecord
 from burnish_server.store import evals
 from burnish_server.store.calls import CALL_COLUMNS, to_row
-from burnish_server.store.models import Call, Group, Reward, Trajectory
+from burnish_server.store.models import Call, Group, PolicyRow, Reward, Trajectory
 from burnish_server.store.training import settle
 
 
@@ -208,7 +208,9 @@ class PostReward:
         # The group's row locked: concurrent rewards of one group take turns, so the last of
         # them sees all the others and closes the group.
         group_id, group = _rewarded(conn, self.trajectory_id)
-        if group is not None:
+        # A lone attempt whose reward came too late: kept, as every reward is, never trained on.
+        expired = group is not None and group.close_reason == EXPIRED
+        if group is not None and not expired:
             if group.closed_at is not None:
                 raise Conflict(
                     f"group {local(group.id)!r} is closed{_why_closed(group.close_reason)}; its rewards can no longer change", "group_closed", "trajectory_id"
@@ -226,7 +228,7 @@ class PostReward:
             insert(Reward).values(trajectory_id=self.trajectory_id, reward=self.reward, components=self.components, source=self.source, created_at=now)
         )
         closed = False
-        if group is not None and group.expected_size is not None:
+        if group is not None and group.expected_size is not None and not expired:
             rewarded = conn.execute(
                 select(func.count()).select_from(Trajectory).where(Trajectory.group_id == group_id, Trajectory.reward.is_not(None))
             ).scalar_one()
@@ -234,7 +236,7 @@ class PostReward:
                 conn.execute(update(Group).where(Group.id == group_id).values(closed_at=now, close_reason="complete"))
                 settle(conn, [group.id])
                 closed = True
-        return {"group_id": group_id, "group_closed": closed}
+        return {"group_id": group_id, "group_closed": closed, "expired": expired}
 
 
 @dataclass(slots=True)
@@ -276,7 +278,9 @@ def close_idle_groups(conn: Connection, idle_s: Mapping[str, float], now: dateti
     """Close the open groups of each policy in ``idle_s`` (policy: seconds) that have seen no
     member's call and no reward for that long; return their ids. Run every few seconds by
     each gateway (gateway/groups/idle.py): closing an open group twice is harmless, and a
-    group another gateway is closing is skipped (``SKIP LOCKED``)."""
+    group another gateway is closing is skipped (``SKIP LOCKED``). A lone attempt (a group of
+    size 1) closed so without its reward has *expired* (close_reason "expired"): it never
+    trains, and its policy's count of them (``PolicyRow.lone_expired``) grows by one."""
     now = now or utcnow()
     closed: list[str] = []
     for policy, seconds in sorted(idle_s.items()):
@@ -293,7 +297,12 @@ def close_idle_groups(conn: Connection, idle_s: Mapping[str, float], now: dateti
             ).scalars()
         )
         if ids:
-            conn.execute(update(Group).where(Group.id.in_(ids), Group.closed_at.is_(None)).values(closed_at=now, close_reason="idle"))
+            unrewarded = ~exists().where(Trajectory.group_id == Group.id, Trajectory.reward.is_not(None))
+            reason = case((and_(Group.expected_size == 1, unrewarded), EXPIRED), else_="idle")
+            conn.execute(update(Group).where(Group.id.in_(ids), Group.closed_at.is_(None)).values(closed_at=now, close_reason=reason))
+            expired = conn.execute(select(func.count()).where(Group.id.in_(ids), Group.close_reason == EXPIRED)).scalar_one()
+            if expired:
+                conn.execute(update(PolicyRow).where(PolicyRow.name == policy).values(lone_expired=PolicyRow.lone_expired + expired))
             settle(conn, ids)
             closed += ids
     return closed

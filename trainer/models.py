@@ -53,6 +53,7 @@ class Train(msgspec.Struct, frozen=True):
     policy: Policy
     rows: list[TrainingCall]
     step: int
+    lone: dict[str, float] | None = None  # each lone attempt's advantage (trainer/sequences.py: training_batch)
 
 
 class Forget(msgspec.Struct, frozen=True):
@@ -93,10 +94,11 @@ class Models:
 
     # ---- rank 0's calls, each said to the other ranks first ----------------------------------
 
-    def step(self, policy: Policy, rows: list[TrainingCall], step: int) -> StepMetrics:
-        """One GRPO step from ``policy.head``, saved as checkpoint ``step``. Returns its metrics."""
-        self.say(Train(policy, rows, step))
-        return self.train(policy, rows, step)
+    def step(self, policy: Policy, rows: list[TrainingCall], step: int, lone: dict[str, float] | None = None) -> StepMetrics:
+        """One GRPO step from ``policy.head``, saved as checkpoint ``step``, with ``lone``: each lone
+        attempt's advantage, by trajectory. Returns its metrics."""
+        self.say(Train(policy, rows, step, lone))
+        return self.train(policy, rows, step, lone)
 
     def forget(self, policy: str) -> None:
         self.say(Forget(policy))
@@ -133,8 +135,8 @@ class Models:
         while True:
             command: Command = self.ranks.broadcast()
             match command:
-                case Train(policy, rows, step):
-                    self.train(policy, rows, step)
+                case Train(policy, rows, step, lone):
+                    self.train(policy, rows, step, lone)
                 case Forget(name):
                     self.drop(name)
                 case Stop():
@@ -172,7 +174,7 @@ class Models:
         if not model.base.adapters:
             self.bases.pop(model.base.path, None)
 
-    def train(self, policy: Policy, rows: list[TrainingCall], step: int) -> StepMetrics:
+    def train(self, policy: Policy, rows: list[TrainingCall], step: int, lone: dict[str, float] | None = None) -> StepMetrics:
         t0 = time.perf_counter()
         model = self.model(policy)
         t1 = time.perf_counter()
@@ -180,7 +182,7 @@ class Models:
         template = served_template(Path(policy.model_path or policy.base_model))  # vLLM's, where burnish chose it
         prompts = ContextTeacher(model.tokenizer, teacher, template).prompt if teacher is not None and policy.train.weights.distill > 0 else None
         shown = Demonstrations(model.tokenizer, template).sequence if policy.train.weights.sft > 0 else None
-        batch = training_batch(rows, policy.train, head=policy.head, teacher_prompt=prompts, demonstration=shown)
+        batch = training_batch(rows, policy.train, head=policy.head, teacher_prompt=prompts, demonstration=shown, lone=lone)
         t2 = time.perf_counter()
         served = 0
         if prompts is not None and teacher is not None and teacher.model is not None:
@@ -209,6 +211,7 @@ class Models:
         metrics.untokenized_calls, metrics.stale_calls, metrics.call_rewards = batch.untokenized, batch.stale, batch.call_rewards
         metrics.sequence_splits = batch.splits
         metrics.teacher_unrendered_calls = batch.unrendered
+        metrics.lone = batch.lone
         metrics.count_splits(batch.split_reasons)  # why each split happened (core/learning/drift.py)
         metrics.ranks = self.ranks.world
         ages = batch.staleness or [0]

@@ -3,6 +3,7 @@
     recorded call ──(its prompt and completion ids, as vLLM returned them)──▶ SampledCall
     a trajectory's SampledCalls ──(merged where each prompt extends the last)──▶ Sequences
     a group's rewards ──(group-relative advantages, trainer/grpo.py)──▶ (Sequence, advantage) pairs
+    a lone attempt's reward ──(against its kind's baseline, core/learning/lone.py)──▶ its advantage, given
     rewards posted for single calls ──(turn_credits, core/learning/credit.py)──▶ each token's credit, in its Sequence
 
 A call trains only on the ids the policy actually saw and sampled. A call recorded without
@@ -36,7 +37,7 @@ renormalised over what the grammar allowed (docs/trainer.md, "The ratio under a 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +45,7 @@ import torch
 from burnish_server.core.learning.continuity import Continuity
 from burnish_server.core.learning.credit import trained_mask, turn_credits
 from burnish_server.core.learning.drift import split_reason
+from burnish_server.core.learning.lone import Attempt, kind_of
 from burnish_server.core.learning.policies import TrainSettings
 from burnish_server.core.protocols.grammar import held
 from burnish_server.core.protocols.records import DEMONSTRATION, CallRecord
@@ -205,6 +207,26 @@ class Batch:
     call_rewards: int = 0  # calls that carried a reward of their own (credit per turn)
     split_reasons: dict[str, int] = field(default_factory=dict)  # core/learning/drift.py: why each split happened
     unrendered: int = 0  # calls the teacher could not be shown faithfully: not distilled
+    lone: int = 0  # lone attempts trained, each against its kind's baseline
+
+
+def lone_attempts(rows: list[TrainingCall]) -> dict[str, Attempt]:
+    """The lone attempts among the claimed groups' calls (a group of one trajectory, rewarded;
+    posted demonstrations apart), by trajectory: each one's kind of request (its first call's,
+    core/learning/lone.py: kind_of) and its reward."""
+    members: dict[str, set[str]] = {}
+    first: dict[str, TrainingCall] = {}
+    for row in rows:
+        members.setdefault(row.group_id, set()).add(row.trajectory_id)
+        first.setdefault(row.trajectory_id, row)
+    out = {}
+    for ids in members.values():
+        if len(ids) != 1:
+            continue
+        row = first[next(iter(ids))]
+        if row.reward is not None and row.call.status != DEMONSTRATION:
+            out[row.trajectory_id] = Attempt(kind_of(row.call), row.reward)
+    return out
 
 
 def training_batch(
@@ -213,12 +235,15 @@ def training_batch(
     head: int = 0,
     teacher_prompt: TeacherPrompt | None = None,
     demonstration: Callable[[CallRecord], Sequence | None] | None = None,
+    lone: Mapping[str, float] | None = None,
 ) -> Batch:
     """The claimed groups' calls -> (sequence, advantage) pairs, advantages relative within each
     group, plus each call's credit per turn on its tokens. ``head``: the step the batch trains
     from (staleness is measured against it). Each sequence says which objectives train on it
     (``Sequence.grpo``, ``imitate``); with ``teacher_prompt``, each call gets its teacher's prompt;
-    a posted demonstration becomes the sequence ``demonstration`` renders (trainer/demonstrations.py)."""
+    a posted demonstration becomes the sequence ``demonstration`` renders (trainer/demonstrations.py).
+    ``lone``: the advantage of each lone attempt, by trajectory (core/learning/lone.py), taken
+    in place of its group's (a group of one has none)."""
     weights = settings.weights
     by_trajectory: dict[str, dict[str, list[TrainingCall]]] = {}
     rewards: dict[str, float | None] = {}
@@ -228,7 +253,7 @@ def training_batch(
     trajectories: dict[str, dict[str, list[SampledCall]]] = {}
     records: dict[str, list[CallRecord]] = {}  # per trajectory, the records of its calls in ``trajectories``
     credited: set[str] = set()  # groups with a call's own reward that is not 0
-    untokenized = splits = stale = unrendered = 0
+    untokenized = splits = stale = unrendered = lone_trained = 0
     staleness: list[int] = []
     items: list[tuple[Sequence, float]] = []
     for group_id, group_rows in by_trajectory.items():
@@ -267,13 +292,19 @@ def training_batch(
         scores = [rewards[t] for t in names]
         rewarded = [r for r in scores if r is not None]
         complete = len(rewarded) == len(scores)  # a group that only distills may have no rewards
-        if complete:
+        alone = lone is not None and len(names) == 1 and names[0] in lone
+        if alone:
+            advantages = [lone[names[0]]]  # type: ignore[index]  # alone: lone is given
+        elif complete:
             advantages = group_advantages(torch.tensor(rewarded), scale=settings.scale_advantages, eps=settings.advantage_eps).tolist()
         else:
             advantages = [0.0] * len(names)
         # GRPO learns from a group whose rewards differ, or a call's own reward; a tie is left
-        # out of its term (it would only dilute it), as it is left out of readiness.
-        grpo = weights.grpo > 0 and complete and (max(rewarded) > min(rewarded) or group_id in credited)
+        # out of its term (it would only dilute it), as it is left out of readiness. A lone
+        # attempt learns from how its reward differs from its kind's baseline.
+        differ = advantages[0] != 0 if alone else complete and max(rewarded) > min(rewarded)
+        grpo = weights.grpo > 0 and complete and (differ or group_id in credited)
+        lone_trained += alone and grpo
         best = max(rewarded) if complete else None
         for name, advantage, reward in zip(names, advantages, scores):
             merged = build_sequences(group[name])
@@ -295,4 +326,5 @@ def training_batch(
         call_rewards=posted,
         split_reasons=dict(reasons),
         unrendered=unrendered,
+        lone=lone_trained,
     )

@@ -18,9 +18,11 @@ import asyncio
 import logging
 import time
 
+from burnish_server.core.learning.lone import lone_advantages, moved_baselines
 from burnish_server.core.learning.policies import Policy
 from burnish_server.core.platform.clock import utcnow
 from burnish_server.core.platform.settings import Settings
+from burnish_server.store.baselines import read_baselines
 from burnish_server.store.database import Database
 from burnish_server.store.policies import clear_training_request, get_policy, last_step, load_policies
 from burnish_server.store.training import claim_groups, group_calls, other_trainer_busy, release_groups
@@ -28,6 +30,7 @@ from burnish_server.store.versions import record_step
 from burnish_server.telemetry.watchers import Step
 from burnish_server.trainer.checkpoints import Checkpoints
 from burnish_server.trainer.models import Models
+from burnish_server.trainer.sequences import lone_attempts
 
 log = logging.getLogger("burnish.trainer")
 
@@ -42,7 +45,7 @@ class Stepper:
         t0 = time.perf_counter()
         requested = policy.train_requested_at is not None
         count = policy.train.groups_per_step
-        ids = await self.db.transaction(claim_groups, policy.name, self.worker_id, count, self.settings.trainer_lease, 1 if requested else count)
+        ids = await self.db.transaction(claim_groups, policy.name, self.worker_id, count, self.settings.trainer_lease, 0 if requested else count)
         if not ids:
             if requested:  # asked for, but the groups went to another trainer
                 await self.db.transaction(clear_training_request, policy.name)
@@ -54,12 +57,18 @@ class Stepper:
             policy = await self.db.read(get_policy, policy.name)
             rows = await self.db.read(group_calls, ids)
             step = 1 + await self.db.read(last_step, policy.name)
-            log.info("%s step %d: claimed %d groups, training from step %d", policy.name, step, len(ids), policy.head)
+            # Lone attempts (groups of one) against their kinds' baselines, read before the step moves them.
+            attempts = lone_attempts(rows) if policy.train.lone_baseline is not None else {}
+            kept = await self.db.read(read_baselines, policy.name) if attempts and policy.train.lone_baseline == "kept" else None
+            train = policy.train
+            lone = lone_advantages(attempts, kept, scale=train.scale_advantages, eps=train.advantage_eps) if attempts else None
+            log.info("%s step %d: claimed %d groups (%d lone), training from step %d", policy.name, step, len(ids), len(attempts), policy.head)
             read_s = time.perf_counter() - t0
-            metrics = await asyncio.to_thread(self.models.step, policy, rows, step)
+            metrics = await asyncio.to_thread(self.models.step, policy, rows, step, lone)
             metrics.seconds_read, metrics.groups = read_s, len(ids)
             checkpoint = str(self.checkpoints.step(policy.name, step))
-            became_head = await self.db.transaction(record_step, policy.name, step, policy.head, ids, self.worker_id, metrics, checkpoint)
+            moved = moved_baselines(kept, attempts) if kept is not None else None
+            became_head = await self.db.transaction(record_step, policy.name, step, policy.head, ids, self.worker_id, metrics, checkpoint, moved)
         except Exception:
             log.exception("step for %s failed; its groups wait again", policy.name)
             await self.db.transaction(release_groups, self.worker_id, ids)

@@ -94,8 +94,10 @@ class TrajectoryView(View, kw_only=True):
     rewards: list[RewardView] | UnsetType = UNSET
     # Read alone: the calls whose extends_previous is false, where training starts a new sequence.
     sequence_splits: int | UnsetType = UNSET
-    # Answering a reward: whether that reward closed the trajectory's group.
+    # Answering a reward: whether that reward closed the trajectory's group, and whether the
+    # trajectory was a lone attempt that expired before it came (the reward is kept, never trained on).
     group_closed: bool | UnsetType = UNSET
+    expired: bool | UnsetType = UNSET
 
 
 class GroupView(View, kw_only=True):
@@ -187,6 +189,16 @@ class ReplicaView(View, kw_only=True):
     since: str | None = None  # when it came to stand so
 
 
+class LoneView(View, kw_only=True, frozen=True):
+    """The policy's lone attempts (a trajectory answered once, in a group of its own:
+    core/learning/lone.py): where they stand."""
+
+    waiting: int  # open: no reward yet (each expires after the policy's group_idle_close_s without one)
+    ready: int  # rewarded, waiting for a step
+    trained: int  # by the steps that trained them
+    expired: int  # their reward never came in time: never trained on
+
+
 class PolicyView(View, kw_only=True):
     object: Literal["policy"] = "policy"
     name: str
@@ -212,6 +224,8 @@ class PolicyView(View, kw_only=True):
     # Closed and not taken by a trainer: the ready ones, and those that cannot train (health says why).
     groups_closed: int = 0
     groups_eval: int  # groups held out for evaluation (marked, or closed with a held-out member), not trained
+    # Of those groups, the lone attempts (groups of one).
+    lone: LoneView = LoneView(waiting=0, ready=0, trained=0, expired=0)
     last_step: StepView | None
     # Calls whose prompt did not extend their trajectory, in every step trained, by reason
     # (core/learning/drift.py; docs/trainer.md, "The drift report").

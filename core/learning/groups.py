@@ -16,6 +16,12 @@ and kept on its row, so that the training queue reads a ready group as one index
 no reward) closes by itself, so an agent that never says how many attempts a task gets, or
 whose last attempt died, still trains. A closed group that can never train says why
 (``cannot_train``).
+
+A group of one member is a *lone attempt*: traffic that answers each request once (the gateway
+files a policy's call that names no group so: a group of its own, named after its trajectory,
+of size 1). With its reward it trains against a baseline instead of its group's mean
+(core/learning/lone.py); without one, it *expires* when idle for ``group_idle_close_s``
+(close_reason "expired"), and a reward that comes after is kept but never trained on.
 """
 
 from __future__ import annotations
@@ -33,17 +39,26 @@ class Lack(enum.IntEnum):
     (a member joining late, a mark for evaluation) makes the store settle it again."""
 
     NOTHING = 0  # every member rewarded, and rewards that differ or a call's own reward
-    SPREAD = 1  # every member rewarded alike, and no call's own reward: a tie
-    REWARDS = 2  # some member has no reward
-    HELD_OUT = 3  # a member is held out for evaluation: never trained on
+    PEERS = 1  # one member, rewarded: a lone attempt, which trains against a baseline where the policy's lone_baseline is set
+    SPREAD = 2  # every member rewarded alike, and no call's own reward: a tie
+    REWARDS = 3  # some member has no reward (or a lone attempt expired unrewarded)
+    HELD_OUT = 4  # a member is held out for evaluation: never trained on
 
 
-def tolerated(objective: Objective) -> Lack:
+# The close reason of a lone attempt that saw no reward (and no call) for its policy's
+# group_idle_close_s: it never trains, whatever reward comes after.
+EXPIRED = "expired"
+
+
+def tolerated(objective: Objective, lone: bool = True) -> Lack:
     """The worst ``Lack`` a group may have and still train the objective: GRPO alone needs
-    rewards that differ, supervised steps every member rewarded, distillation alone nothing."""
+    rewards that differ (or, ``lone``, a lone attempt's reward), supervised steps every member
+    rewarded, distillation alone nothing."""
     if not objective.needs_rewards:
         return Lack.REWARDS
-    return Lack.NOTHING if objective.needs_spread else Lack.SPREAD
+    if objective.needs_spread:
+        return Lack.PEERS if lone else Lack.NOTHING
+    return Lack.SPREAD
 
 
 class GroupState(enum.StrEnum):
@@ -79,6 +94,8 @@ def cannot_train(
     held_out: bool,
     objective: Objective = Objective(),
     demonstration: bool = False,
+    lone: bool = True,
+    expired: bool = False,
 ) -> str | None:
     """Why a closed group will never be trained, in words a user can act on; None where it
     can be. The same rule as readiness in ``store/training.py``: every member rewarded, and
@@ -90,12 +107,16 @@ def cannot_train(
         return None if objective.sft > 0 else "a demonstration: it trains a policy whose train.objective gives sft a weight"
     if not objective.needs_rewards:
         return None
+    if expired:
+        return "a lone attempt whose reward did not come within its policy's group_idle_close_s: expired, never trained on (a reward posted later is kept)"
     if rewarded < size:
         return f"{size - rewarded} of its {size} members have no reward: every member needs one (post it, or let RULER score the group)"
     if credited or not objective.needs_spread:
         return None
     if size == 1:
-        return "one member: GRPO learns from how a group's attempts at one task differ, and a lone attempt has nothing to differ from (give a task several attempts, in one group)"
+        if lone:
+            return None
+        return "one member, and the policy's train.lone_baseline is off: a lone attempt trains only against a baseline (set train.lone_baseline, or give a task several attempts in one group)"
     if low == high:
         return f"every member has the same reward ({low:g}): equal rewards give zero advantages, so there is nothing to learn from the group"
     return None

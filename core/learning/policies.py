@@ -168,6 +168,16 @@ class TrainSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # tokens get the discounted sum of the call rewards at and after it, this factor per call
     # between. 1: every earlier call shares a later call's credit in full; 0: only its own call.
     turn_discount: Annotated[float, Meta(ge=0, le=1)] = 1.0
+    # A lone attempt (a group of one: traffic that answers each request once, core/learning/lone.py)
+    # has no group to compare with; its advantage is taken against a baseline of its kind of
+    # request (its system prompt and tools). "kept": a running mean and spread of the kind's
+    # rewards, kept in the store across steps (the step's own lone attempts of the kind until it
+    # has LONE_MIN_KEPT); "step": the step's lone attempts of the kind alone; None: a lone attempt
+    # does not train (it waits, as a group that lacks peers). docs/production.md says which runs chose the default.
+    lone_baseline: Literal["kept", "step"] | None = "kept"
+    # How many lone attempts weigh as one group in groups_per_step: a step of lone traffic trains
+    # groups_per_step x lone_per_group of them.
+    lone_per_group: Annotated[int, Meta(ge=1, le=4096)] = 8
     # Seeds the LoRA initialisation (and dropout): two runs on the same data start alike.
     seed: int = 0
     # What the step minimises: weights (Objective), or one objective by name (OBJECTIVES).

@@ -37,6 +37,7 @@ class StepMetrics(msgspec.Struct, kw_only=True):
     teacher_requests: int = 0  # to a teacher vLLM serves (serving/scoring.py), each scoring many calls
     # What it trained on.
     groups: int = 0
+    lone: int = 0  # lone attempts trained (groups of one), each against its kind's baseline (core/learning/lone.py)
     sequences: float = 0.0
     tokens: float = 0.0  # sampled tokens trained
     forced_tokens: float = 0.0  # sampled tokens left out (past max_seq_len, or masked)

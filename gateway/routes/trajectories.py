@@ -70,13 +70,15 @@ async def _read(svc: Services, read: Callable[[Connection, str], V | None], key:
 async def post_reward(
     trajectory_id: TrajectoryId, data: JSONBody[RewardIn], svc: NamedDependency[Services], caller: NamedDependency[Principal]
 ) -> TrajectoryView:
-    """Set a trajectory's reward. Every reward is kept; the latest is the trajectory's."""
+    """Set a trajectory's reward. Every reward is kept; the latest is the trajectory's. A lone
+    attempt's reward that came after it expired is kept too, and answered ``expired: true``: it
+    is never trained on."""
     stored = caller.stored(trajectory_id)
     result = await svc.writer.write(PostReward(stored, data.reward, dict(data.components)))
     if svc.langfuse is not None:
         svc.langfuse.put(Score(stored, "reward", data.reward, metadata={"source": "user", "components": dict(data.components)}))
     out = await _read(svc, reads.get_trajectory, stored, "trajectory")
-    return msgspec.structs.replace(out, calls=msgspec.UNSET, group_closed=result["group_closed"])
+    return msgspec.structs.replace(out, calls=msgspec.UNSET, group_closed=result["group_closed"], expired=result["expired"])
 
 
 @post(
