@@ -51,7 +51,8 @@ OFF_POLICY_SHARE = 0.03
 class RecentGroups(msgspec.Struct, frozen=True, kw_only=True):
     """The policy's last closed groups (held-out ones apart): how many, how many tied (every
     member rewarded alike) and the tied ones' mean reward, and how many can never train for
-    want of rewards (``unrewarded``) or of a second member (``lone``)."""
+    want of rewards (``unrewarded``, lone attempts that expired included) or of a second member
+    where the policy does not train lone attempts (``lone``)."""
 
     groups: int
     tied: int
@@ -105,7 +106,7 @@ def health(history: Sequence[StepMetrics], ties: RecentGroups | None = None) -> 
         if ties.unrewarded:
             why.append(f"{ties.unrewarded} closed with members that have no reward (post one for every member, or let RULER score them)")
         if ties.lone:
-            why.append(f"{ties.lone} had a single member (give each task several attempts in one group)")
+            why.append(f"{ties.lone} had a single member while train.lone_baseline is off (set it, or give each task several attempts in one group)")
         out.warning = f"nothing to train: of the last {ties.groups} closed groups, " + "; ".join(why)
         return out
     if ties is not None and ties.groups >= TIES_MIN_GROUPS and ties.tied >= TIES_SHARE * ties.groups:

@@ -71,6 +71,8 @@ def test_a_group_still_in_use_stays_open(gw: Gateway) -> None:
 
 
 def test_closed_groups_that_cannot_train_say_why_and_the_policy_warns(gw: Gateway) -> None:
+    with gw.admin() as c:  # a lone attempt trains by default (tests/gateway/test_lone.py); not here
+        assert c.patch("/admin/policies/agent", json={"train": {"lone_baseline": None}}).status_code == 200
     call(gw, "half", "h-0")
     call(gw, "half", "h-1")
     assert reward(gw, "h-0", 1.0).status_code == 200
@@ -78,7 +80,7 @@ def test_closed_groups_that_cannot_train_say_why_and_the_policy_warns(gw: Gatewa
     assert reward(gw, "l-0", 1.0).status_code == 200
     wait_for(lambda: all(group(gw, g)["state"] == "closed" for g in ("half", "alone")), 15, "the idle groups did not close")
     assert group(gw, "half")["cannot_train"].startswith("1 of its 2 members have no reward")
-    assert group(gw, "alone")["cannot_train"].startswith("one member:")
+    assert group(gw, "alone")["cannot_train"].startswith("one member, and the policy's train.lone_baseline is off")
     with gw.admin() as c:  # the dashboard's group page says it too
         page = c.get("/ui/groups/half")
         assert page.status_code == 200 and "Will not train" in page.text and "1 of its 2 members have no reward" in page.text

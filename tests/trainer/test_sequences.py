@@ -179,3 +179,40 @@ def test_tokens_a_grammar_forced_stay_as_context_and_are_not_trained() -> None:
     unknown = SampledCall(prompt=[1, 2], completions=[[7, 8]], logprobs=None)  # nothing recorded: all trained
     (seq,) = build_sequences([unknown]).sequences
     assert seq.trained() == seq.mask == [0, 0, 1, 1]
+
+
+def test_lone_attempts_take_the_advantage_given_and_groups_keep_theirs() -> None:
+    """A group of one (a lone attempt) trains on the advantage its kind's baseline gave it
+    (core/learning/lone.py); a group of several keeps GRPO's; a lone attempt at its baseline
+    (advantage 0) is left out of the GRPO term, as a tied group is."""
+    from burnish_server.core.learning.policies import TrainSettings
+    from burnish_server.core.protocols.packed import pack_floats, pack_ids
+    from burnish_server.store.training import TrainingCall
+    from burnish_server.trainer.sequences import lone_attempts, training_batch
+    from tests.records import chat_call
+
+    def row(group: str, trajectory: str, reward: float | None, system: str = "You add.") -> TrainingCall:
+        call = chat_call(
+            {"model": "agent", "messages": [{"role": "system", "content": system}, {"role": "user", "content": trajectory}]},
+            None,
+            trajectory_id=trajectory,
+            group_id=group,
+            policy="agent",
+            policy_step=0,
+            prompt_token_ids=pack_ids([1, 2]),
+            completion_token_ids=pack_ids([3, 4]),
+            completion_logprobs=pack_floats([-0.5, -0.5]),
+            completion_lengths=pack_ids([2]),
+        )
+        return TrainingCall(group, trajectory, reward, call)
+
+    rows = [row("a", "a", 1.0), row("b", "b", 0.0), row("c", "c", 0.5, system="Other."), row("g", "g1", 1.0), row("g", "g2", 0.0)]
+    attempts = lone_attempts(rows)
+    assert sorted(attempts) == ["a", "b", "c"] and attempts["a"].kind == attempts["b"].kind != attempts["c"].kind
+    batch = training_batch(rows, TrainSettings(), lone={"a": 0.8, "b": -0.8, "c": 0.0})
+    by_reward = {round(adv, 3): seq.grpo for seq, adv in batch.items}
+    assert by_reward[0.8] and by_reward[-0.8] and not by_reward[0.0]
+    assert sorted(round(adv, 3) for seq, adv in batch.items) == [-0.8, -0.707, 0.0, 0.707, 0.8]
+    assert batch.lone == 2
+    # Without advantages given (train.lone_baseline null), a group of one has nothing to differ from.
+    assert training_batch(rows, TrainSettings()).lone == 0
