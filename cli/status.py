@@ -78,6 +78,11 @@ def render(policy: PolicyView, now: datetime | None = None) -> str:
         f"  groups: {policy.groups_open} open, {policy.groups_closed} closed ({policy.groups_ready} ready to train), "
         f"{policy.groups_trained} trained, {policy.groups_eval} held out; a step takes {policy.train.groups_per_step}"
     )
+    lone = policy.lone
+    if lone.waiting or lone.ready or lone.trained or lone.expired:  # traffic answered once (docs/production.md)
+        lines.append(f"  lone attempts: {lone.waiting} waiting for a reward, {lone.ready} ready, {lone.trained} trained, {lone.expired} expired unrewarded")
+    if lone.judged or lone.unreadable:
+        lines.append(f"  next-message judge: {lone.judged} answers scored by what followed, {lone.unreadable} unreadable verdicts")
     step = policy.last_step
     if step is None:
         lines.append("  no step yet")

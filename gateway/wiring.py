@@ -25,6 +25,7 @@ from burnish_server.core.platform.secrets import Redactor
 from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway.access.admission import Access, KeyRing, follow_keys
 from burnish_server.gateway.edge.metrics import Metrics
+from burnish_server.gateway.groups.followups import watch_followups
 from burnish_server.gateway.groups.idle import close_idle
 from burnish_server.gateway.groups.scoring import auto_ruler
 from burnish_server.gateway.policies.routing import Registry, follow
@@ -159,6 +160,7 @@ def background_tasks(svc: Services, statuses: Statuses) -> dict[str, Coroutine[A
         "burnish-keys": follow_keys(svc.db, svc.access),
         "burnish-auto-ruler": auto_ruler(svc),
         "burnish-idle-groups": close_idle(svc),
+        "burnish-next-message": watch_followups(svc),
         "burnish-departures": svc.waiting.watch(),  # a client gone stops its call upstream (gateway/proxy/departure.py)
     }
     if replicas.watched(svc.settings):

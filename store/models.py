@@ -280,6 +280,9 @@ class PolicyRow(Base):
     train_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # Its lone attempts that expired unrewarded (store/writes.py: close_idle_groups), counted as they expire.
     lone_expired: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Answers the next-message judge scored, and those it gave no readable verdict for (gateway/groups/followups.py).
+    next_judged: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    next_unreadable: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # The last failure to load a version into vLLM; cleared when one loads.
     load_error: Mapped[str | None] = mapped_column(Text)
     load_error_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

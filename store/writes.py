@@ -202,7 +202,8 @@ class PostReward:
     trajectory_id: str
     reward: float
     components: dict[str, float] = field(default_factory=dict)
-    source: str = "user"
+    source: str = "user"  # or "next_message": the judge read what followed the answer (gateway/groups/followups.py)
+    explanation: str | None = None
 
     def apply(self, conn: Connection) -> dict[str, Any]:
         # The group's row locked: concurrent rewards of one group take turns, so the last of
@@ -225,7 +226,14 @@ class PostReward:
         if stored.eval:  # its held-out scores' rows, with this reward
             evals.settle(conn, [stored.pk])
         conn.execute(
-            insert(Reward).values(trajectory_id=self.trajectory_id, reward=self.reward, components=self.components, source=self.source, created_at=now)
+            insert(Reward).values(
+                trajectory_id=self.trajectory_id,
+                reward=self.reward,
+                components=self.components,
+                source=self.source,
+                explanation=self.explanation,
+                created_at=now,
+            )
         )
         closed = False
         if group is not None and group.expected_size is not None and not expired:

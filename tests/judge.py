@@ -44,12 +44,23 @@ def scores(values: dict[str, float] | Callable[[str], float]) -> Answer:
     return answer
 
 
+def first_token(top: dict[str, float]) -> Answer:
+    """An answer of one token, with its likeliest alternatives' logprobs (the next-message judge's)."""
+    best = max(top, key=top.__getitem__)
+    logprobs = {"content": [{"token": best, "logprob": top[best], "top_logprobs": [{"token": t, "logprob": lp} for t, lp in top.items()]}]}
+    choice = {"index": 0, "message": {"role": "assistant", "content": best}, "logprobs": logprobs, "finish_reason": "length"}
+    body = {"id": "chatcmpl-judge", "object": "chat.completion", "created": 0, "model": "judge", "choices": [choice]}
+    return raw(200, json.dumps(body))
+
+
 class Judge:
     def __init__(self) -> None:
         self.script: list[Answer] = []
         self.requests: list[dict[str, Any]] = []
 
     def ids(self, request: dict[str, Any]) -> list[str]:
+        if "response_format" not in request:  # the next-message judge asks for one token
+            return []
         return request["response_format"]["json_schema"]["schema"]["required"]
 
     async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001 - raw ASGI

@@ -197,6 +197,10 @@ class LoneView(View, kw_only=True, frozen=True):
     ready: int  # rewarded, waiting for a step
     trained: int  # by the steps that trained them
     expired: int  # their reward never came in time: never trained on
+    # Answers the next-message judge (ruler.next_message) scored by what followed them, and those
+    # it gave no readable verdict for (neither yes nor no): no reward.
+    judged: int = 0
+    unreadable: int = 0
 
 
 class PolicyView(View, kw_only=True):

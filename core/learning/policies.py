@@ -215,6 +215,10 @@ class RulerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     judge_base_url: Annotated[str, Meta(min_length=1, max_length=700, pattern=JUDGE_URL_PATTERN)] | None = None
     # "set": the score becomes the reward; "add": it is added to the user's reward.
     combine: Literal["set", "add"] = "set"
+    # Judge each lone attempt's answer by what followed it (the user's next turn, a tool's result),
+    # when no reward came first: P(yes) to "did the answer serve?" becomes its reward
+    # (gateway/groups/followups.py; docs/production.md).
+    next_message: bool = False
 
 
 class ServingSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

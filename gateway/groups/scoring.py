@@ -83,7 +83,7 @@ def _norm(url: str) -> str:
     return url.strip().rstrip("/")
 
 
-def _judge(svc: Services, policy: RulerSettings, request: RulerIn, base_model: str | None, policy_name: str | None, group_id: str) -> Judge:
+def policy_judge(svc: Services, policy: RulerSettings, request: RulerIn, base_model: str | None, policy_name: str | None, group_id: str) -> Judge:
     s = svc.settings
     model = request.judge_model or policy.judge_model or s.judge_model or base_model
     if not model:
@@ -132,7 +132,7 @@ async def run_ruler(svc: Services, group_id: str, request: RulerIn) -> RulerView
     group = await svc.db.read(store.group_for_judge, group_id)
     policy = svc.policies.policies.get(group.policy) if group.policy else None
     settings = policy.ruler if policy is not None else RulerSettings()
-    judge = _judge(svc, settings, request, policy.base_model if policy is not None else None, group.policy, group_id)
+    judge = policy_judge(svc, settings, request, policy.base_model if policy is not None else None, group.policy, group_id)
     rubric = request.rubric or settings.rubric
     combine = request.combine or settings.combine
     prompt = build_prompt({m.trajectory_id: conversation(m.calls) for m in group.members}, rubric)

@@ -3,7 +3,9 @@
 - ``groups.lacks`` gains a level, ``PEERS`` (a lone attempt, rewarded), between ``NOTHING`` and
   ``SPREAD``: the levels above it move up by one. Waiting groups are left unsettled (NULL), so
   the store works out again what each lacks, a lone one included; trained ones are renumbered.
-- ``policies.lone_expired``: how many of the policy's lone attempts expired unrewarded.
+- ``policies.lone_expired``: how many of the policy's lone attempts expired unrewarded;
+  ``policies.next_judged`` and ``next_unreadable``: how many answers the next-message judge
+  scored, and how many it gave no readable verdict for.
 - ``lone_baselines``: each policy's running statistics of its lone rewards, per kind of request.
 
 Revision ID: 0023
@@ -24,7 +26,8 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     op.execute("UPDATE groups SET lacks = NULL WHERE closed_at IS NOT NULL AND trained_at IS NULL")
     op.execute("UPDATE groups SET lacks = lacks + 1 WHERE lacks >= 1")
-    op.add_column("policies", sa.Column("lone_expired", sa.Integer(), nullable=False, server_default="0"))
+    for column in ("lone_expired", "next_judged", "next_unreadable"):
+        op.add_column("policies", sa.Column(column, sa.Integer(), nullable=False, server_default="0"))
     op.create_table(
         "lone_baselines",
         sa.Column("policy", sa.String(128), primary_key=True),
@@ -39,6 +42,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table("lone_baselines")
     with op.batch_alter_table("policies") as batch:
-        batch.drop_column("lone_expired")
+        for column in ("lone_expired", "next_judged", "next_unreadable"):
+            batch.drop_column(column)
     op.execute("UPDATE groups SET lacks = NULL WHERE lacks = 1")
     op.execute("UPDATE groups SET lacks = lacks - 1 WHERE lacks >= 2")

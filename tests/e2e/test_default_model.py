@@ -334,6 +334,47 @@ def test_a_reasoning_gym_task_is_scored_taught_and_trained_by_the_documented_com
     assert [e["round"] for e in curve["evals"]] == [0, 1] and len(curve["round_reward"]) == 1
 
 
+def test_traffic_answered_once_trains_and_a_verdict_that_never_comes_expires(up: Up) -> None:
+    """Production traffic on the default: each request once, by the plain openai client at the
+    base URL alone (no ids). The rewarded ones, one late, train a step against their kind's
+    baseline; those never rewarded expire, block nothing, and keep a late reward untrained."""
+    import time
+
+    model = str(up.data / "models" / "smollm2")
+    train = {"groups_per_step": 1, "lone_per_group": 4, "group_idle_close_s": 15}
+    r = httpx.post(f"{up.url}/admin/policies", headers=up.admin, json={"name": "lone", "base_model": "smollm2", "model_path": model, "train": train})
+    assert r.status_code == 201, r.text
+    client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="unused", max_retries=0)
+    ids = []
+    for a in range(6):
+        raw = client.chat.completions.with_raw_response.create(
+            model="lone", messages=[{"role": "user", "content": f"What is {a} + 3? Reply with only the number."}], max_tokens=12, temperature=1.0
+        )
+        ids.append(raw.headers["x-trajectory-id"])
+
+    def post(trajectory: str, value: float) -> dict[str, Any]:
+        answer = httpx.post(f"{up.url}/v1/trajectories/{trajectory}/reward", json={"reward": value})
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    for trajectory, value in zip(ids[:3], (1.0, 0.0, 0.5)):
+        post(trajectory, value)
+    time.sleep(5)  # a verdict that comes late, but in time
+    post(ids[3], 0.2)
+
+    def status() -> dict[str, Any]:
+        return httpx.get(f"{up.url}/admin/policies/lone", headers=up.admin).json()
+
+    deadline = time.monotonic() + 600
+    while status()["last_step"] is None or status()["lone"]["expired"] < 2:
+        assert time.monotonic() < deadline, status()
+        time.sleep(2)
+    done = status()
+    assert done["last_step"]["metrics"]["lone"] == 4 and done["lone"]["trained"] == 4, done
+    assert done["lone"] == {"waiting": 0, "ready": 0, "trained": 4, "expired": 2, "judged": 0, "unreadable": 0}
+    assert post(ids[4], 1.0)["expired"] is True  # kept, and said to be too late
+
+
 def test_the_dashboard_shows_a_trajectory_of_smollm2_down_to_its_tokens(up: Up) -> None:
     """The dashboard on the default model: the chat tool loop as one conversation, and the
     forced call's tokens as SmolLM2's tokenizer writes them (asked of vLLM), marked trained or not."""

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import openai
 import pytest
 
+from burnish_server.cli.status import render
+from burnish_server.core.api.views import PolicyView
 from tests.conftest import Gateway, wait_for
+from tests.judge import first_token
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -47,7 +51,7 @@ def test_a_lone_attempt_is_a_group_of_its_own_that_its_reward_makes_ready(gw: Ga
     first, second, never = ask(gw), ask(gw), ask(gw)
     assert gw.trajectory(first)["group_id"] == first
     assert (group(gw, first)["expected_size"], group(gw, first)["state"]) == (1, "open")
-    assert gw.policy()["lone"] == {"waiting": 3, "ready": 0, "trained": 0, "expired": 0}
+    assert gw.policy()["lone"] == {"waiting": 3, "ready": 0, "trained": 0, "expired": 0, "judged": 0, "unreadable": 0}
     answer = reward(gw, first, 1.0)
     assert answer.status_code == 200 and answer.json()["group_closed"] is True and answer.json()["expired"] is False
     assert reward(gw, second, 0.0).status_code == 200
@@ -59,16 +63,71 @@ def test_a_lone_attempt_is_a_group_of_its_own_that_its_reward_makes_ready(gw: Ga
     wait_for(lambda: group(gw, never)["state"] == "closed", 15, "the lone attempt did not expire")
     expired = group(gw, never)
     assert expired["close_reason"] == "expired" and "expired" in expired["cannot_train"]
-    assert gw.policy()["lone"] == {"waiting": 0, "ready": 2, "trained": 0, "expired": 1}
+    assert gw.policy()["lone"] == {"waiting": 0, "ready": 2, "trained": 0, "expired": 1, "judged": 0, "unreadable": 0}
     # A verdict after all: kept, said to be too late, never trained on.
     late = reward(gw, never, 1.0)
     assert late.status_code == 200 and late.json()["expired"] is True and late.json()["reward"] == 1.0
     assert gw.trajectory(never)["reward"] == 1.0 and gw.policy()["groups_ready"] == 2
     # A second reward for one already closed by its first is refused, as for any closed group.
     assert reward(gw, first, 0.5).status_code == 409
+    # Where a user looks: burnish status and the dashboard's policy page.
+    shown = render(msgspec.convert(gw.policy(), PolicyView))
+    assert "lone attempts: 0 waiting for a reward, 2 ready, 0 trained, 1 expired unrewarded" in shown
+    with gw.admin() as c:
+        page = c.get("/ui/policies/agent")
+        assert page.status_code == 200 and "2 ready · 0 trained · 1 expired unrewarded" in page.text
 
 
 def test_a_call_to_a_model_that_is_no_policy_stays_out_of_any_group(gw: Gateway) -> None:
     client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
     raw = client.chat.completions.with_raw_response.create(model="tiny", messages=HI)
     assert gw.trajectory(raw.headers["x-trajectory-id"])["group_id"] is None
+
+
+@pytest.fixture
+def judged(make_gateway, upstream, judge_server, database_url: str) -> Gateway:
+    gateway = make_gateway(database_url, judge_base_url=judge_server[1], judge_model="judge-1")
+    gateway.create_policy("agent", ruler={"next_message": True})
+    return gateway
+
+
+def converse(gw: Gateway, question: str, reply: str | None = None) -> tuple[str, str]:
+    """A user's turn, and where given their next one, each sent with no ids: (first trajectory, its answer)."""
+    client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": question}]
+    raw = client.chat.completions.with_raw_response.create(model="agent", messages=messages)
+    answer = raw.parse().choices[0].message.content
+    if reply is not None:
+        client.chat.completions.create(model="agent", messages=[*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": reply}])
+    return raw.headers["x-trajectory-id"], answer
+
+
+def test_the_users_next_message_is_judged_into_the_answers_reward(judged: Gateway, judge) -> None:
+    judge.script = [first_token({"yes": -0.105, "no": -2.3, "maybe": -5.0})]
+    thanked, answer = converse(judged, "What is 2 + 2?", "Thanks, that's right.")
+    wait_for(lambda: judged.trajectory(thanked)["reward"] is not None, 20, "the answer was not judged")
+    got = judged.trajectory(thanked)
+    assert got["reward"] == pytest.approx(0.9 / (0.9 + 0.1003), abs=1e-3)
+    assert got["rewards"][-1]["source"] == "next_message" and "P(yes)" in got["rewards"][-1]["explanation"]
+    assert group(judged, thanked)["close_reason"] == "complete"  # a lone attempt, rewarded: ready to train
+    asked = judge.requests[-1]
+    assert asked["model"] == "judge-1" and asked["max_tokens"] == 1 and asked["top_logprobs"] == 20
+    shown = asked["messages"][-1]["content"]
+    assert "What is 2 + 2?" in shown and answer in shown and "Thanks, that's right." in shown
+    # A reward the user posts first stands: the judge leaves the answer alone.
+    mine, _ = converse(judged, "What is 3 + 3?")
+    assert reward(judged, mine, 0.25).status_code == 200
+    seen = len(judge.requests)
+    client = openai.OpenAI(base_url=f"{judged.url}/v1", api_key="unused", max_retries=0)
+    before = judged.trajectory(mine)["calls"][0]
+    followup = [*before["request"]["messages"], {"role": "assistant", "content": before["response"]["choices"][0]["message"]["content"]}]
+    client.chat.completions.create(model="agent", messages=[*followup, {"role": "user", "content": "No, that's wrong."}])
+    # An answer with no follow-up is not judged; one whose judge answers neither yes nor no says so.
+    judge.script = [first_token({"maybe": -0.1, "perhaps": -2.0})]
+    unsure, _ = converse(judged, "What is 4 + 4?", "Hm.")
+    wait_for(lambda: group(judged, unsure)["ruler_error"] is not None, 20, "the unreadable verdict was not said")
+    assert "neither yes nor no" in group(judged, unsure)["ruler_error"] and judged.trajectory(unsure)["reward"] is None
+    assert judged.trajectory(mine)["reward"] == 0.25 and len(judge.requests) == seen + 1  # the unsure one alone
+    lone = judged.policy()["lone"]
+    assert (lone["judged"], lone["unreadable"]) == (1, 1)
+    assert "next-message judge: 1 answers scored by what followed, 1 unreadable verdicts" in render(msgspec.convert(judged.policy(), PolicyView))

@@ -1,0 +1,181 @@
+"""The next-message judge: a lone attempt's answer scored by what followed it (``ruler.next_message``).
+
+Every few seconds, for the policies that turn it on, the gateway reads the calls recorded since
+its last look and pairs each answer with the request that continues it (core/learning/followups.py:
+the next request repeats the answer and adds the user's reply or a tool's result). When the
+answer is a lone attempt still waiting for its reward (a call sent with no trajectory id: a
+group of its own), the policy's judge is asked whether what followed shows the answer served;
+P(yes) becomes the attempt's reward (source ``next_message``, with the judge's figures as its
+explanation), which closes its group, and it trains like any rewarded lone attempt. A reward the
+user posts first wins: the judge leaves a closed group alone.
+
+The judge is the policy's RULER judge (``ruler.judge_model``, ``ruler.judge_base_url``; by default
+its base model on the gateway's upstream: nothing beyond what ``burnish up`` serves), asked for
+one token with its logprobs. An answer it cannot be read from (neither yes nor no among its
+likeliest tokens, or an endpoint that returns no logprobs) is no reward: the group says why
+(``ruler_error``) and the policy's status counts it.
+
+Answers wait in memory for their follow-up (``MAX_WAITING`` of them, the oldest dropped first);
+a gateway that restarts looks back ``LOOK_BACK`` calls. Several gateways each read every call;
+the store's claim (store/followups.py) has one of them judge each answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import httpx
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from burnish_server.core.learning.followups import answered_key, asked_key, judge_messages, judged_score
+from burnish_server.core.platform.errors import BurnishError, Conflict, Unavailable
+from burnish_server.core.protocols.conversation import Message
+from burnish_server.core.protocols.transcript import UnreadableCall, exchange
+from burnish_server.gateway.groups.ruler import Judge
+from burnish_server.gateway.groups.scoring import RulerIn, policy_judge
+from burnish_server.gateway.services import Services
+from burnish_server.store import followups as store
+from burnish_server.store.writes import PostReward
+
+log = logging.getLogger("burnish.followups")
+
+EVERY_S = 2.0
+MAX_WAITING = 100_000
+LOOK_BACK = 2_000
+# Answers judged at once (each a short request to the judge).
+CONCURRENCY = 4
+# The judge's likeliest first tokens read (OpenAI's API gives at most 20).
+TOP_LOGPROBS = 20
+SOURCE = "next_message"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A lone attempt's answer, waiting for what follows it; with ``followed``, what did."""
+
+    policy: str
+    trajectory_id: str
+    prompt: list[Message]
+    answer: Message
+    followed: tuple[Message, ...] = ()
+
+
+class JudgeUnreadable(Unavailable):
+    default_code = "judge_output_invalid"
+
+
+class _Retry(Unavailable):
+    pass
+
+
+async def ask_judge(http: httpx.AsyncClient, judge: Judge, messages: list[dict[str, str]]) -> tuple[float, str]:
+    """P(yes) from the judge's first token, and the figures behind it (kept as the reward's explanation)."""
+    body = {"model": judge.model, "messages": messages, "max_tokens": 1, "temperature": 0, "logprobs": True, "top_logprobs": TOP_LOGPROBS}
+    headers = {"authorization": f"Bearer {judge.api_key}"} if judge.api_key else {}
+    url = judge.base_url.rstrip("/") + "/chat/completions"
+    retrying = AsyncRetrying(
+        stop=stop_after_attempt(judge.attempts), wait=wait_exponential(multiplier=0.2, max=5), retry=retry_if_exception_type(_Retry), reraise=True
+    )
+    try:
+        async for attempt in retrying:
+            with attempt:
+                try:
+                    answer = await http.post(url, json=body, headers=headers, timeout=judge.timeout_s)
+                except httpx.TransportError as exc:
+                    raise _Retry(f"the judge ({judge.name}) could not be reached ({type(exc).__name__})") from None
+                if answer.status_code in (408, 429) or answer.status_code >= 500:
+                    raise _Retry(f"the judge ({judge.name}) answered HTTP {answer.status_code}")
+    except _Retry as exc:
+        raise JudgeUnreadable(exc.message) from None
+    if answer.status_code != 200:
+        raise JudgeUnreadable(f"the judge ({judge.name}) refused the request: HTTP {answer.status_code}")
+    try:
+        first = answer.json()["choices"][0]["logprobs"]["content"][0]
+        top = [(t["token"], float(t["logprob"])) for t in first["top_logprobs"]] or [(first["token"], float(first["logprob"]))]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise JudgeUnreadable(f"the judge ({judge.name}) answered without logprobs: it must return top_logprobs") from None
+    score = judged_score(top)
+    if score is None:
+        raise JudgeUnreadable(f"the judge ({judge.name}) answered neither yes nor no (its likeliest first tokens: {[t for t, _ in top[:5]]})")
+    return score, f"P(yes) {score:.3f} from the judge's first token ({judge.name})"
+
+
+class Followups:
+    """The answers waiting for their follow-up, and where the next look starts."""
+
+    def __init__(self) -> None:
+        self.waiting: OrderedDict[str, Answer] = OrderedDict()
+        self.cursor: int | None = None
+
+    def see(self, call: store.Recorded) -> Answer | None:
+        """Take in one recorded call: the earlier answer it follows up, if one waits; keep its own
+        answer waiting, where it is a lone attempt's."""
+        try:
+            turn = exchange(call.call)
+        except UnreadableCall:
+            return None
+        followed = None
+        if (asked := asked_key(turn)) is not None and (earlier := self.waiting.pop(asked.key, None)) is not None:
+            followed = Answer(earlier.policy, earlier.trajectory_id, earlier.prompt, earlier.answer, asked.followed)
+        if call.lone and call.call.policy is not None and (key := answered_key(turn)) is not None:
+            self.waiting[key] = Answer(call.call.policy, call.call.trajectory_id, list(turn.prompt), turn.answers[0])
+            while len(self.waiting) > MAX_WAITING:
+                self.waiting.popitem(last=False)
+        return followed
+
+
+async def judge_followup(svc: Services, followed: Answer) -> None:
+    """Claim, judge and reward one answer by what followed it."""
+    policy = svc.policies.policies.get(followed.policy)
+    if policy is None or not policy.ruler.next_message:
+        return
+    group_id = followed.trajectory_id  # a lone attempt's group is named after it
+    if not await svc.db.transaction(store.claim_answer, group_id):
+        return  # rewarded already, or another gateway judges it
+    messages = judge_messages(followed.prompt, followed.answer, followed.followed)
+    try:
+        judge = policy_judge(svc, policy.ruler, RulerIn(), policy.base_model, policy.name, group_id)
+        score, why = await ask_judge(svc.judge_http, judge, messages)
+    except BurnishError as exc:
+        log.warning("next-message judge on %s of %s: %s", group_id, policy.name, exc.message)
+        await svc.db.transaction(store.judge_failed, policy.name, group_id, exc.message)
+        return
+    with contextlib.suppress(Conflict):  # the user's own reward came first: it stands
+        await svc.writer.write(PostReward(followed.trajectory_id, score, {SOURCE: score}, source=SOURCE, explanation=why))
+        await svc.db.transaction(store.judged, policy.name)
+
+
+async def watch_followups(svc: Services, every_s: float = EVERY_S) -> None:
+    """Until cancelled: pair answers with what followed them, and judge those of policies that ask."""
+    state = Followups()
+    limit = asyncio.Semaphore(CONCURRENCY)
+
+    async def judged(followed: Answer) -> None:
+        async with limit:
+            try:
+                await judge_followup(svc, followed)
+            except Exception:  # one answer's failure must not stop the others
+                log.exception("judging %s by what followed it failed", followed.trajectory_id)
+
+    while True:
+        await asyncio.sleep(every_s)
+        policies = [p.name for p in svc.policies.policies.values() if p.ruler.next_message]
+        if not policies:
+            continue
+        try:
+            if state.cursor is None:
+                state.cursor = max(await svc.db.read(store.last_call) - LOOK_BACK, 0)
+            calls = await svc.db.read(store.recorded_since, state.cursor, policies)
+        except Exception as exc:  # the store away for a moment: look again next time
+            log.warning("the next-message judge could not read the new calls: %s", exc)
+            continue
+        found = []
+        for call in calls:
+            state.cursor = call.pk
+            if (followed := state.see(call)) is not None:
+                found.append(followed)
+        await asyncio.gather(*(judged(f) for f in found))
