@@ -10,15 +10,17 @@ is taken again).
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.engine import Connection
 
+from burnish_server.core.learning.groups import FOLLOWED
 from burnish_server.core.platform.clock import utcnow
 from burnish_server.core.protocols.records import OK, CallRecord
 from burnish_server.store.calls import to_record
 from burnish_server.store.models import Call, Group, PolicyRow, Trajectory
+from burnish_server.store.training import settle
 
 # A gateway that died while judging: another takes the answer again after this long.
 CLAIM_LEASE_S = 120.0
@@ -57,6 +59,20 @@ def claim_answer(conn: Connection, group_id: str) -> bool:
         .values(ruler_at=now)
     )
     return claimed.rowcount == 1
+
+
+def keep_followed(conn: Connection, trajectory_id: str, followed: list[dict[str, Any]]) -> None:
+    """What followed a lone attempt's answer, for a teacher with hindsight (``TrainingCall.followed``)."""
+    conn.execute(update(Trajectory).where(Trajectory.id == trajectory_id).values(followed=followed))
+
+
+def close_followed(conn: Connection, group_id: str) -> bool:
+    """Close a lone attempt's group that its follow-up completes (close_reason "followed"): with no
+    reward it distills, and a reward posted after is kept, never trained on. False where it closed already."""
+    closed = conn.execute(update(Group).where(Group.id == group_id, Group.closed_at.is_(None)).values(closed_at=utcnow(), close_reason=FOLLOWED))
+    if closed.rowcount:
+        settle(conn, [group_id])
+    return bool(closed.rowcount)
 
 
 def judged(conn: Connection, policy: str) -> None:

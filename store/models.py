@@ -151,6 +151,9 @@ class Trajectory(Base):
     # Settled when its reward is stored (store/evals.py: settle); false again after any later
     # call, until settled again (a rewarded held-out trajectory that is not: ix_trajectories_unscored).
     scored: Mapped[bool] = mapped_column(Boolean, server_default="0")  # no Python default: the writer's prepared insert names its columns
+    # What followed its answer (a lone attempt's: the user's next turn, a tool's result), as chat
+    # messages, for a teacher with hindsight (core/learning/followups.py).
+    followed: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
 
 
 class HeldOut(Base):

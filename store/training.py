@@ -27,7 +27,7 @@ from sqlalchemy import ColumnElement, Select, and_, case, exists, func, or_, sel
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import InstrumentedAttribute, aliased
 
-from burnish_server.core.learning.groups import EXPIRED, Lack, tolerated
+from burnish_server.core.learning.groups import UNREWARDED, Lack, tolerated
 from burnish_server.core.learning.policies import Objective, TrainSettings
 from burnish_server.core.platform.clock import utcnow
 from burnish_server.core.platform.settings import Settings
@@ -136,7 +136,7 @@ def settle(conn: Connection, ids: list[str]) -> None:
         # A group marked held out on its row is held out, whatever its members say (a marked
         # call may name a group its trajectory never joined: the first group seen stays). A lone
         # attempt that expired lacks its reward for good: one posted since is kept, not trained.
-        lack = case((Group.eval, int(Lack.HELD_OUT)), (Group.close_reason == EXPIRED, int(Lack.REWARDS)), else_=lacks(Group.id))
+        lack = case((Group.eval, int(Lack.HELD_OUT)), (Group.close_reason.in_(UNREWARDED), int(Lack.REWARDS)), else_=lacks(Group.id))
         conn.execute(update(Group).where(Group.id.in_(ids)).values(lacks=lack))
 
 
@@ -259,6 +259,9 @@ class TrainingCall(NamedTuple):
     reward: float | None  # None: not rewarded (a group that distills needs no reward)
     call: CallRecord
     call_reward: float | None = None  # posted for this call alone (credit per turn)
+    # What followed its trajectory's answer (core/learning/followups.py): chat messages, for a
+    # teacher with hindsight; None where nothing did.
+    followed: list[dict[str, Any]] | None = None
 
 
 def group_calls(conn: Connection, ids: list[str]) -> list[TrainingCall]:
@@ -268,7 +271,7 @@ def group_calls(conn: Connection, ids: list[str]) -> list[TrainingCall]:
     Nor is anything held out: a mark that arrived after the claim still keeps its trajectory
     (or group) out of the step."""
     rows = conn.execute(
-        select(Trajectory.group_id, Trajectory.reward, call_reward().label("call_reward"), Call)
+        select(Trajectory.group_id, Trajectory.reward, call_reward().label("call_reward"), Trajectory.followed, Call)
         .join(Call, Call.trajectory_id == Trajectory.id)
         .join(Group, Group.id == Trajectory.group_id)
         .where(
@@ -276,4 +279,4 @@ def group_calls(conn: Connection, ids: list[str]) -> list[TrainingCall]:
         )
         .order_by(Trajectory.group_id, Trajectory.pk, Call.started_at, Call.pk)
     )
-    return [TrainingCall(row.group_id, row.trajectory_id, row.reward, to_record(row, row.group_id), row.call_reward) for row in rows]
+    return [TrainingCall(row.group_id, row.trajectory_id, row.reward, to_record(row, row.group_id), row.call_reward, row.followed) for row in rows]

@@ -21,7 +21,7 @@ from sqlalchemy import and_, bindparam, case, exists, false, func, insert, null,
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.learning.groups import EXPIRED, Lack
+from burnish_server.core.learning.groups import EXPIRED, UNREWARDED, Lack
 from burnish_server.core.platform.access import local, project_of
 from burnish_server.core.platform.clock import utcnow
 from burnish_server.core.platform.errors import Conflict, NotFound
@@ -210,7 +210,7 @@ class PostReward:
         # them sees all the others and closes the group.
         group_id, group = _rewarded(conn, self.trajectory_id)
         # A lone attempt whose reward came too late: kept, as every reward is, never trained on.
-        expired = group is not None and group.close_reason == EXPIRED
+        expired = group is not None and group.close_reason in UNREWARDED
         if group is not None and not expired:
             if group.closed_at is not None:
                 raise Conflict(

@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -52,9 +53,10 @@ from burnish_server.core.protocols.records import DEMONSTRATION, CallRecord
 from burnish_server.store.training import TrainingCall
 from burnish_server.trainer.grpo import group_advantages
 
-# A call's prompt as the teacher sees it (trainer/teacher.py), from the recorded call and the
-# prompt ids vLLM saw; None where it cannot be rendered faithfully (the call is not distilled).
-TeacherPrompt = Callable[[CallRecord, list[int]], list[int] | None]
+# A call's prompt as the teacher sees it (trainer/teacher.py), from the recorded call, the
+# prompt ids vLLM saw and what followed its answer (a teacher with hindsight); None where it
+# cannot be rendered faithfully, or the teacher has nothing to show (the call is not distilled).
+TeacherPrompt = Callable[[CallRecord, list[int], list[dict[str, Any]] | None], list[int] | None]
 
 
 @dataclass
@@ -282,7 +284,7 @@ def training_batch(
                 if credit:
                     credited.add(group_id)
                 if teacher_prompt is not None:
-                    call.teacher_prompt = teacher_prompt(row.call, call.prompt)
+                    call.teacher_prompt = teacher_prompt(row.call, call.prompt, row.followed)
                     unrendered += call.teacher_prompt is None
                 members.append(call)
                 records.setdefault(trajectory_id, []).append(row.call)

@@ -7,12 +7,19 @@ the very tokens the policy sampled, after its own prompt:
     recorded call ──(core/protocols/transcript.py: its conversation and tools)──▶ messages
     messages ──(the chat template)──▶ must equal the prompt ids vLLM recorded, else skipped
     [leading system messages] + context + [the rest] ──(the chat template)──▶ the teacher's prompt
+    ... + a hint of what followed, on the last turn ──(with hindsight)──▶ the teacher's prompt for a lone attempt's answer
 
 The check is what makes the teacher's prompt faithful: the render without the context must
 give exactly the ids the policy saw, so the same render with the context in differs by the
 context alone. A call it fails (vLLM served another chat template than the tokenizer's, a
 surface whose request does not read back into the same conversation) is not distilled and is
 counted (``teacher_unrendered_calls`` in the step's metrics), never guessed.
+
+With hindsight (``Teacher.hindsight``), a lone attempt whose answer was followed by something
+(core/learning/followups.py: the user's next turn, a tool's result) is scored by the teacher
+shown that, as a note after the conversation's last turn (``hint``): the answer then moves
+toward what the reply shows was wanted (OpenClaw-RL's hindsight-guided distillation). A call
+with nothing after it is taught by the context alone, or not at all where there is none.
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ class ContextTeacher:
     def __init__(self, tokenizer: Any, teacher: Teacher, template: str | None = None) -> None:
         self.tokenizer, self.template = tokenizer, template  # template: vLLM's where not the tokenizer's (serving/tool_calling.py: served_template)
         self.context = [chat(turn) for turn in teacher.context]
-        self.made: dict[tuple[bytes, tuple[int, ...]], list[int] | None] = {}
+        self.hindsight = teacher.hindsight
+        self.made: dict[tuple[bytes, tuple[int, ...], str], list[int] | None] = {}
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         ids = self.tokenizer.apply_chat_template(
@@ -45,16 +53,19 @@ class ContextTeacher:
         )
         return list(ids)
 
-    def prompt(self, call: CallRecord, recorded: list[int]) -> list[int] | None:
-        """The teacher's prompt for a call whose prompt ids were ``recorded``; None where it cannot be made faithfully."""
-        if not self.context:
-            return recorded
-        key = (call.request, tuple(recorded))
+    def prompt(self, call: CallRecord, recorded: list[int], followed: list[dict[str, Any]] | None = None) -> list[int] | None:
+        """The teacher's prompt for a call whose prompt ids were ``recorded`` (and, with hindsight,
+        the messages that ``followed`` its answer); None where it cannot be made faithfully, or
+        where the teacher has nothing to show it."""
+        hint = hint_of(followed) if self.hindsight and followed else None
+        if hint is None and not self.context:
+            return None if self.hindsight else recorded
+        key = (call.request, tuple(recorded), hint or "")
         if key not in self.made:
-            self.made[key] = self._prompt(call, recorded)
+            self.made[key] = self._prompt(call, recorded, hint)
         return self.made[key]
 
-    def _prompt(self, call: CallRecord, recorded: list[int]) -> list[int] | None:
+    def _prompt(self, call: CallRecord, recorded: list[int], hint: str | None) -> list[int] | None:
         try:
             turn = exchange(call)
         except UnreadableCall:
@@ -63,9 +74,24 @@ class ContextTeacher:
         try:
             if self.render(messages, turn.tools) != recorded:
                 return None
-            return self.render(with_context(messages, self.context), turn.tools)
+            shown = with_context(messages, self.context)
+            if hint is not None:
+                shown = [*shown[:-1], {**shown[-1], "content": f"{shown[-1].get('content') or ''}\n\n{hint}"}] if shown else shown
+            return self.render(shown, turn.tools)
         except Exception:  # a template that refuses the conversation (jinja's own errors): not distilled
             return None
+
+
+# How what followed an answer is shown to the teacher, after the conversation's last turn.
+HINT = "(A note on the reply to this: the next message in the conversation was\n{followed}\nGive the reply that message shows was wanted.)"
+
+
+def hint_of(followed: list[dict[str, Any]]) -> str | None:
+    """What followed an answer, as the note the teacher reads; None where it holds no text."""
+    text = "\n".join(
+        f"[{m.get('role', '')}] {m['content'].strip()}" for m in followed if isinstance(m, dict) and isinstance(m.get("content"), str) and m["content"].strip()
+    )
+    return HINT.format(followed=text) if text else None
 
 
 def chat(turn: Turn) -> dict[str, Any]:

@@ -46,8 +46,14 @@ class Lack(enum.IntEnum):
 
 
 # The close reason of a lone attempt that saw no reward (and no call) for its policy's
-# group_idle_close_s: it never trains, whatever reward comes after.
+# group_idle_close_s: it never trains on a reward, whatever reward comes after.
 EXPIRED = "expired"
+# The close reason of a lone attempt whose follow-up came (core/learning/followups.py) with no
+# reward, for a policy whose teacher learns from it (Teacher.hindsight): it distills, and a
+# reward that comes after is kept, never trained on, as an expired one's.
+FOLLOWED = "followed"
+# Closed without a reward, for good.
+UNREWARDED = (EXPIRED, FOLLOWED)
 
 
 def tolerated(objective: Objective, lone: bool = True) -> Lack:

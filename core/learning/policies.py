@@ -107,12 +107,19 @@ class Teacher(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     # teacher only: a served teacher answers the sampled token alone. None: DEFAULT_TOP_K for
     # the base, 0 for a served teacher (``top()``).
     top_k: Annotated[int, Meta(ge=0, le=MAX_TOP_K)] | None = None
+    # Hindsight: a lone attempt's answer is scored by the teacher shown what followed it (the
+    # user's next turn, a tool's result: core/learning/followups.py) as a hint, so that the answer
+    # moves toward what that reply shows was wanted. A call with nothing after it is taught by
+    # the context alone, or not at all without one. The base teacher only.
+    hindsight: bool = False
 
     def __post_init__(self) -> None:
         if (why := problem(self.context)) is not None:
             raise ValueError(f"teacher.context {why}")
         if self.top_k and self.model is not None:
             raise ValueError("teacher.top_k is for the policy's own base as teacher; a served teacher (teacher.model) scores the sampled token alone")
+        if self.hindsight and self.model is not None:
+            raise ValueError("teacher.hindsight is for the policy's own base as teacher: set teacher.model to null")
 
     def top(self) -> int:
         """How many of the teacher's likeliest tokens each sampled position learns from."""
@@ -298,9 +305,10 @@ def settings_conflicts(promotion: PromotionSettings, lora: LoraSettings, max_lor
     weights = train.weights if train is not None else Objective()
     if weights.grpo == weights.sft == weights.distill == 0:
         out.append("train.objective weighs every objective 0: nothing would train; give grpo, sft or distill a weight above 0")
-    if train is not None and train.teacher is not None and not train.teacher.context and train.teacher.model is None:
+    if train is not None and train.teacher is not None and not train.teacher.context and train.teacher.model is None and not train.teacher.hindsight:
         out.append(
-            "train.teacher has neither a context nor a model: the base model alone would teach what the policy already is; give it context turns, or a model vLLM serves"
+            "train.teacher has neither a context, a model nor hindsight: the base model alone would teach what the policy already is; "
+            "give it context turns, hindsight (what followed each answer), or a model vLLM serves"
         )
     if weights.distill > 0 and train is not None and train.teacher is None:
         out.append(

@@ -1,4 +1,5 @@
-"""The next-message judge: a lone attempt's answer scored by what followed it (``ruler.next_message``).
+"""What followed a lone attempt's answer, as its signal: judged into a reward (``ruler.next_message``),
+or shown to the teacher (``train.teacher.hindsight``).
 
 Every few seconds, for the policies that turn it on, the gateway reads the calls recorded since
 its last look and pairs each answer with the request that continues it (core/learning/followups.py:
@@ -7,7 +8,11 @@ answer is a lone attempt still waiting for its reward (a call sent with no traje
 group of its own), the policy's judge is asked whether what followed shows the answer served;
 P(yes) becomes the attempt's reward (source ``next_message``, with the judge's figures as its
 explanation), which closes its group, and it trains like any rewarded lone attempt. A reward the
-user posts first wins: the judge leaves a closed group alone.
+user posts first wins: the judge leaves a closed group alone. For a policy whose teacher has
+hindsight, what followed is kept on the attempt (``trajectories.followed``) and, with no reward
+by then, its group closes (close_reason "followed"): the teacher, shown it, distills the answer
+(trainer/teacher.py). Only an answer another request continues is paired: calls of one
+trajectory (an agent that sends its ids) are judged as a whole, by the reward posted for it.
 
 The judge is the policy's RULER judge (``ruler.judge_model``, ``ruler.judge_base_url``; by default
 its base model on the gateway's upstream: nothing beyond what ``burnish up`` serves), asked for
@@ -32,6 +37,7 @@ import httpx
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from burnish_server.core.learning.followups import answered_key, asked_key, judge_messages, judged_score
+from burnish_server.core.learning.policies import Policy
 from burnish_server.core.platform.errors import BurnishError, Conflict, Unavailable
 from burnish_server.core.protocols.conversation import Message
 from burnish_server.core.protocols.transcript import UnreadableCall, exchange
@@ -119,7 +125,8 @@ class Followups:
         except UnreadableCall:
             return None
         followed = None
-        if (asked := asked_key(turn)) is not None and (earlier := self.waiting.pop(asked.key, None)) is not None:
+        if (asked := asked_key(turn)) is not None and (earlier := self.waiting.get(asked.key)) is not None and earlier.trajectory_id != call.call.trajectory_id:
+            del self.waiting[asked.key]
             followed = Answer(earlier.policy, earlier.trajectory_id, earlier.prompt, earlier.answer, asked.followed)
         if call.lone and call.call.policy is not None and (key := answered_key(turn)) is not None:
             self.waiting[key] = Answer(call.call.policy, call.call.trajectory_id, list(turn.prompt), turn.answers[0])
@@ -128,14 +135,34 @@ class Followups:
         return followed
 
 
+def hindsight(policy: Policy) -> bool:
+    """Whether the policy's teacher learns from what followed an answer (and the policy distills)."""
+    teacher = policy.train.teacher
+    return teacher is not None and teacher.hindsight and policy.train.weights.distill > 0
+
+
+def watched(policy: Policy) -> bool:
+    return policy.ruler.next_message or hindsight(policy)
+
+
 async def judge_followup(svc: Services, followed: Answer) -> None:
-    """Claim, judge and reward one answer by what followed it."""
+    """Claim one answer, keep what followed it for the teacher, and judge it into its reward."""
     policy = svc.policies.policies.get(followed.policy)
-    if policy is None or not policy.ruler.next_message:
+    if policy is None or not watched(policy):
         return
     group_id = followed.trajectory_id  # a lone attempt's group is named after it
     if not await svc.db.transaction(store.claim_answer, group_id):
-        return  # rewarded already, or another gateway judges it
+        return  # rewarded already, or another gateway has it
+    if hindsight(policy):
+        await svc.db.transaction(store.keep_followed, followed.trajectory_id, [m.chat() for m in followed.followed])
+    if policy.ruler.next_message:
+        await judge_answer(svc, policy, followed, group_id)
+    if hindsight(policy):  # no reward came first: the follow-up is its signal, and it is complete
+        await svc.db.transaction(store.close_followed, group_id)
+
+
+async def judge_answer(svc: Services, policy: Policy, followed: Answer, group_id: str) -> None:
+    """The judge's P(yes) as the answer's reward; an unreadable verdict said on its group."""
     messages = judge_messages(followed.prompt, followed.answer, followed.followed)
     try:
         judge = policy_judge(svc, policy.ruler, RulerIn(), policy.base_model, policy.name, group_id)
@@ -163,7 +190,7 @@ async def watch_followups(svc: Services, every_s: float = EVERY_S) -> None:
 
     while True:
         await asyncio.sleep(every_s)
-        policies = [p.name for p in svc.policies.policies.values() if p.ruler.next_message]
+        policies = [p.name for p in svc.policies.policies.values() if watched(p)]
         if not policies:
             continue
         try:

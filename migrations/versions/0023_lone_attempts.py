@@ -7,6 +7,7 @@
   ``policies.next_judged`` and ``next_unreadable``: how many answers the next-message judge
   scored, and how many it gave no readable verdict for.
 - ``lone_baselines``: each policy's running statistics of its lone rewards, per kind of request.
+- ``trajectories.followed``: what followed a lone attempt's answer, for a teacher with hindsight.
 
 Revision ID: 0023
 Revises: 0022
@@ -28,6 +29,7 @@ def upgrade() -> None:
     op.execute("UPDATE groups SET lacks = lacks + 1 WHERE lacks >= 1")
     for column in ("lone_expired", "next_judged", "next_unreadable"):
         op.add_column("policies", sa.Column(column, sa.Integer(), nullable=False, server_default="0"))
+    op.add_column("trajectories", sa.Column("followed", sa.JSON(), nullable=True))
     op.create_table(
         "lone_baselines",
         sa.Column("policy", sa.String(128), primary_key=True),
@@ -41,6 +43,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("lone_baselines")
+    with op.batch_alter_table("trajectories") as batch:
+        batch.drop_column("followed")
     with op.batch_alter_table("policies") as batch:
         for column in ("lone_expired", "next_judged", "next_unreadable"):
             batch.drop_column(column)

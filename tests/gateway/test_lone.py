@@ -7,6 +7,7 @@ reward posted after is kept and answered ``expired``. The status counts each kin
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import msgspec
@@ -131,3 +132,26 @@ def test_the_users_next_message_is_judged_into_the_answers_reward(judged: Gatewa
     lone = judged.policy()["lone"]
     assert (lone["judged"], lone["unreadable"]) == (1, 1)
     assert "next-message judge: 1 answers scored by what followed, 1 unreadable verdicts" in render(msgspec.convert(judged.policy(), PolicyView))
+
+
+def test_with_hindsight_what_followed_is_kept_for_the_teacher_and_completes_the_attempt(make_gateway, upstream, database_url: str) -> None:
+    gw = make_gateway(database_url)
+    gw.create_policy("agent", train={"objective": {"grpo": 1, "distill": 1}, "teacher": {"hindsight": True}})
+    corrected, _ = converse(gw, "What is 9 + 8?", "No, it is 17.")
+    wait_for(lambda: group(gw, corrected)["state"] == "closed", 20, "the follow-up did not complete the attempt")
+    closed = group(gw, corrected)
+    assert (closed["close_reason"], closed["cannot_train"]) == ("followed", None)  # it distills, with no reward
+    assert gw.policy()["groups_ready"] >= 1
+    with gw.client() as c:
+        got = c.get(f"/v1/trajectories/{corrected}").json()
+    assert got["reward"] is None and got["group_id"] == corrected
+    late = reward(gw, corrected, 1.0)  # a verdict after the follow-up: kept, never trained on
+    assert late.status_code == 200 and late.json()["expired"] is True
+    # A follow-up within one trajectory (an agent that sends its ids) is no lone attempt's: nothing is paired.
+    with gw.client() as c:
+        first = c.post("/t/mine/v1/chat/completions", json={"model": "agent", "messages": [{"role": "user", "content": "hi"}]}).json()
+        answer = first["choices"][0]["message"]["content"]
+        turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": answer}, {"role": "user", "content": "Thanks."}]
+        assert c.post("/t/mine/v1/chat/completions", json={"model": "agent", "messages": turns}).status_code == 200
+    time.sleep(5)  # two looks of the watcher
+    assert group(gw, "mine")["state"] == "open"

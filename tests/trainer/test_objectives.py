@@ -155,6 +155,27 @@ def test_each_objective_is_normalised_by_its_own_tokens(tiny_model: Path) -> Non
     assert gaps.max() <= settings.learning_rate and int((gaps > 2e-5).sum()) <= gaps.numel() // 1000, (gaps.max(), int((gaps > 2e-5).sum()))
 
 
+def test_a_teacher_with_hindsight_sees_what_followed_the_answer_or_teaches_nothing(tiny_model: Path) -> None:
+    """Hindsight: the user's next message, shown after the conversation's last turn, is the
+    teacher's hint for the answer given; a call that nothing followed is not distilled."""
+    from transformers import AutoTokenizer
+
+    from burnish_server.trainer.teacher import hint_of
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    teacher = ContextTeacher(tokenizer, Teacher(hindsight=True))
+    messages = [{"role": "user", "content": "What is 9 + 8?"}]
+    recorded = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+    call = _record("t", recorded, [9], messages)
+    followed = [{"role": "user", "content": "No, it is 17."}]
+    hint = hint_of(followed)
+    assert hint is not None and "[user] No, it is 17." in hint
+    hinted = [{"role": "user", "content": f"What is 9 + 8?\n\n{hint}"}]
+    assert teacher.prompt(call, recorded, followed) == list(tokenizer.apply_chat_template(hinted, add_generation_prompt=True, tokenize=True, return_dict=False))
+    assert teacher.prompt(call, recorded, None) is None and teacher.prompt(call, recorded, [{"role": "user", "content": ""}]) is None
+    assert teacher.prompt(call, recorded[:-1], followed) is None  # rendered otherwise than vLLM saw it: never a guess
+
+
 def test_the_context_teacher_sees_its_turns_after_the_system_message_or_nothing(tiny_model: Path) -> None:
     from transformers import AutoTokenizer
 
