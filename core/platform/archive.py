@@ -107,6 +107,8 @@ class ArchivedTrajectory(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     rewarded_at: datetime | None
     eval: bool
     calls: list[ArchivedCall]
+    # What followed a lone attempt's answer (store/models.py: Trajectory.followed); absent in older archives.
+    followed: list[dict[str, Any]] | None = None
     rewards: list[ArchivedReward]
     group: ArchivedGroup | None = None
     verdict: ArchivedVerdict | None = None
