@@ -1,35 +1,32 @@
 """What the next-message judge reads and claims (gateway/groups/followups.py; core/learning/followups.py).
 
 Sync functions of a ``Connection``. The judge reads the calls recorded since its last look, in
-the order they were recorded (by key: ``calls.pk``), for the policies that judge what followed
-their answers, and claims an answer before judging it, so that of several gateways one judges
-it (the group's ``ruler_at``, as automatic RULER claims a group; a claim older than the lease
-is taken again).
+the order they were recorded (by key: ``calls.pk``), for the policies that learn from what followed
+their answers, and claims an answer before judging it by making its lone attempt's group
+(store/lone.py), so that of several gateways one judges it. A gateway that dies while judging
+leaves the group open: it closes as expired after the policy's group_idle_close_s.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import and_, func, select, update
 from sqlalchemy.engine import Connection
 
 from burnish_server.core.learning.groups import FOLLOWED
 from burnish_server.core.platform.clock import utcnow
 from burnish_server.core.protocols.records import OK, CallRecord
 from burnish_server.store.calls import to_record
+from burnish_server.store.lone import make_group, waiting_terms
 from burnish_server.store.models import Call, Group, PolicyRow, Trajectory
 from burnish_server.store.training import settle
-
-# A gateway that died while judging: another takes the answer again after this long.
-CLAIM_LEASE_S = 120.0
 
 
 class Recorded(NamedTuple):
     pk: int
     call: CallRecord
-    lone: bool  # its trajectory is a lone attempt (a group of its own, of size 1) that is still open
+    lone: bool  # its trajectory is a lone attempt still waiting for its reward (store/lone.py)
 
 
 def last_call(conn: Connection) -> int:
@@ -39,26 +36,23 @@ def last_call(conn: Connection) -> int:
 
 def recorded_since(conn: Connection, after: int, policies: list[str], limit: int = 500) -> list[Recorded]:
     """The ok calls to ``policies`` recorded after key ``after``, oldest first."""
+    waiting = and_(*waiting_terms()).label("waiting")
     rows = conn.execute(
-        select(Call, Group.expected_size.label("expected_size"), Group.closed_at.label("closed_at"))
+        select(Call, waiting)
         .join(Trajectory, Trajectory.id == Call.trajectory_id)
-        .outerjoin(Group, Group.id == Trajectory.group_id)
         .where(Call.pk > after, Call.policy.in_(policies), Call.status == OK)
         .order_by(Call.pk)
         .limit(limit)
     )
-    return [Recorded(row.pk, to_record(row), row.expected_size == 1 and row.closed_at is None) for row in rows]
+    return [Recorded(row.pk, to_record(row), bool(row.waiting)) for row in rows]
 
 
-def claim_answer(conn: Connection, group_id: str) -> bool:
-    """Claim a lone attempt's open group for the judge; False where another has it or it closed."""
-    now = utcnow()
-    claimed = conn.execute(
-        update(Group)
-        .where(Group.id == group_id, Group.closed_at.is_(None), or_(Group.ruler_at.is_(None), Group.ruler_at < now - timedelta(seconds=CLAIM_LEASE_S)))
-        .values(ruler_at=now)
-    )
-    return claimed.rowcount == 1
+def claim_answer(conn: Connection, trajectory_id: str, policy: str) -> bool:
+    """Claim a lone attempt still waiting for its reward, by making its group (open, stamped):
+    False where it has one already (a reward came first, or another gateway claimed it)."""
+    if conn.execute(select(Trajectory.pk).where(Trajectory.id == trajectory_id, *waiting_terms()).with_for_update()).first() is None:
+        return False
+    return make_group(conn, trajectory_id, policy, utcnow(), claimed=True)
 
 
 def keep_followed(conn: Connection, trajectory_id: str, followed: list[dict[str, Any]]) -> None:

@@ -65,21 +65,3 @@ def counts(conn: Connection, policy: str) -> Counts:
         closed=found[("waiting", False)] - found[("taken", False)],
         eval=found[("open", True)] + found[("waiting", True)],
     )
-
-
-class LoneCounts(NamedTuple):
-    """A policy's lone attempts (groups of one) that are open (no reward yet) and ready (rewarded, not yet trained)."""
-
-    waiting: int
-    ready: int
-
-
-def lone_counts(conn: Connection, policy: str) -> LoneCounts:
-    """The open ones from ``ix_groups_open`` (they expire after the policy's group_idle_close_s), the
-    ready ones from ``ix_groups_waiting`` (their lack, ``PEERS``, says they are lone and rewarded)."""
-    mine, lone = Group.policy == policy, Group.expected_size == 1
-    waiting = conn.execute(select(func.count()).where(mine, Group.closed_at.is_(None), lone, Group.eval.is_(False))).scalar_one()
-    ready = conn.execute(
-        select(func.count()).where(mine, Group.closed_at.is_not(None), Group.trained_at.is_(None), Group.lacks == int(Lack.PEERS), is_closed())
-    ).scalar_one()
-    return LoneCounts(waiting, ready)

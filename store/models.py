@@ -62,6 +62,11 @@ CLAIMED = "claimed_by IS NOT NULL AND trained_at IS NULL"
 IN_GROUP, TO_POLICY, HAS_RESPONSE_ID = "group_id IS NOT NULL", "policy IS NOT NULL", "response_id IS NOT NULL"
 # In each dialect's own words: SQLite's planner uses a partial index only for a query that names its terms as written.
 UNSCORED = {"sqlite": "eval = 1 AND reward IS NOT NULL AND scored = 0", "postgresql": "eval AND reward IS NOT NULL AND NOT scored"}
+# A lone attempt still waiting for its reward (core/learning/lone.py): a policy's trajectory in no group, unrewarded, not held out.
+LONE = {
+    "sqlite": "policy IS NOT NULL AND group_id IS NULL AND reward IS NULL AND eval = 0",
+    "postgresql": "policy IS NOT NULL AND group_id IS NULL AND reward IS NULL AND NOT eval",
+}
 
 
 class Group(Base):
@@ -131,6 +136,9 @@ class Trajectory(Base):
         # Held out and rewarded, but not settled into `held_out` (a few at most): read apart. Keyed
         # by `scored`, which the query names: SQLite prefers an index it searches to one it scans.
         Index("ix_trajectories_unscored", "scored", sqlite_where=text(UNSCORED["sqlite"]), postgresql_where=text(UNSCORED["postgresql"])),
+        # Lone attempts waiting for their reward, by policy and last call: how many wait, and the
+        # slice that expired since the last look (store/lone.py), read by time, never by history.
+        Index("ix_trajectories_lone", "policy", "updated_at", sqlite_where=text(LONE["sqlite"]), postgresql_where=text(LONE["postgresql"])),
     )
 
     pk: Mapped[int] = mapped_column(PK, primary_key=True, autoincrement=True)
@@ -138,6 +146,9 @@ class Trajectory(Base):
     id: Mapped[str] = mapped_column(String(STORED_ID_MAX), unique=True)
     project: Mapped[str] = mapped_column(String(64), default=DEFAULT_PROJECT, server_default=DEFAULT_PROJECT)
     group_id: Mapped[str | None] = mapped_column(ForeignKey("groups.id"))
+    # The first policy its calls went to (None: only other models'): a trajectory in no group
+    # with a policy is a lone attempt of it (core/learning/lone.py).
+    policy: Mapped[str | None] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     # The latest reward; every posted reward is also kept in `rewards`.
@@ -283,6 +294,8 @@ class PolicyRow(Base):
     train_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # Its lone attempts that expired unrewarded (store/writes.py: close_idle_groups), counted as they expire.
     lone_expired: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Lone attempts whose last call came before this were counted into lone_expired (store/lone.py: sweep).
+    lone_swept_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # Answers the next-message judge scored, and those it gave no readable verdict for (gateway/groups/followups.py).
     next_judged: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     next_unreadable: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

@@ -37,6 +37,7 @@ from burnish_server.core.platform.ids import adapter_name
 from burnish_server.core.protocols.records import DEMONSTRATION
 from burnish_server.store import groups, promotion
 from burnish_server.store.evals import eval_scores
+from burnish_server.store.lone import lone_counts
 from burnish_server.store.models import Group, PolicyRow, StepRow, iso
 from burnish_server.store.training import count_ready, credited, group_members, training_rules
 
@@ -253,7 +254,7 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
     history = [StepMetrics.read(m) for m in conn.execute(select(StepRow.metrics).where(StepRow.policy == name).order_by(StepRow.step)).scalars()]
     # Held-out groups apart: they never wait for training, whatever their state.
     counted = groups.counts(conn, name)
-    lone = groups.lone_counts(conn, name)
+    lone = lone_counts(conn, name, policy.train.group_idle_close_s, utcnow())
     return PolicyView(
         name=policy.name,
         base_model=policy.base_model,

@@ -222,7 +222,7 @@ _CALL_FIELDS = tuple(ArchivedCall.__struct_fields__)
 _GROUP_FIELDS = tuple(ArchivedGroup.__struct_fields__)
 _VERDICT_FIELDS = tuple(ArchivedVerdict.__struct_fields__)
 _REWARD_FIELDS = tuple(ArchivedReward.__struct_fields__)
-_TRAJECTORY_FIELDS = ("id", "project", "group_id", "created_at", "updated_at", "reward", "reward_components", "rewarded_at", "eval", "followed")
+_TRAJECTORY_FIELDS = ("id", "project", "group_id", "created_at", "updated_at", "reward", "reward_components", "rewarded_at", "eval", "policy", "followed")
 
 
 def _fingerprint(conn: Connection, units: Sequence[Unit]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from sqlalchemy import exists, insert, or_, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.learning.groups import group_state, rewards_final
+from burnish_server.core.learning.groups import UNREWARDED, group_state, rewards_final
 from burnish_server.core.learning.verdicts import Score
 from burnish_server.core.platform.access import local
 from burnish_server.core.platform.clock import utcnow
@@ -141,6 +141,8 @@ def claim_auto(conn: Connection, limit: int = 8) -> list[tuple[str, str]]:
             Group.policy.in_(list(policies)),
             or_(Group.policy.not_in(needs), unrewarded) if needs else true(),
             groups.is_closed(),
+            # A lone attempt closed without its reward keeps none: nothing for a judge to decide.
+            or_(Group.close_reason.is_(None), Group.close_reason.not_in(UNREWARDED)),
             Group.ruler_key.is_(None),
             Group.ruler_error.is_(None),
             or_(Group.ruler_at.is_(None), Group.ruler_at < now - timedelta(seconds=AUTO_LEASE_S)),

@@ -27,7 +27,7 @@ from sqlalchemy import ColumnElement, Select, and_, case, exists, func, or_, sel
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import InstrumentedAttribute, aliased
 
-from burnish_server.core.learning.groups import UNREWARDED, Lack, tolerated
+from burnish_server.core.learning.groups import EXPIRED, UNREWARDED, Lack, tolerated
 from burnish_server.core.learning.policies import Objective, TrainSettings
 from burnish_server.core.platform.clock import utcnow
 from burnish_server.core.platform.settings import Settings
@@ -133,11 +133,15 @@ def settle(conn: Connection, ids: list[str]) -> None:
     the groups' rows locked (FOR UPDATE): on PostgreSQL this statement's snapshot then holds
     every member that joined before, and none can join until it commits."""
     if ids:
-        # A group marked held out on its row is held out, whatever its members say (a marked
-        # call may name a group its trajectory never joined: the first group seen stays). A lone
-        # attempt that expired lacks its reward for good: one posted since is kept, not trained.
-        lack = case((Group.eval, int(Lack.HELD_OUT)), (Group.close_reason.in_(UNREWARDED), int(Lack.REWARDS)), else_=lacks(Group.id))
-        conn.execute(update(Group).where(Group.id.in_(ids)).values(lacks=lack))
+        conn.execute(update(Group).where(Group.id.in_(ids)).values(lacks=group_lack()))
+
+
+def group_lack() -> Any:
+    """What a group lacks, read in a statement over ``groups``: a group marked held out on its row
+    is held out, whatever its members say (a marked call may name a group its trajectory never
+    joined: the first group seen stays); a lone attempt closed without its reward (expired, or
+    completed by its follow-up) lacks it for good: one posted since is kept, not trained on."""
+    return case((Group.eval, int(Lack.HELD_OUT)), (Group.close_reason.in_(UNREWARDED), int(Lack.REWARDS)), else_=lacks(Group.id))
 
 
 def settle_waiting(conn: Connection, policy: str) -> None:
@@ -169,17 +173,18 @@ def ready_groups(
     forever beside it. Else the groups not settled (closed before migration 0017, or a call came
     after they closed), each worked out from its members (``lacks``) until the trainer's next
     claim settles it (``settle_waiting``)."""
-    lack: Any = Group.lacks if settled else lacks(Group.id)
+    lack: Any = Group.lacks if settled else group_lack()
     tolerance = int(tolerated(rules.objective, rules.lone))
     # On GRPO alone (the default), one value of the index: its entries come oldest closed first.
     fits = lack == tolerance if tolerance == Lack.NOTHING else lack <= tolerance
-    # Posted demonstrations (core/learning/demonstrations.py) train SFT alone, and need no reward.
-    sampled = or_(Group.close_reason.is_(None), Group.close_reason != DEMONSTRATION)
+    # Posted demonstrations (core/learning/demonstrations.py) train SFT alone, and need no reward;
+    # an expired lone attempt trains nothing, whatever the objective tolerates.
+    sampled = or_(Group.close_reason.is_(None), Group.close_reason.not_in((DEMONSTRATION, EXPIRED)))
     kind = and_(sampled, fits)
     if rules.objective.sft > 0:
         kind = or_(kind, and_(Group.close_reason == DEMONSTRATION, lack < int(Lack.HELD_OUT)))
     return (
-        select(Group.id, Group.expected_size)
+        select(Group.id, Group.lacks)
         .where(
             *waiting(policy),
             Group.lacks.is_not(None) if settled else Group.lacks.is_(None),
@@ -202,8 +207,9 @@ def count_ready(conn: Connection, policy: str, lease_s: float = DEFAULT_LEASE_S)
 
 def claim_groups(conn: Connection, policy: str, worker: str, count: int, lease_s: float = DEFAULT_LEASE_S, minimum: int | None = None) -> list[str]:
     """Claim up to ``count`` ready groups' worth for ``worker``; none if fewer than ``minimum``
-    (default: count; 0: whatever is ready) are ready. A lone attempt (a group of size 1) weighs 1 / ``lone_per_group``
-    of a group (TrainSettings), so a step of lone traffic trains ``count x lone_per_group`` of them.
+    (default: count; 0: whatever is ready) are ready. A lone attempt (a group whose lack is
+    ``PEERS``: one member, rewarded) weighs 1 / ``lone_per_group`` of a group (TrainSettings), so a
+    step of lone traffic trains ``count x lone_per_group`` of them.
 
     One trainer at a time trains a policy (each step builds on the last): while another
     worker holds a live claim on the policy's groups, this one gets none. The policy's row
@@ -218,11 +224,11 @@ def claim_groups(conn: Connection, policy: str, worker: str, count: int, lease_s
     query = ready_groups(policy, now=now, lease_s=lease_s, rules=rules).limit(count * rules.lone_per_group).with_for_update(skip_locked=True, of=Group)
     # Worth counted in lone attempts: a group is lone_per_group of them.
     ids, worth, per_group = [], 0, rules.lone_per_group
-    for group_id, size in conn.execute(query):
+    for group_id, lack in conn.execute(query):
         if worth >= count * per_group:
             break
         ids.append(group_id)
-        worth += 1 if size == 1 else per_group
+        worth += 1 if lack == Lack.PEERS else per_group
     if not ids or worth < (count if minimum is None else minimum) * per_group:
         return []
     conn.execute(update(Group).where(Group.id.in_(ids)).values(claimed_by=worker, claimed_at=now))

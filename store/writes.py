@@ -26,7 +26,7 @@ from burnish_server.core.platform.access import local, project_of
 from burnish_server.core.platform.clock import utcnow
 from burnish_server.core.platform.errors import Conflict, NotFound
 from burnish_server.core.protocols.records import DEMONSTRATION, CallRecord
-from burnish_server.store import evals
+from burnish_server.store import evals, lone
 from burnish_server.store.calls import CALL_COLUMNS, to_row
 from burnish_server.store.models import Call, Group, PolicyRow, Reward, Trajectory
 from burnish_server.store.training import settle
@@ -57,6 +57,7 @@ def _upserts(dialect: str) -> tuple[Any, Any]:
         # A call may change a held-out trajectory's versions: settled again (store/evals.py: settle).
         set_={
             "group_id": func.coalesce(Trajectory.group_id, trajectories.excluded.group_id),
+            "policy": func.coalesce(Trajectory.policy, trajectories.excluded.policy),
             "updated_at": trajectories.excluded.updated_at,
             "eval": or_(Trajectory.eval, trajectories.excluded.eval),
             "scored": false(),
@@ -111,7 +112,7 @@ def _prepared_sqlite(dialect: Any) -> tuple[_Prepared, _Prepared, _Prepared, _Pr
     groups, trajectories = _upserts("sqlite")
     return (
         _Prepared(groups, dialect, ("id", "project", "expected_size", "policy", "eval", "created_at")),
-        _Prepared(trajectories, dialect, ("id", "project", "group_id", "eval", "created_at", "updated_at")),
+        _Prepared(trajectories, dialect, ("id", "project", "group_id", "policy", "eval", "created_at", "updated_at")),
         _Prepared(_INSERT_CALLS, dialect, CALL_COLUMNS),
         _Prepared(_HOLD_OUT, dialect, ("trajectory_id", "lacks")),
     )
@@ -134,12 +135,14 @@ def insert_calls(conn: Connection, records: list[CallRecord]) -> None:
                 "id": rec.trajectory_id,
                 "project": project_of(rec.trajectory_id),
                 "group_id": rec.group_id,
+                "policy": rec.policy,
                 "eval": rec.eval,
                 "created_at": rec.started_at,
                 "updated_at": rec.finished_at,
             }
         else:
             row["group_id"] = row["group_id"] or rec.group_id
+            row["policy"] = row["policy"] or rec.policy
             row["eval"] = row["eval"] or rec.eval
             row["created_at"] = min(row["created_at"], rec.started_at)
             row["updated_at"] = max(row["updated_at"], rec.finished_at)
@@ -186,7 +189,9 @@ def _rewarded(conn: Connection, trajectory_id: str) -> tuple[str | None, Any]:
     group = None
     if found is not None and found.group_id is not None:
         group = conn.execute(
-            select(Group.id, Group.expected_size, Group.closed_at, Group.close_reason).where(Group.id == found.group_id).with_for_update()
+            select(Group.id, Group.expected_size, Group.closed_at, Group.close_reason, Group.claimed_by, Group.trained_at)
+            .where(Group.id == found.group_id)
+            .with_for_update()
         ).first()
         if group is None:  # pruned with its group meanwhile
             found = None
@@ -209,14 +214,30 @@ class PostReward:
         # The group's row locked: concurrent rewards of one group take turns, so the last of
         # them sees all the others and closes the group.
         group_id, group = _rewarded(conn, self.trajectory_id)
+        now = utcnow()
+        if group is None and (attempt := lone.lone_of(conn, self.trajectory_id)) is not None:
+            # A lone attempt: its group of one is made now, closed "expired" where the reward came
+            # after the policy's group_idle_close_s (store/lone.py).
+            late = attempt.expired(now)
+            if lone.make_group(conn, self.trajectory_id, attempt.policy, now, close_reason=EXPIRED if late else None):
+                if late:
+                    lone.expired_late(conn, attempt)
+                group_id, group = _rewarded(conn, self.trajectory_id)
         # A lone attempt whose reward came too late: kept, as every reward is, never trained on.
         expired = group is not None and group.close_reason in UNREWARDED
-        if group is not None and not expired:
-            if group.closed_at is not None:
-                raise Conflict(
-                    f"group {local(group.id)!r} is closed{_why_closed(group.close_reason)}; its rewards can no longer change", "group_closed", "trajectory_id"
-                )
-        now = utcnow()
+        # A lone attempt's reward may be put right (a user's verdict after the judge's) until a trainer takes it.
+        amend = (
+            self.source == "user"
+            and group is not None
+            and group.expected_size == 1
+            and group.close_reason == "complete"
+            and group.claimed_by is None
+            and group.trained_at is None
+        )
+        if group is not None and not expired and not amend and group.closed_at is not None:
+            raise Conflict(
+                f"group {local(group.id)!r} is closed{_why_closed(group.close_reason)}; its rewards can no longer change", "group_closed", "trajectory_id"
+            )
         stored = conn.execute(
             update(Trajectory)
             .where(Trajectory.id == self.trajectory_id)
@@ -236,7 +257,9 @@ class PostReward:
             )
         )
         closed = False
-        if group is not None and group.expected_size is not None and not expired:
+        if amend or expired:
+            settle(conn, [group.id])  # type: ignore[union-attr]  # amend and expired say there is a group
+        elif group is not None and group.expected_size is not None:
             rewarded = conn.execute(
                 select(func.count()).select_from(Trajectory).where(Trajectory.group_id == group_id, Trajectory.reward.is_not(None))
             ).scalar_one()

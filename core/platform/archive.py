@@ -107,7 +107,9 @@ class ArchivedTrajectory(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     rewarded_at: datetime | None
     eval: bool
     calls: list[ArchivedCall]
-    # What followed a lone attempt's answer (store/models.py: Trajectory.followed); absent in older archives.
+    # The first policy its calls went to, and what followed a lone attempt's answer
+    # (store/models.py: Trajectory); absent in older archives.
+    policy: str | None = None
     followed: list[dict[str, Any]] | None = None
     rewards: list[ArchivedReward]
     group: ArchivedGroup | None = None

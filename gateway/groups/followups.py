@@ -20,9 +20,12 @@ one token with its logprobs. An answer it cannot be read from (neither yes nor n
 likeliest tokens, or an endpoint that returns no logprobs) is no reward: the group says why
 (``ruler_error``) and the policy's status counts it.
 
-Answers wait in memory for their follow-up (``MAX_WAITING`` of them, the oldest dropped first);
-a gateway that restarts looks back ``LOOK_BACK`` calls. Several gateways each read every call;
-the store's claim (store/followups.py) has one of them judge each answer.
+Answers wait in memory for their follow-up (``MAX_WAITING`` of them, the oldest dropped first),
+paired only within a project; a gateway that restarts looks back ``LOOK_BACK`` calls, and each
+look reads again the last ``OVERLAP`` keys before where it stopped (on PostgreSQL a call may
+commit after one with a later key). Several gateways each read every call; the store's claim
+(store/followups.py) has one of them judge each answer. Calls are read in a thread, off the
+gateway's event loop.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from burnish_server.core.learning.followups import answered_key, asked_key, judge_messages, judged_score
 from burnish_server.core.learning.policies import Policy
+from burnish_server.core.platform.access import project_of
 from burnish_server.core.platform.errors import BurnishError, Conflict, Unavailable
 from burnish_server.core.protocols.conversation import Message
 from burnish_server.core.protocols.transcript import UnreadableCall, exchange
@@ -50,8 +54,9 @@ from burnish_server.store.writes import PostReward
 log = logging.getLogger("burnish.followups")
 
 EVERY_S = 2.0
-MAX_WAITING = 100_000
+MAX_WAITING = 20_000
 LOOK_BACK = 2_000
+OVERLAP = 200
 # Answers judged at once (each a short request to the judge).
 CONCURRENCY = 4
 # The judge's likeliest first tokens read (OpenAI's API gives at most 20).
@@ -114,25 +119,41 @@ class Followups:
     """The answers waiting for their follow-up, and where the next look starts."""
 
     def __init__(self) -> None:
-        self.waiting: OrderedDict[str, Answer] = OrderedDict()
+        self.waiting: OrderedDict[tuple[str, str], Answer] = OrderedDict()  # by (project, key)
         self.cursor: int | None = None
+        self.seen: OrderedDict[int, None] = OrderedDict()  # the keys of the calls read lately
 
     def see(self, call: store.Recorded) -> Answer | None:
         """Take in one recorded call: the earlier answer it follows up, if one waits; keep its own
-        answer waiting, where it is a lone attempt's."""
+        answer waiting, where it is a lone attempt's. A call read before is passed over."""
+        if call.pk in self.seen:
+            return None
+        self.seen[call.pk] = None
+        while len(self.seen) > OVERLAP * 4:
+            self.seen.popitem(last=False)
         try:
             turn = exchange(call.call)
         except UnreadableCall:
             return None
-        followed = None
-        if (asked := asked_key(turn)) is not None and (earlier := self.waiting.get(asked.key)) is not None and earlier.trajectory_id != call.call.trajectory_id:
-            del self.waiting[asked.key]
-            followed = Answer(earlier.policy, earlier.trajectory_id, earlier.prompt, earlier.answer, asked.followed)
+        project, followed = project_of(call.call.trajectory_id), None
+        if (asked := asked_key(turn)) is not None and (earlier := self.waiting.get((project, asked.key))) is not None:
+            if earlier.trajectory_id != call.call.trajectory_id:
+                del self.waiting[(project, asked.key)]
+                followed = Answer(earlier.policy, earlier.trajectory_id, earlier.prompt, earlier.answer, asked.followed)
         if call.lone and call.call.policy is not None and (key := answered_key(turn)) is not None:
-            self.waiting[key] = Answer(call.call.policy, call.call.trajectory_id, list(turn.prompt), turn.answers[0])
+            self.waiting[(project, key)] = Answer(call.call.policy, call.call.trajectory_id, list(turn.prompt), turn.answers[0])
             while len(self.waiting) > MAX_WAITING:
                 self.waiting.popitem(last=False)
         return followed
+
+    def take(self, calls: list[store.Recorded]) -> list[Answer]:
+        """A look's calls, in order: the answers they follow up."""
+        found = []
+        for call in calls:
+            self.cursor = max(self.cursor or 0, call.pk)
+            if (followed := self.see(call)) is not None:
+                found.append(followed)
+        return found
 
 
 def hindsight(policy: Policy) -> bool:
@@ -151,7 +172,7 @@ async def judge_followup(svc: Services, followed: Answer) -> None:
     if policy is None or not watched(policy):
         return
     group_id = followed.trajectory_id  # a lone attempt's group is named after it
-    if not await svc.db.transaction(store.claim_answer, group_id):
+    if not await svc.db.transaction(store.claim_answer, followed.trajectory_id, policy.name):
         return  # rewarded already, or another gateway has it
     if hindsight(policy):
         await svc.db.transaction(store.keep_followed, followed.trajectory_id, [m.chat() for m in followed.followed])
@@ -172,8 +193,9 @@ async def judge_answer(svc: Services, policy: Policy, followed: Answer, group_id
         await svc.db.transaction(store.judge_failed, policy.name, group_id, exc.message)
         return
     with contextlib.suppress(Conflict):  # the user's own reward came first: it stands
-        await svc.writer.write(PostReward(followed.trajectory_id, score, {SOURCE: score}, source=SOURCE, explanation=why))
-        await svc.db.transaction(store.judged, policy.name)
+        answer = await svc.writer.write(PostReward(followed.trajectory_id, score, {SOURCE: score}, source=SOURCE, explanation=why))
+        if not answer["expired"]:  # a judge slower than the policy's group_idle_close_s: kept, not trained
+            await svc.db.transaction(store.judged, policy.name)
 
 
 async def watch_followups(svc: Services, every_s: float = EVERY_S) -> None:
@@ -196,13 +218,9 @@ async def watch_followups(svc: Services, every_s: float = EVERY_S) -> None:
         try:
             if state.cursor is None:
                 state.cursor = max(await svc.db.read(store.last_call) - LOOK_BACK, 0)
-            calls = await svc.db.read(store.recorded_since, state.cursor, policies)
+            calls = await svc.db.read(store.recorded_since, max(state.cursor - OVERLAP, 0), policies)
         except Exception as exc:  # the store away for a moment: look again next time
             log.warning("the next-message judge could not read the new calls: %s", exc)
             continue
-        found = []
-        for call in calls:
-            state.cursor = call.pk
-            if (followed := state.see(call)) is not None:
-                found.append(followed)
+        found = await asyncio.to_thread(state.take, calls)  # parsing bodies: off the event loop
         await asyncio.gather(*(judged(f) for f in found))

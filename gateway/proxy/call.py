@@ -192,13 +192,10 @@ class Call:
         error: str | None = None,
     ) -> CallRecord:
         usage = parsed.get("usage") if isinstance(parsed, dict) and isinstance(parsed.get("usage"), dict) else None
-        group_id, group_size = self.filing.group_id, self.filing.group_size
-        if group_id is None and self.route is not None:  # a lone attempt: a group of its own (core/learning/lone.py)
-            group_id, group_size = self.filing.trajectory_id, 1
         return CallRecord(
             trajectory_id=self.filing.trajectory_id,
-            group_id=group_id,
-            group_size=group_size,
+            group_id=self.filing.group_id,
+            group_size=self.filing.group_size,
             eval=self.filing.eval,
             endpoint=self.surface.name,
             model=self.head.model,

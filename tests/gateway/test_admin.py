@@ -65,7 +65,7 @@ def test_create_list_inspect_and_change_a_policy(gw: Gateway) -> None:
         changed = c.patch("/admin/policies/agent", json={"train": {"kl_coef": 0.05}, "lora": {"alpha": 8}}).json()
         assert changed["train"]["kl_coef"] == 0.05 and changed["train"]["learning_rate"] == 5e-3
         assert changed["lora"]["alpha"] == 8 and changed["lora"]["rank"] == 8
-        assert changed["ruler"] == {"auto": False, "rubric": None, "judge_model": None, "judge_base_url": None, "combine": "set"}
+        assert changed["ruler"] == {"auto": False, "rubric": None, "judge_model": None, "judge_base_url": None, "combine": "set", "next_message": False}
         ruled = c.patch("/admin/policies/agent", json={"ruler": {"auto": True, "combine": "add"}}).json()["ruler"]
         assert (ruled["auto"], ruled["combine"], ruled["rubric"]) == (True, "add", None)
         assert c.post("/admin/policies/agent/pause").json()["paused"] is True

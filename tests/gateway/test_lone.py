@@ -48,29 +48,36 @@ def group(gw: Gateway, group_id: str) -> dict[str, Any]:
         return r.json()
 
 
+def made(gw: Gateway, group_id: str) -> dict[str, Any]:
+    """The group once made (a lone attempt's is made when something happens to it), else {}."""
+    with gw.client() as c:
+        r = c.get(f"/v1/groups/{group_id}")
+        return r.json() if r.status_code == 200 else {}
+
+
 def test_a_lone_attempt_is_a_group_of_its_own_that_its_reward_makes_ready(gw: Gateway) -> None:
     first, second, never = ask(gw), ask(gw), ask(gw)
-    assert gw.trajectory(first)["group_id"] == first
-    assert (group(gw, first)["expected_size"], group(gw, first)["state"]) == (1, "open")
+    assert gw.trajectory(first)["group_id"] is None  # recorded as ever: a group comes with its reward
     assert gw.policy()["lone"] == {"waiting": 3, "ready": 0, "trained": 0, "expired": 0, "judged": 0, "unreadable": 0}
     answer = reward(gw, first, 1.0)
     assert answer.status_code == 200 and answer.json()["group_closed"] is True and answer.json()["expired"] is False
     assert reward(gw, second, 0.0).status_code == 200
     closed = group(gw, first)
-    assert (closed["state"], closed["close_reason"], closed["cannot_train"]) == ("closed", "complete", None)
+    assert (closed["expected_size"], closed["state"], closed["close_reason"], closed["cannot_train"]) == (1, "closed", "complete", None)
+    assert gw.trajectory(first)["group_id"] == first
     # Two lone attempts weigh one group (lone_per_group 2): a step's worth, however long `never` waits.
     assert gw.policy()["groups_ready"] == 2
-    # Its reward never comes: it expires, and counts so.
-    wait_for(lambda: group(gw, never)["state"] == "closed", 15, "the lone attempt did not expire")
-    expired = group(gw, never)
-    assert expired["close_reason"] == "expired" and "expired" in expired["cannot_train"]
+    # Its reward never comes: it expires after group_idle_close_s, and counts so.
+    wait_for(lambda: gw.policy()["lone"]["expired"] == 1, 15, "the lone attempt did not expire")
     assert gw.policy()["lone"] == {"waiting": 0, "ready": 2, "trained": 0, "expired": 1, "judged": 0, "unreadable": 0}
     # A verdict after all: kept, said to be too late, never trained on.
     late = reward(gw, never, 1.0)
     assert late.status_code == 200 and late.json()["expired"] is True and late.json()["reward"] == 1.0
-    assert gw.trajectory(never)["reward"] == 1.0 and gw.policy()["groups_ready"] == 2
-    # A second reward for one already closed by its first is refused, as for any closed group.
-    assert reward(gw, first, 0.5).status_code == 409
+    assert group(gw, never)["close_reason"] == "expired" and "expired" in group(gw, never)["cannot_train"]
+    assert gw.trajectory(never)["reward"] == 1.0 and gw.policy()["groups_ready"] == 2 and gw.policy()["lone"]["expired"] == 1
+    # The user's verdict puts a lone attempt's reward right until a trainer takes it.
+    again = reward(gw, first, 0.5)
+    assert again.status_code == 200 and gw.trajectory(first)["reward"] == 0.5
     # Where a user looks: burnish status and the dashboard's policy page.
     shown = render(msgspec.convert(gw.policy(), PolicyView))
     assert "lone attempts: 0 waiting for a reward, 2 ready, 0 trained, 1 expired unrewarded" in shown
@@ -126,7 +133,7 @@ def test_the_users_next_message_is_judged_into_the_answers_reward(judged: Gatewa
     # An answer with no follow-up is not judged; one whose judge answers neither yes nor no says so.
     judge.script = [first_token({"maybe": -0.1, "perhaps": -2.0})]
     unsure, _ = converse(judged, "What is 4 + 4?", "Hm.")
-    wait_for(lambda: group(judged, unsure)["ruler_error"] is not None, 20, "the unreadable verdict was not said")
+    wait_for(lambda: made(judged, unsure).get("ruler_error") is not None, 20, "the unreadable verdict was not said")
     assert "neither yes nor no" in group(judged, unsure)["ruler_error"] and judged.trajectory(unsure)["reward"] is None
     assert judged.trajectory(mine)["reward"] == 0.25 and len(judge.requests) == seen + 1  # the unsure one alone
     lone = judged.policy()["lone"]
@@ -138,7 +145,7 @@ def test_with_hindsight_what_followed_is_kept_for_the_teacher_and_completes_the_
     gw = make_gateway(database_url)
     gw.create_policy("agent", train={"objective": {"grpo": 1, "distill": 1}, "teacher": {"hindsight": True}})
     corrected, _ = converse(gw, "What is 9 + 8?", "No, it is 17.")
-    wait_for(lambda: group(gw, corrected)["state"] == "closed", 20, "the follow-up did not complete the attempt")
+    wait_for(lambda: made(gw, corrected).get("state") == "closed", 20, "the follow-up did not complete the attempt")
     closed = group(gw, corrected)
     assert (closed["close_reason"], closed["cannot_train"]) == ("followed", None)  # it distills, with no reward
     assert gw.policy()["groups_ready"] >= 1
@@ -154,4 +161,4 @@ def test_with_hindsight_what_followed_is_kept_for_the_teacher_and_completes_the_
         turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": answer}, {"role": "user", "content": "Thanks."}]
         assert c.post("/t/mine/v1/chat/completions", json={"model": "agent", "messages": turns}).status_code == 200
     time.sleep(5)  # two looks of the watcher
-    assert group(gw, "mine")["state"] == "open"
+    assert made(gw, "mine") == {}  # never paired, nor made a group of

@@ -1,31 +1,34 @@
-"""Lone attempts in the store, on SQLite and PostgreSQL: a group of one is ready once rewarded,
-weighs a share of a group in a claim, expires unrewarded, and keeps a late reward untrained."""
+"""Lone attempts in the store, on SQLite and PostgreSQL: a group of its own made by its reward,
+ready and weighing a share of a group in a claim; expired when the reward does not come, and a
+late reward kept untrained; counted once each."""
 
 from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
 
-import msgspec
-from sqlalchemy import select
+import pytest
+from sqlalchemy import select, update
 
 from burnish_server.core.learning.groups import EXPIRED, Lack
 from burnish_server.core.learning.lone import Baseline
 from burnish_server.core.learning.policies import Policy, TrainSettings
 from burnish_server.core.platform.clock import utcnow
+from burnish_server.core.platform.errors import Conflict
 from burnish_server.store.baselines import keep_baselines, read_baselines
-from burnish_server.store.models import Group
-from burnish_server.store.policies import create_policy, policy_status, update_policy
-from burnish_server.store.reads import get_group
+from burnish_server.store.lone import lone_counts, sweep
+from burnish_server.store.models import Group, Trajectory
+from burnish_server.store.policies import create_policy, policy_status
+from burnish_server.store.reads import get_group, get_trajectory
 from burnish_server.store.training import claim_groups, count_ready, settle
 from burnish_server.store.writer import Writer
-from burnish_server.store.writes import PostReward, close_idle_groups
+from burnish_server.store.writes import PostReward
 from tests.store.test_store import record
 
 
 async def lone(writer: Writer, name: str, reward: float | None = None) -> None:
-    """A lone attempt as the gateway files it: a group of its own, of size 1."""
-    await writer.write(record(name, group=name, size=1, policy="agent", policy_step=0))
+    """A lone attempt as the gateway records it: a policy's call in no group."""
+    await writer.write(record(name, policy="agent", policy_step=0))
     if reward is not None:
         await writer.write(PostReward(name, reward))
 
@@ -33,19 +36,28 @@ async def lone(writer: Writer, name: str, reward: float | None = None) -> None:
 async def test_a_rewarded_lone_attempt_is_ready_and_weighs_a_share_of_a_group(store) -> None:
     db, writer = store
     await db.transaction(create_policy, Policy(name="agent", base_model="tiny"))
-    await asyncio.gather(*(lone(writer, f"t{i}", float(i % 2) if i < 6 else None) for i in range(8)))
-    assert await db.transaction(count_ready, "agent") == 6  # each closed by its reward (size 1)
+    await asyncio.gather(*(lone(writer, f"t{i}") for i in range(8)))
+    status = await db.read(policy_status, "agent")
+    assert (status.lone.waiting, status.lone.ready, status.groups_open) == (8, 0, 0)  # no group until something happens
+    for i in range(6):
+        answer = await writer.write(PostReward(f"t{i}", float(i % 2)))
+        assert answer["group_closed"] is True and answer["expired"] is False
+    assert await db.transaction(count_ready, "agent") == 6  # each a group of its own, closed by its reward
     # One group's worth is lone_per_group (8) lone attempts: 6 are not a step.
     assert await db.transaction(claim_groups, "agent", "w1", 1) == []
     for i in (6, 7):
         await writer.write(PostReward(f"t{i}", 1.0))
     claimed = await db.transaction(claim_groups, "agent", "w1", 1)
     assert sorted(claimed) == [f"t{i}" for i in range(8)]
-    # Asked to train now (minimum 0), whatever is ready: one lone attempt is enough.
     await lone(writer, "late", 0.5)
     assert await db.transaction(claim_groups, "agent", "w2", 1, 3600, 0) == []  # w1 is mid-step
     status = await db.read(policy_status, "agent")
     assert (status.lone.waiting, status.lone.ready, status.lone.expired) == (0, 1, 0)
+    # A user's verdict puts a lone attempt's reward right until a trainer takes it.
+    assert (await writer.write(PostReward("late", 0.75)))["expired"] is False
+    assert (await db.read(get_group, "late")).members[0].reward == 0.75
+    with pytest.raises(Conflict):
+        await writer.write(PostReward("t0", 0.5))  # taken by w1's step
 
 
 async def test_a_lone_attempt_trains_only_where_the_policy_says(store) -> None:
@@ -53,33 +65,43 @@ async def test_a_lone_attempt_trains_only_where_the_policy_says(store) -> None:
     await db.transaction(create_policy, Policy(name="agent", base_model="tiny", train=TrainSettings(lone_baseline=None)))
     await lone(writer, "alone", 1.0)
     assert await db.transaction(count_ready, "agent") == 0
-    group = await db.read(get_group, "alone")
-    assert group is not None and group.cannot_train is not None and "lone_baseline" in group.cannot_train
-    await db.transaction(lambda conn: update_policy(conn, "agent", train=msgspec.to_builtins(TrainSettings())))
-    assert await db.transaction(count_ready, "agent") == 1
-    assert (await db.read(get_group, "alone")).cannot_train is None
+    got = await db.read(get_trajectory, "alone")
+    assert got is not None and got.group_id is None and got.reward == 1.0  # rewarded as before lone attempts trained
 
 
 async def test_an_unrewarded_lone_attempt_expires_and_a_late_reward_is_kept_untrained(store) -> None:
     db, writer = store
     await db.transaction(create_policy, Policy(name="agent", base_model="tiny"))
-    await lone(writer, "never")
+    start = utcnow()
+    # A first look, two hours back (so that an attempt aged below is after it): nothing yet.
+    assert await db.transaction(sweep, {"agent": 600.0}, start - timedelta(seconds=7200)) == {}
+    for name in ("never", "unswept"):
+        await lone(writer, name)
     await lone(writer, "rewarded", 1.0)
-    status = await db.read(policy_status, "agent")
-    assert (status.lone.waiting, status.lone.ready) == (1, 1)
-    later = utcnow() + timedelta(seconds=3600)
-    assert await db.transaction(close_idle_groups, {"agent": 600.0}, later) == ["never"]
-    row = await db.read(lambda conn: conn.execute(select(Group.close_reason, Group.lacks).where(Group.id == "never")).one())
-    assert (row.close_reason, row.lacks) == (EXPIRED, Lack.REWARDS)
-    status = await db.read(policy_status, "agent")
-    assert (status.lone.waiting, status.lone.ready, status.lone.expired) == (0, 1, 1)
-    # The verdict comes after all: kept, and said to be too late; never trained on.
-    answer = await writer.write(PostReward("never", 1.0))
+    assert await db.read(lone_counts, "agent", 600.0, utcnow()) == (2, 1)
+
+    def age(conn) -> None:  # its last call an hour ago: expired, and no look has counted it yet
+        conn.execute(update(Trajectory).where(Trajectory.id == "unswept").values(updated_at=utcnow() - timedelta(seconds=3600)))
+
+    await db.transaction(age)
+    # Its verdict comes after all: kept, and said to be too late; never trained on; counted once.
+    answer = await writer.write(PostReward("unswept", 1.0))
     assert answer["expired"] is True and answer["group_closed"] is False
-    group = await db.read(get_group, "never")
-    assert group is not None and group.members[0].reward == 1.0 and "expired" in (group.cannot_train or "")
+    later = start + timedelta(seconds=3600)
+    assert await db.transaction(sweep, {"agent": 600.0}, later) == {"agent": 1}  # "never"
+    assert await db.transaction(sweep, {"agent": 600.0}, later) == {}  # counted once
+    assert await db.read(lone_counts, "agent", 600.0, later) == (0, 1)
+    # Too late, and counted by the look already: not counted again.
+    aged = start - timedelta(seconds=3600)
+    await db.transaction(lambda conn: conn.execute(update(Trajectory).where(Trajectory.id == "never").values(updated_at=aged)))
+    assert (await writer.write(PostReward("never", 0.0)))["expired"] is True
+    for name in ("never", "unswept"):
+        group = await db.read(get_group, name)
+        assert group is not None and group.close_reason == EXPIRED and group.members[0].reward is not None
+    assert await db.read(lambda conn: conn.execute(select(Group.lacks).where(Group.id == "never")).scalar_one()) == Lack.REWARDS
     await db.transaction(settle, ["never"])  # worked out again (a later call does so): still lacks its reward
     assert await db.transaction(count_ready, "agent") == 1  # "rewarded" alone
+    assert (await db.read(policy_status, "agent")).lone.expired == 2
 
 
 async def test_baselines_are_kept_per_policy_and_kind(store) -> None:

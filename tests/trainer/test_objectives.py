@@ -391,7 +391,7 @@ def test_a_served_teacher_must_share_the_policys_tokenizer(make_gateway, upstrea
     assert patch({}).json()["error"]["code"] == "conflicting_settings"  # neither a context nor a model
     assert gw.policy()["train"]["objective"] == "grpo"  # nothing refused was kept
     assert patch({"model": "tiny-large"}).status_code == 200
-    assert gw.policy()["train"]["teacher"] == {"context": [], "model": "tiny-large", "top_k": None}
+    assert gw.policy()["train"]["teacher"] == {"context": [], "model": "tiny-large", "top_k": None, "hindsight": False}
     with gw.admin() as c:
         made = c.post("/admin/policies", json={"name": "b", "base_model": "tiny", "train": {"objective": "distill", "teacher": {"model": "other-family"}}})
         assert made.status_code == 400 and made.json()["error"]["code"] == "teacher_tokenizer"

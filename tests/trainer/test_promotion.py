@@ -111,6 +111,9 @@ def test_the_canary_is_its_share_and_sticky() -> None:
 
 # ---- the trial, through vLLM, the gateway and the trainer ----------------------------------------
 
+# The trial's traffic is one-call trajectories, each rewarded: lone attempts, which would train
+# steps between the decisions these tests read (tests/gateway/test_lone.py has them); groups alone train here.
+TRIAL = {**TINY, "train": {**TINY["train"], "lone_baseline": None}}
 # rollback_window at min_trajectories: the smallest window allowed (core/learning/policies.py: settings_conflicts).
 RULE = {"canary_share": 0.5, "min_trajectories": 8, "margin": 0.1, "rollback_window": 8}
 CALL = {"model": "agent", "messages": [{"role": "user", "content": "digits"}], "max_tokens": 4}
@@ -165,7 +168,7 @@ async def step_to_candidate(gw: Gateway, worker: TrainerWorker, prefix: str) -> 
 
 async def test_a_worse_candidate_is_rejected_a_good_one_promoted_and_a_regression_rolled_back(trial) -> None:
     gw, worker, tiny_model, langfuse = trial
-    gw.create_policy("agent", "tiny", model_path=str(tiny_model), promotion={"rule": "canary", **RULE}, **TINY)
+    gw.create_policy("agent", "tiny", model_path=str(tiny_model), promotion={"rule": "canary", **RULE}, **TRIAL)
     await worker.recover()
     admin = gw.admin()
     # One less and the regression test could never decide: refused.
@@ -255,7 +258,7 @@ async def test_a_worse_candidate_is_rejected_a_good_one_promoted_and_a_regressio
 # (rewards 0.93 against 0.87); one on the true reward leaves it as it was. A margin of 0.03
 # tells them apart within a few dozen trajectories on each side.
 NO_DIGITS = [{"role": "user", "content": "Write some words."}]
-LEARNS = {"lora": {"rank": 8, "alpha": 16}, "train": {"learning_rate": 0.1, "groups_per_step": 4}}
+LEARNS = {"lora": {"rank": 8, "alpha": 16}, "train": {"learning_rate": 0.1, "groups_per_step": 4, "lone_baseline": None}}  # as TRIAL
 STRICT = {"rule": "canary", "canary_share": 0.5, "min_trajectories": 16, "margin": 0.03}
 
 
@@ -341,7 +344,7 @@ async def test_a_step_trained_on_inverted_rewards_is_rejected_and_one_on_true_re
 
 async def test_eval_gates_on_held_out_scores_and_manual_waits_for_an_admin(trial) -> None:
     gw, worker, tiny_model, _ = trial
-    gw.create_policy("agent", "tiny", model_path=str(tiny_model), promotion={"rule": "eval", **RULE}, **TINY)
+    gw.create_policy("agent", "tiny", model_path=str(tiny_model), promotion={"rule": "eval", **RULE}, **TRIAL)
     await worker.recover()
     status = await step_to_candidate(gw, worker, "e1")
     assert status["candidate"]["step"] == 1 and status["candidate"]["share"] is None
