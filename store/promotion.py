@@ -22,20 +22,35 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
-from sqlalchemy import case, func, select
+from sqlalchemy import case, exists, func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import aliased
 
+from burnish_server.core.learning.followups import SOURCE as JUDGED
 from burnish_server.core.learning.policies import Policy
 from burnish_server.core.learning.promotion import Comparison, DecisionRecord, Outcome, Sample, trial
 from burnish_server.core.platform.clock import utcnow
 from burnish_server.core.protocols.records import OK
 from burnish_server.store import evals
-from burnish_server.store.models import Call, StepRow, Trajectory
+from burnish_server.store.models import Call, Reward, StepRow, Trajectory
 
 # The rollback watch reads a version's newest calls this many windows at a time, then this many
 # times more while the window is not full (``latest_sample``): a trajectory makes a few calls.
 READ_AHEAD = 4
+
+
+def verdict() -> Any:
+    """Over ``Trajectory``: its reward is a verdict, not the next-message judge's (core/learning/followups.py:
+    SOURCE, its newest trajectory reward's source). A trial and the rollback watch read verdicts
+    alone: the judge taught the candidate, and would vouch for it."""
+    mine, newer = aliased(Reward), aliased(Reward)
+    judged = exists().where(
+        mine.trajectory_id == Trajectory.id,
+        mine.call_pk.is_(None),
+        mine.source == JUDGED,
+        ~exists().where(newer.trajectory_id == mine.trajectory_id, newer.call_pk.is_(None), newer.pk > mine.pk),
+    )
+    return ~judged
 
 
 def _one_step() -> Any:
@@ -60,7 +75,7 @@ def samples(conn: Connection, policy: str, steps: list[int], *, since: datetime 
             .subquery()
         )
         rows = select(versions.c.step, Trajectory.reward).join(Trajectory, Trajectory.id == versions.c.id)
-        rows = rows.where(versions.c.step.in_(steps), Trajectory.reward.is_not(None))
+        rows = rows.where(versions.c.step.in_(steps), Trajectory.reward.is_not(None), verdict())
         found = [(row.step, row.reward) for row in conn.execute(rows)]
     else:
         assert held_out, "a trial reads the traffic since it began, or the held-out set"
@@ -120,7 +135,7 @@ def latest_sample(conn: Connection, policy: str, step: int, window: int) -> Samp
     newest = (
         select(Trajectory.id, Trajectory.reward)
         .join(Call, Call.trajectory_id == Trajectory.id)
-        .where(Call.policy == policy, Call.policy_step == step, Call.status == OK, Trajectory.reward.is_not(None), ~other)
+        .where(Call.policy == policy, Call.policy_step == step, Call.status == OK, Trajectory.reward.is_not(None), ~other, verdict())
         .order_by(Call.started_at.desc())
     )
     rows = READ_AHEAD * window

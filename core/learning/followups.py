@@ -30,6 +30,9 @@ import msgspec
 
 from burnish_server.core.protocols.conversation import Exchange, Message
 
+# The source of a reward the next-message judge gave: never a promotion test's evidence
+# (store/promotion.py), so a judge cannot vouch for the versions it taught.
+SOURCE = "next_message"
 # The judge's question, after the conversation, the answer and what followed.
 JUDGE_SYSTEM = (
     "You judge one answer of an AI assistant by what happened next. A reply that thanks, agrees or moves on, "

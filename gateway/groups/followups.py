@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from burnish_server.core.learning.followups import answered_key, asked_key, judge_messages, judged_score
+from burnish_server.core.learning.followups import SOURCE, answered_key, asked_key, judge_messages, judged_score
 from burnish_server.core.learning.policies import Policy
 from burnish_server.core.platform.access import project_of
 from burnish_server.core.platform.errors import BurnishError, Conflict, Unavailable
@@ -61,7 +61,6 @@ OVERLAP = 200
 CONCURRENCY = 4
 # The judge's likeliest first tokens read (OpenAI's API gives at most 20).
 TOP_LOGPROBS = 20
-SOURCE = "next_message"
 
 
 @dataclass(frozen=True)

@@ -194,6 +194,22 @@ async def test_held_out_scores_follow_a_call_after_the_reward_until_settled_agai
     assert (await read())[0] == {1: Score(1, 0.1), 2: Score(2, pytest.approx(0.4))}
 
 
+async def test_a_trial_reads_verdicts_never_the_next_message_judges_rewards(store) -> None:
+    """The judge taught the candidate: its rewards are no evidence for it (a bad judge is caught
+    by the verdicts people post), in a canary's trial as in the rollback watch."""
+    db, writer = store
+    since = START + timedelta(minutes=30)
+    await trajectory(writer, "verdict", [2], 40, 0.1)
+    await trajectory(writer, "judged", [2], 41, None)
+    await writer.write(PostReward("judged", 1.0, source="next_message"))
+    await trajectory(writer, "judged-then-verdict", [2], 42, None)
+    await writer.write(PostReward("judged-then-verdict", 1.0, source="next_message"))
+    await writer.write(PostReward("judged-then-verdict", 0.3))  # the user's verdict puts it right
+    found = await db.read(lambda conn: promotion.samples(conn, "agent", [2], since=since))
+    assert found[2] == Sample.of([0.1, 0.3])
+    assert await db.read(promotion.latest_sample, "agent", 2, 10) == Sample.of([0.3, 0.1])
+
+
 async def test_the_rollback_watch_reads_a_versions_newest_rewarded_trajectories(store) -> None:
     db, writer = store
     for i in range(12):  # newest last; every third unrewarded
