@@ -24,14 +24,15 @@ from datetime import datetime, timedelta
 from typing import NamedTuple
 
 import msgspec
-from sqlalchemy import ColumnElement, false, func, insert, select, update
+from sqlalchemy import ColumnElement, and_, false, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 
-from burnish_server.core.learning.groups import Lack
+from burnish_server.core.learning.groups import FOLLOWED, Lack
 from burnish_server.core.learning.policies import TrainSettings
 from burnish_server.core.platform.access import project_of
 from burnish_server.store.groups import is_closed
 from burnish_server.store.models import Group, PolicyRow, Trajectory
+from burnish_server.store.training import lone_group
 
 
 def waiting_terms() -> tuple[ColumnElement[bool], ...]:
@@ -119,12 +120,12 @@ class LoneCounts(NamedTuple):
 
 
 def lone_counts(conn: Connection, policy: str, wait_s: float | None, now: datetime) -> LoneCounts:
-    """The waiting ones from ``ix_trajectories_lone``; the ready ones from ``ix_groups_waiting``
-    (their lack, ``PEERS``, says they are lone and rewarded)."""
+    """The waiting ones from ``ix_trajectories_lone``; the ready ones from ``ix_groups_waiting``:
+    rewarded (their lack, ``PEERS``, says they are lone and rewarded) or completed by their
+    follow-up, for a teacher with hindsight."""
+    taught = or_(Group.lacks == int(Lack.PEERS), and_(Group.close_reason == FOLLOWED, lone_group()))
     ready = conn.execute(
-        select(func.count()).where(
-            Group.policy == policy, Group.closed_at.is_not(None), Group.trained_at.is_(None), Group.lacks == int(Lack.PEERS), is_closed()
-        )
+        select(func.count()).where(Group.policy == policy, Group.closed_at.is_not(None), Group.trained_at.is_(None), taught, is_closed())
     ).scalar_one()
     return LoneCounts(count_waiting(conn, policy, wait_s, now), ready)
 

@@ -136,6 +136,12 @@ def settle(conn: Connection, ids: list[str]) -> None:
         conn.execute(update(Group).where(Group.id.in_(ids)).values(lacks=group_lack()))
 
 
+def lone_group() -> Any:
+    """Over ``groups``: a lone attempt's group (store/lone.py makes them, of size 1; a group a
+    client declared of size 1 is one too), rewarded or followed; a posted demonstration is not."""
+    return and_(Group.expected_size == 1, or_(Group.close_reason.is_(None), Group.close_reason != DEMONSTRATION))
+
+
 def group_lack() -> Any:
     """What a group lacks, read in a statement over ``groups``: a group marked held out on its row
     is held out, whatever its members say (a marked call may name a group its trajectory never
@@ -184,7 +190,7 @@ def ready_groups(
     if rules.objective.sft > 0:
         kind = or_(kind, and_(Group.close_reason == DEMONSTRATION, lack < int(Lack.HELD_OUT)))
     return (
-        select(Group.id, Group.lacks)
+        select(Group.id, lone_group().label("lone"))
         .where(
             *waiting(policy),
             Group.lacks.is_not(None) if settled else Group.lacks.is_(None),
@@ -207,9 +213,9 @@ def count_ready(conn: Connection, policy: str, lease_s: float = DEFAULT_LEASE_S)
 
 def claim_groups(conn: Connection, policy: str, worker: str, count: int, lease_s: float = DEFAULT_LEASE_S, minimum: int | None = None) -> list[str]:
     """Claim up to ``count`` ready groups' worth for ``worker``; none if fewer than ``minimum``
-    (default: count; 0: whatever is ready) are ready. A lone attempt (a group whose lack is
-    ``PEERS``: one member, rewarded) weighs 1 / ``lone_per_group`` of a group (TrainSettings), so a
-    step of lone traffic trains ``count x lone_per_group`` of them.
+    (default: count; 0: whatever is ready) are ready. A lone attempt (``lone_group``) weighs
+    1 / ``lone_per_group`` of a group (TrainSettings), so a step of lone traffic trains
+    ``count x lone_per_group`` of them.
 
     One trainer at a time trains a policy (each step builds on the last): while another
     worker holds a live claim on the policy's groups, this one gets none. The policy's row
@@ -224,11 +230,11 @@ def claim_groups(conn: Connection, policy: str, worker: str, count: int, lease_s
     query = ready_groups(policy, now=now, lease_s=lease_s, rules=rules).limit(count * rules.lone_per_group).with_for_update(skip_locked=True, of=Group)
     # Worth counted in lone attempts: a group is lone_per_group of them.
     ids, worth, per_group = [], 0, rules.lone_per_group
-    for group_id, lack in conn.execute(query):
+    for group_id, lone in conn.execute(query):
         if worth >= count * per_group:
             break
         ids.append(group_id)
-        worth += 1 if lack == Lack.PEERS else per_group
+        worth += 1 if lone else per_group
     if not ids or worth < (count if minimum is None else minimum) * per_group:
         return []
     conn.execute(update(Group).where(Group.id.in_(ids)).values(claimed_by=worker, claimed_at=now))

@@ -57,6 +57,8 @@ class Judge:
     def __init__(self) -> None:
         self.script: list[Answer] = []
         self.requests: list[dict[str, Any]] = []
+        # Where set, each answer comes from the request itself (a judge that reads what it is shown).
+        self.reads: Callable[[dict[str, Any]], Answer] | None = None
 
     def ids(self, request: dict[str, Any]) -> list[str]:
         if "response_format" not in request:  # the next-message judge asks for one token
@@ -69,7 +71,7 @@ class Judge:
         request = json.loads(body)
         request["_headers"] = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.requests.append(request)
-        step = self.script[min(len(self.requests) - 1, len(self.script) - 1)]
+        step = self.reads(request) if self.reads is not None else self.script[min(len(self.requests) - 1, len(self.script) - 1)]
         out = step(self.ids(request))
         if isinstance(out, Reply):
             await asyncio.sleep(out.delay_s)

@@ -33,7 +33,8 @@ from burnish_server.core.platform.settings import Settings
 from burnish_server.gateway.policies.routing import REFRESH_EVERY_S
 from burnish_server.serving.process import VLLMServer
 from burnish_server.trainer.worker import TrainerWorker, WorkerSettings
-from tests.conftest import ADMIN_TOKEN, Gateway, langfuse_settings
+from tests.conftest import ADMIN_TOKEN, Gateway, langfuse_settings, wait_for
+from tests.judge import first_token
 from tests.langfuse_server import Langfuse as LangfuseStandIn
 from tests.trainer.test_trainer_recovery import TINY, ready_group
 
@@ -340,6 +341,46 @@ async def test_a_step_trained_on_inverted_rewards_is_rejected_and_one_on_true_re
     history = admin.get("/admin/policies/agent/metrics").json()["data"]
     assert [(h["step"], h["decision"]) for h in history] == [(1, "rejected"), (2, "promoted")], history[-1]["decisions"]
     assert status["step"] == 2
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_a_next_message_judge_that_rewards_wrong_answers_is_caught_by_the_canary(make_gateway, vllm, tiny_model, judge_server, database_url) -> None:
+    """Lone traffic judged by what followed it, by a judge that rewards what the task does not
+    want (digits): the step it teaches goes on trial, and the verdicts people post, which the
+    trial reads (never the judge's rewards), reject it."""
+    judge, judge_url = judge_server
+    judge.requests = []
+    judge.reads = lambda request: first_token(
+        {"yes": -0.05, "no": -3.0}
+        if any(ch.isdigit() for ch in request["messages"][-1]["content"].split("<answer>")[1].split("</answer>")[0])
+        else {"yes": -3.0, "no": -0.05}
+    )
+    gw = make_gateway(database_url=database_url, upstream=vllm.url, upstream_timeout=120, judge_base_url=judge_url, judge_model="judge-1")
+    train = {**LEARNS["train"], "lone_baseline": "step", "groups_per_step": 2, "lone_per_group": 8}
+    gw.create_policy("agent", "tiny", model_path=str(tiny_model), promotion=STRICT, lora=LEARNS["lora"], train=train, ruler={"next_message": True})
+    settings = Settings.load({}, data_dir=gw.settings.data_dir, database_url=database_url, upstream=vllm.url, trainer_review_every=0)
+    worker = TrainerWorker(settings, WorkerSettings(worker_id="bad-judge"))
+    try:
+        await worker.recover()
+        async with httpx.AsyncClient(base_url=gw.url, timeout=120) as client:
+            for i in range(20):  # each answer once, followed by the user's next message: the judge's alone to score
+                text, _ = await answer(client, "", seed=i)
+                body = {"model": "agent", "messages": [*NO_DIGITS, {"role": "assistant", "content": text}, {"role": "user", "content": "ok"}], "max_tokens": 4}
+                assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+        wait_for(lambda: gw.policy()["lone"]["judged"] >= 16, 60, "the judge did not score the answers")
+        assert await worker.run_once()
+        await follow()
+        assert gw.policy()["candidate"]["step"] == 1
+        # The verdicts that follow are the trial's evidence; they train nothing more here, so the trial read is step 1's.
+        assert gw.admin().patch("/admin/policies/agent", json={"train": {"lone_baseline": None}}).status_code == 200
+        await follow()
+        status, versions = await until_decided(gw, worker, "verdicts", "agent@1")
+        (step,) = [s for s in gw.admin().get("/admin/policies/agent/checkpoints").json()["data"] if s["step"] == 1]
+        assert step["decision"] == "rejected", step["decisions"][-1]["test"]
+        assert status["step"] == 0
+    finally:
+        judge.reads = None
+        await worker.close()
 
 
 async def test_eval_gates_on_held_out_scores_and_manual_waits_for_an_admin(trial) -> None:
