@@ -14,10 +14,12 @@ sends them back: role, text (stripped) and tool calls by name and arguments; the
 or a server mints are left out.
 
 What followed then becomes a reward for the answer (``ruler.next_message``): the policy's judge
-reads the conversation, the answer and what followed, and is asked one question, whether what
-followed shows the answer served; its score is the probability of "yes" among its two
-likeliest answers (``judged_score``), read from the judge's logprobs, so that even the small
-model ``burnish up`` serves gives a graded score rather than a coin.
+reads what followed and is asked one question, whether the user is happy (or, after a tool's
+result, whether it worked); its score is the probability of "yes" among its two likeliest
+answers (``judged_score``), read from the judge's logprobs, so that even the small model
+``burnish up`` serves gives a graded score rather than a coin. It is shown what followed
+alone: SmolLM2-135M, asked so, gave 0.57-0.61 to a thank-you and 0.31 to a correction, where
+shown the conversation and the answer too it gave 0.56 and 0.48-0.53 (docs/notes/learning-runs.md).
 """
 
 from __future__ import annotations
@@ -33,15 +35,11 @@ from burnish_server.core.protocols.conversation import Exchange, Message
 # The source of a reward the next-message judge gave: never a promotion test's evidence
 # (store/promotion.py), so a judge cannot vouch for the versions it taught.
 SOURCE = "next_message"
-# The judge's question, after the conversation, the answer and what followed.
-JUDGE_SYSTEM = (
-    "You judge one answer of an AI assistant by what happened next. A reply that thanks, agrees or moves on, "
-    "or a tool result that succeeds, means the answer served. A correction, a complaint, the question asked "
-    "again, or a tool error means it did not."
-)
-JUDGE_QUESTION = "Did the answer serve? Reply with one word: yes or no."
-# Of a conversation shown to the judge, at most this many characters (its start and its end).
-SHOWN_CHARS = 6_000
+# The judge's questions, after what followed the answer: the user's turn, or a tool's result.
+USER_QUESTION = "Is the user happy? Reply yes or no."
+TOOL_QUESTION = "Did it work? Reply yes or no."
+# Of what followed, at most this many characters shown to the judge (its start and its end).
+SHOWN_CHARS = 4_000
 
 
 def _shape(message: Message) -> list[object]:
@@ -85,15 +83,11 @@ def _cut(text: str, budget: int) -> str:
     return f"{text[:keep]}\n[...]\n{text[-keep:]}"
 
 
-def judge_messages(prompt: Sequence[Message], answer: Message, followed: Sequence[Message]) -> list[dict[str, str]]:
-    """The judge's chat: the conversation before the answer, the answer, what followed, the question."""
-    before = _cut("\n\n".join(m.render() for m in prompt), SHOWN_CHARS)
-    after = _cut("\n\n".join(m.render() for m in followed), SHOWN_CHARS // 2)
-    user = (
-        f"<conversation>\n{before}\n</conversation>\n\n<answer>\n{_cut(answer.render(), SHOWN_CHARS // 2)}\n</answer>\n\n"
-        f"<what_followed>\n{after}\n</what_followed>\n\n{JUDGE_QUESTION}"
-    )
-    return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]
+def judge_messages(followed: Sequence[Message]) -> list[dict[str, str]]:
+    """The judge's chat: what followed the answer, and the question its first message asks."""
+    shown = _cut("\n\n".join(m.content.strip() for m in followed if m.content.strip()), SHOWN_CHARS)
+    question = TOOL_QUESTION if followed and followed[0].role == "tool" else USER_QUESTION
+    return [{"role": "user", "content": f"After the assistant's answer, this came next:\n{shown}\n\n{question}"}]
 
 
 def judged_score(top: Sequence[tuple[str, float]]) -> float | None:

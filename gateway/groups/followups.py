@@ -4,8 +4,9 @@ or shown to the teacher (``train.teacher.hindsight``).
 Every few seconds, for the policies that turn it on, the gateway reads the calls recorded since
 its last look and pairs each answer with the request that continues it (core/learning/followups.py:
 the next request repeats the answer and adds the user's reply or a tool's result). When the
-answer is a lone attempt still waiting for its reward (a call sent with no trajectory id: a
-group of its own), the policy's judge is asked whether what followed shows the answer served;
+answer is a lone attempt still waiting for its reward (a call sent with no trajectory id), the
+policy's judge, shown what followed, is asked whether the user is happy (after a tool's result:
+whether it worked);
 P(yes) becomes the attempt's reward (source ``next_message``, with the judge's figures as its
 explanation), which closes its group, and it trains like any rewarded lone attempt. A reward the
 user posts first wins: the judge leaves a closed group alone. For a policy whose teacher has
@@ -69,8 +70,6 @@ class Answer:
 
     policy: str
     trajectory_id: str
-    prompt: list[Message]
-    answer: Message
     followed: tuple[Message, ...] = ()
 
 
@@ -138,9 +137,9 @@ class Followups:
         if (asked := asked_key(turn)) is not None and (earlier := self.waiting.get((project, asked.key))) is not None:
             if earlier.trajectory_id != call.call.trajectory_id:
                 del self.waiting[(project, asked.key)]
-                followed = Answer(earlier.policy, earlier.trajectory_id, earlier.prompt, earlier.answer, asked.followed)
+                followed = Answer(earlier.policy, earlier.trajectory_id, asked.followed)
         if call.lone and call.call.policy is not None and (key := answered_key(turn)) is not None:
-            self.waiting[(project, key)] = Answer(call.call.policy, call.call.trajectory_id, list(turn.prompt), turn.answers[0])
+            self.waiting[(project, key)] = Answer(call.call.policy, call.call.trajectory_id)
             while len(self.waiting) > MAX_WAITING:
                 self.waiting.popitem(last=False)
         return followed
@@ -183,7 +182,7 @@ async def judge_followup(svc: Services, followed: Answer) -> None:
 
 async def judge_answer(svc: Services, policy: Policy, followed: Answer, group_id: str) -> None:
     """The judge's P(yes) as the answer's reward; an unreadable verdict said on its group."""
-    messages = judge_messages(followed.prompt, followed.answer, followed.followed)
+    messages = judge_messages(followed.followed)
     try:
         judge = policy_judge(svc, policy.ruler, RulerIn(), policy.base_model, policy.name, group_id)
         score, why = await ask_judge(svc.judge_http, judge, messages)

@@ -121,7 +121,7 @@ def test_the_users_next_message_is_judged_into_the_answers_reward(judged: Gatewa
     asked = judge.requests[-1]
     assert asked["model"] == "judge-1" and asked["max_tokens"] == 1 and asked["top_logprobs"] == 20
     shown = asked["messages"][-1]["content"]
-    assert "What is 2 + 2?" in shown and answer in shown and "Thanks, that's right." in shown
+    assert "Thanks, that's right." in shown and "Is the user happy?" in shown and "What is 2 + 2?" not in shown
     # A reward the user posts first stands: the judge leaves the answer alone.
     mine, _ = converse(judged, "What is 3 + 3?")
     assert reward(judged, mine, 0.25).status_code == 200

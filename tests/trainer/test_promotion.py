@@ -350,11 +350,7 @@ async def test_a_next_message_judge_that_rewards_wrong_answers_is_caught_by_the_
     trial reads (never the judge's rewards), reject it."""
     judge, judge_url = judge_server
     judge.requests = []
-    judge.reads = lambda request: first_token(
-        {"yes": -0.05, "no": -3.0}
-        if any(ch.isdigit() for ch in request["messages"][-1]["content"].split("<answer>")[1].split("</answer>")[0])
-        else {"yes": -3.0, "no": -0.05}
-    )
+    judge.reads = lambda request: first_token({"yes": -0.05, "no": -3.0} if "digits" in request["messages"][-1]["content"] else {"yes": -3.0, "no": -0.05})
     gw = make_gateway(database_url=database_url, upstream=vllm.url, upstream_timeout=120, judge_base_url=judge_url, judge_model="judge-1")
     train = {**LEARNS["train"], "lone_baseline": "step", "groups_per_step": 2, "lone_per_group": 8}
     gw.create_policy("agent", "tiny", model_path=str(tiny_model), promotion=STRICT, lora=LEARNS["lora"], train=train, ruler={"next_message": True})
@@ -365,7 +361,9 @@ async def test_a_next_message_judge_that_rewards_wrong_answers_is_caught_by_the_
         async with httpx.AsyncClient(base_url=gw.url, timeout=120) as client:
             for i in range(20):  # each answer once, followed by the user's next message: the judge's alone to score
                 text, _ = await answer(client, "", seed=i)
-                body = {"model": "agent", "messages": [*NO_DIGITS, {"role": "assistant", "content": text}, {"role": "user", "content": "ok"}], "max_tokens": 4}
+                # The user likes digits, the task's reward does not: a judge of the user's mood rewards the wrong answers.
+                said = "Nice digits." if any(ch.isdigit() for ch in text) else "Hm."
+                body = {"model": "agent", "messages": [*NO_DIGITS, {"role": "assistant", "content": text}, {"role": "user", "content": said}], "max_tokens": 4}
                 assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
         wait_for(lambda: gw.policy()["lone"]["judged"] >= 16, 60, "the judge did not score the answers")
         assert await worker.run_once()
