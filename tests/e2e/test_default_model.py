@@ -375,6 +375,37 @@ def test_traffic_answered_once_trains_and_a_verdict_that_never_comes_expires(up:
     assert post(ids[4], 1.0)["expired"] is True  # kept, and said to be too late
 
 
+def test_the_users_next_message_alone_trains_judged_and_as_a_hint(up: Up) -> None:
+    """No verdict at all, only the user's next message, each request sent with no ids: SmolLM2,
+    as burnish up serves it, judges each answer by the reply that followed (a reward), and the
+    base, shown that reply, teaches the answer (hindsight); a step trains on both."""
+    import time
+
+    model = str(up.data / "models" / "smollm2")
+    train = {"groups_per_step": 1, "lone_per_group": 3, "objective": {"grpo": 1, "distill": 1}, "teacher": {"hindsight": True}}
+    body = {"name": "next", "base_model": "smollm2", "model_path": model, "train": train, "ruler": {"next_message": True}}
+    r = httpx.post(f"{up.url}/admin/policies", headers=up.admin, json=body)
+    assert r.status_code == 201, r.text
+    client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="unused", max_retries=0)
+    for a, reply in ((2, "Thanks."), (4, "No, 4 + 3 is 7."), (6, "Great, thank you!")):
+        question = [{"role": "user", "content": f"What is {a} + 3? Reply with only the number."}]
+        answer = client.chat.completions.create(model="next", messages=question, max_tokens=12, temperature=1.0).choices[0].message.content
+        turns = [*question, {"role": "assistant", "content": answer}, {"role": "user", "content": reply}]
+        client.chat.completions.create(model="next", messages=turns, max_tokens=12)
+
+    def status() -> dict[str, Any]:
+        return httpx.get(f"{up.url}/admin/policies/next", headers=up.admin).json()
+
+    deadline = time.monotonic() + 600
+    while status()["last_step"] is None:
+        assert time.monotonic() < deadline, status()
+        time.sleep(2)
+    done = status()
+    assert done["lone"]["judged"] + done["lone"]["unreadable"] == 3 and done["lone"]["judged"] >= 2, done["lone"]
+    metrics = done["last_step"]["metrics"]
+    assert metrics["distill_tokens"] > 0 and metrics["lone"] >= 1, metrics  # taught by the hint, and trained on the judge's reward
+
+
 def test_the_dashboard_shows_a_trajectory_of_smollm2_down_to_its_tokens(up: Up) -> None:
     """The dashboard on the default model: the chat tool loop as one conversation, and the
     forced call's tokens as SmolLM2's tokenizer writes them (asked of vLLM), marked trained or not."""
