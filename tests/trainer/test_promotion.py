@@ -353,7 +353,9 @@ async def test_a_next_message_judge_that_rewards_wrong_answers_is_caught_by_the_
     judge.reads = lambda request: first_token({"yes": -0.05, "no": -3.0} if "digits" in request["messages"][-1]["content"] else {"yes": -3.0, "no": -0.05})
     gw = make_gateway(database_url=database_url, upstream=vllm.url, upstream_timeout=120, judge_base_url=judge_url, judge_model="judge-1")
     train = {**LEARNS["train"], "lone_baseline": "step", "groups_per_step": 2, "lone_per_group": 8}
-    gw.create_policy("agent", "tiny", model_path=str(tiny_model), promotion=STRICT, lora=LEARNS["lora"], train=train, ruler={"next_message": True})
+    # No margin: one step of 16 judged attempts moves the tiny model less than a step of inverted groups does.
+    promotion = {**STRICT, "margin": 0.0}
+    gw.create_policy("agent", "tiny", model_path=str(tiny_model), promotion=promotion, lora=LEARNS["lora"], train=train, ruler={"next_message": True})
     settings = Settings.load({}, data_dir=gw.settings.data_dir, database_url=database_url, upstream=vllm.url, trainer_review_every=0)
     worker = TrainerWorker(settings, WorkerSettings(worker_id="bad-judge"))
     try:
