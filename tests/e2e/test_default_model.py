@@ -341,26 +341,27 @@ def test_traffic_answered_once_trains_and_a_verdict_that_never_comes_expires(up:
     import time
 
     model = str(up.data / "models" / "smollm2")
-    train = {"groups_per_step": 1, "lone_per_group": 4, "group_idle_close_s": 15}
+    # A verdict may take group_idle_close_s from its answer: long beside a CPU's answers.
+    train = {"groups_per_step": 1, "lone_per_group": 4, "group_idle_close_s": 40}
     r = httpx.post(f"{up.url}/admin/policies", headers=up.admin, json={"name": "lone", "base_model": "smollm2", "model_path": model, "train": train})
     assert r.status_code == 201, r.text
     client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="unused", max_retries=0)
-    ids = []
-    for a in range(6):
-        raw = client.chat.completions.with_raw_response.create(
-            model="lone", messages=[{"role": "user", "content": f"What is {a} + 3? Reply with only the number."}], max_tokens=12, temperature=1.0
-        )
-        ids.append(raw.headers["x-trajectory-id"])
 
     def post(trajectory: str, value: float) -> dict[str, Any]:
         answer = httpx.post(f"{up.url}/v1/trajectories/{trajectory}/reward", json={"reward": value})
         assert answer.status_code == 200, answer.text
         return answer.json()
 
-    for trajectory, value in zip(ids[:3], (1.0, 0.0, 0.5)):
-        post(trajectory, value)
+    ids = []
+    for a, value in enumerate((1.0, 0.0, 0.5, 0.2, None, None)):
+        raw = client.chat.completions.with_raw_response.create(
+            model="lone", messages=[{"role": "user", "content": f"What is {a} + 3? Reply with only the number."}], max_tokens=12, temperature=1.0
+        )
+        ids.append(raw.headers["x-trajectory-id"])
+        if value is not None and a < 3:
+            assert post(ids[-1], value)["expired"] is False
     time.sleep(5)  # a verdict that comes late, but in time
-    post(ids[3], 0.2)
+    assert post(ids[3], 0.2)["expired"] is False
 
     def status() -> dict[str, Any]:
         return httpx.get(f"{up.url}/admin/policies/lone", headers=up.admin).json()
