@@ -21,7 +21,7 @@ from burnish_server.store.models import LoneBaseline
 def read_baselines(conn: Connection, policy: str) -> dict[str, Baseline]:
     """The policy's baselines by kind (a policy's agents have few kinds: one per system prompt and tool set)."""
     rows = conn.execute(select(LoneBaseline.kind, LoneBaseline.count, LoneBaseline.mean, LoneBaseline.variance).where(LoneBaseline.policy == policy))
-    return {row.kind: Baseline(count=row.count, mean=row.mean, variance=row.variance) for row in rows}
+    return {kind: Baseline(count=count, mean=mean, variance=variance) for kind, count, mean, variance in rows}
 
 
 def keep_baselines(conn: Connection, policy: str, baselines: Mapping[str, Baseline]) -> None:

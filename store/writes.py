@@ -258,7 +258,7 @@ class PostReward:
         )
         closed = False
         if amend or expired:
-            settle(conn, [group.id])  # type: ignore[union-attr]  # amend and expired say there is a group
+            settle(conn, [group.id])  # amend and expired say there is a group
         elif group is not None and group.expected_size is not None:
             rewarded = conn.execute(
                 select(func.count()).select_from(Trajectory).where(Trajectory.group_id == group_id, Trajectory.reward.is_not(None))

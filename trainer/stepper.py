@@ -62,7 +62,9 @@ class Stepper:
             kept = await self.db.read(read_baselines, policy.name) if attempts and policy.train.lone_baseline == "kept" else None
             train = policy.train
             lone = lone_advantages(attempts, kept, scale=train.scale_advantages, eps=train.advantage_eps) if attempts else None
-            log.info("%s step %d: claimed %d groups (%d lone attempts rewarded), training from step %d", policy.name, step, len(ids), len(attempts), policy.head)
+            log.info(
+                "%s step %d: claimed %d groups (%d lone attempts rewarded), training from step %d", policy.name, step, len(ids), len(attempts), policy.head
+            )
             read_s = time.perf_counter() - t0
             metrics = await asyncio.to_thread(self.models.step, policy, rows, step, lone)
             metrics.seconds_read, metrics.groups = read_s, len(ids)

@@ -189,7 +189,7 @@ class ReplicaView(View, kw_only=True):
     since: str | None = None  # when it came to stand so
 
 
-class LoneView(View, kw_only=True, frozen=True):
+class LoneView(View, kw_only=True):
     """The policy's lone attempts (a trajectory answered once, in a group of its own:
     core/learning/lone.py): where they stand."""
 
@@ -229,7 +229,7 @@ class PolicyView(View, kw_only=True):
     groups_closed: int = 0
     groups_eval: int  # groups held out for evaluation (marked, or closed with a held-out member), not trained
     # Of those groups, the lone attempts (groups of one).
-    lone: LoneView = LoneView(waiting=0, ready=0, trained=0, expired=0)
+    lone: LoneView = msgspec.field(default_factory=lambda: LoneView(waiting=0, ready=0, trained=0, expired=0))
     last_step: StepView | None
     # Calls whose prompt did not extend their trajectory, in every step trained, by reason
     # (core/learning/drift.py; docs/trainer.md, "The drift report").
