@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import and_, false, func, or_, select, update
 from sqlalchemy.engine import Connection
 
 from burnish_server.core.learning.groups import FOLLOWED
@@ -26,7 +26,7 @@ from burnish_server.store.training import settle
 class Recorded(NamedTuple):
     pk: int
     call: CallRecord
-    lone: bool  # its trajectory is a lone attempt still waiting for its reward (store/lone.py)
+    lone: bool  # its trajectory is a lone attempt (store/lone.py): waiting for its reward, or in its own group
 
 
 def last_call(conn: Connection) -> int:
@@ -36,7 +36,9 @@ def last_call(conn: Connection) -> int:
 
 def recorded_since(conn: Connection, after: int, policies: list[str], limit: int = 500) -> list[Recorded]:
     """The ok calls to ``policies`` recorded after key ``after``, oldest first."""
-    waiting = and_(*waiting_terms()).label("waiting")
+    # A lone attempt: waiting (no group yet), or in the group of its own that a reward made.
+    alone = or_(Trajectory.group_id.is_(None), Trajectory.group_id == Trajectory.id)
+    waiting = and_(Trajectory.policy.is_not(None), Trajectory.eval == false(), alone).label("waiting")
     rows = conn.execute(
         select(Call, waiting)
         .join(Trajectory, Trajectory.id == Call.trajectory_id)
@@ -58,6 +60,15 @@ def claim_answer(conn: Connection, trajectory_id: str, policy: str) -> bool:
 def keep_followed(conn: Connection, trajectory_id: str, followed: list[dict[str, Any]]) -> None:
     """What followed a lone attempt's answer, for a teacher with hindsight (``TrainingCall.followed``)."""
     conn.execute(update(Trajectory).where(Trajectory.id == trajectory_id).values(followed=followed))
+
+
+def keep_followed_rewarded(conn: Connection, trajectory_id: str, policy: str, followed: list[dict[str, Any]]) -> bool:
+    """What followed a lone attempt whose reward came first, while no trainer has taken it: it
+    trains on both, and the step sees whether the teacher agrees with the reward. False where
+    it is not the policy's lone attempt, or a trainer took it."""
+    untaken = select(Group.id).where(Group.id == trajectory_id, Group.policy == policy, Group.expected_size == 1, Group.claimed_by.is_(None))
+    kept = conn.execute(update(Trajectory).where(Trajectory.id == trajectory_id, Trajectory.group_id.in_(untaken)).values(followed=followed))
+    return bool(kept.rowcount)
 
 
 def close_followed(conn: Connection, group_id: str) -> bool:

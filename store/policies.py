@@ -290,7 +290,7 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
         last_step=last[0] if last else None,
         eval=eval_scores(conn, name, policy.step, every_version=False),
         splits=split_totals(history),
-        health=health(history, recent_groups(conn, name)),
+        health=health(history, recent_groups(conn, name), row.next_judged or 0, row.next_unreadable or 0),
         settings_warnings=settings_conflicts(policy.promotion, policy.lora, train=policy.train),
         train_requested_at=iso(policy.train_requested_at),
         load_error=policy.load_error,

@@ -22,7 +22,7 @@ from burnish_server.core.api.listing import Filters, Keyset
 from burnish_server.core.api.views import CallTokensView, CallView, GroupView, RewardView, TrajectoryPage, TrajectoryView
 from burnish_server.core.learning.continuity import Continuity
 from burnish_server.core.learning.drift import split_reason
-from burnish_server.core.learning.groups import EXPIRED, GroupState, cannot_train, group_state
+from burnish_server.core.learning.groups import EXPIRED, FOLLOWED, GroupState, cannot_train, group_state
 from burnish_server.core.learning.policies import Objective
 from burnish_server.core.platform.access import local, local_optional
 from burnish_server.core.protocols.records import DEMONSTRATION, OK, Adjustments, CallTokens, unpack_tokens
@@ -171,6 +171,7 @@ def get_group(conn: Connection, group_id: str) -> GroupView | None:
             demonstration=row.close_reason == DEMONSTRATION,
             lone=rules.lone,
             expired=row.close_reason == EXPIRED,
+            followed=row.close_reason == FOLLOWED and rules.followed,
         )
     return GroupView(
         id=local(row.id),

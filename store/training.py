@@ -23,11 +23,11 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 import msgspec
-from sqlalchemy import ColumnElement, Select, and_, case, exists, func, or_, select, update
+from sqlalchemy import ColumnElement, Select, and_, case, exists, false, func, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import InstrumentedAttribute, aliased
 
-from burnish_server.core.learning.groups import EXPIRED, UNREWARDED, Lack, tolerated
+from burnish_server.core.learning.groups import EXPIRED, FOLLOWED, UNREWARDED, Lack, tolerated
 from burnish_server.core.learning.policies import Objective, TrainSettings
 from burnish_server.core.platform.clock import utcnow
 from burnish_server.core.platform.settings import Settings
@@ -94,6 +94,7 @@ class Training(NamedTuple):
     objective: Objective  # whether a group needs rewards, and rewards that differ
     lone: bool = True  # whether a lone attempt trains (TrainSettings.lone_baseline)
     lone_per_group: int = TrainSettings().lone_per_group  # lone attempts that weigh as one group in a step
+    followed: bool = False  # whether a lone attempt completed by its follow-up trains (TrainSettings.hindsight)
 
 
 def training_rules(conn: Connection, policy: str) -> Training:
@@ -103,7 +104,7 @@ def training_rules(conn: Connection, policy: str) -> Training:
         return Training(None, Objective())
     train = msgspec.convert(row.train or {}, TrainSettings)
     projects = None if row.project is None else [row.project, *(row.shared_with or ())]
-    return Training(projects, train.weights, train.lone_baseline is not None, train.lone_per_group)
+    return Training(projects, train.readiness, train.lone_baseline is not None, train.lone_per_group, train.hindsight)
 
 
 def lacks(group_id: ColumnElement[str] | InstrumentedAttribute[str]) -> Any:
@@ -172,7 +173,8 @@ def ready_groups(
     where given (a group of a project the policy was unshared from waits, untrained). What
     ready asks of a group depends on the objective (core/learning/groups.py: tolerated): GRPO alone,
     every member rewarded and rewards that differ; with SFT, every member rewarded;
-    distillation, nothing (the teacher scores the samples).
+    distillation, nothing (the teacher scores the samples), or, with hindsight alone, a lone
+    attempt's follow-up (``rules.followed``).
 
     ``settled``: the groups whose lack is kept on their row, read from ``ix_groups_waiting`` by
     it, so that the poll costs what is ready, not the ties and unrewarded groups that wait
@@ -187,8 +189,12 @@ def ready_groups(
     # an expired lone attempt trains nothing, whatever the objective tolerates.
     sampled = or_(Group.close_reason.is_(None), Group.close_reason.not_in((DEMONSTRATION, EXPIRED)))
     kind = and_(sampled, fits)
+    if rules.objective.grpo == rules.objective.sft == rules.objective.distill == 0:
+        kind = false()  # distillation by hindsight alone: only what was followed
     if rules.objective.sft > 0:
         kind = or_(kind, and_(Group.close_reason == DEMONSTRATION, lack < int(Lack.HELD_OUT)))
+    if rules.followed:  # the teacher learns from what followed (TrainSettings.readiness)
+        kind = or_(kind, and_(Group.close_reason == FOLLOWED, lack < int(Lack.HELD_OUT)))
     return (
         select(Group.id, lone_group().label("lone"))
         .where(

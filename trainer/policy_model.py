@@ -26,6 +26,7 @@ from burnish_server.trainer.grpo import behaviour_gap, grpo_loss
 from burnish_server.trainer.logprobs import sampled_logprobs, top_forward_kl, top_logprobs
 from burnish_server.trainer.objectives import distill_loss, sft_loss
 from burnish_server.trainer.sequences import Sequence
+from burnish_server.trainer.teacher import teacher_against_rewards
 from burnish_server.trainer.shared_prompts import Row, shared_rows
 
 
@@ -494,6 +495,7 @@ class PolicyModel:
             self.model.eval()
             self.teach(mine)
         seconds_teacher = time.perf_counter() - t0
+        pairs, against = ranks.sum([float(n) for n in teacher_against_rewards(mine)]) if weights.distill > 0 else (0.0, 0.0)
         self.model.train()
         # Each objective is normalised by its own tokens, over the whole step (every rank's share).
         n_grpo, n_sft, _ = taught_tokens(items, max_len)
@@ -556,6 +558,8 @@ class PolicyModel:
             teacher_kl=got.teacher_kl / max(n_distill, 1),
             distill_tokens=float(n_distill if weights.distill > 0 else 0),
             seconds_teacher=seconds_teacher,
+            teacher_pairs=int(pairs),
+            teacher_pairs_against=int(against),
             logprob_diff_mean=got.logprob_diff / n,
             outside_clip_fraction=got.outside_clip / n,
             tis_capped_fraction=got.tis_capped / n,

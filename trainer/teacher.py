@@ -123,3 +123,23 @@ def served_scores(items: list[tuple[Sequence, float]], scorer: VLLMScorer, model
         assert known is not None and taught is not None  # made above
         known[start : start + length] = scores
         taught[start : start + length] = [1] * length
+
+
+def teacher_against_rewards(items: list[tuple[Sequence, float]]) -> tuple[int, int]:
+    """Does the teacher agree with the rewards? Over the sequences that both trained on a
+    reward's advantage and had tokens the teacher scored (a lone attempt with a verdict and a
+    next turn, under hindsight; any group, with a context): each pair of one above its baseline
+    and one below, and how many of those pairs the teacher ranks the other way, by its mean
+    logprob of the sampled tokens less vLLM's (a lift, so that a teacher flatter than the policy
+    everywhere ranks as well as a sharper one). About half against is a teacher that knows
+    nothing of what was rewarded; most against, one that teaches the opposite (health warns)."""
+    lifts: list[tuple[float, float]] = []  # (advantage, the teacher's lift)
+    for seq, advantage in items:
+        if not seq.grpo or advantage == 0 or seq.taught is None or seq.teacher_logprobs is None or not seq.has_behaviour_logprobs:
+            continue
+        taught = [i for i, t in enumerate(seq.taught) if t]
+        if taught:
+            lifts.append((advantage, sum(seq.teacher_logprobs[i] - seq.behaviour_logprobs[i] for i in taught) / len(taught)))
+    above = [lift for advantage, lift in lifts if advantage > 0]
+    below = [lift for advantage, lift in lifts if advantage < 0]
+    return len(above) * len(below), sum(a < b for a in above for b in below)

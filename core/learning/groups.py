@@ -102,13 +102,17 @@ def cannot_train(
     demonstration: bool = False,
     lone: bool = True,
     expired: bool = False,
+    followed: bool = False,
 ) -> str | None:
     """Why a closed group will never be trained, in words a user can act on; None where it
     can be. The same rule as readiness in ``store/training.py``: every member rewarded, and
     rewards that differ or a call's own reward to learn from; less where the policy's
-    objective asks less (core/learning/policies.py: Objective)."""
+    objective asks less (core/learning/policies.py: Objective). ``followed``: a lone attempt
+    completed by its follow-up, for a policy whose teacher learns from it: it distills."""
     if held_out:
         return "held out for evaluation: scored, never trained on"
+    if followed:
+        return None
     if demonstration:
         return None if objective.sft > 0 else "a demonstration: it trains a policy whose train.objective gives sft a weight"
     if not objective.needs_rewards:

@@ -15,7 +15,9 @@ the policy onto the teacher's answers by design), or climbed well above the base
 step pushes down what the policy samples without showing it where to go), the train reward
 fallen below where it started by more than half of the first steps' spread of rewards, or most of the last groups tied (every member
 rewarded alike); or where the last steps were off-policy though trained on their own
-version's samples (a wrong checkpoint served, engines that disagree). Ties are read from the
+version's samples (a wrong checkpoint served, engines that disagree); or where the signal itself
+is suspect: the next-message judge answers neither yes nor no to many answers, or the teacher
+ranks answers against their rewards. Ties are read from the
 groups, not the steps: a tied group teaches nothing and is never trained, so a policy that
 answers alike every time stops making steps, and its steps' metrics stop changing just when
 it matters.
@@ -42,6 +44,15 @@ REWARD_DROP = 0.5
 # Warn when at least this share of the last closed groups (at least TIES_MIN_GROUPS of them) tied.
 TIES_SHARE = 0.75
 TIES_MIN_GROUPS = 8
+# Warn when the next-message judge answered neither yes nor no to at least this share of the
+# answers it was asked about (at least JUDGE_MIN_ASKED of them): its rewards are few, and noise.
+JUDGE_UNREADABLE_SHARE = 0.25
+JUDGE_MIN_ASKED = 8
+# Warn when, over the last WINDOW steps, the teacher ranked at least this share of its pairs of
+# answers (one rewarded above its baseline, one below; at least TEACHER_MIN_PAIRS of them) the
+# other way from the rewards: a teacher that knows nothing of them ranks about half so.
+TEACHER_AGAINST_SHARE = 0.6
+TEACHER_MIN_PAIRS = 16
 # Warn when each of the last WINDOW steps, all trained on calls their own version sampled
 # (staleness 0), had more than this share of tokens whose ratio to vLLM's logprob was outside
 # the clip range: at staleness 0 it is 0 but for the engines' noise (docs/trainer.md).
@@ -73,6 +84,12 @@ class Health(msgspec.Struct, kw_only=True):
     recent_tied: int = 0
     recent_unrewarded: int = 0  # ... of which closed with a member unrewarded
     recent_lone: int = 0  # ... of which had one member
+    # The next-message judge's verdicts: answers it scored, and those it answered neither yes nor no.
+    judged: int = 0
+    judge_unreadable: int = 0
+    # The last WINDOW steps' pairs of answers the teacher scored, and those it ranked against the rewards.
+    teacher_pairs: int = 0
+    teacher_pairs_against: int = 0
     warning: str | None = None
 
 
@@ -81,8 +98,9 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return sum(known) / len(known) if known else None
 
 
-def health(history: Sequence[StepMetrics], ties: RecentGroups | None = None) -> Health:
-    """``history``: each step's metrics, oldest first; ``ties``: the last closed groups."""
+def health(history: Sequence[StepMetrics], ties: RecentGroups | None = None, judged: int = 0, unreadable: int = 0) -> Health:
+    """``history``: each step's metrics, oldest first; ``ties``: the last closed groups;
+    ``judged`` and ``unreadable``: the next-message judge's verdicts so far."""
     first, last = history[:WINDOW], history[-WINDOW:]
     reward_first, reward_last = _mean([m.reward_mean for m in first]), _mean([m.reward_mean for m in last])
     entropy_first, entropy_last = _mean([m.entropy for m in first]), _mean([m.entropy for m in last])
@@ -98,6 +116,10 @@ def health(history: Sequence[StepMetrics], ties: RecentGroups | None = None) -> 
         recent_tied=ties.tied if ties else 0,
         recent_unrewarded=ties.unrewarded if ties else 0,
         recent_lone=ties.lone if ties else 0,
+        judged=judged,
+        judge_unreadable=unreadable,
+        teacher_pairs=sum(m.teacher_pairs for m in last),
+        teacher_pairs_against=sum(m.teacher_pairs_against for m in last),
     )
     if ties is not None and ties.groups and ties.unrewarded + ties.lone == ties.groups:
         # Nothing the last groups hold can train, whatever the run's figures say: the first thing
@@ -108,6 +130,21 @@ def health(history: Sequence[StepMetrics], ties: RecentGroups | None = None) -> 
         if ties.lone:
             why.append(f"{ties.lone} had a single member while train.lone_baseline is off (set it, or give each task several attempts in one group)")
         out.warning = f"nothing to train: of the last {ties.groups} closed groups, " + "; ".join(why)
+        return out
+    asked = judged + unreadable
+    if asked >= JUDGE_MIN_ASKED and unreadable >= JUDGE_UNREADABLE_SHARE * asked:
+        out.warning = (
+            f"the next-message judge answered neither yes nor no to {unreadable} of the {asked} answers it was asked about, "
+            "so few of them get a reward: name a stronger judge (ruler.judge_model) or turn it off (ruler.next_message false)"
+        )
+        return out
+    pairs, against = out.teacher_pairs, out.teacher_pairs_against
+    if pairs >= TEACHER_MIN_PAIRS and against >= TEACHER_AGAINST_SHARE * pairs:
+        out.warning = (
+            f"the teacher disagrees with the rewards: in the last steps it preferred the lower-rewarded answer in {against} of "
+            f"{pairs} pairs ({against / pairs:.0%}), so distillation pulls against GRPO. Check that the rewards say what you "
+            'want; under hindsight, that the next turns say what was wanted (else {"train": {"objective": "grpo", "teacher": null}})'
+        )
         return out
     if ties is not None and ties.groups >= TIES_MIN_GROUPS and ties.tied >= TIES_SHARE * ties.groups:
         reward = f" (their reward {ties.tied_reward:.3f})" if ties.tied_reward is not None else ""

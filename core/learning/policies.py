@@ -200,6 +200,24 @@ class TrainSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         """The objective as weights, whichever way it was set."""
         return OBJECTIVES[self.objective] if isinstance(self.objective, str) else self.objective
 
+    @property
+    def hindsight(self) -> bool:
+        """Whether a lone attempt's follow-up trains it by distillation (Teacher.hindsight)."""
+        return self.weights.distill > 0 and self.teacher is not None and self.teacher.hindsight
+
+    @property
+    def readiness(self) -> Objective:
+        """The objective that says which groups are ready to train (core/learning/groups.py:
+        tolerated). A teacher with a context or a model of its own teaches every call, so a
+        distilling policy trains on every closed group; a teacher with hindsight alone has
+        something to show only an attempt that was followed (those are ready by their follow-up:
+        store/training.py), so the rest of the policy's groups wait for what its other
+        objectives need, and grouped traffic trains as it would without it."""
+        teacher, weights = self.teacher, self.weights
+        if self.hindsight and teacher is not None and not teacher.context and teacher.model is None:
+            return msgspec.structs.replace(weights, distill=0.0)
+        return weights
+
 
 # A judge's base URL: http or https, a host, an optional path; no query, fragment or space
 # (the gateway appends /chat/completions to it).

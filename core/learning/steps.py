@@ -35,6 +35,10 @@ class StepMetrics(msgspec.Struct, kw_only=True):
     distill_tokens: float = 0.0
     teacher_unrendered_calls: int = 0  # calls the teacher could not be shown faithfully (trainer/teacher.py): not distilled
     teacher_requests: int = 0  # to a teacher vLLM serves (serving/scoring.py), each scoring many calls
+    # Pairs of sequences the teacher scored, one rewarded above its baseline and one below, and
+    # those it ranks the other way (trainer/teacher.py: teacher_against_rewards).
+    teacher_pairs: int = 0
+    teacher_pairs_against: int = 0
     # What it trained on.
     groups: int = 0
     lone: int = 0  # lone attempts trained (groups of one), each against its kind's baseline (core/learning/lone.py)

@@ -154,14 +154,8 @@ class Followups:
         return found
 
 
-def hindsight(policy: Policy) -> bool:
-    """Whether the policy's teacher learns from what followed an answer (and the policy distills)."""
-    teacher = policy.train.teacher
-    return teacher is not None and teacher.hindsight and policy.train.weights.distill > 0
-
-
 def watched(policy: Policy) -> bool:
-    return policy.ruler.next_message or hindsight(policy)
+    return policy.ruler.next_message or policy.train.hindsight
 
 
 async def judge_followup(svc: Services, followed: Answer) -> None:
@@ -170,13 +164,18 @@ async def judge_followup(svc: Services, followed: Answer) -> None:
     if policy is None or not watched(policy):
         return
     group_id = followed.trajectory_id  # a lone attempt's group is named after it
+    after = [m.chat() for m in followed.followed]
     if not await svc.db.transaction(store.claim_answer, followed.trajectory_id, policy.name):
-        return  # rewarded already, or another gateway has it
-    if hindsight(policy):
-        await svc.db.transaction(store.keep_followed, followed.trajectory_id, [m.chat() for m in followed.followed])
+        # Rewarded already (or another gateway has it): the teacher is still shown what followed,
+        # so a step trains on both and says whether they agree (core/learning/health.py).
+        if policy.train.hindsight:
+            await svc.db.transaction(store.keep_followed_rewarded, followed.trajectory_id, policy.name, after)
+        return
+    if policy.train.hindsight:
+        await svc.db.transaction(store.keep_followed, followed.trajectory_id, after)
     if policy.ruler.next_message:
         await judge_answer(svc, policy, followed, group_id)
-    if hindsight(policy):  # no reward came first: the follow-up is its signal, and it is complete
+    if policy.train.hindsight:  # no reward came first: the follow-up is its signal, and it is complete
         await svc.db.transaction(store.close_followed, group_id)
 
 

@@ -86,3 +86,20 @@ def test_a_policy_whose_groups_tie_says_so_in_its_status(gateway: Gateway) -> No
         group(f"alike-{g}", (0.5, 0.5))
     status = gateway.policy()["health"]
     assert (status["recent_groups"], status["recent_tied"]) == (13, 10) and status["warning"].startswith("no contrast left: 10 of the last 13 groups")
+
+
+def test_a_judge_that_answers_neither_yes_nor_no_warns() -> None:
+    learning = steps([0.2, 0.25, 0.3, 0.5], [1.5, 1.4, 1.4, 1.2])
+    assert health(learning, judged=30, unreadable=5).warning is None  # a few, among many verdicts
+    warning = health(learning, judged=6, unreadable=4).warning
+    assert warning is not None and "answered neither yes nor no to 4 of the 10 answers" in warning and "ruler.judge_model" in warning
+
+
+def test_a_teacher_that_ranks_answers_against_their_rewards_warns() -> None:
+    def taught(pairs: int, against: int) -> list[StepMetrics]:
+        return [StepMetrics(reward_mean=0.5, reward_std=0.2, entropy=1.0, teacher_pairs=pairs, teacher_pairs_against=against)] * 4
+
+    assert health(taught(10, 5)).warning is None  # a teacher that knows nothing of the rewards: about half
+    h = health(taught(10, 8))
+    assert (h.teacher_pairs, h.teacher_pairs_against) == (30, 24)
+    assert h.warning is not None and h.warning.startswith("the teacher disagrees with the rewards") and "24 of 30 pairs (80%)" in h.warning

@@ -7,6 +7,7 @@ reward posted after is kept and answered ``expired``. The status counts each kin
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -53,6 +54,23 @@ def made(gw: Gateway, group_id: str) -> dict[str, Any]:
     with gw.client() as c:
         r = c.get(f"/v1/groups/{group_id}")
         return r.json() if r.status_code == 200 else {}
+
+
+def followed_of(gw: Gateway, trajectory: str) -> Any:
+    """What the store keeps for the teacher of what followed an answer (no view shows it)."""
+    from sqlalchemy import select
+
+    from burnish_server.store.database import Database
+    from burnish_server.store.models import Trajectory
+
+    async def read() -> Any:
+        db = Database(gw.settings.resolved_database_url)
+        try:
+            return await db.read(lambda conn: conn.execute(select(Trajectory.followed).where(Trajectory.id == trajectory)).scalar_one())
+        finally:
+            await db.dispose()
+
+    return asyncio.run(read())
 
 
 def test_a_lone_attempt_is_a_group_of_its_own_that_its_reward_makes_ready(gw: Gateway) -> None:
@@ -154,6 +172,18 @@ def test_with_hindsight_what_followed_is_kept_for_the_teacher_and_completes_the_
     assert got["reward"] is None and got["group_id"] == corrected
     late = reward(gw, corrected, 1.0)  # a verdict after the follow-up: kept, never trained on
     assert late.status_code == 200 and late.json()["expired"] is True
+    # A verdict first, then the next turn: the attempt trains on its reward, and the teacher is
+    # shown what followed too, so that the step sees whether the two agree.
+    client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    asked = [{"role": "user", "content": "What is 2 + 3?"}]
+    raw = client.chat.completions.with_raw_response.create(model="agent", messages=asked)
+    rewarded = raw.headers["x-trajectory-id"]
+    assert reward(gw, rewarded, 0.0).json()["expired"] is False
+    then = [*asked, {"role": "assistant", "content": raw.parse().choices[0].message.content}, {"role": "user", "content": "No, it is 5."}]
+    client.chat.completions.create(model="agent", messages=then)
+    wait_for(lambda: followed_of(gw, rewarded) is not None, 20, "what followed the rewarded answer was not kept")
+    assert followed_of(gw, rewarded)[-1] == {"role": "user", "content": "No, it is 5."}
+    assert group(gw, rewarded)["close_reason"] == "complete" and gw.trajectory(rewarded)["reward"] == 0.0
     # A follow-up within one trajectory (an agent that sends its ids) is no lone attempt's: nothing is paired.
     with gw.client() as c:
         first = c.post("/t/mine/v1/chat/completions", json={"model": "agent", "messages": [{"role": "user", "content": "hi"}]}).json()

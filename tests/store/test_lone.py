@@ -12,10 +12,11 @@ from sqlalchemy import select, update
 
 from burnish_server.core.learning.groups import EXPIRED, Lack
 from burnish_server.core.learning.lone import Baseline
-from burnish_server.core.learning.policies import Policy, TrainSettings
+from burnish_server.core.learning.policies import Objective, Policy, Teacher, TeacherTurn, TrainSettings
 from burnish_server.core.platform.clock import utcnow
 from burnish_server.core.platform.errors import Conflict
 from burnish_server.store.baselines import keep_baselines, read_baselines
+from burnish_server.store.followups import claim_answer, close_followed
 from burnish_server.store.lone import lone_counts, sweep
 from burnish_server.store.models import Group, Trajectory
 from burnish_server.store.policies import create_policy, policy_status
@@ -111,3 +112,28 @@ async def test_baselines_are_kept_per_policy_and_kind(store) -> None:
     await db.transaction(keep_baselines, "other", {"a": Baseline(count=1, mean=9.0)})
     kept = await db.read(read_baselines, "agent")
     assert kept == {"a": Baseline(count=3, mean=0.2, variance=0.1), "b": Baseline(count=1, mean=0.5, variance=0.0)}
+
+
+async def test_hindsight_alone_trains_followed_attempts_and_leaves_ties_to_grpo(store) -> None:
+    """A teacher with hindsight alone (burnish up's default) has something to show only a followed
+    attempt: a tied group of grouped traffic waits as under GRPO, a followed attempt is ready; a
+    teacher with a context teaches every call, so a tie is ready for it."""
+    db, writer = store
+    hindsight = TrainSettings(objective=Objective(grpo=1, distill=1), teacher=Teacher(hindsight=True))
+    await db.transaction(create_policy, Policy(name="agent", base_model="tiny", train=hindsight))
+    for name in ("a", "b"):  # a group of two, tied
+        await writer.write(record(name, group="tie", size=2, policy="agent", policy_step=0))
+        await writer.write(PostReward(name, 1.0))
+    await lone(writer, "followed")
+    assert await db.transaction(claim_answer, "followed", "agent")
+    assert await db.transaction(close_followed, "followed")
+    assert (await db.read(get_group, "tie")).cannot_train is not None  # a tie: nothing GRPO learns
+    assert (await db.read(get_group, "followed")).cannot_train is None
+    assert await db.transaction(count_ready, "agent") == 1  # the followed attempt alone
+    assert await db.transaction(claim_groups, "agent", "w1", 1, 3600, 0) == ["followed"]
+    context = TrainSettings(objective=Objective(grpo=1, distill=1), teacher=Teacher(context=(TeacherTurn("system", "Be brief."),)))
+    await db.transaction(create_policy, Policy(name="taught", base_model="tiny", train=context))
+    for name in ("c", "d"):
+        await writer.write(record(name, group="tie2", size=2, policy="taught", policy_step=0))
+        await writer.write(PostReward(name, 1.0))
+    assert await db.transaction(count_ready, "taught") == 1  # the context teaches every call

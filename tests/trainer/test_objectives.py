@@ -16,7 +16,7 @@ from burnish_server.store.training import TrainingCall
 from burnish_server.trainer.objectives import distill_loss, sft_loss
 from burnish_server.trainer.policy_model import PolicyModel, make_micro_batch
 from burnish_server.trainer.sequences import Sequence, build_sequences, sampled_call, training_batch
-from burnish_server.trainer.teacher import ContextTeacher
+from burnish_server.trainer.teacher import ContextTeacher, teacher_against_rewards
 from tests.records import chat_call
 
 LORA = LoraSettings(rank=8, alpha=16)
@@ -445,3 +445,19 @@ def test_a_step_with_nothing_to_train_leaves_the_adapter_as_it_was(tiny_model: P
     unscored.add([3, 4, 5], [6, 7], None)  # its span has no teacher prompt
     metrics = model.step([(unscored, 0.0)])
     assert metrics.distill_tokens == 0 and all(torch.equal(a, b) for a, b in zip(before, model.params))
+
+
+def test_the_teacher_is_checked_against_the_rewards_pair_by_pair() -> None:
+    def answer(lift: float, taught: bool = True) -> Sequence:
+        seq = Sequence()
+        seq.add([1, 2], [3, 4], [-1.0, -1.0])
+        seq.teacher_logprobs = [0.0, 0.0, -1.0 + lift, -1.0 + lift]
+        seq.taught = [0, 0, int(taught), int(taught)]
+        return seq
+
+    # Two answers above their baseline, two below; the teacher lifts the better ones more, but
+    # less than the policy everywhere (its lifts are all negative): it agrees, pair by pair.
+    agreeing = [(answer(-0.1), 1.0), (answer(-0.2), 0.5), (answer(-0.9), -1.0), (answer(-0.5), -0.5), (answer(0.3, taught=False), -1.0)]
+    assert teacher_against_rewards(agreeing) == (4, 0)
+    against = [(answer(-0.9), 1.0), (answer(-0.1), -1.0), (answer(0.0), 0.0)]
+    assert teacher_against_rewards(against) == (1, 1)
