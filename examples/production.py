@@ -5,7 +5,9 @@
     python examples/production.py --gateway http://127.0.0.1:8080 --admin-token ...   # against one already up
 
 The demo's task (examples/arithmetic.py: "What is 13 + 14? Reply with only the number.", its
-train/held-out split and its rewards), played two ways:
+train/held-out split and its rewards), or with ``--task`` a reasoning-gym task (its generator's
+settings as ``--set key=value``; the task's own score is the reward, and a correction gives the
+generator's answer), played three ways:
 
 - ``lone`` (production traffic): ``--users`` simulated users, each sending one request at a
   time for a random train sum with the plain ``openai`` client on the gateway's ``/v1``, no
@@ -43,18 +45,19 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
-from arithmetic import SUMS, Task  # noqa: I001  (examples/ is run as a folder of scripts)
+from arithmetic import SUMS  # noqa: I001  (examples/ is run as a folder of scripts)
 from digits import burnish_running, gateway_arguments
 
 from burnish import AsyncClient, BurnishError, Score
 from burnish.tasks import Chat, Schedule, evaluate, train
+from burnish.tasks.runner import MAX_TOKENS, TEMPERATURE
 
 REPLY_CHARS = 24  # of the most common held-out reply, shown on each evaluation line
 
@@ -94,7 +97,7 @@ class Watched:
     runner's ``evaluate`` keeps only the first 8) and each complete evaluation is printed;
     train episodes are counted as traffic (grouped mode)."""
 
-    def __init__(self, task: Task, traffic: Traffic) -> None:
+    def __init__(self, task: Any, traffic: Traffic) -> None:
         self.task, self.name, self.traffic = task, task.name, traffic
         self.held_out = len(task.split()[1])
         self.evals: list[HeldOut] = []
@@ -167,8 +170,36 @@ async def late_reward(client: AsyncClient, trajectory: str, reward: float, delay
         print(f"  reward for {trajectory} failed: {exc}", flush=True)
 
 
+@dataclass(frozen=True)
+class Asked:
+    """A one-turn task as traffic asks it: the environment the runner plays (held out, and
+    grouped mode), and what lone traffic needs of it besides: a question's messages, an
+    answer's train reward, and what the user says next."""
+
+    env: Any  # burnish.tasks' Environment: split() and play()
+    messages: Callable[[Any], list[dict[str, str]]]
+    reward: Callable[[str, Any], float]
+    reply: Callable[[str, Any], str]
+    temperature: float = TEMPERATURE
+    max_tokens: int = MAX_TOKENS
+
+
+def asked(task: str, settings: Sequence[str]) -> Asked:
+    """``sums`` (the demo's task), or a reasoning-gym task with its generator's settings (``key=value``)."""
+    if task == "sums":
+        return Asked(SUMS, lambda p: [{"role": "user", "content": SUMS.prompt(p)}], SUMS.shaped, next_message, SUMS.temperature, SUMS.max_tokens)
+    from burnish.tasks.reasoning_gym import INSTRUCTION, ReasoningGym
+
+    env = ReasoningGym(task, {k: json.loads(v) for k, _, v in (item.partition("=") for item in settings)})
+
+    def reply(text: str, entry: Any) -> str:
+        return "Thanks." if env.score(text, entry) >= 1.0 else f"No, the answer is {entry['answer']}. {INSTRUCTION}"
+
+    return Asked(env, env.messages, env.score, reply)
+
+
 def next_message(text: str, problem: tuple[int, int]) -> str:
-    """What a user says after an answer: thanks where it is what was asked, else what was wanted."""
+    """What a user says after a sum's answer: thanks where it is what was asked, else what was wanted."""
     a, b = problem
     if SUMS.exact(text, problem):
         return "Thanks."
@@ -183,15 +214,14 @@ async def user(
     """One user until ``deadline``: a train sum at a time, its verdict posted late or never (or,
     in ``next`` mode, never, and the user's next message sent instead)."""
     rng = random.Random(args.seed * 1000 + n)
-    train_sums = SUMS.split()[0]
+    task: Asked = args.asked
+    train_problems = task.env.split()[0]
     while time.monotonic() < deadline:
-        problem = rng.choice(train_sums)
+        problem = train_problems[rng.randrange(len(train_problems))]
+        question = task.messages(problem)
         try:
             raw = await agent.chat.completions.with_raw_response.create(
-                model=args.policy,
-                messages=[{"role": "user", "content": SUMS.prompt(problem)}],
-                temperature=SUMS.temperature,
-                max_tokens=SUMS.max_tokens,
+                model=args.policy, messages=question, temperature=task.temperature, max_tokens=task.max_tokens
             )
         except openai.APIError as exc:
             traffic.call_errors += 1
@@ -201,13 +231,12 @@ async def user(
         traffic.calls += 1
         traffic.versions[raw.headers.get("x-policy-version", "")] += 1
         text = raw.parse().choices[0].message.content or ""
-        reward = SUMS.shaped(text, problem)
+        reward = task.reward(text, problem)
         traffic.rewards.append(reward)
         if args.mode == "next":
-            question = {"role": "user", "content": SUMS.prompt(problem)}
-            turns = [question, {"role": "assistant", "content": text}, {"role": "user", "content": next_message(text, problem)}]
+            turns = [*question, {"role": "assistant", "content": text}, {"role": "user", "content": task.reply(text, problem)}]
             try:
-                await agent.chat.completions.create(model=args.policy, messages=turns, temperature=SUMS.temperature, max_tokens=SUMS.max_tokens)
+                await agent.chat.completions.create(model=args.policy, messages=turns, temperature=task.temperature, max_tokens=task.max_tokens)
                 traffic.calls += 1
             except openai.APIError as exc:
                 traffic.call_errors += 1
@@ -225,8 +254,8 @@ async def user(
 
 async def lone(client: AsyncClient, args: argparse.Namespace, watched: Watched) -> None:
     """Users sending lone calls for ``--minutes``, the held-out set evaluated on a wall clock."""
-    held_out = SUMS.split()[1]
-    schedule = Schedule(rounds=0, max_tokens=SUMS.max_tokens)  # evaluate's settings: the demo's max_tokens
+    held_out = args.asked.env.split()[1]
+    schedule = Schedule(rounds=0, max_tokens=args.asked.max_tokens)  # evaluate's settings: the task's max_tokens
 
     async def held_out_now() -> None:  # the newest served version, pinned
         await evaluate(client, watched, held_out, args.policy, (await client.status(args.policy))["step"], schedule)
@@ -259,7 +288,8 @@ async def lone(client: AsyncClient, args: argparse.Namespace, watched: Watched) 
 async def grouped(client: AsyncClient, args: argparse.Namespace, watched: Watched) -> None:
     """The demo's loop (the SDK's runner) for ``--minutes``, held out every ``--eval-every-s``."""
     schedule = Schedule(
-        minutes=args.minutes, eval_minutes=args.eval_every_s / 60, groups=args.groups, size=args.size, temperature=SUMS.temperature, max_tokens=SUMS.max_tokens
+        minutes=args.minutes, eval_minutes=args.eval_every_s / 60, groups=args.groups, size=args.size, temperature=args.asked.temperature,
+        max_tokens=args.asked.max_tokens,
     )
 
     def log(text: str) -> None:  # the runner's own lines, told apart from this script's
@@ -275,6 +305,8 @@ def summary(args: argparse.Namespace, traffic: Traffic, evals: Sequence[HeldOut]
     before, after = evals[0], evals[-1]
     return {
         "mode": args.mode,
+        "task": args.task,
+        "task_settings": args.set,
         "minutes": args.minutes,
         "signal": args.signal if args.mode == "next" else None,
         "lone_baseline": args.lone_baseline,
@@ -307,7 +339,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await client.update_policy(args.policy, **SIGNALS[args.signal])
         if args.lone_baseline is not None:
             await client.update_policy(args.policy, train={"lone_baseline": args.lone_baseline})
-        watched = Watched(SUMS, Traffic())
+        watched = Watched(args.asked.env, Traffic())
         await (grouped if args.mode == "grouped" else lone)(client, args, watched)
         status = await client.status(args.policy)  # GET /admin/policies/<policy>
     return summary(args, watched.traffic, watched.evals, head_before, status, time.monotonic() - started)
@@ -334,6 +366,8 @@ def arguments() -> argparse.ArgumentParser:
         action.help = action.help or FLAG_HELP.get(action.dest)
     parser.add_argument("--api-key", help="the API key the agents send, where the gateway has keys (default: none)")
     parser.add_argument("--policy", default="agent", help="the policy the agents call (default: agent)")
+    parser.add_argument("--task", default="sums", help="sums (the demo's), or a reasoning-gym task by name (default: sums)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a reasoning-gym task's generator setting, VALUE as JSON (repeatable)")
     parser.add_argument(
         "--mode",
         choices=("lone", "next", "grouped"),
@@ -364,6 +398,7 @@ def arguments() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = arguments().parse_args()
+    args.asked = asked(args.task, args.set)
     with burnish_running(args, model="smollm2"):
         result = asyncio.run(run(args))
     before, after = result["evals"][0], result["evals"][-1]
