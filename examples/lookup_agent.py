@@ -46,16 +46,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from digits import burnish_running, gateway_arguments  # noqa: I001  (examples/ is run as a folder of scripts)
 
-from burnish import AsyncClient
+from burnish import AsyncClient, Score
 
 WORDS = (
     "apple anchor arrow badge basket beacon bottle bridge button candle canyon carpet castle cactus chain cherry circle "
@@ -177,8 +179,10 @@ def tools(q: Question, asked: list[tuple[str, str]]) -> list:
     return [function_tool(made[name], description_override=f"Look up the secret {LOOKS_UP[name]} of a word.") for name in q.tools]
 
 
-async def episode(llm, q: Question, *, model: str, temperature: float, seed: int) -> Episode:
-    """One run of the agent: the Agents SDK, unchanged but for its client's base URL."""
+async def episode(llm, q: Question, *, model: str, temperature: float, seed: int, then: Callable[[Episode], str] | None = None) -> Episode:
+    """One run of the agent: the Agents SDK, unchanged but for its client's base URL. ``then``:
+    what the user says next, given the episode, sent as the conversation's next turn (its reply
+    is not looked at: it is what production traffic sends after an answer)."""
     from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner
     from agents.exceptions import AgentsException
 
@@ -195,8 +199,48 @@ async def episode(llm, q: Question, *, model: str, temperature: float, seed: int
         result = await Runner.run(agent, q.prompt, max_turns=3)
         final = str(result.final_output or "")
     except AgentsException:  # it kept calling tools past max_turns: no answer
-        final = ""
-    return Episode(q, asked, final)
+        return Episode(q, asked, "")
+    played = Episode(q, asked, final)
+    if then is not None:
+        told = agent.clone(model_settings=ModelSettings(temperature=temperature, max_tokens=MAX_TOKENS, extra_args={"seed": seed}))
+        with contextlib.suppress(AgentsException):  # a tool call where a reply was due: the turn was sent all the same
+            await Runner.run(told, [*result.to_input_list(), {"role": "user", "content": then(played)}], max_turns=1)
+    return played
+
+
+def next_turn(played: Episode) -> str:
+    """What a user says after the agent's answer: thanks where it is what was asked, else what was wanted."""
+    q = played.question
+    if played.right:
+        return "Thanks."
+    if played.found:
+        return f"Right, but reply with only the {q.kind or 'number'}: {q.secret}"
+    return f'No, the secret {q.kind or "number"} of "{q.word}" is {q.secret}. Reply with only the {q.kind or "number"}.'
+
+
+class LookupTask:
+    """The task as an environment of the SDK's runner (burnish.tasks): train problems are words (a
+    fresh secret each time one is played), held-out ones fixed questions. examples/production.py
+    plays it as traffic."""
+
+    def __init__(self, task: str = "lookup") -> None:
+        train_words, held_out = words()
+        rng = random.Random(1_000_000)
+        self.name, self.task = task, task
+        self._split = (train_words, [question(task, word, rng) for word in held_out])
+        self._rng = random.Random(0)
+
+    def split(self) -> tuple[list, list]:
+        return self._split
+
+    def question(self, problem: str | Question) -> Question:
+        return problem if isinstance(problem, Question) else question(self.task, problem, self._rng)
+
+    async def play(self, chat, problem: str | Question) -> Score:
+        played = await episode(chat.client, self.question(problem), model=chat.model, temperature=chat.sampling.temperature, seed=chat.sampling.seed or 0)
+        chat.replies.append(played.answer)  # the agent's answer, as chat() would keep it
+        figures = {"found": played.found, "tool": played.tool}
+        return Score(played.right, figures) if chat.held_out else Score(played.reward, {"right": played.right, **figures})
 
 
 def looked_up(q: Question, call_id: str = "call_0") -> list[dict]:

@@ -48,7 +48,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import openai
@@ -183,9 +183,63 @@ class Asked:
     temperature: float = TEMPERATURE
     max_tokens: int = MAX_TOKENS
 
+    async def once(self, agent: openai.AsyncOpenAI, client: AsyncClient, policy: str, problem: Any, seed: int, reply: bool) -> Once:
+        return await one_turn(self, agent, policy, problem, reply)
 
-def asked(task: str, settings: Sequence[str]) -> Asked:
-    """``sums`` (the demo's task), or a reasoning-gym task with its generator's settings (``key=value``)."""
+
+class Once(NamedTuple):
+    """One request as a user makes it (and, in ``next`` mode, their next turn after it)."""
+
+    trajectory: str  # the attempt's id (X-Trajectory-Id), where its verdict is posted
+    reward: float  # the train reward it earned, posted or not
+    calls: int
+    version: str  # X-Policy-Version of its first call
+
+
+async def one_turn(task: Asked, agent: openai.AsyncOpenAI, policy: str, problem: Any, reply: bool) -> Once:
+    """A one-turn task's question, sent with no ids: a lone attempt, its id from the answer's header."""
+    question = task.messages(problem)
+    raw = await agent.chat.completions.with_raw_response.create(model=policy, messages=question, temperature=task.temperature, max_tokens=task.max_tokens)
+    text = raw.parse().choices[0].message.content or ""
+    calls = 1
+    if reply:
+        turns = [*question, {"role": "assistant", "content": text}, {"role": "user", "content": task.reply(text, problem)}]
+        await agent.chat.completions.create(model=policy, messages=turns, temperature=task.temperature, max_tokens=task.max_tokens)
+        calls += 1
+    return Once(raw.headers["x-trajectory-id"], task.reward(text, problem), calls, raw.headers.get("x-policy-version", ""))
+
+
+@dataclass(frozen=True)
+class ToolAgent:
+    """examples/lookup_agent.py's agent (the OpenAI Agents SDK, a lookup tool, two turns) as
+    traffic. A verdict is for the whole episode, so the agent sends one trajectory id for it
+    (a lone attempt of two calls, no group); with the next turn as the only signal it sends no
+    ids, as most agents do: each call is a lone attempt, the first followed by the tool's
+    result, the second by the user's next turn."""
+
+    env: Any  # lookup_agent.LookupTask
+    temperature: float
+    max_tokens: int
+
+    async def once(self, agent: openai.AsyncOpenAI, client: AsyncClient, policy: str, problem: Any, seed: int, reply: bool) -> Once:
+        from lookup_agent import episode, next_turn
+
+        q = self.env.question(problem)
+        if reply:
+            played = await episode(agent, q, model=policy, temperature=self.temperature, seed=seed, then=next_turn)
+            return Once("", played.reward, 3, "")
+        trajectory = client.trajectory()
+        played = await episode(trajectory.async_openai(max_retries=0), q, model=policy, temperature=self.temperature, seed=seed)
+        return Once(trajectory.id, played.reward, 2, "")
+
+
+def asked(task: str, settings: Sequence[str]) -> Asked | ToolAgent:
+    """``sums`` (the demo's task), ``lookup`` (a tool agent), or a reasoning-gym task with its
+    generator's settings (``key=value``)."""
+    if task == "lookup":
+        import lookup_agent
+
+        return ToolAgent(lookup_agent.LookupTask(), lookup_agent.TEMPERATURE, lookup_agent.MAX_TOKENS)
     if task == "sums":
         return Asked(SUMS, lambda p: [{"role": "user", "content": SUMS.prompt(p)}], SUMS.shaped, next_message, SUMS.temperature, SUMS.max_tokens)
     from burnish.tasks.reasoning_gym import INSTRUCTION, ReasoningGym
@@ -211,41 +265,27 @@ def next_message(text: str, problem: tuple[int, int]) -> str:
 async def user(
     n: int, agent: openai.AsyncOpenAI, client: AsyncClient, args: argparse.Namespace, deadline: float, traffic: Traffic, pending: set[asyncio.Task[None]]
 ) -> None:
-    """One user until ``deadline``: a train sum at a time, its verdict posted late or never (or,
-    in ``next`` mode, never, and the user's next message sent instead)."""
+    """One user until ``deadline``: a train problem at a time, its verdict posted late or never
+    (or, in ``next`` mode, never, and the user's next message sent instead)."""
     rng = random.Random(args.seed * 1000 + n)
-    task: Asked = args.asked
+    task = args.asked
     train_problems = task.env.split()[0]
     while time.monotonic() < deadline:
         problem = train_problems[rng.randrange(len(train_problems))]
-        question = task.messages(problem)
         try:
-            raw = await agent.chat.completions.with_raw_response.create(
-                model=args.policy, messages=question, temperature=task.temperature, max_tokens=task.max_tokens
-            )
-        except openai.APIError as exc:
+            played = await task.once(agent, client, args.policy, problem, rng.randrange(1 << 30), args.mode == "next")
+        except (openai.APIError, BurnishError, httpx.HTTPError) as exc:
             traffic.call_errors += 1
             print(f"  user {n}: call failed: {exc}", flush=True)
             await asyncio.sleep(1.0)
             continue
-        traffic.calls += 1
-        traffic.versions[raw.headers.get("x-policy-version", "")] += 1
-        text = raw.parse().choices[0].message.content or ""
-        reward = task.reward(text, problem)
-        traffic.rewards.append(reward)
-        if args.mode == "next":
-            turns = [*question, {"role": "assistant", "content": text}, {"role": "user", "content": task.reply(text, problem)}]
-            try:
-                await agent.chat.completions.create(model=args.policy, messages=turns, temperature=task.temperature, max_tokens=task.max_tokens)
-                traffic.calls += 1
-            except openai.APIError as exc:
-                traffic.call_errors += 1
-                print(f"  user {n}: next message failed: {exc}", flush=True)
-            traffic.rewards_never_sent += 1
-        elif rng.random() < args.verdict_share:
-            task = asyncio.create_task(late_reward(client, raw.headers["x-trajectory-id"], reward, rng.uniform(0, args.late_max_s), traffic))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
+        traffic.calls += played.calls
+        traffic.versions[played.version] += 1
+        traffic.rewards.append(played.reward)
+        if args.mode != "next" and rng.random() < args.verdict_share:
+            verdict = asyncio.create_task(late_reward(client, played.trajectory, played.reward, rng.uniform(0, args.late_max_s), traffic))
+            pending.add(verdict)
+            verdict.add_done_callback(pending.discard)
         else:
             traffic.rewards_never_sent += 1
         if args.think_s > 0:
@@ -288,7 +328,11 @@ async def lone(client: AsyncClient, args: argparse.Namespace, watched: Watched) 
 async def grouped(client: AsyncClient, args: argparse.Namespace, watched: Watched) -> None:
     """The demo's loop (the SDK's runner) for ``--minutes``, held out every ``--eval-every-s``."""
     schedule = Schedule(
-        minutes=args.minutes, eval_minutes=args.eval_every_s / 60, groups=args.groups, size=args.size, temperature=args.asked.temperature,
+        minutes=args.minutes,
+        eval_minutes=args.eval_every_s / 60,
+        groups=args.groups,
+        size=args.size,
+        temperature=args.asked.temperature,
         max_tokens=args.asked.max_tokens,
     )
 
@@ -366,7 +410,7 @@ def arguments() -> argparse.ArgumentParser:
         action.help = action.help or FLAG_HELP.get(action.dest)
     parser.add_argument("--api-key", help="the API key the agents send, where the gateway has keys (default: none)")
     parser.add_argument("--policy", default="agent", help="the policy the agents call (default: agent)")
-    parser.add_argument("--task", default="sums", help="sums (the demo's), or a reasoning-gym task by name (default: sums)")
+    parser.add_argument("--task", default="sums", help="sums (the demo's), lookup (a tool agent), or a reasoning-gym task by name (default: sums)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a reasoning-gym task's generator setting, VALUE as JSON (repeatable)")
     parser.add_argument(
         "--mode",

@@ -26,8 +26,8 @@ from burnish_server.trainer.grpo import behaviour_gap, grpo_loss
 from burnish_server.trainer.logprobs import sampled_logprobs, top_forward_kl, top_logprobs
 from burnish_server.trainer.objectives import distill_loss, sft_loss
 from burnish_server.trainer.sequences import Sequence
-from burnish_server.trainer.teacher import teacher_against_rewards
 from burnish_server.trainer.shared_prompts import Row, shared_rows
+from burnish_server.trainer.teacher import teacher_against_rewards
 
 
 @dataclass
