@@ -138,3 +138,20 @@ def test_the_agent_demo_holds_out_words_and_scores_an_episode_as_its_docs_say(tm
     assert [m["role"] for m in worked] == ["user", "assistant", "tool", "assistant"] and worked[1]["tool_calls"][0]["function"]["name"] == "lookup"
     lookup_agent.write_plot({"round_reward": [0.3, 0.6], "eval": [(0, 0, 0.0, 1.0), (2, 2, 0.9, 1.0)]}, tmp_path / "lookup.png")
     assert (tmp_path / "lookup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_production_traffics_users_say_thanks_or_what_was_wanted() -> None:
+    """examples/production.py: what a user says after an answer, per task (docs/production.md's runs)."""
+    import production
+
+    sums = production.asked("sums", [])
+    assert sums.reply("27", (13, 14)) == "Thanks." and sums.reply("26", (13, 14)) == "No, 13 + 14 is 27. Reply with only the number."
+    gym = production.asked("word_sorting", ["min_words=2", "max_words=2"])
+    entry = gym.env.split()[1][0]
+    assert gym.reply(str(entry["answer"]), entry) == "Thanks." and gym.reply("?", entry).startswith(f"No, the answer is {entry['answer']}.")
+    q = lookup_agent.Question("violin", "737")
+    assert lookup_agent.next_turn(lookup_agent.Episode(q, [], "737")) == "Thanks."
+    assert lookup_agent.next_turn(lookup_agent.Episode(q, [], "<tool_response>737</tool_response>")) == "Right, but reply with only the number: 737"
+    assert lookup_agent.next_turn(lookup_agent.Episode(q, [], "12")) == 'No, the secret number of "violin" is 737. Reply with only the number.'
+    held_out = production.asked("lookup", []).env.split()[1]
+    assert all(isinstance(h, lookup_agent.Question) for h in held_out) and len(held_out) == lookup_agent.HELD_OUT
