@@ -1,6 +1,6 @@
 """burnish's client: group an agent's calls into trajectories, post rewards, control training."""
 
-from burnish._api import BurnishError, Score, StepTimeout
+from burnish._api import BurnishError, MissingAdminToken, Score, StepTimeout
 from burnish.client import AsyncClient, AsyncGroup, AsyncTrajectory, Client, Group, Trajectory
 from burnish.current import async_http_client, http_client
 
@@ -11,6 +11,7 @@ __all__ = [
     "BurnishError",
     "Client",
     "Group",
+    "MissingAdminToken",
     "Score",
     "StepTimeout",
     "Trajectory",

@@ -26,6 +26,11 @@ class BurnishError(Exception):
         self.status, self.message, self.code, self.type, self.param = status, message, code, type, param
 
 
+class MissingAdminToken(ValueError):
+    """A call that needs the admin token (an admin endpoint) was made by a client given none.
+    A ValueError, as it was before it had a name of its own."""
+
+
 class StepTimeout(TimeoutError):
     """``wait_for_step`` gave up: the policy did not reach the step in time."""
 

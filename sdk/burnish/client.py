@@ -28,6 +28,7 @@ import httpx
 from burnish._api import (
     BurnishError,
     Call,
+    MissingAdminToken,
     OpenAIClients,
     Routes,
     Score,
@@ -62,7 +63,10 @@ class _Settings:
         if call.admin:  # the admin token, else a key with the admin scope
             token = self.admin_token or (self.api_key if self.key_given else None)
             if not token:
-                raise ValueError("this call needs the admin token: Client(..., admin_token=...), or an api_key with the admin scope")
+                raise MissingAdminToken(
+                    "this call needs the admin token: Client(..., admin_token=...), or an api_key with the admin scope "
+                    "(burnish up writes it to <data dir>/admin-token)"
+                )
             return {"authorization": f"Bearer {token}"}
         return {"authorization": f"Bearer {self.api_key}"} if self.key_given else {}
 

@@ -11,7 +11,7 @@ and ``textarena.py`` are the suites that come with the SDK (each an extra: ``pip
 'burnish-sdk[reasoning-gym]'``); ``cli.py`` is the ``burnish-tasks`` command.
 """
 
-from burnish.tasks.environment import Chat, Environment, Sampling, Score, Teachable
+from burnish.tasks.environment import Chat, Environment, Sampling, Score, TaskError, Teachable
 from burnish.tasks.runner import Curve, Eval, Schedule, evaluate, play_round, teach, teacher_score, train, write_plot
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "Sampling",
     "Schedule",
     "Score",
+    "TaskError",
     "Teachable",
     "evaluate",
     "play_round",

@@ -21,8 +21,11 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
+import httpx
+
+from burnish._api import BurnishError, MissingAdminToken
 from burnish.client import AsyncClient
-from burnish.tasks.environment import Environment, Teachable
+from burnish.tasks.environment import Environment, TaskError, Teachable
 from burnish.tasks.runner import EVAL_CONCURRENCY, GROUP_SIZE, MAX_TOKENS, TEMPERATURE, WORKED_EXAMPLES, Schedule, evaluate, teach, teacher_score, train
 
 # The suites that come with the SDK, by the name the command takes.
@@ -47,7 +50,10 @@ def load(suite: str, task: str, config: dict[str, Any], options: dict[str, Any])
     if not name:
         raise SystemExit(f"unknown suite {suite!r}: one of {', '.join(SUITES)}, or module:callable")
     sys.path.insert(0, os.getcwd())  # a user's adapter module beside where they run the command
-    factory = getattr(importlib.import_module(module), name)
+    try:
+        factory = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise TaskError(f"cannot load the suite {suite!r} ({exc}): name one of {', '.join(SUITES)}, or module:callable importable from here") from None
     env: Environment = factory(task, config, **{k: v for k, v in options.items() if v is not None})
     return env
 
@@ -140,9 +146,27 @@ async def run(args: argparse.Namespace) -> Any:
         return figures
 
 
+def failure(exc: Exception, args: argparse.Namespace) -> str:
+    """One line for what stopped the command, with the fix."""
+    if isinstance(exc, httpx.TransportError):
+        return f"no gateway answers at {args.gateway} ({type(exc).__name__}): start one with `burnish up`, or name yours with --gateway"
+    if isinstance(exc, BurnishError) and exc.status in (401, 403):
+        return f"the gateway refused the admin token ({exc.message}): pass --admin-token, set BURNISH_ADMIN_TOKEN, or point --data-dir at burnish up's"
+    if isinstance(exc, BurnishError) and exc.code == "policy_not_found":
+        return f"{exc.message}: `burnish status` lists the policies; name one with --policy"
+    if isinstance(exc, BurnishError):
+        return f"the gateway answered {exc.status}: {exc.message}"
+    if isinstance(exc, MissingAdminToken):
+        return f"no admin token: pass --admin-token, set BURNISH_ADMIN_TOKEN, or point --data-dir at the folder burnish up wrote admin-token in (looked in {args.data_dir})"
+    return str(exc)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = arguments().parse_args(argv)
-    figures = asyncio.run(run(args))
+    try:
+        figures = asyncio.run(run(args))
+    except (TaskError, MissingAdminToken, BurnishError, httpx.TransportError, ImportError) as exc:
+        sys.exit(f"burnish-tasks: {failure(exc, args)}")
     if args.out is not None:
         args.out.write_text(json.dumps({"suite": args.suite, "config": dict(args.config), **figures}, indent=1))
 

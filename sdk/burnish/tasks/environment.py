@@ -20,7 +20,12 @@ from typing import Any, Protocol
 
 from burnish._api import Score
 
-__all__ = ["Chat", "Environment", "Sampling", "Score", "Teachable"]
+__all__ = ["Chat", "Environment", "Sampling", "Score", "TaskError", "Teachable"]
+
+
+class TaskError(ValueError):
+    """A task a suite cannot make: an unknown name, or settings its generator refuses. The
+    message says which, and what the suite has instead."""
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,13 @@ instruction after it; the reply, stripped, is the answer the task's ``score_answ
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from burnish._api import Score
-from burnish.tasks.environment import Chat
+from burnish.tasks.environment import Chat, TaskError
 
 # Said after every question: a small model left alone writes a paragraph of working.
 INSTRUCTION = "Give only the final answer."
@@ -48,6 +50,22 @@ class Questions(Sequence[dict[str, Any]]):
         raise IndexError("every train question is held out")
 
 
+def dataset(task: str, config: Mapping[str, Any], seed: int, size: int) -> Any:
+    """reasoning-gym's dataset, or a ``TaskError`` that says what it has: the tasks by name, the
+    generator's settings and what its own checks said."""
+    from reasoning_gym.factory import DATASETS, create_dataset
+
+    if task not in DATASETS:
+        near = difflib.get_close_matches(task, DATASETS, n=3)
+        hint = f"did you mean {', '.join(near)}?" if near else f"it has {len(DATASETS)}, e.g. {', '.join(sorted(DATASETS)[:6])}"
+        raise TaskError(f"reasoning-gym has no task {task!r}: {hint}")
+    try:
+        return create_dataset(task, seed=seed, size=size, **config)
+    except (AssertionError, ValueError, TypeError) as exc:
+        settings = ", ".join(f.name for f in dataclasses.fields(DATASETS[task][1]) if f.name not in ("seed", "size"))
+        raise TaskError(f"reasoning-gym's {task} refused the settings {dict(config)}: {exc or 'its own check failed'} (its settings: {settings})") from None
+
+
 class ReasoningGym:
     """One reasoning-gym task. ``config``: the generator's settings (its ``*Config`` fields,
     say ``min_value``); ``instruction``: said after each question; ``system``: a system prompt,
@@ -65,14 +83,14 @@ class ReasoningGym:
         binary: bool = False,
     ) -> None:
         try:
-            import reasoning_gym
+            import reasoning_gym  # noqa: F401  (dataset() imports from it)
         except ImportError as exc:  # the extra is not installed
             raise ImportError("reasoning-gym is not installed: pip install 'burnish-sdk[reasoning-gym]'") from exc
         self.name, self.config = task, dict(config or {})
         self.instruction, self.system, self.binary = instruction, system, binary
-        self._held_out = reasoning_gym.create_dataset(task, seed=HELD_OUT_SEED, size=held_out, **self.config)
+        self._held_out = dataset(task, self.config, HELD_OUT_SEED, held_out)
         held = [self._held_out[i] for i in range(held_out)]
-        self._train = Questions(reasoning_gym.create_dataset(task, seed=TRAIN_SEED, size=TRAIN_SIZE, **self.config), {e["question"] for e in held})
+        self._train = Questions(dataset(task, self.config, TRAIN_SEED, TRAIN_SIZE), {e["question"] for e in held})
         self._split = (self._train, held)
 
     def split(self) -> tuple[Sequence[Any], Sequence[Any]]:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from burnish._api import Score
-from burnish.tasks.environment import Chat
+from burnish.tasks.environment import Chat, TaskError
 
 HELD_OUT_SEED = 1_000_000
 # Held-out games a version is scored on.
@@ -62,7 +62,10 @@ class TextArena:
             raise ImportError("textarena is not installed: pip install 'burnish-sdk[textarena]'") from exc
         self._ta = textarena
         self.name, self.config, self.system, self.max_moves = game, dict(config or {}), system, max_moves
-        self.make(0)  # an unknown game or setting fails here, before any call
+        try:
+            self.make(0)  # an unknown game or setting fails here, before any call
+        except (ValueError, KeyError, TypeError, AssertionError) as exc:
+            raise TaskError(f"TextArena cannot make {game!r} with the settings {self.config}: {exc}") from None
         self._split = (range(TRAIN_GAMES), range(HELD_OUT_SEED, HELD_OUT_SEED + held_out))
 
     def split(self) -> tuple[Sequence[Any], Sequence[Any]]:
