@@ -19,11 +19,13 @@ import click
 from burnish_server.cli.db import prune, restore
 from burnish_server.core.platform import logs
 from burnish_server.core.platform.access import SCOPES
+from burnish_server.core.platform.errors import BurnishError, StoreUnavailable
 from burnish_server.core.platform.ids import adapter_name
 from burnish_server.core.platform.settings import Settings
 
 T = TypeVar("T")
 SCOPE_NAMES: list[str] = list(SCOPES)
+PORT = click.IntRange(1, 65535)
 
 
 def _settings(**overrides: object) -> Settings:
@@ -33,7 +35,23 @@ def _settings(**overrides: object) -> Settings:
         raise click.UsageError(str(exc)) from None
 
 
-@click.group()
+class Commands(click.Group):
+    """The commands, with burnish's own errors (core/platform/errors.py) said as one line with
+    the fix and exit 1, as click says its usage errors: never a traceback. A command that knows
+    a better fix for its own failure says it first (click.ClickException)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except StoreUnavailable as exc:
+            raise click.ClickException(
+                f"{exc.message.removesuffix('; retry shortly')}: is the database up and its URL right? (--database-url, BURNISH_DATABASE_URL)"
+            ) from None
+        except BurnishError as exc:
+            raise click.ClickException(exc.message) from None
+
+
+@click.group(cls=Commands)
 @click.version_option(package_name="burnish")
 def main() -> None:
     """burnish: train an agent from its own traffic."""
@@ -43,7 +61,7 @@ def main() -> None:
 @click.option("--upstream", help="OpenAI-compatible server to forward to; replicas of one model separated by commas [BURNISH_UPSTREAM]")
 @click.option("--upstream-discover", help="http://name:port whose every address is a replica (a headless Service) [BURNISH_UPSTREAM_DISCOVER]")
 @click.option("--host", help="address to listen on [BURNISH_HOST]")
-@click.option("--port", type=int, help="port to listen on [BURNISH_PORT]")
+@click.option("--port", type=PORT, help="port to listen on [BURNISH_PORT]")
 @click.option("--data-dir", help="where the SQLite store lives [BURNISH_DATA_DIR]")
 @click.option("--database-url", help="SQLAlchemy URL; PostgreSQL to scale out [BURNISH_DATABASE_URL]")
 @click.option("--record/--no-record", default=None, help="record calls (default on) [BURNISH_RECORD]")
@@ -322,9 +340,9 @@ def convert_gguf(gguf_file: str, path: str) -> None:
 )
 @click.option("--policy", default="agent", show_default=True, help="policy created over the model if it does not exist")
 @click.option("--host", help="gateway address [BURNISH_HOST]")
-@click.option("--port", type=int, help="gateway port [BURNISH_PORT]")
+@click.option("--port", type=PORT, help="gateway port [BURNISH_PORT]")
 @click.option("--insecure", is_flag=True, default=None, help="let the gateway serve open on a non-loopback --host while no API key exists [BURNISH_INSECURE]")
-@click.option("--vllm-port", type=int, help="the first replica's port, the others taking the next ones (default: the first free from 8000)")
+@click.option("--vllm-port", type=PORT, help="the first replica's port, the others taking the next ones (default: the first free from 8000)")
 @click.option("--replicas", type=click.IntRange(1, 64), default=1, show_default=True, help="vLLM replicas of the model, behind the one gateway")
 @click.option("--data-dir", help="[BURNISH_DATA_DIR]")
 @click.option("--database-url", help="[BURNISH_DATABASE_URL]")
@@ -344,7 +362,7 @@ def up(model: str | None, policy: str, vllm_port: int | None, replicas: int, vll
 @click.option("--url", help="the gateway [default: http://127.0.0.1:<BURNISH_PORT>]")
 @click.option("--token", help="the admin token [BURNISH_ADMIN_TOKEN, else <data_dir>/admin-token as burnish up makes it]")
 @click.option("--data-dir", help="[BURNISH_DATA_DIR]")
-@click.option("--port", type=int, help="[BURNISH_PORT]")
+@click.option("--port", type=PORT, help="[BURNISH_PORT]")
 @click.option("--json", "as_json", is_flag=True, help="print the admin API's JSON")
 def status(policy: str | None, url: str | None, token: str | None, as_json: bool, **options: object) -> None:
     """Where each policy (or POLICY) stands: served and candidate versions, groups open, closed,
@@ -373,7 +391,7 @@ def status(policy: str | None, url: str | None, token: str | None, as_json: bool
 @click.option("--url", help="the gateway [default: http://127.0.0.1:<BURNISH_PORT>]")
 @click.option("--token", help="an API key or the admin token [BURNISH_ADMIN_TOKEN, else <data_dir>/admin-token as burnish up makes it]")
 @click.option("--data-dir", help="[BURNISH_DATA_DIR]")
-@click.option("--port", type=int, help="[BURNISH_PORT]")
+@click.option("--port", type=PORT, help="[BURNISH_PORT]")
 def sft(file: str, policy: str, url: str | None, token: str | None, **options: object) -> None:
     """Post FILE (JSON Lines, one conversation a line, in chat format) as demonstrations for
     POLICY to imitate; they train where its train.objective gives sft a weight."""

@@ -29,6 +29,8 @@ def fetch(url: str, token: str, policy: str | None = None) -> list[PolicyView]:
         raise StatusFailed(f"no gateway answers at {url} ({exc}): is burnish up running? (--url)") from None
     if response.status_code in (401, 403):
         raise StatusFailed(f"{url} refused the admin token ({response.status_code}): pass --token, or set BURNISH_ADMIN_TOKEN")
+    if response.status_code == 404 and policy:
+        raise StatusFailed(f"no policy {policy!r} at {url}: `burnish status` with no name lists them")
     if response.status_code != 200:
         raise StatusFailed(f"{url}{path}: {response.status_code} {response.text[:300]}")
     if policy:

@@ -135,3 +135,27 @@ def test_status_says_where_each_policy_stands(make_gateway, upstream, tmp_path: 
     assert refused.returncode == 1 and "refused the admin token (401)" in refused.stderr
     away = subprocess.run([*BURNISH, "status", "--url", f"http://127.0.0.1:{free_port()}"], env=env, capture_output=True, text=True, timeout=60)
     assert away.returncode == 1 and "is burnish up running?" in away.stderr
+
+
+def test_bad_input_to_each_command_is_one_line_with_the_fix(make_gateway, tmp_path: Path) -> None:
+    """Every command answers bad input with one line saying what to do and a non-zero exit,
+    never a traceback: a store that does not answer, a policy or a version that does not
+    exist, a port out of range, a file that is not JSON Lines."""
+    from tests.conftest import ADMIN_TOKEN
+
+    gw = make_gateway()
+    gw.create_policy("agent")
+    (tmp_path / "bad.jsonl").write_text('{"messages": [\n')
+    away = f"postgresql://127.0.0.1:{free_port()}/test"
+    cases = {
+        ("keys", "list", "--database-url", away): "is the database up and its URL right? (--database-url, BURNISH_DATABASE_URL)",
+        ("db", "prune", "--database-url", away): "is the database up and its URL right?",
+        ("status", "nosuch", "--url", gw.url, "--token", ADMIN_TOKEN): "no policy 'nosuch' at",
+        ("export", "nosuch", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data")): "no policy 'nosuch'",
+        ("gateway", "--port", "99999"): "99999 is not in the range 1<=x<=65535",
+        ("sft", str(tmp_path / "bad.jsonl"), "--url", gw.url, "--token", ADMIN_TOKEN): "bad.jsonl:1: not JSON",
+    }
+    for args, fix in cases.items():
+        out = subprocess.run([*BURNISH, *args], capture_output=True, text=True, timeout=120)
+        assert out.returncode != 0 and "Traceback" not in out.stderr, (args, out.stderr)
+        assert fix in out.stderr and out.stderr.strip().splitlines()[-1].startswith("Error: "), (args, out.stderr)
