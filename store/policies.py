@@ -273,6 +273,7 @@ def policy_status(conn: Connection, name: str) -> PolicyView:
         served_version=adapter_name(name, policy.step),
         pending_version=adapter_name(name, policy.head) if policy.head != policy.step else None,
         groups_ready=count_ready(conn, name),
+        ties_train=not policy.train.readiness.needs_spread,
         groups_open=counted.open,
         # Each step's own count of the groups it trained (record_step), not the groups' rows: the
         # history the status reads anyway, and groups pruned since still count.

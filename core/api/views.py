@@ -223,6 +223,9 @@ class PolicyView(View, kw_only=True):
     pending_version: str | None  # a trained or rolled-back version not switched to yet
     # Groups the policy trains on (held-out groups are not among them: they never wait for training).
     groups_ready: int
+    # Whether a group whose members are all rewarded alike trains (SFT, or a teacher that teaches
+    # every call: TrainSettings.readiness); on GRPO alone, or with hindsight alone, it does not.
+    ties_train: bool = False
     groups_open: int
     groups_trained: int  # by the steps that trained them (record_step): pruned ones still count
     # Closed and not taken by a trainer: the ready ones, and those that cannot train (health says why).

@@ -171,8 +171,11 @@ async def teacher_score(
 
 
 def trains_every_group(status: dict[str, Any]) -> bool:
-    """On GRPO alone only groups whose rewards differ train (a tie teaches nothing); with SFT
-    or distillation in the objective, every group does."""
+    """On GRPO alone only groups whose rewards differ train (a tie teaches nothing); with SFT,
+    or a teacher that teaches every call, every group does: the gateway says which
+    (``ties_train``). A gateway from before it said is read by the objective."""
+    if "ties_train" in status:
+        return bool(status["ties_train"])
     objective = status["train"].get("objective", "grpo")
     if isinstance(objective, dict):
         return bool(objective.get("sft") or objective.get("distill"))
