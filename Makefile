@@ -26,6 +26,10 @@ LAYERS := core store serving telemetry gateway trainer migrations cli
 	mkdir -p $@
 	for layer in $(LAYERS); do ln -sfn ../../../$$layer $@/$$layer; done
 
+$(VENV)/.docs: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[docs]'
+	touch $@
+
 $(VENV)/.bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[test,bench]'
 	touch $@
@@ -49,13 +53,20 @@ CODING_CLIS := @openai/codex@0.169.0 @anthropic-ai/claude-code@2.1.328
 	npm install --silent --no-package-lock --no-save --no-audit --no-fund --prefix .tools/clis $(CODING_CLIS)
 	touch $@
 
-.PHONY: install demo demo-agent test lint gateway up bench bench-check
+.PHONY: install demo demo-agent test lint docs gateway up bench bench-check
 install: $(VENV)/.installed
 	@echo "installed in $(VENV): run '. $(VENV)/bin/activate' to put burnish on your PATH"
 
 # Two workers, a test file on one, in the order tests/conftest.py collects them (the longest first).
-test: $(VENV)/.installed $(VENV)/.lint .tools/docker/cli-plugins/docker-compose .tools/chromium .tools/clis/.installed
+test: $(VENV)/.installed $(VENV)/.lint $(VENV)/.docs .tools/docker/cli-plugins/docker-compose .tools/chromium .tools/clis/.installed
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+
+# The docs site from docs/ (mkdocs.yml) into site/, offline; strict: a broken link, anchor or
+# nav entry fails it. Open site/index.html. (NO_MKDOCS_2_WARNING: Material's notice about a
+# future MkDocs, which strict mode would count as a failure. No --quiet: it hides the warnings
+# strict mode counts, and a broken link would pass.)
+docs: $(VENV)/.docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Style, types and the layer contract (docs/architecture.md).
 lint: $(VENV)/.lint .tools/typing/burnish_server

@@ -202,3 +202,27 @@ def test_the_settings_reference_names_every_setting() -> None:
     ):
         absent = [f.name for f in msgspec.structs.fields(struct) if f"`{f.name}`" not in sections[title]]
         assert not absent, f"docs/settings.md, {title}, lacks {absent}"
+
+
+def test_the_docs_site_builds_strictly_and_a_broken_anchor_fails_it(tmp_path: Path) -> None:
+    """`make docs`: MkDocs builds the site from docs/ offline; a link to a heading that is not
+    there fails the build, as CI runs it."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    def build(root: Path) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+        return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+    for name in ("mkdocs.yml", "README.md"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    built = build(tmp_path)
+    assert built.returncode == 0, built.stderr
+    assert "What burnish is" in (tmp_path / "site" / "index.html").read_text()
+    concepts = tmp_path / "docs" / "concepts.md"
+    concepts.write_text(concepts.read_text() + "\nSee [the loss](trainer.md#no-such-heading).\n")
+    broken = build(tmp_path)
+    assert broken.returncode != 0 and "no-such-heading" in broken.stderr
