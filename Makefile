@@ -61,11 +61,13 @@ install: $(VENV)/.installed
 test: $(VENV)/.installed $(VENV)/.lint $(VENV)/.docs .tools/docker/cli-plugins/docker-compose .tools/chromium .tools/clis/.installed
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
-# The docs site from docs/ (mkdocs.yml) into site/, offline; strict: a broken link, anchor or
+# The docs site from docs/ (mkdocs.yml) into site/, offline, the reference pages generated from
+# the code first (docs/reference.py); strict: a broken link, anchor or
 # nav entry fails it. Open site/index.html. (NO_MKDOCS_2_WARNING: Material's notice about a
 # future MkDocs, which strict mode would count as a failure. No --quiet: it hides the warnings
 # strict mode counts, and a broken link would pass.)
 docs: $(VENV)/.docs
+	$(PY) docs/reference.py
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Style, types and the layer contract (docs/architecture.md).

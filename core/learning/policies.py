@@ -51,9 +51,9 @@ class Objective(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
              the policy's own samples (trainer/objectives.py)
     """
 
-    grpo: Annotated[float, Meta(ge=0, le=1000)] = 1.0
-    sft: Annotated[float, Meta(ge=0, le=1000)] = 0.0
-    distill: Annotated[float, Meta(ge=0, le=1000)] = 0.0
+    grpo: Annotated[float, Meta(ge=0, le=1000)] = 1.0  # the group-relative policy gradient on rewards
+    sft: Annotated[float, Meta(ge=0, le=1000)] = 0.0  # imitating each group's best members at or above sft_min_reward
+    distill: Annotated[float, Meta(ge=0, le=1000)] = 0.0  # on-policy distillation toward the teacher
 
     @property
     def needs_rewards(self) -> bool:
@@ -98,7 +98,10 @@ class Teacher(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     results, as a demonstration does (core/learning/messages.py). The base needs a context to teach
     anything; a served model may go without."""
 
+    # Turns shown before each conversation, after its own system message: chat messages
+    # ({"role", "content"}; an assistant's tool_calls and tool results too).
     context: Annotated[tuple[TeacherTurn, ...], Meta(max_length=200)] = ()
+    # None: the policy's base, adapter off; a name: a model vLLM serves with the policy's tokenizer.
     model: Annotated[str, Meta(min_length=1, max_length=256, pattern=PRINTABLE)] | None = None
     # 0: the reverse KL on the sampled token alone, so the teacher can only push down what the
     # policy samples. k: at each sampled position, the forward KL from the teacher's k likeliest

@@ -30,9 +30,9 @@ class StepMetrics(msgspec.Struct, kw_only=True):
     grpo_loss: float = 0.0
     grpo_tokens: float = 0.0
     sft_loss: float = 0.0  # mean negative log-likelihood of the demonstration tokens
-    sft_tokens: float = 0.0
+    sft_tokens: float = 0.0  # the demonstration tokens trained
     teacher_kl: float = 0.0  # mean log(policy / teacher) of the sampled tokens the teacher scored: the reverse KL's estimate
-    distill_tokens: float = 0.0
+    distill_tokens: float = 0.0  # the sampled tokens the teacher scored and the step distilled
     teacher_unrendered_calls: int = 0  # calls the teacher could not be shown faithfully (trainer/teacher.py): not distilled
     teacher_requests: int = 0  # to a teacher vLLM serves (serving/scoring.py), each scoring many calls
     # Pairs of sequences the teacher scored, one rewarded above its baseline and one below, and
@@ -40,14 +40,14 @@ class StepMetrics(msgspec.Struct, kw_only=True):
     teacher_pairs: int = 0
     teacher_pairs_against: int = 0
     # What it trained on.
-    groups: int = 0
+    groups: int = 0  # groups trained, lone attempts included
     lone: int = 0  # lone attempts trained (groups of one), each against its kind's baseline (core/learning/lone.py)
-    sequences: float = 0.0
+    sequences: float = 0.0  # token sequences trained (a trajectory that split is several)
     tokens: float = 0.0  # sampled tokens trained
     forced_tokens: float = 0.0  # sampled tokens left out (past max_seq_len, or masked)
     held_tokens: float = 0.0  # trained tokens sampled under a grammar: their ratio is against the trainer's own logprob
-    reward_mean: float | None = None
-    reward_std: float | None = None
+    reward_mean: float | None = None  # the mean of the rewards trained on (the train reward)
+    reward_std: float | None = None  # ... and their spread
     call_rewards: int = 0  # calls with a reward of their own (rewards per turn)
     untokenized_calls: int = 0  # calls the trainer could not tokenise faithfully: skipped
     stale_calls: int = 0  # calls older than max_staleness: skipped
@@ -66,21 +66,21 @@ class StepMetrics(msgspec.Struct, kw_only=True):
     outside_clip_fraction: float = 0.0
     tis_capped_fraction: float = 0.0
     mismatch_kl: float = 0.0  # KL(vLLM's sampling distribution || the trainer's), k3 on the sampled tokens
-    staleness_mean: float = 0.0
-    staleness_max: int = 0
+    staleness_mean: float = 0.0  # steps between the version that sampled a call and the one trained, mean
+    staleness_max: int = 0  # ... and most
     # Learning health (core/learning/health.py): entropy on the sampled tokens; how far the adapter
     # moved the weights from the base's (relative Frobenius norm).
     entropy: float | None = None
     distance_from_base: float | None = None
-    ranks: int = 1
+    ranks: int = 1  # trainer processes that trained the step together
     # Where the time went, in seconds: the whole step (load to save), and its parts.
     seconds: float | None = None
     seconds_read: float = 0.0  # reading the groups' calls from the store
-    seconds_load: float = 0.0
-    seconds_batch: float = 0.0
-    seconds_step: float = 0.0
+    seconds_load: float = 0.0  # loading the policy's adapter and optimizer state (0 when kept loaded)
+    seconds_batch: float = 0.0  # tokenising the calls into sequences
+    seconds_step: float = 0.0  # the forward and backward passes and the optimizer's update
     seconds_teacher: float = 0.0  # the teacher's scoring: its forward passes (within seconds_step), or its requests to vLLM
-    seconds_save: float = 0.0
+    seconds_save: float = 0.0  # writing the checkpoint and the adapter vLLM loads
 
     @classmethod
     def read(cls, stored: Any) -> StepMetrics:

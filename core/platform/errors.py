@@ -72,6 +72,8 @@ class Invalid(BurnishError):
 
 
 class Unauthorized(BurnishError):
+    """No credential, or one the gateway does not know: an API key, the admin token, a dashboard session."""
+
     status = 401
 
     def __init__(self, message: str, code: str) -> None:
@@ -79,6 +81,8 @@ class Unauthorized(BurnishError):
 
 
 class Forbidden(BurnishError):
+    """A known credential without the right: a key's scope or project, a cross-site request."""
+
     status = 403
 
 
@@ -95,10 +99,14 @@ class Conflict(BurnishError):
 
 
 class TooLarge(BurnishError):
+    """A body over BURNISH_MAX_BODY_BYTES, refused before anything is forwarded."""
+
     status = 413
 
 
 class TooManyRequests(BurnishError):
+    """A limit reached (a key's rate); ``Retry-After`` says when to send again."""
+
     status = 429
 
     def __init__(self, message: str, code: str, retry_after_s: int) -> None:

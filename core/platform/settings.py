@@ -62,8 +62,8 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     ui_session_idle: Annotated[float, Meta(gt=0)] = 8 * 3600.0
     ui_session_lifetime: Annotated[float, Meta(gt=0)] = 7 * 86400.0
 
-    host: str = "127.0.0.1"
-    port: int = 8080
+    host: str = "127.0.0.1"  # the address the gateway listens on; beyond loopback it needs API keys or an admin token (docs/security.md)
+    port: int = 8080  # the gateway's port
     # Gateway processes sharing the port (uvicorn's workers), each with its own event loop,
     # upstream pool and group-commit writer (docs/performance.md, "Several workers").
     workers: int = 1
@@ -212,7 +212,7 @@ class Settings(msgspec.Struct, kw_only=True, frozen=True):
     # the held-out set: store/evals.py); a version's score is logged when it changed.
     trackers_eval_every: float = 10.0
 
-    log_level: str = "info"
+    log_level: str = "info"  # debug, info, warning or error
     # "text" or "json" (one object per line, with the request id).
     log_format: str = "text"
     # Log request and response bodies at DEBUG level. Off: prompts and completions never reach the logs.

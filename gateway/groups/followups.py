@@ -74,6 +74,8 @@ class Answer:
 
 
 class JudgeUnreadable(Unavailable):
+    """The next-message judge answered without a yes or a no, or without logprobs, or not at all."""
+
     default_code = "judge_output_invalid"
 
 

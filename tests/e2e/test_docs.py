@@ -204,6 +204,58 @@ def test_the_settings_reference_names_every_setting() -> None:
         assert not absent, f"docs/settings.md, {title}, lacks {absent}"
 
 
+# How a hand-written page may write a default that is empty or null.
+NOTHING = {"–", "-", "empty", "null", "none", "–(off)"}
+
+
+def stated(text: str, value: object) -> bool:
+    """Whether ``text`` (a table cell of a hand-written page) states ``value``, the code's
+    default: the cell's value before any parenthesis, code marks and quotes aside."""
+    cell = re.split(r" \(", text.strip())[0] if not text.strip().startswith("(") else text.strip()
+    cell = cell.strip().strip("`").strip('"').strip()
+    if value is None or value == "":
+        return cell.lower().replace(" ", "") in NOTHING or cell.startswith("SQLite")
+    if isinstance(value, bool):
+        return cell.lower() == str(value).lower()
+    if isinstance(value, (int, float)):
+        try:
+            return float(cell) == float(value)
+        except ValueError:
+            return False
+    if isinstance(value, (tuple, list)):
+        return cell.replace(" ", "").strip("()[]") in (",".join(map(str, value)), " ".join(map(str, value)).replace(" ", ""))
+    return cell.lower() == str(value).lower()
+
+
+def test_the_settings_page_states_the_codes_defaults() -> None:
+    """A default written by hand in docs/settings.md is the code's: a changed default fails here
+    until the page says it (the reference pages are generated: docs/reference.py)."""
+    from msgspec import inspect as mi
+
+    from burnish_server.core.learning.policies import LoraSettings, PromotionSettings, RulerSettings, ServingSettings, TrainSettings
+    from burnish_server.core.platform.settings import Settings
+
+    def defaults(struct: type, name=lambda f: f) -> dict[str, object]:
+        fields = mi.type_info(struct).fields  # type: ignore[attr-defined]
+        return {name(f.name): f.default if f.default is not mi.NODEFAULT else f.default_factory() for f in fields}
+
+    code = {
+        **defaults(Settings, lambda f: f"BURNISH_{f.upper()}"),
+        **{k: v for s in (TrainSettings, LoraSettings, PromotionSettings, RulerSettings, ServingSettings) for k, v in defaults(s).items()},
+    }
+    checked, wrong = 0, []
+    for row in re.findall(r"^\| (.+?) \| (.+?) \|", (ROOT / "docs" / "settings.md").read_text(), re.M):
+        names = [n for n in re.findall(r"`([A-Za-z_]+)`", row[0]) if n in code]
+        if not names:
+            continue
+        values = [row[1]] * len(names) if len(names) > 1 and "," not in row[1] else re.split(r",\s*(?![^()]*\))", row[1])
+        for name, text in zip(names, values):
+            checked += 1
+            if not stated(text, code[name]):
+                wrong.append(f"{name}: the page says {text!r}, the code {code[name]!r}")
+    assert checked > 100 and not wrong, "\n".join(wrong)
+
+
 def test_the_docs_site_builds_strictly_and_a_broken_anchor_fails_it(tmp_path: Path) -> None:
     """`make docs`: MkDocs builds the site from docs/ offline; a link to a heading that is not
     there fails the build, as CI runs it."""
@@ -226,3 +278,21 @@ def test_the_docs_site_builds_strictly_and_a_broken_anchor_fails_it(tmp_path: Pa
     concepts.write_text(concepts.read_text() + "\nSee [the loss](trainer.md#no-such-heading).\n")
     broken = build(tmp_path)
     assert broken.returncode != 0 and "no-such-heading" in broken.stderr
+
+
+def test_the_reference_pages_are_generated_from_the_code() -> None:
+    """docs/reference/ is what docs/reference.py writes from the code as it is now: a changed
+    default, comment, error code or metric fails here until it is run (make docs runs it)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("reference", ROOT / "docs" / "reference.py")
+    assert spec is not None and spec.loader is not None
+    reference = sys.modules["reference"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reference)
+    pages = {name: re.sub(r"\n{3,}", "\n\n", text) for name, text in reference.generate().items()}
+    for name, text in pages.items():
+        assert (ROOT / "docs" / "reference" / name).read_text() == text, f"docs/reference/{name} is out of date: run .venv/bin/python docs/reference.py"
+    assert "`BURNISH_TRAINER_LEASE` | number | `900.0` |" in pages["settings.md"]
+    assert "| `NotFound` | 404 |" in pages["errors.md"] and "`policy_not_found`" in pages["errors.md"]
+    assert "`burnish_requests_total` | counter |" in pages["metrics.md"] and "| `teacher_pairs`, `teacher_pairs_against` |" in pages["metrics.md"]
