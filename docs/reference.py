@@ -7,6 +7,7 @@
   default and the comment written above it in the code;
 - ``errors.md``: every error code the gateway answers, with its HTTP status and class, from the
   one error tree (``core/platform/errors.py``) and the codes raised with it across the code;
+- ``sdk.md``: the SDK's public names, with their signatures and docstrings;
 - ``metrics.md``: every figure of a training step (``core/learning/steps.py``) and every
   Prometheus metric the gateway and the trainer export (``telemetry/``).
 
@@ -312,7 +313,50 @@ def metrics_page() -> str:
     return HEADER + "\n".join(out) + "\n"
 
 
-PAGES = {"settings.md": settings_page, "errors.md": errors_page, "metrics.md": metrics_page}
+# ---- the SDK ------------------------------------------------------------------------------
+
+
+def signature(function: Any) -> str:
+    """As written, without quotes around annotations or the address of a default function."""
+    text = str(inspect.signature(function)).replace("self, ", "").replace("(self)", "()").replace("'", "")
+    return re.sub(r"<function (\S+) at 0x[0-9a-f]+>", r"\1", text)
+
+
+def summary(obj: Any) -> str:
+    return " ".join((inspect.getdoc(obj) or "").split("\n\n")[0].split()).replace("``", "`")
+
+
+def sdk_page() -> str:
+    """The SDK's public names (``burnish``, ``burnish.tasks``), each with its signature and the
+    first paragraph of its docstring; a class with its public methods."""
+    import burnish
+    import burnish.tasks
+
+    out = [
+        "# SDK reference\n",
+        "The public names of `burnish` and `burnish.tasks`, from their docstrings. How to use them:",
+        "[sdk.md](../sdk.md), [environments.md](../environments.md).\n",
+    ]
+    for package in (burnish, burnish.tasks):
+        out.append(f"## `{package.__name__}`\n")
+        for name in sorted(package.__all__):
+            obj = getattr(package, name)
+            if inspect.isclass(obj):
+                out += [f"### `{package.__name__}.{name}`\n", summary(obj) + "\n"]
+                methods = [
+                    (m, f)
+                    for m, f in inspect.getmembers(obj, lambda f: inspect.isfunction(f) or inspect.iscoroutinefunction(f))
+                    if not m.startswith("_") and f.__qualname__.split(".")[0] in {c.__name__ for c in obj.__mro__ if c.__module__.startswith("burnish")}
+                ]
+                for method, function in methods:
+                    out.append(f"- `{method}{signature(function)}`" + (f": {summary(function)}" if summary(function) else ""))
+                out.append("")
+            elif callable(obj):
+                out += [f"### `{package.__name__}.{name}{signature(obj)}`\n", summary(obj) + "\n"]
+    return HEADER + "\n".join(out)
+
+
+PAGES = {"settings.md": settings_page, "errors.md": errors_page, "metrics.md": metrics_page, "sdk.md": sdk_page}
 
 
 def generate() -> dict[str, str]:

@@ -295,4 +295,5 @@ def test_the_reference_pages_are_generated_from_the_code() -> None:
         assert (ROOT / "docs" / "reference" / name).read_text() == text, f"docs/reference/{name} is out of date: run .venv/bin/python docs/reference.py"
     assert "`BURNISH_TRAINER_LEASE` | number | `900.0` |" in pages["settings.md"]
     assert "| `NotFound` | 404 |" in pages["errors.md"] and "`policy_not_found`" in pages["errors.md"]
+    assert "- `reward(trajectory_id: str, value: float, **components: float) -> Any`: Post a trajectory's reward" in pages["sdk.md"]
     assert "`burnish_requests_total` | counter |" in pages["metrics.md"] and "| `teacher_pairs`, `teacher_pairs_against` |" in pages["metrics.md"]
