@@ -297,7 +297,7 @@ def metrics_page() -> str:
         "# Metrics reference\n",
         "## A training step\n",
         "Each step's figures (`core/learning/steps.py`), in `GET /admin/policies/<name>/steps`, the",
-        "trainer's log line, the dashboard and your tracker ([trainer.md](../trainer.md#is-training-healthy)",
+        "trainer's log line, the dashboard and your tracker ([health.md](../health.md)",
         "says which to watch).\n",
         table(StepMetrics, "figure"),
     ]

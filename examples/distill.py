@@ -21,7 +21,7 @@ the larger and not the other, up to 0.3 for brevity.
 SmolLM2 does sometimes write the bare number at temperature 1, so distillation on the sampled
 token alone can find it. ``--task arrow`` is a house style it never writes: the same question without the
 instruction, answered ``=> 52`` as the teacher's worked examples answer. Three routes reach
-what the student never samples (docs/trainer.md, "Distillation beyond the sampled token"):
+what the student never samples (docs/objectives.md, "Distillation beyond the sampled token"):
 
     python examples/distill.py --task arrow --count 320              # the form's share in the base's samples, and the teacher's
     python examples/distill.py --task arrow                          # the teacher's top 16 and a tail at each sampled position

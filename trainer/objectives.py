@@ -1,7 +1,7 @@
 """The objectives beside GRPO: supervised fine-tuning and on-policy distillation, per token.
 
 Pure functions of tensors, like trainer/grpo.py; the step (trainer/policy_model.py) adds
-them up, each normalised by its own tokens (docs/trainer.md, "Objectives"):
+them up, each normalised by its own tokens (docs/objectives.md):
 
     loss = w_grpo * L_grpo + w_sft * L_sft + w_distill * L_distill
 

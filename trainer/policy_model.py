@@ -564,7 +564,7 @@ class PolicyModel:
             outside_clip_fraction=got.outside_clip / n,
             tis_capped_fraction=got.tis_capped / n,
             mismatch_kl=got.mismatch_kl / n,
-            # Learning health (docs/trainer.md): the policy's entropy on its sampled tokens, and
+            # Learning health (docs/health.md): the policy's entropy on its sampled tokens, and
             # how far the adapter has moved the weights from the base's.
             entropy=got.entropy / max(total, 1),
             distance_from_base=distance,

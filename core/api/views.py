@@ -139,7 +139,7 @@ class StepView(View, kw_only=True):
     checkpoint: str
     trainer: str
     metrics: StepMetrics | UnsetType = UNSET  # core/learning/steps.py; docs/trainer.md
-    # Whether it served after its trial (docs/trainer.md, "Promotion"): the latest decision,
+    # Whether it served after its trial (docs/promotion.md): the latest decision,
     # promoted, rejected or rolled_back (null while undecided, or under the immediate rule),
     # and every decision in order.
     decision: Outcome | None = None
@@ -235,7 +235,7 @@ class PolicyView(View, kw_only=True):
     lone: LoneView = msgspec.field(default_factory=lambda: LoneView(waiting=0, ready=0, trained=0, expired=0))
     last_step: StepView | None
     # Calls whose prompt did not extend their trajectory, in every step trained, by reason
-    # (core/learning/drift.py; docs/trainer.md, "The drift report").
+    # (core/learning/drift.py; docs/health.md, "The drift report").
     splits: dict[str, int] = {}
     # Learning health from the steps' metrics (core/learning/health.py): reward trend, entropy, distance, a warning.
     health: Health | None = None

@@ -18,7 +18,7 @@ tell:
     retokenized           the previous answer came back as text, tokenized otherwise
 
 The first four name something the agent did; the last three, the chat template
-(docs/trainer.md lists what a user can change for each).
+(docs/health.md lists what a user can change for each).
 """
 
 from __future__ import annotations

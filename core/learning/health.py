@@ -55,7 +55,7 @@ TEACHER_AGAINST_SHARE = 0.6
 TEACHER_MIN_PAIRS = 16
 # Warn when each of the last WINDOW steps, all trained on calls their own version sampled
 # (staleness 0), had more than this share of tokens whose ratio to vLLM's logprob was outside
-# the clip range: at staleness 0 it is 0 but for the engines' noise (docs/trainer.md).
+# the clip range: at staleness 0 it is 0 but for the engines' noise (docs/health.md).
 OFF_POLICY_SHARE = 0.03
 
 

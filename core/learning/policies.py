@@ -42,7 +42,7 @@ class LoraSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 class Objective(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What a step minimises: a weighted sum of objectives, each normalised by the tokens it
-    trains on (docs/trainer.md, "Objectives"). Any may be 0; not all of them.
+    trains on (docs/objectives.md). Any may be 0; not all of them.
 
     grpo     the group-relative policy gradient on rewards (trainer/grpo.py)
     sft      supervised: the log-likelihood of each group's best members at or above
@@ -77,7 +77,7 @@ OBJECTIVES = {"grpo": Objective(), "sft": Objective(grpo=0, sft=1), "distill": O
 MAX_TOP_K = 128
 # The base teacher's default k: on SmolLM2, a house style the base never samples (0 of 320) was
 # learned to 0.97 held-out in 6 steps with 16, and not at all on the sampled token alone
-# (docs/trainer.md, "Distillation beyond the sampled token").
+# (docs/objectives.md, "Distillation beyond the sampled token").
 DEFAULT_TOP_K = 16
 
 
@@ -106,7 +106,7 @@ class Teacher(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     # 0: the reverse KL on the sampled token alone, so the teacher can only push down what the
     # policy samples. k: at each sampled position, the forward KL from the teacher's k likeliest
     # tokens and the rest of its mass as one bucket, so it also pulls up tokens the policy has
-    # never sampled there (docs/trainer.md, "Distillation beyond the sampled token"). The base
+    # never sampled there (docs/objectives.md, "Distillation beyond the sampled token"). The base
     # teacher only: a served teacher answers the sampled token alone. None: DEFAULT_TOP_K for
     # the base, 0 for a served teacher (``top()``).
     top_k: Annotated[int, Meta(ge=0, le=MAX_TOP_K)] | None = None
@@ -260,7 +260,7 @@ class ServingSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
 
 class PromotionSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """When a trained version serves (core/learning/promotion.py has the test; docs/trainer.md, "Promotion")."""
+    """When a trained version serves (core/learning/promotion.py has the test; docs/promotion.md)."""
 
     # immediate: every step serves all of the policy's traffic once vLLM answered with it.
     # canary: a step is a candidate, serving `canary_share` of the unpinned trajectories, until

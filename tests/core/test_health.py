@@ -24,7 +24,7 @@ def test_entropy_fallen_below_a_fifth_of_its_start_warns() -> None:
 
 def test_entropy_fallen_while_imitating_or_distilling_is_no_collapse() -> None:
     taught = [StepMetrics(reward_mean=0.2, reward_std=0.2, entropy=e, distill_tokens=100, grpo_tokens=0) for e in (1.9, 2.9, 3.1, 0.9, 0.5, 0.2)]
-    assert health(taught).warning is None  # the house-style run's top-k route (docs/trainer.md)
+    assert health(taught).warning is None  # the house-style run's top-k route (docs/objectives.md)
 
 
 def test_entropy_climbing_well_above_the_bases_warns() -> None:

@@ -142,7 +142,7 @@ async def teach(client: AsyncClient, policy: str, env: Teachable, examples: int 
     """Pull the teach lever, for a task whose answer form the base never writes: the policy's
     teacher becomes its own base shown ``examples`` worked examples from the suite's train
     problems (never held-out ones), and the objective GRPO plus distillation from that teacher
-    (docs/trainer.md, "Objectives beyond GRPO"). Through the admin API, as a user would; the
+    (docs/objectives.md). Through the admin API, as a user would; the
     policy's status after."""
     teacher = {"context": env.worked_examples(examples)}
     return dict(await client.update_policy(policy, train={"objective": TEACH_OBJECTIVE, "teacher": teacher}))
