@@ -20,11 +20,9 @@ On the CPU build a call that asks for no budget (the Codex CLI never does) gets 
 ``CPU_MAX_TOKENS`` (``serving.max_tokens``): vLLM would otherwise sample up to what the prompt
 leaves of the window, and a Codex call on SmolLM2 sampled 2,092 tokens in 8.6 minutes.
 
-Hindsight is on (``train.teacher.hindsight`` with a ``distill`` weight beside GRPO's): a lone
-attempt whose answer the user's next turn followed ("No, I meant ...") distills toward the base
-shown that turn, with nothing posted (docs/production.md: on SmolLM2 it raised the demo's
-held-out sums as much as grouped replays did). A teacher with hindsight alone teaches nothing
-else, so grouped traffic trains by GRPO exactly as without it (TrainSettings.readiness).
+Hindsight (``train.teacher.hindsight``: a lone attempt's answer distilled toward the base shown
+the user's next turn) is left off: on SmolLM2 it raised the demo's held-out sums as much as
+grouped replays did, and drove word_sorting's down onto a list of numbers (docs/production.md).
 
 A model with random weights (the tiny test model) is not what the rule is for: it needs a
 step ten times larger (docs/trainer.md), and ``burnish up --model tiny`` says so.
@@ -34,7 +32,7 @@ from __future__ import annotations
 
 import msgspec
 
-from burnish_server.core.learning.policies import LoraSettings, Objective, ServingSettings, Teacher, TrainSettings
+from burnish_server.core.learning.policies import LoraSettings, ServingSettings, TrainSettings
 
 BASE_LR = 2e-4
 REFERENCE_WIDTH = 2000
@@ -51,9 +49,6 @@ RANK = 16
 # A call's budget where it asks for none, on the CPU build: a turn of a coding CLI on SmolLM2
 # (4-5 tokens a second beside a 6,000-token prompt on two cores) ends in about two minutes.
 CPU_MAX_TOKENS = 512
-# The user's next turn as a signal: followed lone attempts distill toward the base shown it.
-HINDSIGHT_OBJECTIVE = Objective(grpo=1, distill=1)
-HINDSIGHT_TEACHER = Teacher(hindsight=True)
 
 
 class ModelShape(msgspec.Struct, frozen=True, kw_only=True):
@@ -86,7 +81,7 @@ def defaults(shape: ModelShape, *, micro_batch_tokens: int | None = None, window
     the budget of a call that asks for none (``CPU_MAX_TOKENS`` on the CPU build)."""
     lr = float(f"{learning_rate(shape):.2g}")
     lora = LoraSettings(rank=RANK, alpha=REFERENCE_ALPHA, target_modules=LLAMA_PROJECTIONS)
-    train = TrainSettings(learning_rate=lr, groups_per_step=GROUPS_PER_STEP, objective=HINDSIGHT_OBJECTIVE, teacher=HINDSIGHT_TEACHER)
+    train = TrainSettings(learning_rate=lr, groups_per_step=GROUPS_PER_STEP)
     if micro_batch_tokens is not None:
         train = msgspec.structs.replace(train, micro_batch_tokens=micro_batch_tokens)
     if window is not None:
@@ -94,8 +89,7 @@ def defaults(shape: ModelShape, *, micro_batch_tokens: int | None = None, window
     exponent = EXPONENTS.get(shape.model_type, LLAMA_EXPONENT)
     explanation = (
         f"training defaults: LoRA r={lora.rank} alpha={lora.alpha} on every projection, learning rate {lr:g} "
-        f"(2e-4 x (2000 / width {shape.hidden_size}) ^ {exponent} for {shape.model_type}), {train.groups_per_step} groups a step, "
-        "hindsight on (a user's next turn teaches the answer it followed)"
+        f"(2e-4 x (2000 / width {shape.hidden_size}) ^ {exponent} for {shape.model_type}), {train.groups_per_step} groups a step"
         + (f", sequences up to {window} tokens (the served window)" if window is not None else "")
         + (f"; a call that asks for no budget gets at most {max_tokens} tokens (serving.max_tokens)" if max_tokens is not None else "")
         + "; "
