@@ -19,6 +19,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from burnish_server.core.api.views import CandidateView, LoneView, PolicyView, ReplicaView, StepView
+from burnish_server.core.learning.groups import FOLLOWED
 from burnish_server.core.learning.health import RecentGroups, health
 from burnish_server.core.learning.policies import (
     LoraSettings,
@@ -211,11 +212,14 @@ def recent_groups(conn: Connection, policy: str, last: int = RECENT_GROUPS) -> R
     # Those groups from ix_groups_policy_closed, and their members alone (ix_trajectories_group_members).
     members = group_members(closed)
     rows = conn.execute(
-        select(members.c.size, members.c.rewarded, members.c.low, members.c.high, credited(members.c.group_id)).where(members.c.held_out == 0)
+        select(members.c.size, members.c.rewarded, members.c.low, members.c.high, credited(members.c.group_id), Group.close_reason)
+        .join(Group, Group.id == members.c.group_id)
+        .where(members.c.held_out == 0)
     ).all()
-    rewarded = [r for r in rows if r.size == r.rewarded]
-    tied = [r.low for r in rewarded if r.low == r.high and not r[4] and r.size > 1]
     rules = training_rules(conn, policy)
+    # A lone attempt its follow-up completed trains without a reward where the teacher learns from it.
+    rewarded = [r for r in rows if r.size == r.rewarded or (rules.followed and r.close_reason == FOLLOWED)]
+    tied = [r.low for r in rewarded if r.size == r.rewarded and r.low == r.high and not r[4] and r.size > 1]
     objective = rules.objective
     if not objective.needs_rewards:  # a policy that distills trains on every closed group
         return RecentGroups(groups=len(rows), tied=0)

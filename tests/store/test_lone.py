@@ -137,5 +137,7 @@ async def test_hindsight_alone_trains_followed_attempts_and_leaves_ties_to_grpo(
         await writer.write(record(name, group="tie2", size=2, policy="taught", policy_step=0))
         await writer.write(PostReward(name, 1.0))
     assert await db.transaction(count_ready, "taught") == 1  # the context teaches every call
+    # Health counts the followed attempt as trainable (no "nothing to train" for it).
+    assert (await db.read(policy_status, "agent")).health.recent_unrewarded == 0
     # The runner reads which from the status: a tie counts toward its step or it does not.
     assert (await db.read(policy_status, "agent")).ties_train is False and (await db.read(policy_status, "taught")).ties_train is True
