@@ -216,10 +216,10 @@ class TrainSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         something to show only an attempt that was followed (those are ready by their follow-up:
         store/training.py), so the rest of the policy's groups wait for what its other
         objectives need, and grouped traffic trains as it would without it."""
-        teacher, weights = self.teacher, self.weights
-        if self.hindsight and teacher is not None and not teacher.context and teacher.model is None:
-            return msgspec.structs.replace(weights, distill=0.0)
-        return weights
+        # Hindsight is the base teacher's alone (Teacher refuses it with a model): only its context matters.
+        if self.hindsight and self.teacher is not None and not self.teacher.context:
+            return msgspec.structs.replace(self.weights, distill=0.0)
+        return self.weights
 
 
 # A judge's base URL: http or https, a host, an optional path; no query, fragment or space
